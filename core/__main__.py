@@ -1,0 +1,3 @@
+from mmcore.cli import main
+
+main()

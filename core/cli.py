@@ -1,0 +1,308 @@
+"""The ``mmcore`` command line.
+
+Listing, inspecting and validating never import torch; stages import what they need.
+Errors the user can fix print as ``error: ...`` lines with a non-zero exit; ``--debug``
+(or ``MMCORE_DEBUG=1``) shows tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+import click
+
+from mmcore._version import __version__
+from mmcore.errors import MmcoreError
+from mmcore.pack import STAGES
+
+STAGE_HELP = {
+    "download": "Fetch the model (hub id, local dir, or init:<preset> random weights).",
+    "convert": "Convert the checkpoint into the training layout (DCP).",
+    "preprocess": "Turn raw datasets into the pack's tokenized on-disk format.",
+    "extract": "Cache frozen-encoder outputs (VAE, text/vision/audio encoders).",
+    "train": "Train (one process, or many through torchrun).",
+    "export": "Write the trained model in the layout transformers/diffusers load.",
+}
+
+
+def _plugins():
+    from mmcore.plugins import Plugins
+
+    return Plugins.load()
+
+
+class MmcoreGroup(click.Group):
+    """Adds commands registered by plugins (``mmcore_register_commands``) on demand."""
+
+    _plugin_commands: dict[str, click.Command] | None = None
+
+    def _extra(self) -> dict[str, click.Command]:
+        if self._plugin_commands is None:
+            self._plugin_commands = {}
+            try:
+                for provider, cmd in _plugins().commands():
+                    if cmd.name in self.commands or cmd.name in self._plugin_commands:
+                        click.echo(f"warning: {provider}: command {cmd.name!r} clashes with an existing one; ignored", err=True)
+                        continue
+                    self._plugin_commands[cmd.name] = cmd  # type: ignore[index]
+            except Exception as exc:  # the CLI must work even if plugin loading breaks
+                click.echo(f"warning: plugin commands unavailable: {exc}", err=True)
+        return self._plugin_commands
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *sorted(self._extra())]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return super().get_command(ctx, name) or self._extra().get(name)
+
+
+@click.group(cls=MmcoreGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="mmcore")
+def cli() -> None:
+    """mmcore: download -> convert -> preprocess -> extract -> train -> export,
+    for multimodal models, one installable pack per model family."""
+
+
+# ------------------------------------------------------------------------- inspecting
+
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(as_json: bool) -> None:
+    """List installed packs and plugins (broken ones with the reason)."""
+    plugins = _plugins()
+    packs = [e.as_dict() | {"stages": plugins.implemented_stages(n) if e.ok else []} for n, e in sorted(plugins.packs.items())]
+    infra = [e.as_dict() for _, e in sorted(plugins.plugins.items())]
+    if as_json:
+        click.echo(json.dumps({"mmcore": __version__, "packs": packs, "plugins": infra}, indent=2))
+        return
+    if not packs:
+        click.echo("no packs installed (pip install mm-pack-<family>)")
+    for p in packs:
+        if p["ok"]:
+            click.echo(f"{p['name']:<14} {p['version'] or '':<9} {p['category']:<11} {', '.join(p['stages'])}")
+            if p["summary"]:
+                click.echo(f"{'':<14} {p['summary']}")
+        else:
+            click.echo(f"{p['name']:<14} BROKEN    ({p['distribution']}) {p['error']}")
+    click.echo(f"plugins: {', '.join(p['name'] + ('' if p['ok'] else ' (BROKEN: ' + str(p['error']) + ')') for p in infra) or 'none'}")
+
+
+@cli.command("info")
+@click.argument("pack")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info_cmd(pack: str, as_json: bool) -> None:
+    """Show a pack: stages, presets, requirements, and which kernel each device gets."""
+    from mmcore.versions import requirements_of, unmet_requirements
+
+    plugins = _plugins()
+    entry = plugins.pack(pack)
+    spec = entry.spec
+    assert spec is not None
+    registry = plugins.registry
+    own = sorted({n for (n, _), k in registry.kernels.items() if k.provider == entry.pm_name})
+    kernels = {name: {dev: _kernel_choice(registry, name, dev) for dev in sorted(registry.accelerators)} for name in own}
+    data: dict[str, Any] = {
+        **entry.as_dict(),
+        "stages": plugins.implemented_stages(pack),
+        "distributed_stages": list(spec.distributed_stages),
+        "default_preset": spec.default_preset,
+        "config_class": spec.config_class,
+        "requirements": [str(r) for r in requirements_of(entry.distribution)],
+        "unmet_requirements": unmet_requirements(entry.distribution),
+        "kernels": kernels,
+    }
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(f"{pack} ({entry.distribution} {entry.version}) [{spec.category}] {spec.summary}")
+    click.echo(f"  stages:       {', '.join(data['stages'])} (distributed: {', '.join(spec.distributed_stages) or 'none'})")
+    click.echo(f"  presets:      {', '.join(data['presets']) or 'none'}" + (f" (default: {spec.default_preset})" if spec.default_preset else ""))
+    click.echo(f"  config:       {spec.config_class}")
+    click.echo(f"  requirements: {', '.join(data['requirements']) or 'none'}")
+    for problem in data["unmet_requirements"]:
+        click.echo(f"  UNMET:        {problem}")
+    if kernels:
+        click.echo("  kernels:")
+        for name, per_device in kernels.items():
+            click.echo(f"    {name}: " + "; ".join(f"{dev} -> {impl}" for dev, impl in per_device.items()))
+
+
+def _kernel_choice(registry: Any, name: str, device: str) -> str:
+    try:
+        spec = registry.kernel_spec(name, device)
+    except MmcoreError as exc:
+        return f"none ({exc})"
+    return f"{spec.impl}" + (" [reference]" if spec.device == "reference" else "")
+
+
+@cli.command("doctor")
+@click.option("--pack", default=None, help="Also check this pack and its requirements.")
+@click.option("--device", default="auto", show_default=True, help="The device you intend to use.")
+@click.option("--rdzv-endpoint", default=None, help="HOST:PORT you intend to use for the rendezvous.")
+@click.option("--run-dir-root", default="runs", show_default=True, help="Where runs are written (disk check).")
+@click.option("--min-free-gb", default=5.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor_cmd(pack: str | None, device: str, rdzv_endpoint: str | None, run_dir_root: str, min_free_gb: float, as_json: bool) -> None:
+    """Pre-flight checks: device and driver, torch/torch_npu, rendezvous port, disk, pack requirements."""
+    from mmcore.doctor import run_checks
+
+    checks = run_checks(_plugins(), pack=pack, device=device, rdzv_endpoint=rdzv_endpoint, runs_root=run_dir_root, min_free_gb=min_free_gb)
+    failed = [c for c in checks if not c.ok and c.required]
+    if as_json:
+        click.echo(json.dumps({"ok": not failed, "checks": [c.as_dict() for c in checks]}, indent=2))
+    else:
+        for c in checks:
+            mark = "PASS" if c.ok else ("FAIL" if c.required else "WARN")
+            click.echo(f"[{mark}] {c.name}: {c.detail}")
+            if not c.ok and c.hint:
+                click.echo(f"       fix: {c.hint}")
+        click.echo("all required checks passed" if not failed else f"{len(failed)} required check(s) failed")
+    sys.exit(1 if failed else 0)
+
+
+# ------------------------------------------------------------------------- stages
+
+
+def _stage_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--pack", "-p", default=None, help="The pack (model family) to use."),
+        click.option("--config", "-c", "config_file", default=None, help="YAML config file."),
+        click.option("--preset", default=None, help="A pack's named config (see `mmcore info PACK`)."),
+        click.option("--run-dir", default=None, help="Run directory [default: runs/<pack>-<preset or config name>]."),
+        click.option("--model", default=None, help="Hub id, local directory, or init:<preset>."),
+        click.option("--data", multiple=True, help="Dataset file or directory (repeatable)."),
+        click.option("--device", default=None, help="auto, cpu, cuda, npu, ..."),
+        click.option("--offline", is_flag=True, help="Never touch the network."),
+        click.option("--resume", is_flag=True, help="Continue interrupted work (fails if its config changed)."),
+        click.option("--force", is_flag=True, help="Run even when up to date."),
+        click.option("--nproc-per-node", type=int, default=None, help="Processes per node (torchrun)."),
+        click.option("--nnodes", type=int, default=None, help="Number of nodes (torchrun)."),
+        click.option("--node-rank", type=int, default=None, help="This node's rank (torchrun)."),
+        click.option("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (torchrun)."),
+        click.option("--debug", is_flag=True, help="Show tracebacks."),
+        click.argument("overrides", nargs=-1),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _request(kw: dict[str, Any]):
+    from mmcore.session import Request
+
+    overrides = list(kw["overrides"])
+    for flag, key in (("nproc_per_node", "parallel.nproc_per_node"), ("nnodes", "parallel.nnodes"), ("node_rank", "parallel.node_rank"), ("rdzv_endpoint", "parallel.rdzv_endpoint")):
+        if kw.get(flag) is not None:
+            overrides.append(f"{key}={kw[flag]}")
+    return Request(
+        pack=kw["pack"],
+        config_file=kw["config_file"],
+        preset=kw["preset"],
+        run_dir=kw["run_dir"],
+        model=kw["model"],
+        data=list(kw["data"]),
+        device=kw["device"],
+        offline=kw["offline"],
+        overrides=overrides,
+    )
+
+
+def _runner(kw: dict[str, Any]):
+    from mmcore.runner import Runner
+    from mmcore.session import open_session, record_session
+
+    plugins = _plugins()
+    request = _request(kw)
+    session = open_session(plugins, request)
+    session.run_dir.lock()
+    record_session(session, request)
+    click.echo(f"run directory: {session.run_dir.root}")
+    return Runner(plugins, session.pack, session.config, session.run_dir, debug=kw["debug"])
+
+
+def _make_stage_command(stage: str) -> click.Command:
+    @_stage_options
+    def command(**kw: Any) -> None:
+        runner = _runner(kw)
+        runner.run_stage(stage, resume="required" if kw["resume"] else "no", force=kw["force"])
+
+    command.__doc__ = STAGE_HELP[stage] + "\n\nOVERRIDES are dotted config values, e.g. training.lr=1e-5."
+    return click.command(stage)(command)
+
+
+for _stage in STAGES:
+    cli.add_command(_make_stage_command(_stage))
+
+
+@cli.command("run")
+@_stage_options
+def run_cmd(**kw: Any) -> None:
+    """Run the whole pipeline, skipping what is up to date and continuing what was interrupted.
+
+    OVERRIDES are dotted config values, e.g. training.lr=1e-5 parallel.nproc_per_node=2.
+    """
+    runner = _runner(kw)
+    runner.run_pipeline(resume="required" if kw["resume"] else "auto", force=kw["force"])
+    click.echo(f"done: {runner.run_dir.root}")
+
+
+@cli.command("status")
+@_stage_options
+def status_cmd(**kw: Any) -> None:
+    """Show each stage of a run: finished, up to date, stale, interrupted or not run."""
+    from mmcore.runner import Runner
+    from mmcore.session import open_session
+
+    plugins = _plugins()
+    session = open_session(plugins, _request(kw))
+    runner = Runner(plugins, session.pack, session.config, session.run_dir)
+    click.echo(f"run directory: {session.run_dir.root}")
+    blocked_by: str | None = None
+    for stage in STAGES:
+        if stage not in runner.stages:
+            click.echo(f"  {stage:<11} -     the pack has no {stage} stage")
+            continue
+        if blocked_by is not None:
+            click.echo(f"  {stage:<11} todo  after {blocked_by}")
+            continue
+        fresh, why = runner.freshness(stage, runner.plan(stage, runner.upstream(stage)))
+        click.echo(f"  {stage:<11} {'ok' if fresh else 'todo'}  {'  ' if fresh else ''}{why}")
+        if not fresh:
+            blocked_by = stage
+
+
+# ------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or os.environ.get("MMCORE_DEBUG") == "1"
+    try:
+        cli.main(args=args, prog_name="mmcore", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except MmcoreError as exc:
+        if debug:
+            traceback.print_exc()
+        for line in exc.one_line().splitlines():
+            click.echo(f"error: {line}", err=True)
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # a bug, in mmcore or a pack
+        if debug:
+            raise
+        click.echo(f"error: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", err=True)
+        sys.exit(1)

@@ -1,0 +1,250 @@
+"""Typed run configuration: YAML files + dotted command-line overrides, validated by pydantic.
+
+Resolution order, later wins: the config class's defaults < the preset < ``--config FILE`` <
+options such as ``--model``/``--data`` < ``key.path=value`` overrides. Every value remembers
+where it came from, so a validation error names the file (or the command line) and the key.
+
+A pack extends :class:`RunConfig` by subclassing its sections::
+
+    class Qwen2VLData(DataSection):
+        image_max_pixels: int = 1024 * 28 * 28
+
+    class Qwen2VLConfig(RunConfig):
+        data: Qwen2VLData = Qwen2VLData()
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mmcore.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Section):
+    name: str | None = Field(None, description="Run name; default: <pack>-<preset or config file stem>.")
+    seed: int = Field(0, description="Seed for every random number generator of every stage.")
+    device: str = Field("auto", description="Accelerator: auto, cpu, cuda, npu, ...")
+    offline: bool = Field(False, description="Never touch the network; use only local files and caches.")
+
+
+class ModelSection(Section):
+    source: str | None = Field(None, description="Hub id (org/name), local directory, or init:<preset> for random weights.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to pin.")
+    allow_patterns: list[str] | None = Field(None, description="Only download files matching these globs.")
+    trust_remote_code: bool = Field(False, description="Allow code from the checkpoint to run (opt-in).")
+
+
+class DataSection(Section):
+    datasets: list[str] = Field(default_factory=list, description="Dataset files or directories.")
+    on_bad_sample: Literal["error", "skip"] = Field("error", description="Stop at the first bad sample, or skip, count and list them.")
+    num_workers: int = Field(0, ge=0, description="Worker processes for preprocessing (0: in-process).")
+
+
+class ConvertSection(Section):
+    verify: bool = Field(False, description="Convert back and check every tensor is bit-identical.")
+
+
+class ExtractSection(Section):
+    enabled: bool = Field(True, description="Run the extract stage when the pack offers it.")
+    batch_size: int = Field(1, ge=1)
+
+
+class TrainingSection(Section):
+    steps: int = Field(100, ge=0, description="Optimizer steps.")
+    lr: float = Field(1e-4, gt=0)
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    weight_decay: float = Field(0.0, ge=0)
+    micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
+    grad_accum_steps: int = Field(1, ge=1)
+    max_grad_norm: float | None = Field(1.0, description="Clip gradients to this norm; null: no clipping.")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it.")
+    freeze: list[str] = Field(default_factory=list, description="Parameter-name globs or pack groups to freeze.")
+    checkpoint_every: int = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
+    log_every: int = Field(1, ge=1)
+    eval_every: int = Field(0, ge=0)
+
+
+class ParallelSection(Section):
+    backend: str = Field("fsdp2", description="Distributed backend (fsdp2, megatron, ...).")
+    nproc_per_node: int = Field(1, ge=1)
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous; default: a free local port.")
+
+
+class ExportSection(Section):
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
+
+
+class RunConfig(Section):
+    """The whole configuration of a run. Packs subclass it to add their own fields."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    convert: ConvertSection = Field(default_factory=ConvertSection)
+    extract: ExtractSection = Field(default_factory=ExtractSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    export: ExportSection = Field(default_factory=ExportSection)
+
+    def slice(self, sections: tuple[str, ...]) -> dict[str, Any]:
+        """The parts of the config a stage reads (recorded in its manifest), plus the seed."""
+        data = self.model_dump(mode="json")
+        out = {name: data[name] for name in sections if name in data}
+        out["seed"] = self.run.seed
+        return out
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.nproc_per_node * self.parallel.nnodes
+
+
+# ---------------------------------------------------------------------------- loading
+
+COMMAND_LINE = "command line"
+
+
+class Layer:
+    """One source of values (a file, a preset, the command line) as a nested mapping."""
+
+    def __init__(self, origin: str, values: Mapping[str, Any]) -> None:
+        self.origin = origin
+        self.values = dict(values)
+
+
+def read_yaml(path: str | Path, origin: str | None = None) -> dict[str, Any]:
+    """A YAML mapping from ``path``; every problem is a one-line :class:`ConfigError`."""
+    path = Path(path)
+    origin = origin or str(path)
+    if not path.is_file():
+        raise ConfigError(f"{origin}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{origin}:{mark.line + 1}:{mark.column + 1}" if mark else origin
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{origin}: cannot read: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``training.lr=1e-5`` -> (["training", "lr"], 1e-5). Values are parsed as YAML scalars/lists."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"{COMMAND_LINE}: override {text!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def nest(path: list[str], value: Any) -> dict[str, Any]:
+    out: Any = value
+    for part in reversed(path):
+        out = {part: out}
+    return out
+
+
+def _merge(base: dict[str, Any], new: Mapping[str, Any], origin: str, origins: dict[tuple[str, ...], str], prefix: tuple[str, ...] = ()) -> None:
+    for key, value in new.items():
+        path = (*prefix, str(key))
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value, origin, origins, path)
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+            _mark(value, origin, origins, path)
+
+
+def _mark(value: Any, origin: str, origins: dict[tuple[str, ...], str], path: tuple[str, ...]) -> None:
+    origins[path] = origin
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            _mark(sub, origin, origins, (*path, str(key)))
+
+
+def _origin_of(loc: tuple[str, ...], origins: Mapping[tuple[str, ...], str]) -> str:
+    for end in range(len(loc), 0, -1):
+        if loc[:end] in origins:
+            return origins[loc[:end]]
+    return "defaults"
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[str, ...]) -> list[str]:
+    """Field names of the section at ``loc`` (to suggest the key the user meant)."""
+    current: Any = model
+    for part in loc:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = field.annotation
+    return list(getattr(current, "model_fields", {}))
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], origins: Mapping[tuple[str, ...], str]) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        key = ".".join(loc) or "(top level)"
+        origin = _origin_of(loc, origins)
+        if err["type"] == "extra_forbidden":
+            known = _fields_at(model, loc[:-1])
+            guess = difflib.get_close_matches(loc[-1], known, n=1)
+            hint = f"; did you mean {'.'.join((*loc[:-1], guess[0]))!r}?" if guess else (f"; known keys: {', '.join(known)}" if known else "")
+            lines.append(f"{origin}: {key}: unknown key{hint}")
+        else:
+            got = err.get("input")
+            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+            lines.append(f"{origin}: {key}: {err['msg']}{shown}")
+    return lines
+
+
+def build_config(config_class: type[RunConfig], layers: list[Layer]) -> RunConfig:
+    """Merge ``layers`` in order and validate; errors become one :class:`ConfigError` line each."""
+    merged: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], str] = {}
+    for layer in layers:
+        _merge(merged, layer.values, layer.origin, origins)
+    try:
+        return config_class.model_validate(merged)
+    except ValidationError as exc:
+        lines = format_validation_error(exc, config_class, origins)
+        raise ConfigError("\n".join(lines)) from None
+
+
+def overrides_layer(overrides: list[str]) -> Layer:
+    values: dict[str, Any] = {}
+    origins: dict[tuple[str, ...], str] = {}
+    for text in overrides:
+        path, value = parse_override(text)
+        _merge(values, nest(path, value), COMMAND_LINE, origins)
+    return Layer(COMMAND_LINE, values)
+
+
+def dump_config(config: RunConfig, path: Path) -> None:
+    from mmcore.io import atomic_write_text
+
+    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    atomic_write_text(path, text)

@@ -1,0 +1,45 @@
+"""Errors a user sees as one line, never as a traceback (unless ``--debug``)."""
+
+from __future__ import annotations
+
+
+class MmcoreError(Exception):
+    """An error caused by the user's input or environment, printed as one line.
+
+    ``exit_code`` follows the shell convention the CLI uses: 2 for bad usage or
+    configuration, 1 for a failure while doing the work.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = str(self)
+        return f"{text} (hint: {self.hint})" if self.hint else text
+
+
+class ConfigError(MmcoreError):
+    """A config file, preset or override that does not validate."""
+
+    exit_code = 2
+
+
+class UsageError(MmcoreError):
+    """A command line that cannot work (unknown pack, stage not ready, ...)."""
+
+    exit_code = 2
+
+
+class PackError(MmcoreError):
+    """A pack that cannot be loaded or is provided twice."""
+
+    exit_code = 2
+
+
+class StageError(MmcoreError):
+    """A stage that failed for a reason the pack could name (bad sample, missing file, ...)."""
+
+    exit_code = 1

@@ -1,0 +1,105 @@
+"""Crash-safe file writes and content hashing.
+
+A file written with :func:`atomic_write_bytes` is either the old content or the new,
+never half of either: written to a temporary file beside it, flushed to disk, renamed over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+_CHUNK = 8 << 20
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def iter_files(path: Path) -> Iterable[Path]:
+    """Files under ``path`` in a stable order, skipping hidden temporary files."""
+    if path.is_file():
+        yield path
+        return
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            if name.startswith(".") and name.endswith(".tmp"):
+                continue
+            yield Path(root) / name
+
+
+def stat_key(path: Path) -> list[int]:
+    """(size, mtime_ns) of a file, or of every file of a directory folded together."""
+    size = mtime = count = 0
+    for file in iter_files(path):
+        st = file.stat()
+        size += st.st_size
+        mtime = max(mtime, st.st_mtime_ns)
+        count += 1
+    return [size, mtime, count]
+
+
+def sha256_tree(path: Path) -> str:
+    """Content hash of a file, or of a directory: its relative paths and their files' hashes."""
+    if path.is_file():
+        return sha256_file(path)
+    digest = hashlib.sha256()
+    for file in iter_files(path):
+        digest.update(file.relative_to(path).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(sha256_file(file).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def sha256_json(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,71 @@
+"""Starting a stage on several processes through torchrun, from the same command line.
+
+The parent (the user's ``mmcore`` command) prepares the stage, then runs
+``python -m torch.distributed.run <torchrun options> -m mmcore.worker <stage options>``.
+Every worker reads the run directory's ``config.yaml``: only paths cross the boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Sequence
+
+from mmcore.config import ParallelSection
+from mmcore.errors import StageError, UsageError
+
+WORKER_ENV = "MMCORE_WORKER"
+
+
+def inside_worker() -> bool:
+    """True in a process torchrun started (it sets these), where no further launch may happen."""
+    return bool(os.environ.get(WORKER_ENV)) or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun_args(parallel: ParallelSection) -> list[str]:
+    """torchrun's options for the ``parallel`` section."""
+    args = ["--nproc-per-node", str(parallel.nproc_per_node)]
+    if parallel.nnodes == 1:
+        endpoint = parallel.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+        return [*args, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    if not parallel.rdzv_endpoint:
+        raise UsageError("parallel.nnodes > 1 needs parallel.rdzv_endpoint=HOST:PORT (the same on every node)")
+    if parallel.node_rank >= parallel.nnodes:
+        raise UsageError(f"parallel.node_rank={parallel.node_rank} must be below parallel.nnodes={parallel.nnodes}")
+    return [
+        *args,
+        "--nnodes", str(parallel.nnodes),
+        "--node-rank", str(parallel.node_rank),
+        "--rdzv-endpoint", parallel.rdzv_endpoint,
+        "--master-addr", parallel.rdzv_endpoint.rsplit(":", 1)[0],
+        "--master-port", parallel.rdzv_endpoint.rsplit(":", 1)[1],
+    ]
+
+
+def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) -> None:
+    """Run ``mmcore.worker`` under torchrun and wait; Ctrl-C stops every worker."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(parallel), "-m", "mmcore.worker", *worker_args]
+    env = dict(os.environ, **{WORKER_ENV: "1"})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    if code != 0:
+        raise StageError(f"{what} failed on {parallel.nproc_per_node * parallel.nnodes} processes (torchrun exit code {code}); see the workers' messages above")

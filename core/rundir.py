@@ -1,0 +1,176 @@
+"""The run directory: one sub-directory per stage, each finished by an atomic manifest.
+
+``runs/<name>/``
+    ``run.json``         which pack/preset/config made the run
+    ``config.yaml``      the resolved config the stages read (workers of a distributed stage too)
+    ``<stage>/``         the stage's outputs
+    ``<stage>/.started.json``  present while the stage runs or after it died
+    ``<stage>/manifest.json``  written last, atomically: the stage is finished
+
+A stage without ``manifest.json`` is unfinished; its outputs are never handed to a later stage.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmcore.errors import UsageError
+from mmcore.io import atomic_write_json, sha256_tree, stat_key
+
+MANIFEST = "manifest.json"
+STARTED = ".started.json"
+MANIFEST_FORMAT = 1
+
+
+@dataclass
+class Manifest:
+    """A finished (or declined) stage: what it read, what it made, with which config and versions."""
+
+    pack: str
+    stage: str
+    status: str  # "finished" or "declined"
+    plan: str  # hash of config slice + upstream fingerprints + versions, known before running
+    fingerprint: str  # plan + content hashes of the inputs the stage read; what later stages depend on
+    config: dict[str, Any] = field(default_factory=dict)
+    upstream: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    versions: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    format: int = MANIFEST_FORMAT
+    stage_dir: Path | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def duration_s(self) -> float:
+        return round(self.finished_at - self.started_at, 3)
+
+    def output(self, name: str) -> Path:
+        """Absolute path of output ``name``."""
+        try:
+            value = self.outputs[name]
+        except KeyError:
+            raise UsageError(f"stage {self.stage!r} recorded no output {name!r} (it has: {', '.join(self.outputs) or 'none'})") from None
+        path = Path(value)
+        return path if path.is_absolute() or self.stage_dir is None else self.stage_dir / path
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("stage_dir")
+        data["duration_s"] = self.duration_s
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], stage_dir: Path | None = None) -> "Manifest":
+        data = dict(data)
+        data.pop("duration_s", None)
+        known = set(cls.__dataclass_fields__) - {"stage_dir"}
+        return cls(**{k: v for k, v in data.items() if k in known}, stage_dir=stage_dir)
+
+
+def hash_inputs(paths: list[str]) -> dict[str, dict[str, Any]]:
+    return {path: {"sha256": sha256_tree(Path(path)), "stat": stat_key(Path(path))} for path in sorted(set(paths))}
+
+
+def changed_inputs(manifest: Manifest) -> list[str]:
+    """Recorded inputs that no longer exist or whose content changed (stat first, hash if needed)."""
+    changed = []
+    for path, record in manifest.inputs.items():
+        p = Path(path)
+        if not p.exists():
+            changed.append(path)
+        elif stat_key(p) != record.get("stat") and sha256_tree(p) != record.get("sha256"):
+            changed.append(path)
+    return changed
+
+
+def missing_outputs(manifest: Manifest) -> list[str]:
+    return [name for name in manifest.outputs if not manifest.output(name).exists()]
+
+
+class RunDir:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).absolute()
+        self._lock_handle: Any = None
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.root / stage
+
+    # ---------------------------------------------------------------- manifests
+    def read_manifest(self, stage: str) -> Manifest | None:
+        path = self.stage_dir(stage) / MANIFEST
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return Manifest.from_json(data, stage_dir=self.stage_dir(stage))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as exc:
+            # Written atomically, so this is a hand edit; treat the stage as unfinished.
+            print(f"warning: {path}: unreadable manifest ({exc}); the stage counts as unfinished")
+            return None
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        atomic_write_json(self.stage_dir(manifest.stage) / MANIFEST, manifest.to_json())
+
+    def drop_manifest(self, stage: str) -> None:
+        try:
+            (self.stage_dir(stage) / MANIFEST).unlink()
+        except FileNotFoundError:
+            pass
+
+    # ---------------------------------------------------------------- started markers
+    def read_started(self, stage: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.stage_dir(stage) / STARTED).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def mark_started(self, stage: str, plan: str) -> None:
+        atomic_write_json(self.stage_dir(stage) / STARTED, {"plan": plan, "started_at": time.time(), "pid": os.getpid()})
+
+    def clear_started(self, stage: str) -> None:
+        try:
+            (self.stage_dir(stage) / STARTED).unlink()
+        except FileNotFoundError:
+            pass
+
+    def wipe_stage(self, stage: str) -> None:
+        shutil.rmtree(self.stage_dir(stage), ignore_errors=True)
+        self.stage_dir(stage).mkdir(parents=True, exist_ok=True)
+
+    # ---------------------------------------------------------------- run metadata
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def run_json_path(self) -> Path:
+        return self.root / "run.json"
+
+    def read_run_json(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.run_json_path.read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    # ---------------------------------------------------------------- locking
+    def lock(self) -> None:
+        """Hold an exclusive lock on the run directory for the life of this process."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.root / ".lock", "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise UsageError(f"{self.root} is in use by another mmcore process") from None
+        self._lock_handle = handle

@@ -1,0 +1,237 @@
+"""Running stages: deciding what is up to date, resuming, and writing manifests.
+
+A stage's *plan* hashes what is known before it runs: the pack and its version, the core's
+version, the stage's config slice and the fingerprints of the finished stages before it.
+Its *fingerprint* adds the content hashes of the inputs it declared while running.
+A stage is up to date when its manifest has the same plan, its inputs are unchanged and its
+outputs exist. Work left by an interrupted stage is resumed only when its plan is the same.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from mmcore._version import __version__
+from mmcore.config import RunConfig
+from mmcore.console import say
+from mmcore.context import StageContext, WorldInfo
+from mmcore.errors import MmcoreError, StageError, UsageError
+from mmcore.io import sha256_json
+from mmcore.pack import STAGES, StageResult
+from mmcore.plugins import Plugins
+from mmcore.rundir import Manifest, RunDir, changed_inputs, hash_inputs, missing_outputs
+from mmcore.versions import version_record
+
+#: ``no``: start the stage afresh; ``auto``: continue interrupted work if its plan is the
+#: same, else start afresh (``mmcore run``); ``required``: continue or fail (``--resume``).
+ResumeMode = Literal["no", "auto", "required"]
+
+
+class Runner:
+    """Runs the stages of one pack for one run directory."""
+
+    def __init__(self, plugins: Plugins, pack: str, config: RunConfig, run_dir: RunDir, *, debug: bool = False, world: WorldInfo | None = None) -> None:
+        self.plugins = plugins
+        self.entry = plugins.pack(pack)
+        assert self.entry.spec is not None
+        self.spec = self.entry.spec
+        self.pack = pack
+        self.config = config
+        self.run_dir = run_dir
+        self.debug = debug
+        self.world = world or WorldInfo()
+        self.stages = plugins.implemented_stages(pack)
+
+    # ------------------------------------------------------------------ planning
+    def upstream(self, stage: str) -> dict[str, Manifest]:
+        """Finished manifests of the stages before ``stage``; an unfinished one is an error."""
+        found: dict[str, Manifest] = {}
+        for earlier in STAGES[: STAGES.index(stage)]:
+            if earlier not in self.stages:
+                continue
+            manifest = self.run_dir.read_manifest(earlier)
+            if manifest is None:
+                raise UsageError(
+                    f"stage {earlier!r} has not finished in {self.run_dir.root}, so {stage!r} cannot use its output",
+                    hint=f"run `mmcore {earlier} --pack {self.pack} --run-dir {self.run_dir.root}` or `mmcore run`",
+                )
+            if manifest.status == "finished":
+                found[earlier] = manifest
+        return found
+
+    def plan(self, stage: str, upstream: dict[str, Manifest]) -> str:
+        return sha256_json(
+            {
+                "pack": self.pack,
+                "pack_version": self.entry.version,
+                "mmcore": __version__,
+                "stage": stage,
+                "config": self.config.slice(self.spec.sections_for(stage)),
+                "upstream": {name: m.fingerprint for name, m in upstream.items()},
+            }
+        )
+
+    def freshness(self, stage: str, plan: str) -> tuple[bool, str]:
+        """(up to date?, why) for ``stage`` under ``plan``."""
+        manifest = self.run_dir.read_manifest(stage)
+        if manifest is None:
+            return False, "not finished yet" if self.run_dir.read_started(stage) else "not run yet"
+        if manifest.status != "finished":
+            return False, "declined last time; asking the pack again"
+        if manifest.plan != plan:
+            return False, "its config slice or an earlier stage changed"
+        changed = changed_inputs(manifest)
+        if changed:
+            return False, f"input changed: {changed[0]}" + (f" (+{len(changed) - 1} more)" if len(changed) > 1 else "")
+        missing = missing_outputs(manifest)
+        if missing:
+            return False, f"output missing: {missing[0]}"
+        when = datetime.fromtimestamp(manifest.finished_at).strftime("%Y-%m-%d %H:%M:%S")
+        return True, f"up to date (finished {when})"
+
+    # ------------------------------------------------------------------ running
+    def run_pipeline(self, *, resume: ResumeMode = "auto", force: bool = False) -> list[Manifest]:
+        """Every stage in order, skipping visibly what is absent, declined or up to date."""
+        done = []
+        for stage in STAGES:
+            if stage not in self.stages:
+                self._skipped(stage, f"the {self.pack} pack has no {stage} stage")
+                continue
+            if stage == "extract" and not self.config.extract.enabled:
+                self._skipped(stage, "disabled by extract.enabled=false")
+                continue
+            manifest = self.run_stage(stage, resume=resume, force=force)
+            if manifest is not None:
+                done.append(manifest)
+        return done
+
+    def run_stage(self, stage: str, *, resume: ResumeMode = "no", force: bool = False) -> Manifest | None:
+        """Run one stage unless it is up to date; returns its manifest (None if declined)."""
+        if stage not in self.stages:
+            raise UsageError(f"the {self.pack} pack has no {stage} stage (it has: {', '.join(self.stages)})")
+        upstream = self.upstream(stage)
+        plan = self.plan(stage, upstream)
+        fresh, why = self.freshness(stage, plan)
+        if fresh and not force:
+            self._skipped(stage, why)
+            return self.run_dir.read_manifest(stage)
+        resuming = self._prepare(stage, plan, resume)
+        say(f"[{stage}] {'resuming' if resuming else 'running'}" + ("" if fresh else f" ({why})"))
+        if stage in self.spec.distributed_stages and self.config.world_size > 1 and not self.world.distributed:
+            return self._launch(stage, plan, resuming)
+        manifest = self.execute(stage, plan, upstream, resume=resuming)
+        self._report(manifest)
+        return manifest
+
+    def _prepare(self, stage: str, plan: str, resume: ResumeMode) -> bool:
+        """Clear the way for ``stage``: drop its manifest, keep or wipe unfinished work."""
+        started = self.run_dir.read_started(stage)
+        same_plan = started is not None and started.get("plan") == plan
+        if resume == "required" and started is not None and not same_plan:
+            raise UsageError(
+                f"cannot resume {stage!r}: its config slice or an earlier stage changed since it started",
+                hint="run it without --resume to start it afresh",
+            )
+        resuming = resume != "no" and same_plan
+        self.run_dir.drop_manifest(stage)
+        if not resuming:
+            self.run_dir.wipe_stage(stage)
+        self.run_dir.mark_started(stage, plan)
+        return resuming
+
+    def _launch(self, stage: str, plan: str, resuming: bool) -> Manifest:
+        from mmcore.launch import launch
+
+        args = ["--run-dir", str(self.run_dir.root), "--pack", self.pack, "--stage", stage, "--plan", plan]
+        if resuming:
+            args.append("--resume")
+        if self.debug:
+            args.append("--debug")
+        launch(self.config.parallel, args, what=f"stage {stage!r}")
+        manifest = self.run_dir.read_manifest(stage)
+        if manifest is None or manifest.plan != plan:
+            raise StageError(f"stage {stage!r} ended without writing its manifest in {self.run_dir.stage_dir(stage)}")
+        self._report(manifest)
+        return manifest
+
+    def execute(self, stage: str, plan: str, upstream: dict[str, Manifest], *, resume: bool) -> Manifest:
+        """Call the pack's stage hook in this process and write the manifest (local rank 0)."""
+        stage_dir = self.run_dir.stage_dir(stage)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        ctx = StageContext(
+            pack=self.pack,
+            spec=self.spec,
+            stage=stage,
+            run_dir=self.run_dir.root,
+            stage_dir=stage_dir,
+            config=self.config,
+            world=self.world,
+            resume=resume,
+            debug=self.debug,
+            plugins=self.plugins,
+        )
+        hook = self.plugins.pm.hook
+        hook.mmcore_stage_started(ctx=ctx)
+        started_at = time.time()
+        try:
+            result = self.plugins.stage_caller(self.pack, stage)(ctx=ctx, upstream=upstream)
+            if result is not None and not isinstance(result, StageResult):
+                raise StageError(f"pack {self.pack!r}: {stage} returned {type(result).__name__}, not mmcore.StageResult or None")
+        except BaseException as exc:
+            hook.mmcore_stage_finished(ctx=ctx, manifest=None, error=exc)
+            if isinstance(exc, (MmcoreError, KeyboardInterrupt, SystemExit)):
+                raise
+            log = stage_dir / (f"error-rank{self.world.rank}.log" if self.world.distributed else "error.log")
+            log.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+            raise StageError(f"stage {stage!r} of pack {self.pack!r} failed: {type(exc).__name__}: {exc}", hint=f"the traceback is in {log}") from exc
+        declined = result is None
+        result = result or StageResult()
+        manifest = Manifest(
+            pack=self.pack,
+            stage=stage,
+            status="declined" if declined else "finished",
+            plan=plan,
+            fingerprint="",
+            config=self.config.slice(self.spec.sections_for(stage)),
+            upstream={name: m.fingerprint for name, m in upstream.items()},
+            outputs=dict(result.outputs),
+            metrics=dict(result.metrics),
+            notes=list(result.notes),
+            versions=version_record(self.entry.distribution, self.entry.version),
+            world_size=self.world.world_size,
+            started_at=started_at,
+            stage_dir=stage_dir,
+        )
+        if self.world.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()  # every rank finished its part before the stage counts as finished
+        if self.world.is_local_main:
+            manifest.inputs = hash_inputs(ctx.inputs)
+            manifest.fingerprint = sha256_json({"plan": plan, "inputs": {p: r["sha256"] for p, r in manifest.inputs.items()}})
+            manifest.finished_at = time.time()
+            self.run_dir.write_manifest(manifest)
+            self.run_dir.clear_started(stage)
+        hook.mmcore_stage_finished(ctx=ctx, manifest=manifest, error=None)
+        return manifest
+
+    # ------------------------------------------------------------------ reporting
+    def _skipped(self, stage: str, reason: str) -> None:
+        say(f"[{stage}] skipped: {reason}")
+        self.plugins.pm.hook.mmcore_stage_skipped(pack=self.pack, stage=stage, run_dir=str(self.run_dir.root), reason=reason)
+
+    def _report(self, manifest: Manifest) -> None:
+        if manifest.status == "declined":
+            say(f"[{manifest.stage}] skipped: declined by the {self.pack} pack for this config")
+            return
+        say(f"[{manifest.stage}] finished in {manifest.duration_s:.1f}s -> {self.run_dir.stage_dir(manifest.stage)}")
+        for note in manifest.notes:
+            say(f"  {note}")
+
+
+
+__all__ = ["Runner", "ResumeMode"]

@@ -1,0 +1,139 @@
+"""Resolving what a command works on: the pack, its config, and the run directory."""
+
+from __future__ import annotations
+
+import importlib.resources
+import inspect
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmcore.config import COMMAND_LINE, Layer, RunConfig, build_config, overrides_layer, read_yaml
+from mmcore.errors import ConfigError, UsageError
+from mmcore.io import atomic_write_json
+from mmcore.plugins import Entry, Plugins
+from mmcore.registry import import_object
+from mmcore.rundir import RunDir
+
+
+def config_class(entry: Entry) -> type[RunConfig]:
+    assert entry.spec is not None
+    try:
+        cls = import_object(entry.spec.config_class)
+    except Exception as exc:
+        raise ConfigError(f"pack {entry.name!r}: cannot import its config class {entry.spec.config_class!r}: {exc}") from None
+    if not (inspect.isclass(cls) and issubclass(cls, RunConfig)):
+        raise ConfigError(f"pack {entry.name!r}: {entry.spec.config_class} is not a subclass of mmcore.config.RunConfig")
+    return cls
+
+
+def preset_layer(entry: Entry, preset: str) -> Layer:
+    assert entry.spec is not None
+    presets = entry.spec.presets
+    if preset not in presets:
+        known = ", ".join(sorted(presets)) or "none"
+        raise ConfigError(f"pack {entry.name!r} has no preset {preset!r}; its presets: {known}")
+    source = presets[preset]
+    origin = f"preset {preset!r} of pack {entry.name!r}"
+    if isinstance(source, dict):
+        return Layer(origin, source)
+    module = entry.plugin if inspect.ismodule(entry.plugin) else inspect.getmodule(type(entry.plugin))
+    package = module.__name__ if getattr(module, "__path__", None) else module.__name__.rpartition(".")[0]
+    resource = importlib.resources.files(package).joinpath(str(source))
+    with importlib.resources.as_file(resource) as path:
+        return Layer(origin, read_yaml(path, origin=f"{origin} ({source})"))
+
+
+@dataclass
+class Request:
+    """What the user asked for on the command line (every field optional)."""
+
+    pack: str | None = None
+    config_file: str | None = None
+    preset: str | None = None
+    run_dir: str | None = None
+    model: str | None = None
+    data: list[str] = field(default_factory=list)
+    device: str | None = None
+    offline: bool = False
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Session:
+    plugins: Plugins
+    pack: str
+    config: RunConfig
+    run_dir: RunDir
+    preset: str | None
+
+
+def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs") -> Session:
+    """Resolve pack, config and run directory; write ``run.json`` and ``config.yaml``."""
+    saved = RunDir(request.run_dir).read_run_json() if request.run_dir else None
+    pack = request.pack or (saved or {}).get("pack")
+    if not pack:
+        raise UsageError("--pack is required (or --run-dir of an existing run)")
+    entry = plugins.pack(pack)
+    assert entry.spec is not None
+    cls = config_class(entry)
+
+    layers: list[Layer] = []
+    preset = request.preset
+    continuing = saved is not None and saved.get("pack") == pack and not request.preset and not request.config_file
+    if continuing:
+        # Same run, no new base config: continue from the config it was made with.
+        layers.append(Layer(str(RunDir(request.run_dir).config_path), read_yaml(RunDir(request.run_dir).config_path)))  # type: ignore[arg-type]
+        preset = saved.get("preset")  # type: ignore[union-attr]
+    else:
+        if preset is None and request.config_file is None:
+            preset = entry.spec.default_preset
+        if preset is not None:
+            layers.append(preset_layer(entry, preset))
+        if request.config_file:
+            layers.append(Layer(request.config_file, read_yaml(request.config_file)))
+    cli: dict[str, Any] = {}
+    if request.model:
+        cli.setdefault("model", {})["source"] = request.model
+    if request.data:
+        cli.setdefault("data", {})["datasets"] = [str(Path(p).absolute()) for p in request.data]
+    if request.device:
+        cli.setdefault("run", {})["device"] = request.device
+    if request.offline:
+        cli.setdefault("run", {})["offline"] = True
+    if cli:
+        layers.append(Layer(COMMAND_LINE, cli))
+    if request.overrides:
+        layers.append(overrides_layer(request.overrides))
+    config = build_config(cls, layers)
+
+    name = config.run.name or _default_name(pack, preset, request.config_file)
+    run_dir = RunDir(request.run_dir or Path(runs_root) / name)
+    return Session(plugins, pack, config, run_dir, preset)
+
+
+def record_session(session: Session, request: Request) -> None:
+    """Write ``run.json`` and the resolved ``config.yaml`` (what distributed workers read)."""
+    from mmcore.config import dump_config
+
+    rd = session.run_dir
+    rd.root.mkdir(parents=True, exist_ok=True)
+    old = rd.read_run_json() or {}
+    atomic_write_json(
+        rd.run_json_path,
+        {
+            "pack": session.pack,
+            "preset": session.preset,
+            "config_file": str(Path(request.config_file).absolute()) if request.config_file else old.get("config_file"),
+            "overrides": request.overrides or old.get("overrides", []),
+            "created_at": old.get("created_at", time.time()),
+        },
+    )
+    dump_config(session.config, rd.config_path)
+
+
+def _default_name(pack: str, preset: str | None, config_file: str | None) -> str:
+    if config_file:
+        return f"{pack}-{Path(config_file).stem}"
+    return f"{pack}-{preset}" if preset else pack

@@ -1,0 +1,69 @@
+"""Entry point of each process of a distributed stage (started by torchrun, never by users).
+
+``python -m mmcore.worker --run-dir R --pack P --stage S --plan H [--resume] [--debug]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from mmcore.config import Layer, build_config, read_yaml
+from mmcore.context import WorldInfo
+from mmcore.errors import MmcoreError
+from mmcore.plugins import Plugins
+from mmcore.rundir import RunDir
+from mmcore.runner import Runner
+from mmcore.session import config_class
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mmcore.worker")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--pack", required=True)
+    parser.add_argument("--stage", required=True)
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    world = WorldInfo.from_env()
+
+    import torch.distributed as dist
+
+    try:
+        plugins = Plugins.load()
+        entry = plugins.pack(args.pack)
+        run_dir = RunDir(args.run_dir)
+        config = build_config(config_class(entry), [Layer(str(run_dir.config_path), read_yaml(run_dir.config_path))])
+        runner = Runner(plugins, args.pack, config, run_dir, debug=args.debug, world=world)
+        accelerator = plugins.registry.accelerator(config.run.device)
+        accelerator.set_device(world.local_rank)
+        dist.init_process_group(backend=accelerator.dist_backend)
+        upstream = runner.upstream(args.stage)
+        plan = runner.plan(args.stage, upstream)
+        if plan != args.plan:
+            raise MmcoreError(f"rank {world.rank}: the run directory changed while stage {args.stage!r} was starting")
+        runner.execute(args.stage, plan, upstream, resume=args.resume)
+        code = 0
+    except MmcoreError as exc:
+        print(f"error (rank {world.rank}): {exc.one_line()}", file=sys.stderr)
+        code = exc.exit_code
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"error (rank {world.rank}): {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 1
+    # Tear down in this order, then leave without interpreter shutdown: on gloo, DTensor/FSDP2
+    # workers otherwise abort at exit now and then ("terminate called without an active exception").
+    if dist.is_initialized():
+        if code == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

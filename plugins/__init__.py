@@ -1,0 +1,1 @@
+"""Built-in infrastructure plugins of mmcore, registered through the ``mmcore.plugins`` entry points."""

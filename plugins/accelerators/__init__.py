@@ -1,0 +1,1 @@
+"""Accelerator plugins: one module per device kind, each its own entry point."""

@@ -1,0 +1,46 @@
+"""Metric and event sink: every stage start/finish/skip and every metric, as JSON lines.
+
+Writes ``<run_dir>/events.jsonl`` (the run's history across invocations) and
+``<stage_dir>/metrics.jsonl`` (one line per ``ctx.log_metrics`` call).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from mmcore import hookimpl
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, default=str) + "\n")
+
+
+
+@hookimpl
+def mmcore_stage_started(ctx):
+    if ctx.world.is_main:
+        _append(ctx.run_dir / "events.jsonl", {"time": time.time(), "event": "started", "stage": ctx.stage, "resume": ctx.resume, "world_size": ctx.world.world_size})
+
+
+@hookimpl
+def mmcore_stage_finished(ctx, manifest, error):
+    if ctx.world.is_main:
+        record: dict[str, Any] = {"time": time.time(), "event": "failed" if error else manifest.status, "stage": ctx.stage}
+        if error is not None:
+            record["error"] = f"{type(error).__name__}: {error}"
+        _append(ctx.run_dir / "events.jsonl", record)
+
+
+@hookimpl
+def mmcore_stage_skipped(stage, run_dir, reason):
+    _append(Path(run_dir) / "events.jsonl", {"time": time.time(), "event": "skipped", "stage": stage, "reason": reason})
+
+
+@hookimpl
+def mmcore_log_metrics(ctx, step, metrics):
+    _append(ctx.stage_dir / "metrics.jsonl", {"step": step, "time": time.time(), **metrics})
