@@ -158,6 +158,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):
+        try:
+            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
+        except ValueError:
+            pass
     return key.split("."), value
 
 

@@ -1,0 +1,38 @@
+# Two commands on a fresh machine with Python 3.11: `make demo` and `make test`.
+# Both create .venv, install torch first (pinned to a local CPU wheel where pip has one,
+# see tools/torch_spec.py), then mmcore and the packs with torch held at that version.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+TORCH_SPEC ?= $(shell $(PYTHON) tools/torch_spec.py)
+PACKS := $(wildcard packs/*/*/pyproject.toml)
+PACK_DIRS := $(patsubst %/pyproject.toml,%,$(PACKS))
+EDITABLE_PACKS := $(foreach d,$(PACK_DIRS),-e $(d))
+
+.PHONY: demo test install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, then freeze its version as a constraint for every later install.
+$(VENV)/.torch: | $(BIN)/python
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -c "import importlib.metadata as m; print('torch==' + m.version('torch').split('+')[0])" > $(VENV)/constraints.txt
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml $(PACKS)
+	$(PIP) install --quiet -c $(VENV)/constraints.txt -e '.[test]' $(EDITABLE_PACKS)
+	touch $@
+
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+demo: $(VENV)/.installed
+	$(BIN)/mmcore run --pack qwen2vl --preset demo
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,61 @@
+"""Test helpers for mmcore and for packs: fixtures (a pytest plugin) and the conformance suite.
+
+Installed as the pytest plugin ``mmcore`` (entry point ``pytest11``), so a pack's tests get
+the fixtures without importing anything. Pack authors subclass
+:class:`mmcore.testing.conformance.PackConformance` to run the standard tests on their pack.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from mmcore.config import Layer, RunConfig, build_config, overrides_layer
+from mmcore.plugins import Plugins
+from mmcore.rundir import RunDir
+from mmcore.runner import Runner
+from mmcore.session import config_class, preset_layer
+
+
+def plugins_with(*packs: Any, installed_packs: bool = False) -> Plugins:
+    """A fresh plugin world: the infrastructure plugins plus exactly ``packs``.
+
+    Each item is a pack object (its ``PACK.name`` is used) or a ``(name, object)`` pair.
+    """
+    pairs: list[tuple[str, Any]] = []
+    for item in packs:
+        pairs.append(item if isinstance(item, tuple) else (item.PACK.name, item))
+    plugins = Plugins.load(extra_packs=pairs, installed_packs=installed_packs)
+    for name, _ in pairs:
+        plugins.pack(name)  # raise now, with the reason, if the pack did not register
+    return plugins
+
+
+def make_config(plugins: Plugins, pack: str, *, preset: str | None = None, values: dict[str, Any] | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """The pack's config from its preset (default preset if None), ``values`` and ``overrides``."""
+    entry = plugins.pack(pack)
+    assert entry.spec is not None
+    layers: list[Layer] = []
+    preset = preset or entry.spec.default_preset
+    if preset:
+        layers.append(preset_layer(entry, preset))
+    if values:
+        layers.append(Layer("test values", values))
+    overrides = list(overrides)
+    if overrides:
+        layers.append(overrides_layer(overrides))
+    return build_config(config_class(entry), layers)
+
+
+def make_runner(plugins: Plugins, pack: str, run_dir: str | Path, **config_kw: Any) -> Runner:
+    """A :class:`Runner` for ``pack`` in ``run_dir`` (config as in :func:`make_config`)."""
+    config = make_config(plugins, pack, **config_kw)
+    rd = RunDir(run_dir)
+    rd.root.mkdir(parents=True, exist_ok=True)
+    from mmcore.config import dump_config
+
+    dump_config(config, rd.config_path)
+    return Runner(plugins, pack, config, rd)
+
+
+__all__ = ["plugins_with", "make_config", "make_runner"]

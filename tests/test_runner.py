@@ -1,0 +1,206 @@
+"""The stage runner: manifests, skipping what is up to date, resuming, crashes, distributed launch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import CLI
+from mmcore import PackSpec, StageResult, hookimpl
+from mmcore.errors import StageError, UsageError
+from mmcore.rundir import RunDir
+from mmcore.testing import make_runner, plugins_with
+
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "train" / "losses.jsonl").read_text().splitlines()]
+
+
+def test_pipeline_writes_manifests_and_skips_absent_stages_visibly(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    proc = cli("run", "--pack", "toy", "--data", str(line_data))
+    assert "[convert] skipped: the toy pack has no convert stage" in proc.stdout
+    assert "[extract] skipped: the toy pack has no extract stage" in proc.stdout
+    run = RunDir(tmp_path / "runs" / "toy-tiny")
+    for stage in ("download", "preprocess", "train", "export"):
+        m = run.read_manifest(stage)
+        assert m is not None and m.status == "finished"
+        assert m.versions["mmcore"] == "0.1.0" and m.versions["pack"] == "mm-pack-toy 0.3.0"
+        assert not (run.stage_dir(stage) / ".started.json").exists()
+    pre = run.read_manifest("preprocess")
+    assert pre.inputs[str(line_data)]["sha256"]  # the dataset's content hash is recorded
+    assert pre.config["data"]["datasets"] == [str(line_data)]
+    assert run.read_manifest("train").upstream == {"download": run.read_manifest("download").fingerprint, "preprocess": pre.fingerprint}
+    events = [json.loads(line)["event"] for line in (run.root / "events.jsonl").read_text().splitlines()]
+    assert events.count("finished") == 4 and events.count("skipped") == 2
+    metrics = (run.stage_dir("train") / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 6  # one line per step from ctx.log_metrics, through the events plugin
+
+
+def test_unchanged_rerun_does_nothing_and_changes_rerun_only_what_depends_on_them(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data))
+    run = RunDir(tmp_path / "runs" / "toy-tiny")
+    finished = {s: run.read_manifest(s).finished_at for s in ("download", "preprocess", "train", "export")}
+
+    proc = cli("run", "--pack", "toy", "--data", str(line_data))
+    assert proc.stdout.count("up to date") == 4
+    assert {s: run.read_manifest(s).finished_at for s in finished} == finished
+
+    # A training setting: download and preprocess stay, train and export run again.
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "training.steps=3")
+    assert "[download] skipped: up to date" in proc.stdout and "[preprocess] skipped: up to date" in proc.stdout
+    assert "[train] running" in proc.stdout and "[export] running" in proc.stdout
+    assert len(losses(run.root)) == 3
+
+    # The dataset's content changes (same path): preprocess sees it, download does not.
+    line_data.write_text('[{"x": 1, "y": 3}, {"x": 2, "y": 5}]')
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "training.steps=3")
+    assert "[download] skipped: up to date" in proc.stdout
+    assert f"[preprocess] running (input changed: {line_data})" in proc.stdout
+    assert run.read_manifest("preprocess").metrics["kept"] == 2
+
+
+def test_a_stage_never_consumes_an_unfinished_stage(cli: CLI, line_data: Path) -> None:
+    cli("download", "--pack", "toy")
+    proc = cli("train", "--pack", "toy", "--data", str(line_data), check=False)
+    assert proc.returncode == 2
+    assert "error: stage 'preprocess' has not finished" in proc.stderr and "mmcore preprocess" in proc.stderr
+
+
+def test_killed_stage_leaves_no_manifest_and_run_redoes_it(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), check=False, TOY_DIE_IN_PREPROCESS="1")
+    assert proc.returncode != 0
+    run = RunDir(tmp_path / "runs" / "toy-tiny")
+    assert run.read_manifest("download") is not None
+    assert run.read_manifest("preprocess") is None and run.read_started("preprocess") is not None
+    status = cli("status", "--pack", "toy", "--data", str(line_data)).stdout
+    assert "preprocess  todo  not finished yet" in status and "train       todo  after preprocess" in status
+    proc = cli("run", "--pack", "toy", "--data", str(line_data))
+    assert "[download] skipped: up to date" in proc.stdout and "[preprocess] resuming" in proc.stdout
+    assert run.read_manifest("preprocess").metrics["kept"] == 4 and run.read_manifest("export") is not None
+
+
+def test_killed_training_resumes_and_matches_an_uninterrupted_run(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "straight")
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "killed", check=False, TOY_DIE_AT_STEP="3")
+    assert proc.returncode != 0 and RunDir(tmp_path / "killed").read_manifest("train") is None
+    assert len(losses(tmp_path / "killed")) == 3
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "killed")
+    assert "[train] resuming" in proc.stdout
+    assert losses(tmp_path / "killed") == losses(tmp_path / "straight")
+    assert (tmp_path / "killed/export/model.json").read_text() == (tmp_path / "straight/export/model.json").read_text()
+
+
+def test_resume_refuses_when_the_config_changed(cli: CLI, line_data: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data), check=False, TOY_DIE_AT_STEP="2")
+    proc = cli("train", "--pack", "toy", "--data", str(line_data), "--resume", "training.lr=0.05", check=False)
+    assert proc.returncode == 2
+    assert "error: cannot resume 'train'" in proc.stderr and "without --resume" in proc.stderr
+    proc = cli("train", "--pack", "toy", "--data", str(line_data), "training.lr=0.05")
+    assert "[train] running" in proc.stdout  # without --resume it starts afresh
+
+
+@pytest.mark.slow
+def test_two_processes_through_torchrun_match_one(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "one")
+    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "two", "--nproc-per-node", "2")
+    assert json.loads((tmp_path / "two/train/world.json").read_text()) == {"world_size": 2}
+    assert RunDir(tmp_path / "two").read_manifest("train").world_size == 2
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-12, abs=0)
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    """Two `mmcore train` commands, one per simulated node, meet at one rendezvous."""
+    import subprocess
+    import sys
+
+    from mmcore.launch import free_port
+
+    cli("download", "--pack", "toy", "--data", str(line_data), "--run-dir", "n0")
+    cli("preprocess", "--pack", "toy", "--data", str(line_data), "--run-dir", "n0")
+    endpoint = f"127.0.0.1:{free_port()}"
+    import shutil
+
+    shutil.copytree(tmp_path / "n0", tmp_path / "n1")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "mmcore", "train", "--pack", "toy", "--data", str(line_data), "--run-dir", f"n{rank}", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
+            cwd=tmp_path, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for rank in (0, 1):
+        assert RunDir(tmp_path / f"n{rank}").read_manifest("train").world_size == 2
+
+
+def test_stage_failure_is_one_line_with_the_traceback_saved(tmp_path: Path) -> None:
+    class Broken:
+        PACK = PackSpec(name="broken")
+
+        @hookimpl
+        def mmcore_download(self, ctx):
+            raise ZeroDivisionError("the model is empty")
+
+    runner = make_runner(plugins_with(Broken()), "broken", tmp_path / "run")
+    with pytest.raises(StageError, match=r"stage 'download' of pack 'broken' failed: ZeroDivisionError: the model is empty") as info:
+        runner.run_stage("download")
+    log = tmp_path / "run" / "download" / "error.log"
+    assert str(log) in info.value.one_line() and "Traceback" in log.read_text()
+    assert runner.run_dir.read_manifest("download") is None
+
+
+def test_declined_stage_is_skipped_visibly_and_downstream_still_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    class Declines:
+        PACK = PackSpec(name="declines")
+
+        @hookimpl
+        def mmcore_extract(self, ctx):
+            return None  # e.g. no frozen encoder in this config
+
+        @hookimpl
+        def mmcore_train(self, ctx, upstream):
+            assert "extract" not in upstream
+            return StageResult(metrics={"ok": 1})
+
+    runner = make_runner(plugins_with(Declines()), "declines", tmp_path / "run")
+    runner.run_pipeline()
+    out = capsys.readouterr().out
+    assert "[extract] skipped: declined by the declines pack" in out
+    assert runner.run_dir.read_manifest("extract").status == "declined"
+    assert runner.run_dir.read_manifest("train").metrics == {"ok": 1}
+
+
+def test_a_stage_returning_the_wrong_type_is_named(tmp_path: Path) -> None:
+    class Wrong:
+        PACK = PackSpec(name="wrong")
+
+        @hookimpl
+        def mmcore_download(self, ctx):
+            return {"outputs": {}}
+
+    runner = make_runner(plugins_with(Wrong()), "wrong", tmp_path / "run")
+    with pytest.raises(StageError, match="returned dict, not mmcore.StageResult"):
+        runner.run_stage("download")
+
+
+def test_run_directory_is_locked_against_a_second_process(tmp_path: Path) -> None:
+    held = RunDir(tmp_path)
+    held.lock()
+    import subprocess
+    import sys
+
+    code = f"from mmcore.rundir import RunDir\nRunDir({str(tmp_path)!r}).lock()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "is in use by another mmcore process" in proc.stderr
+    del held  # closing the handle releases the lock
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_unknown_stage_for_pack(toy_pack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    runner = make_runner(plugins_with(toy_pack), "toy", tmp_path / "run")
+    with pytest.raises(UsageError, match="the toy pack has no convert stage"):
+        runner.run_stage("convert")
