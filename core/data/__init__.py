@@ -1,0 +1,1 @@
+"""Data engines shared by packs: MLLM JSON reading, bad-sample policy, sharded sample storage."""

@@ -1,0 +1,184 @@
+"""The MLLM JSON format of LLaMA-Factory and MindSpeed-MM, read as it is found in the wild.
+
+A dataset file is a JSON list (or JSONL) of samples like::
+
+    {"messages": [{"role": "user", "content": "<image>Who are they?"},
+                  {"role": "assistant", "content": "..."}],
+     "images": ["dir/1.jpg"]}
+
+``videos`` go with ``<video>``, ``audios`` with ``<audio>``; several placeholders per sample,
+multi-turn, optional leading system turn, text-only samples mixed in. Media paths are relative
+to the dataset file's folder (or ``media_dir``). Field names are remappable; ShareGPT's
+``conversations``/``from``/``value`` with ``human``/``gpt`` is recognised by itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Literal
+
+from pydantic import Field
+
+from mmcore.config import DataSection, Section
+from mmcore.data.badsamples import BadSample
+from mmcore.errors import StageError
+
+PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
+
+
+class Columns(Section):
+    """Field names of a dataset (LLaMA-Factory's ``columns`` and ``tags``)."""
+
+    messages: str = "messages"
+    images: str = "images"
+    videos: str = "videos"
+    audios: str = "audios"
+    system: str | None = Field("system", description="Top-level system prompt field, if any.")
+    role: str = "role"
+    content: str = "content"
+    user_tag: str = "user"
+    assistant_tag: str = "assistant"
+    system_tag: str = "system"
+
+
+SHAREGPT = Columns(messages="conversations", role="from", content="value", user_tag="human", assistant_tag="gpt")
+
+
+class MLLMDataSection(DataSection):
+    """Data options every pack reading MLLM JSON shares."""
+
+    format: Literal["auto", "messages", "sharegpt"] = Field("auto", description="auto: messages or ShareGPT, per file.")
+    columns: Columns = Field(default_factory=Columns)
+    media_dir: str | None = Field(None, description="Folder media paths are relative to (default: each dataset file's folder).")
+    cutoff_len: int = Field(2048, ge=16, description="Longest tokenized sample; longer text is cut, cut media is a bad sample.")
+    train_on_prompt: bool = Field(False, description="Also compute the loss on user turns.")
+    eval_fraction: float = Field(0.0, ge=0, lt=1, description="Fraction of samples held out for evaluation.")
+
+
+@dataclass
+class Turn:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass
+class Sample:
+    file: str
+    index: int
+    turns: list[Turn]
+    media: dict[str, list[Path]] = field(default_factory=dict)  # "images"/"videos"/"audios" -> files
+
+    @property
+    def images(self) -> list[Path]:
+        return self.media.get("images", [])
+
+    @property
+    def videos(self) -> list[Path]:
+        return self.media.get("videos", [])
+
+    @property
+    def audios(self) -> list[Path]:
+        return self.media.get("audios", [])
+
+
+def load_records(path: Path) -> list[object]:
+    """The records of a JSON list or JSONL file; unreadable files are a one-line error."""
+    if not path.is_file():
+        raise StageError(f"{path}: dataset file not found")
+    text = path.read_text(encoding="utf-8-sig")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as first:
+        try:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError:
+            raise StageError(f"{path}:{first.lineno}:{first.colno}: invalid JSON: {first.msg}") from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise StageError(f"{path}: expected a list of samples, got {type(data).__name__}")
+    return data
+
+
+def _columns_for(records: list[object], section: MLLMDataSection) -> Columns:
+    if section.format == "sharegpt":
+        return SHAREGPT
+    if section.format == "auto" and section.columns == Columns():
+        first = next((r for r in records if isinstance(r, dict)), {})
+        if "conversations" in first and "messages" not in first:
+            return SHAREGPT
+    return section.columns
+
+
+def read_samples(path: Path, section: MLLMDataSection) -> Iterator[Sample | BadSample]:
+    """Every sample of one dataset file, or a :class:`BadSample` saying what is wrong with it."""
+    records = load_records(path)
+    columns = _columns_for(records, section)
+    media_root = (Path(section.media_dir) if section.media_dir else path.parent).resolve()
+    roles = {columns.user_tag: "user", columns.assistant_tag: "assistant", columns.system_tag: "system"}
+    for index, record in enumerate(records):
+        try:
+            yield _parse(path, index, record, columns, roles, media_root)
+        except _Bad as bad:
+            yield BadSample(str(path), index, str(bad))
+
+
+class _Bad(Exception):
+    pass
+
+
+def _parse(path: Path, index: int, record: object, columns: Columns, roles: dict[str, str], media_root: Path) -> Sample:
+    if not isinstance(record, dict):
+        raise _Bad(f"expected an object, got {type(record).__name__}")
+    messages = record.get(columns.messages)
+    if not isinstance(messages, list) or not messages:
+        raise _Bad(f"field {columns.messages!r} is missing or not a non-empty list")
+    turns: list[Turn] = []
+    system = record.get(columns.system) if columns.system else None
+    if isinstance(system, str) and system:
+        turns.append(Turn("system", system))
+    for number, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _Bad(f"message {number} is not an object")
+        role = roles.get(str(message.get(columns.role)))
+        content = message.get(columns.content)
+        if role is None:
+            raise _Bad(f"message {number} has role {message.get(columns.role)!r}, expected {columns.user_tag!r} or {columns.assistant_tag!r}")
+        if not isinstance(content, str):
+            raise _Bad(f"message {number} has no text {columns.content!r}")
+        turns.append(Turn(role, content))  # type: ignore[arg-type]
+    if [i for i, t in enumerate(turns) if t.role == "system"] not in ([], [0]):
+        raise _Bad("a system message may only come first, once")
+    dialogue = turns[1:] if turns[0].role == "system" else turns
+    if not dialogue:
+        raise _Bad("no user/assistant turns")
+    for number, turn in enumerate(dialogue):
+        expected = "user" if number % 2 == 0 else "assistant"
+        if turn.role != expected:
+            raise _Bad(f"turn {number} is from {turn.role}, expected {expected} (turns alternate, user first)")
+    if dialogue[-1].role != "assistant":
+        raise _Bad("the last turn must be the assistant's")
+    media: dict[str, list[Path]] = {}
+    text = "".join(t.content for t in turns)
+    for kind, placeholder in PLACEHOLDERS.items():
+        files = record.get(getattr(columns, kind)) or []
+        if isinstance(files, str):
+            files = [files]
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise _Bad(f"field {getattr(columns, kind)!r} must be a list of paths")
+        count = text.count(placeholder)
+        if count != len(files):
+            raise _Bad(f"{count} {placeholder} placeholder(s) but {len(files)} {kind}")
+        resolved = []
+        for name in files:
+            candidate = (media_root / name).resolve()
+            if not candidate.is_relative_to(media_root):
+                raise _Bad(f"{kind[:-1]} path {name!r} escapes the dataset folder {media_root}")
+            if not candidate.is_file():
+                raise _Bad(f"{kind[:-1]} file not found: {candidate}")
+            resolved.append(candidate)
+        if resolved:
+            media[kind] = resolved
+    return Sample(str(path), index, turns, media)

@@ -1,0 +1,98 @@
+"""Processed samples on disk: safetensors shards plus a JSON index with each sample's length.
+
+Written once by a preprocess/extract stage, read memory-mapped by training. No pickle: every
+field of a sample is a tensor. The index keeps lengths so samplers can bucket or pack without
+opening the shards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mmcore.errors import StageError
+from mmcore.io import atomic_write_json
+
+if TYPE_CHECKING:
+    import torch
+
+INDEX = "index.json"
+
+
+class ShardWriter:
+    """Buffers samples and writes ``shard-NNNNN.safetensors`` files of about ``max_shard_bytes``."""
+
+    def __init__(self, out_dir: Path, *, max_shard_bytes: int = 256 << 20) -> None:
+        self.out_dir = out_dir
+        self.max_shard_bytes = max_shard_bytes
+        self.samples: list[dict[str, Any]] = []
+        self._buffer: dict[str, "torch.Tensor"] = {}
+        self._buffer_bytes = 0
+        self._shards = 0
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, tensors: dict[str, "torch.Tensor"], *, length: int, meta: dict[str, Any] | None = None) -> int:
+        number = len(self.samples)
+        for name, tensor in tensors.items():
+            if "/" in name:
+                raise ValueError(f"field name {name!r} may not contain '/'")
+            self._buffer[f"{number}/{name}"] = tensor.contiguous()
+            self._buffer_bytes += tensor.numel() * tensor.element_size()
+        self.samples.append({"shard": self._shards, "fields": sorted(tensors), "length": int(length), **(meta or {})})
+        if self._buffer_bytes >= self.max_shard_bytes:
+            self._flush()
+        return number
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self._buffer:
+            return
+        save_file(self._buffer, str(self.out_dir / f"shard-{self._shards:05d}.safetensors"))
+        self._buffer, self._buffer_bytes = {}, 0
+        self._shards += 1
+
+    def close(self, **extra: Any) -> dict[str, Any]:
+        """Write the last shard and then the index (the dataset exists once the index does)."""
+        self._flush()
+        index = {"format": 1, "num_samples": len(self.samples), "num_shards": self._shards, "samples": self.samples, **extra}
+        atomic_write_json(self.out_dir / INDEX, index)
+        return index
+
+
+class ShardDataset:
+    """Map-style dataset over a folder written by :class:`ShardWriter` (memory-mapped reads)."""
+
+    def __init__(self, folder: Path, indices: list[int] | None = None) -> None:
+        self.folder = folder
+        try:
+            self.index = json.loads((folder / INDEX).read_text())
+        except (OSError, ValueError) as exc:
+            raise StageError(f"{folder}: no readable {INDEX} ({exc}); rerun the stage that writes it") from None
+        self.samples = self.index["samples"]
+        self.indices = list(range(len(self.samples))) if indices is None else indices
+        self._handles: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def length(self, i: int) -> int:
+        return int(self.samples[self.indices[i]]["length"])
+
+    def meta(self, i: int) -> dict[str, Any]:
+        return self.samples[self.indices[i]]
+
+    def __getitem__(self, i: int) -> dict[str, "torch.Tensor"]:
+        from safetensors import safe_open
+
+        number = self.indices[i]
+        record = self.samples[number]
+        shard = record["shard"]
+        handle = self._handles.get(shard)
+        if handle is None:
+            handle = self._handles[shard] = safe_open(str(self.folder / f"shard-{shard:05d}.safetensors"), framework="pt")
+        return {name: handle.get_tensor(f"{number}/{name}") for name in record["fields"]}
+
+    def subset(self, indices: list[int]) -> "ShardDataset":
+        return ShardDataset(self.folder, [self.indices[i] for i in indices])

@@ -1,0 +1,79 @@
+"""The download engine: a hub id, a local directory, or ``init:<preset>`` random weights.
+
+Packs call :func:`download_model` from their download stage and supply only how to build a
+random-weight checkpoint from one of their tiny presets (how tests and demos run offline).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+from mmcore.context import StageContext
+from mmcore.errors import StageError
+from mmcore.io import sha256_file
+from mmcore.pack import StageResult
+
+#: ``(preset name, output directory, seed) -> None``: writes a loadable checkpoint folder.
+InitBuilder = Callable[[str, Path, int], None]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def download_model(ctx: StageContext, build_init: InitBuilder, *, default_source: str | None = None) -> StageResult:
+    """Resolve ``model.source`` into a checkpoint folder, recorded as output ``model``.
+
+    * ``init:<preset>``: ``build_init`` writes random weights into the stage directory.
+    * a local directory: used in place; its files are hashed as the stage's inputs.
+    * ``org/name``: ``huggingface_hub.snapshot_download`` (resumable, ``model.revision`` pinned,
+      ``model.allow_patterns``, offline = local cache only); the sha256 of every file fetched
+      goes into the manifest.
+    """
+    source = ctx.config.model.source or default_source
+    if not source:
+        raise StageError("model.source is not set: give --model <hub id | local dir | init:<preset>>")
+    if source.startswith("init:"):
+        preset = source.split(":", 1)[1]
+        out = ctx.stage_dir / "model"
+        if ctx.world.is_local_main:
+            build_init(preset, out, ctx.seed)
+        return StageResult(outputs={"model": "model"}, metrics={"source": source}, notes=[f"random-weight checkpoint from preset {preset!r}"])
+    local = Path(source).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise StageError(f"{local}: model.source must be a directory with the checkpoint")
+        if not any(local.glob("*.safetensors")) and not any(local.glob("*/*.safetensors")):
+            raise StageError(f"{local}: no .safetensors files in the model directory")
+        ctx.record_input(local)
+        return StageResult(outputs={"model": str(local.absolute())}, metrics={"source": str(local.absolute())})
+    if not _HUB_ID.match(source):
+        raise StageError(f"model.source {source!r} is neither an existing directory, init:<preset>, nor a hub id like org/name")
+    return _from_hub(ctx, source)
+
+
+def _from_hub(ctx: StageContext, repo_id: str) -> StageResult:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    offline = ctx.offline or os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        path = Path(
+            snapshot_download(
+                repo_id,
+                revision=ctx.config.model.revision,
+                allow_patterns=ctx.config.model.allow_patterns,
+                local_files_only=offline,
+            )
+        )
+    except LocalEntryNotFoundError:
+        raise StageError(f"{repo_id}: not in the local hub cache and offline mode is on", hint="download it once online, or point --model at a local directory") from None
+    except RepositoryNotFoundError:
+        raise StageError(f"{repo_id}: no such repository on the hub (or it is private: set HF_TOKEN)") from None
+    except RevisionNotFoundError:
+        raise StageError(f"{repo_id}: revision {ctx.config.model.revision!r} does not exist") from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise StageError(f"{repo_id}: download failed: {exc}", hint="rerun to resume; --offline uses the local cache") from None
+    hashes = {str(p.relative_to(path)): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}
+    return StageResult(outputs={"model": str(path)}, metrics={"source": repo_id, "revision": ctx.config.model.revision, "sha256": hashes})

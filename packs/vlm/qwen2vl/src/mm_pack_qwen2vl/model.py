@@ -1,0 +1,165 @@
+"""Qwen2-VL's side of training: build the model, batch -> summed loss, what to shard and freeze."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from mmcore.context import StageContext
+from mmcore.data.shards import ShardDataset
+from mmcore.rundir import Manifest
+from mmcore.train import TrainRecipe, load_converted
+
+IGNORE = -100
+MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+# training.freeze accepts these names as well as parameter globs.
+FREEZE_GROUPS = {
+    "vision": ["model.visual.patch_embed.*", "model.visual.blocks.*"],
+    "projector": ["model.visual.merger.*"],
+    "llm": ["model.language_model.*", "lm_head.*"],
+}
+
+
+def model_class(config: Any) -> Any:
+    if config.model_type == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        return Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2VLForConditionalGeneration
+
+    return Qwen2VLForConditionalGeneration
+
+
+def build_model(model_dir: Path, checkpoint: Path | None = None) -> Any:
+    """The model of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config._attn_implementation = "sdpa"
+    model = model_class(config)(config)
+    if checkpoint is not None:
+        load_converted(model, checkpoint)
+    return model
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The token ids collation needs, as preprocess recorded them in the dataset index."""
+
+    pad: int
+    image: int
+    video: int
+
+    @classmethod
+    def of(cls, data: ShardDataset) -> "TokenIds":
+        index = data.index
+        return cls(int(index["pad_id"]), int(index["image_token_id"]), int(index["video_token_id"]))
+
+
+def collate(samples: list[dict[str, Any]], ids_: TokenIds) -> dict[str, Any]:
+    """Right-pad token ids; concatenate media patches in sample order (as the processor does).
+
+    ``mm_token_type_ids`` (0 text, 1 image, 2 video) is what M-RoPE needs to place media tokens.
+    """
+    import torch
+
+    pad_id = ids_.pad
+    longest = max(len(s["input_ids"]) for s in samples)
+    ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
+    labels = torch.full((len(samples), longest), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(samples), longest), dtype=torch.long)
+    for row, sample in enumerate(samples):
+        n = len(sample["input_ids"])
+        ids[row, :n] = sample["input_ids"]
+        labels[row, :n] = sample["labels"]
+        mask[row, :n] = 1
+    types = (ids == ids_.image).long() + 2 * (ids == ids_.video).long()
+    batch: dict[str, Any] = {"input_ids": ids, "labels": labels, "attention_mask": mask, "mm_token_type_ids": types}
+    for name in MEDIA_FIELDS:
+        parts = [s[name] for s in samples if name in s]
+        if parts:
+            batch[name] = torch.cat(parts)
+    batch["num_loss_tokens"] = int((labels[:, 1:] != IGNORE).sum())
+    return batch
+
+
+def forward_logits(model: Any, batch: dict[str, Any]) -> Any:
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "mm_token_type_ids", *MEDIA_FIELDS) if k in batch}
+    return model(**inputs, use_cache=False).logits
+
+
+def loss_sum(model: Any, batch: dict[str, Any]) -> Any:
+    """Summed next-token cross-entropy over supervised tokens (the engine normalises)."""
+    import torch.nn.functional as F
+
+    logits = forward_logits(model, batch)[:, :-1].float()
+    targets = batch["labels"][:, 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
+
+
+def exact_match(model: Any, batch: dict[str, Any]) -> Any:
+    """Per row: every supervised token is the argmax (what greedy decoding would answer)."""
+    logits = forward_logits(model, batch)[:, :-1]
+    targets = batch["labels"][:, 1:]
+    hit = (logits.argmax(-1) == targets) | (targets == IGNORE)
+    return hit.all(dim=1)
+
+
+def shard_modules(model: Any) -> list[Any]:
+    inner = model.model
+    return [*inner.visual.blocks, *inner.language_model.layers]
+
+
+def model_dir(upstream: Mapping[str, Manifest]) -> Path:
+    return upstream["download"].output("model")
+
+
+def recipe(ids_: TokenIds) -> TrainRecipe:
+    def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+        return build_model(model_dir(upstream), upstream["convert"].output("checkpoint"))
+
+    def dataset(ctx: StageContext, upstream: Mapping[str, Manifest]) -> ShardDataset:
+        return split(ShardDataset(upstream["preprocess"].output("dataset")), "train")
+
+    def evaluate(ctx: StageContext, model: Any, step: int) -> dict[str, float]:
+        return evaluate_accuracy(ctx, model, ctx.run_dir / "preprocess" / "dataset", ids_)
+
+    return TrainRecipe(
+        build_model=build,
+        dataset=dataset,
+        collate=lambda samples: collate(samples, ids_),
+        loss=loss_sum,
+        shard_modules=shard_modules,
+        freeze_groups=FREEZE_GROUPS,
+        evaluate=evaluate,
+    )
+
+
+def split(data: ShardDataset, name: str) -> ShardDataset:
+    return data.subset([i for i in range(len(data)) if data.meta(i).get("split", "train") == name])
+
+
+def evaluate_accuracy(ctx: StageContext, model: Any, folder: Path, ids_: TokenIds) -> dict[str, float]:
+    """Exact-match accuracy on the held-out split, the same forward count on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    held_out = split(ShardDataset(folder), "eval")
+    if len(held_out) == 0:
+        return {}
+    world = ctx.world
+    device = next(model.parameters()).device
+    mine = list(range(world.rank, len(held_out), world.world_size))
+    rounds = -(-len(held_out) // world.world_size)
+    hits = torch.zeros(2, device=device)
+    for r in range(rounds):
+        i = mine[r] if r < len(mine) else mine[0] if mine else 0  # pad with a repeat, not counted
+        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in collate([held_out[i]], ids_).items()}
+        ok = exact_match(model, batch)
+        if r < len(mine):
+            hits += torch.tensor([float(ok.sum()), 1.0], device=device)
+    if world.distributed:
+        dist.all_reduce(hits)
+    return {"accuracy": float(hits[0] / hits[1])}

@@ -1,0 +1,107 @@
+"""The qwen2vl and qwen2.5vl packs: one family, two entry points, the same stage code.
+
+Importing this module must stay light (no torch, no transformers): ``mmcore list`` imports it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from mmcore import PackSpec, StageError, StageResult, hookimpl
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class Qwen2VLPack:
+    def __init__(self, name: str, presets: dict[str, str], default_preset: str, summary: str) -> None:
+        self.PACK = PackSpec(
+            name=name,
+            category="vlm",
+            summary=summary,
+            config_class="mm_pack_qwen2vl.config:Qwen2VLConfig",
+            presets=presets,
+            default_preset=default_preset,
+            distributed_stages=("train",),
+        )
+
+    # ------------------------------------------------------------------ download
+    @hookimpl
+    def mmcore_download(self, ctx):
+        from mm_pack_qwen2vl.tiny import build_init_checkpoint
+        from mmcore.hub import download_model
+
+        return download_model(ctx, build_init_checkpoint)
+
+    # ------------------------------------------------------------------ convert
+    @hookimpl
+    def mmcore_convert(self, ctx, upstream):
+        from mm_pack_qwen2vl.adapter import ADAPTER
+        from mmcore.convert import compare_hf, dcp_to_hf, hf_to_dcp
+
+        source = upstream["download"].output("model")
+        stats = hf_to_dcp(source, ctx.stage_dir / "dcp", ADAPTER, progress=lambda it: ctx.progress(it, description="convert", unit="tensor"))
+        notes = [f"{stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {ctx.stage_dir / 'dcp'}"]
+        if ctx.config.convert.verify:
+            back = ctx.stage_dir / "verify-hf"
+            dcp_to_hf(ctx.stage_dir / "dcp", back, ADAPTER)
+            problems = compare_hf(source, back)
+            shutil.rmtree(back)
+            if problems:
+                raise StageError(f"round trip HF -> mmcore -> HF is not exact: {problems[0]} (+{len(problems) - 1} more)")
+            notes.append("verified: HF -> mmcore -> HF is bit-identical for every tensor")
+        return StageResult(outputs={"checkpoint": "dcp"}, metrics={**stats, "verified": ctx.config.convert.verify}, notes=notes)
+
+    # ------------------------------------------------------------------ preprocess
+    @hookimpl
+    def mmcore_preprocess(self, ctx, upstream):
+        from mm_pack_qwen2vl.preprocess import preprocess
+
+        return preprocess(ctx, upstream)
+
+    # ------------------------------------------------------------------ train
+    @hookimpl
+    def mmcore_train(self, ctx, upstream):
+        from mm_pack_qwen2vl.model import TokenIds, recipe
+        from mmcore.data.shards import ShardDataset
+        from mmcore.train import run_training
+
+        ids = TokenIds.of(ShardDataset(upstream["preprocess"].output("dataset")))
+        return run_training(ctx, upstream, recipe(ids))
+
+    # ------------------------------------------------------------------ export
+    @hookimpl
+    def mmcore_export(self, ctx, upstream):
+        from mm_pack_qwen2vl.export import export
+
+        return export(ctx, upstream)
+
+    # ------------------------------------------------------------------ kernels
+    @hookimpl
+    def mmcore_register_kernels(self, register):
+        from mm_pack_qwen2vl.kernels import KERNELS
+
+        for spec in KERNELS:
+            register(spec)
+
+
+def copy_side_files(model_dir: Path, out: Path) -> None:
+    """Config, tokenizer, processor and template files: everything but the weights."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in model_dir.iterdir():
+        if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and path.name != "model.safetensors.index.json":
+            shutil.copy2(path, out / path.name)
+
+
+qwen2vl = Qwen2VLPack(
+    "qwen2vl",
+    presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
+    default_preset="demo",
+    summary="Qwen2-VL (2B/7B/72B) vision-language models",
+)
+qwen25vl = Qwen2VLPack(
+    "qwen2.5vl",
+    presets={"tiny": "presets/tiny-2.5.yaml"},
+    default_preset="tiny",
+    summary="Qwen2.5-VL (3B/7B/32B/72B) vision-language models",
+)
