@@ -13,6 +13,8 @@ A pack supplies only a :class:`StateDictAdapter` (renames; fused or split tensor
 
 from __future__ import annotations
 
+import warnings
+
 import json
 import re
 from dataclasses import dataclass, field
@@ -23,6 +25,9 @@ from mmcore.errors import StageError
 
 if TYPE_CHECKING:
     import torch
+
+# dcp.save/load without a process group is what we mean here: not worth a warning.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 MODEL_PREFIX = "model."
 SAFE_INDEX = "model.safetensors.index.json"

@@ -17,6 +17,8 @@ point resumes to the same losses as an uninterrupted one.
 
 from __future__ import annotations
 
+import warnings
+
 import fnmatch
 import json
 import math
@@ -37,6 +39,9 @@ from mmcore.rundir import Manifest
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+# dcp.save/load without a process group is what we mean in one process: not worth a warning.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -207,6 +212,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         ctx.say(f"resumed from step {step}")
     model.train()
 
+    evals: list[tuple[int, dict[str, float]]] = []
+
     def log_eval(at: int) -> None:
         if recipe.evaluate is None:
             return
@@ -214,8 +221,10 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         with torch.no_grad():
             metrics = recipe.evaluate(ctx, model, at)
         model.train()
-        ctx.log_metrics(at, {f"eval/{k}": v for k, v in metrics.items()})
-        ctx.say(f"step {at}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        if metrics:
+            evals.append((at, metrics))
+            ctx.log_metrics(at, {f"eval/{k}": v for k, v in metrics.items()})
+            ctx.say(f"eval at step {at}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
     if step == 0:
         log_eval(0)
@@ -270,11 +279,16 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     log_eval(final_step)
     if world.is_main:
         _plot(ctx.stage_dir, history)
-    return StageResult(
-        outputs={"checkpoint": f"{CHECKPOINTS}/{LATEST}"},
-        metrics={"steps": final_step, "final_loss": last_loss, "frozen_parameters": len(frozen), "bf16": use_bf16},
-        notes=[f"final loss {last_loss:.4f} after {final_step} steps", f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"],
-    )
+    notes = [f"final loss {last_loss:.4f} after {final_step} steps", f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
+    result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": len(frozen), "bf16": use_bf16}
+    if evals:
+        (first_step, first), (last_step, last) = evals[0], evals[-1]
+        for name in last:
+            result_metrics[f"eval/{name}"] = last[name]
+            if name in first:
+                result_metrics[f"eval/{name}@{first_step}"] = first[name]
+                notes.insert(0, f"held-out {name}: {first[name]:.4g} at step {first_step} -> {last[name]:.4g} at step {last_step}")
+    return StageResult(outputs={"checkpoint": f"{CHECKPOINTS}/{LATEST}"}, metrics=result_metrics, notes=notes)
 
 
 def backend_handles_precision(backend: Any, world: Any) -> bool:

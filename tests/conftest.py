@@ -1,54 +1,13 @@
-"""Shared fixtures of mmcore's own tests.
-
-Packs used here are real distributions, pip-installed into a temporary folder (``--target``)
-and put on ``PYTHONPATH``/``sys.path``: discovery goes through entry points exactly as for a
-user's ``pip install mm-pack-x``, without touching the test environment itself.
-"""
+"""Shared fixtures of mmcore's own tests (helpers live in mmcore_helpers.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-TOY = HERE / "fixtures" / "packs" / "toy"
-
-
-def pip_install_target(projects: list[Path], target: Path) -> None:
-    """pip-install project folders into ``target`` (no deps, no build isolation: offline)."""
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(target)]
-    subprocess.run([*cmd, *map(str, projects)], check=True, capture_output=True)
-
-
-def write_pack_project(root: Path, dist: str, module: str, source: str, entry_points: dict[str, str], group: str = "mmcore.packs") -> Path:
-    """A minimal pack project (pyproject + one module) under ``root/dist``."""
-    project = root / dist
-    (project / module).mkdir(parents=True)
-    (project / module / "__init__.py").write_text(textwrap.dedent(source))
-    eps = "\n".join(f'{name} = "{value}"' for name, value in entry_points.items())
-    (project / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [build-system]
-            requires = ["setuptools>=68"]
-            build-backend = "setuptools.build_meta"
-
-            [project]
-            name = "{dist}"
-            version = "1.0.0"
-
-            [project.entry-points."{group}"]
-            """
-        )
-        + eps
-        + f'\n\n[tool.setuptools]\npackages = ["{module}"]\n'
-    )
-    return project
+from mmcore_helpers import CLI, TOY, pip_install_target
 
 
 @pytest.fixture(scope="session")
@@ -65,26 +24,6 @@ def toy_pack(toy_site: Path):  # type: ignore[no-untyped-def]
     import mm_pack_toy
 
     return mm_pack_toy.pack
-
-
-class CLI:
-    """Runs ``python -m mmcore`` in a working directory with extra packs on the path."""
-
-    def __init__(self, cwd: Path, sites: list[Path]) -> None:
-        self.cwd = cwd
-        self.sites = sites
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MMCORE_", "TOY_"))}
-        env["PYTHONPATH"] = os.pathsep.join([*map(str, self.sites), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        env.update(extra)
-        return env
-
-    def __call__(self, *args: str, check: bool | None = True, **env: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "mmcore", *args], cwd=self.cwd, env=self.env(**env), capture_output=True, text=True, timeout=300)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"mmcore {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-        return proc
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import CLI
+from mmcore_helpers import CLI
 from mmcore.config import Layer, RunConfig, build_config, overrides_layer, parse_override, read_yaml
 from mmcore.errors import ConfigError
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import CLI
+from mmcore_helpers import CLI
 from mmcore.errors import UsageError
 from mmcore.plugins import Plugins
 from mmcore.registry import KernelSpec, Registry

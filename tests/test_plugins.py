@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import CLI, pip_install_target, write_pack_project
+from mmcore_helpers import CLI, pip_install_target, write_pack_project
 from mmcore import PackSpec, StageResult, hookimpl
 from mmcore.errors import PackError
 from mmcore.testing import plugins_with

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI
+from mmcore_helpers import CLI
 from mmcore import PackSpec, StageResult, hookimpl
 from mmcore.errors import StageError, UsageError
 from mmcore.rundir import RunDir
