@@ -72,6 +72,7 @@ class TrainingSection(Section):
     max_grad_norm: float | None = Field(1.0, description="Clip gradients to this norm; null: no clipping.")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it.")
     freeze: list[str] = Field(default_factory=list, description="Parameter-name globs or pack groups to freeze.")
+    packing: bool = Field(False, description="Pack each micro-batch into one sequence, attention isolated per sample, no padding (where the pack supports it).")
     checkpoint_every: int = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0)

@@ -58,12 +58,16 @@ class TokenIds:
         return cls(int(index["pad_id"]), int(index["image_token_id"]), int(index["video_token_id"]))
 
 
-def collate(samples: list[dict[str, Any]], ids_: TokenIds) -> dict[str, Any]:
+def collate(samples: list[dict[str, Any]], ids_: TokenIds, pack: bool = False) -> dict[str, Any]:
     """Right-pad token ids; concatenate media patches in sample order (as the processor does).
 
     ``mm_token_type_ids`` (0 text, 1 image, 2 video) is what M-RoPE needs to place media tokens.
+    With ``pack`` the samples become one row without padding; ``segments`` keeps their lengths.
     """
     import torch
+
+    if pack:
+        return _packed(samples, ids_)
 
     pad_id = ids_.pad
     longest = max(len(s["input_ids"]) for s in samples)
@@ -85,8 +89,56 @@ def collate(samples: list[dict[str, Any]], ids_: TokenIds) -> dict[str, Any]:
     return batch
 
 
+def _packed(samples: list[dict[str, Any]], ids_: TokenIds) -> dict[str, Any]:
+    import torch
+
+    ids = torch.cat([s["input_ids"] for s in samples])[None]
+    labels = torch.cat([s["labels"] for s in samples])[None]
+    batch: dict[str, Any] = {
+        "input_ids": ids,
+        "labels": labels,
+        "mm_token_type_ids": (ids == ids_.image).long() + 2 * (ids == ids_.video).long(),
+        "segments": torch.tensor([len(s["input_ids"]) for s in samples]),
+        "segment_images": torch.tensor([len(s.get("image_grid_thw", ())) for s in samples]),
+        "segment_videos": torch.tensor([len(s.get("video_grid_thw", ())) for s in samples]),
+    }
+    for name in MEDIA_FIELDS:
+        parts = [s[name] for s in samples if name in s]
+        if parts:
+            batch[name] = torch.cat(parts)
+    # The first token of every sample is <|im_start|>, never supervised: no loss crosses samples.
+    batch["num_loss_tokens"] = int((labels[:, 1:] != IGNORE).sum())
+    return batch
+
+
+def packed_position_ids(model: Any, batch: dict[str, Any]) -> Any:
+    """M-RoPE positions restarted per sample, with 1-D text positions first ([4, 1, total]).
+
+    transformers reads the restarts in the text positions to isolate the samples' attention.
+    """
+    import torch
+
+    inner = model.model
+    parts = []
+    image_at = video_at = start = 0
+    for length, n_img, n_vid in zip(batch["segments"].tolist(), batch["segment_images"].tolist(), batch["segment_videos"].tolist()):
+        sl = slice(start, start + length)
+        grids_i = batch["image_grid_thw"][image_at : image_at + n_img] if n_img else None
+        grids_v = batch["video_grid_thw"][video_at : video_at + n_vid] if n_vid else None
+        if n_img or n_vid:
+            pos, _ = inner.get_rope_index(batch["input_ids"][:, sl], batch["mm_token_type_ids"][:, sl], image_grid_thw=grids_i, video_grid_thw=grids_v)
+        else:
+            pos = torch.arange(length, device=batch["input_ids"].device).view(1, 1, -1).expand(3, 1, -1)
+        text = torch.arange(length, device=pos.device).view(1, 1, -1)
+        parts.append(torch.cat([text, pos]))
+        image_at, video_at, start = image_at + n_img, video_at + n_vid, start + length
+    return torch.cat(parts, dim=2)
+
+
 def forward_logits(model: Any, batch: dict[str, Any]) -> Any:
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "mm_token_type_ids", *MEDIA_FIELDS) if k in batch}
+    if "segments" in batch:
+        inputs["position_ids"] = packed_position_ids(model, batch)
     return model(**inputs, use_cache=False).logits
 
 
@@ -116,7 +168,7 @@ def model_dir(upstream: Mapping[str, Manifest]) -> Path:
     return upstream["download"].output("model")
 
 
-def recipe(ids_: TokenIds) -> TrainRecipe:
+def recipe(ids_: TokenIds, packing: bool = False) -> TrainRecipe:
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
         return build_model(model_dir(upstream), upstream["convert"].output("checkpoint"))
 
@@ -129,7 +181,7 @@ def recipe(ids_: TokenIds) -> TrainRecipe:
     return TrainRecipe(
         build_model=build,
         dataset=dataset,
-        collate=lambda samples: collate(samples, ids_),
+        collate=lambda samples: collate(samples, ids_, pack=packing),
         loss=loss_sum,
         shard_modules=shard_modules,
         freeze_groups=FREEZE_GROUPS,

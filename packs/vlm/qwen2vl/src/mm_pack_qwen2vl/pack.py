@@ -67,7 +67,7 @@ class Qwen2VLPack:
         from mmcore.train import run_training
 
         ids = TokenIds.of(ShardDataset(upstream["preprocess"].output("dataset")))
-        return run_training(ctx, upstream, recipe(ids))
+        return run_training(ctx, upstream, recipe(ids, packing=ctx.config.training.packing))
 
     # ------------------------------------------------------------------ export
     @hookimpl
