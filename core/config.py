@@ -103,9 +103,17 @@ class RunConfig(Section):
     export: ExportSection = Field(default_factory=ExportSection)
 
     def slice(self, sections: tuple[str, ...]) -> dict[str, Any]:
-        """The parts of the config a stage reads (recorded in its manifest), plus the seed."""
+        """The parts of the config a stage reads (recorded in its manifest), plus the seed.
+
+        ``sections`` are section names or dotted paths to single fields (``training.freeze``).
+        """
         data = self.model_dump(mode="json")
-        out = {name: data[name] for name in sections if name in data}
+        out: dict[str, Any] = {}
+        for path in sections:
+            value: Any = data
+            for part in path.split("."):
+                value = value[part]
+            out[path] = value
         out["seed"] = self.run.seed
         return out
 

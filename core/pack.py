@@ -46,7 +46,8 @@ class PackSpec:
             (``"presets/demo.yaml"``), or an inline mapping.
         default_preset: Preset used when neither ``--preset`` nor ``--config`` is given.
         distributed_stages: Stages this pack can run on several processes.
-        stage_sections: Per-stage override of :data:`DEFAULT_STAGE_SECTIONS`.
+        stage_sections: Per-stage override of :data:`DEFAULT_STAGE_SECTIONS`: section names
+            or dotted field paths (``("extract", "training.freeze")``).
         requires_torch_npu: Informational, for ``mmcore doctor``.
     """
 

@@ -168,24 +168,34 @@ def model_dir(upstream: Mapping[str, Manifest]) -> Path:
     return upstream["download"].output("model")
 
 
-def recipe(ids_: TokenIds, packing: bool = False) -> TrainRecipe:
+def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = False) -> TrainRecipe:
+    """The train engine's recipe; with a finished extract stage, vision features come from its cache."""
+    cached = "extract" in upstream
+
+    def load(split_name: str) -> Any:
+        data = split(ShardDataset(upstream["preprocess"].output("dataset")), split_name)
+        if cached:
+            from mm_pack_qwen2vl.extract import CachedFeatures
+
+            return CachedFeatures(data, ShardDataset(upstream["extract"].output("features")))
+        return data
+
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
-        return build_model(model_dir(upstream), upstream["convert"].output("checkpoint"))
+        model = build_model(model_dir(upstream), upstream["convert"].output("checkpoint"))
+        if cached:
+            from mm_pack_qwen2vl.extract import use_cached_vision
 
-    def dataset(ctx: StageContext, upstream: Mapping[str, Manifest]) -> ShardDataset:
-        return split(ShardDataset(upstream["preprocess"].output("dataset")), "train")
-
-    def evaluate(ctx: StageContext, model: Any, step: int) -> dict[str, float]:
-        return evaluate_accuracy(ctx, model, ctx.run_dir / "preprocess" / "dataset", ids_)
+            use_cached_vision(model)
+        return model
 
     return TrainRecipe(
         build_model=build,
-        dataset=dataset,
+        dataset=lambda ctx, upstream: load("train"),
         collate=lambda samples: collate(samples, ids_, pack=packing),
         loss=loss_sum,
         shard_modules=shard_modules,
         freeze_groups=FREEZE_GROUPS,
-        evaluate=evaluate,
+        evaluate=lambda ctx, model, step: evaluate_accuracy(ctx, model, load("eval"), ids_),
     )
 
 
@@ -193,12 +203,11 @@ def split(data: ShardDataset, name: str) -> ShardDataset:
     return data.subset([i for i in range(len(data)) if data.meta(i).get("split", "train") == name])
 
 
-def evaluate_accuracy(ctx: StageContext, model: Any, folder: Path, ids_: TokenIds) -> dict[str, float]:
+def evaluate_accuracy(ctx: StageContext, model: Any, held_out: Any, ids_: TokenIds) -> dict[str, float]:
     """Exact-match accuracy on the held-out split, the same forward count on every rank."""
     import torch
     import torch.distributed as dist
 
-    held_out = split(ShardDataset(folder), "eval")
     if len(held_out) == 0:
         return {}
     world = ctx.world

@@ -23,6 +23,8 @@ class Qwen2VLPack:
             presets=presets,
             default_preset=default_preset,
             distributed_stages=("train",),
+            # Whether extract caches anything depends on whether the vision tower is frozen.
+            stage_sections={"extract": ("extract", "training.freeze")},
         )
 
     # ------------------------------------------------------------------ download
@@ -59,6 +61,13 @@ class Qwen2VLPack:
 
         return preprocess(ctx, upstream)
 
+    # ------------------------------------------------------------------ extract
+    @hookimpl
+    def mmcore_extract(self, ctx, upstream):
+        from mm_pack_qwen2vl.extract import extract
+
+        return extract(ctx, upstream)
+
     # ------------------------------------------------------------------ train
     @hookimpl
     def mmcore_train(self, ctx, upstream):
@@ -67,7 +76,7 @@ class Qwen2VLPack:
         from mmcore.train import run_training
 
         ids = TokenIds.of(ShardDataset(upstream["preprocess"].output("dataset")))
-        return run_training(ctx, upstream, recipe(ids, packing=ctx.config.training.packing))
+        return run_training(ctx, upstream, recipe(ids, upstream, packing=ctx.config.training.packing))
 
     # ------------------------------------------------------------------ export
     @hookimpl

@@ -1,0 +1,116 @@
+"""Extract (optional): with the vision tower frozen, run it once and train from its outputs.
+
+Features are the vision blocks' outputs *before* the merger (the projector), so the projector
+still trains. They are stored in safetensors shards keyed by the content hash of the pixels and
+grid (identical images are encoded once); the stage's fingerprint already covers the vision
+weights and the preprocessing, so a changed encoder or image setting makes a new cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+from mmcore.context import StageContext
+from mmcore.data.shards import ShardDataset, ShardWriter
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
+
+MEDIA = (("pixel_values", "image_grid_thw", "image_features"), ("pixel_values_videos", "video_grid_thw", "video_features"))
+
+
+def media_key(pixels: Any, grid: Any) -> str:
+    digest = hashlib.sha256()
+    digest.update(grid.numpy().tobytes())
+    digest.update(pixels.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def split_items(pixels: Any, grids: Any) -> list[tuple[Any, Any]]:
+    """One (pixels, grid[1, 3]) pair per image or video of a sample."""
+    out, start = [], 0
+    for grid in grids:
+        n = int(grid.prod())
+        out.append((pixels[start : start + n], grid[None]))
+        start += n
+    return out
+
+
+def vision_frozen(ctx: StageContext) -> bool:
+    return "vision" in ctx.config.training.freeze
+
+
+def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult | None:
+    import torch
+
+    from mm_pack_qwen2vl.model import build_model
+
+    if not vision_frozen(ctx):
+        return None  # the vision tower trains: nothing to cache
+    model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
+    visual = model.model.visual
+    data = ShardDataset(upstream["preprocess"].output("dataset"))
+    writer = ShardWriter(ctx.stage_dir / "features")
+    keys: dict[str, int] = {}
+    per_sample: list[dict[str, list[str]]] = []
+    for i in ctx.progress(range(len(data)), description="extract", unit="sample"):
+        sample = data[i]
+        refs: dict[str, list[str]] = {}
+        for pixel_name, grid_name, feature_name in MEDIA:
+            if pixel_name not in sample:
+                continue
+            for pixels, grid in split_items(sample[pixel_name], sample[grid_name]):
+                key = media_key(pixels, grid)
+                if key not in keys:
+                    with torch.no_grad():
+                        hidden = visual(pixels.to(visual.dtype), grid_thw=grid).last_hidden_state
+                    keys[key] = writer.add({"features": hidden.float()}, length=len(hidden), meta={"key": key})
+                refs.setdefault(feature_name, []).append(key)
+        per_sample.append(refs)
+    writer.close(by_key=keys, samples_media=per_sample)
+    return StageResult(
+        outputs={"features": "features"},
+        metrics={"unique_media": len(keys), "samples": len(data)},
+        notes=[f"cached vision features of {len(keys)} unique images/videos for {len(data)} samples"],
+    )
+
+
+class CachedFeatures:
+    """The preprocessed dataset with media pixels replaced by cached vision features."""
+
+    def __init__(self, data: ShardDataset, features: ShardDataset) -> None:
+        self.data = data
+        self.features = features
+        self.by_key = features.index["by_key"]
+        self.media = features.index["samples_media"]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        sample = dict(self.data[i])
+        refs = self.media[self.data.indices[i]]
+        for pixel_name, _, feature_name in MEDIA:
+            if feature_name in refs:
+                sample[pixel_name] = torch.cat([self.features[self.by_key[k]]["features"] for k in refs[feature_name]])
+        return sample
+
+
+def use_cached_vision(model: Any) -> Any:
+    """Make the vision tower take cached block outputs and apply only the merger (projector)."""
+    import torch
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    visual = model.model.visual
+
+    def merger_only(hidden_states: Any, grid_thw: Any, **kwargs: Any) -> Any:
+        merged = visual.merger(hidden_states)
+        if hasattr(visual, "get_window_index"):  # Qwen2.5-VL keeps block outputs in window order
+            window_index, _ = visual.get_window_index(grid_thw)
+            merged = merged[torch.argsort(window_index)]
+        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=merged)
+
+    visual.forward = merger_only
+    return model
