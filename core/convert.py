@@ -120,8 +120,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Tensor shapes and dtypes from a safetensors header, without reading any tensor."""
+def _read_raw_header(path: Path) -> tuple[dict[str, Any], int]:
     import struct
 
     try:
@@ -131,35 +130,87 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     except (OSError, ValueError, struct.error) as exc:
         raise StageError(f"{path}: not a readable safetensors file ({exc})") from None
     header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Tensor shapes and dtypes from a safetensors header, without reading any tensor."""
+    header, _ = _read_raw_header(path)
     return {key: TensorInfo(tuple(v["shape"]), _dtype(v["dtype"])) for key, v in header.items()}
 
 
 class SafetensorsFolder:
-    """Lazy access to every tensor of a folder of safetensors files (mmap, one tensor at a time)."""
+    """Every tensor of a folder of safetensors files, read one at a time with plain file reads.
+
+    Reads copy the bytes into a fresh tensor instead of memory-mapping the file: a mapping
+    keeps every page it touched resident, so converting a model through mmap grows the
+    process to the size of the checkpoint. This way memory holds one tensor at a time.
+    """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.where: dict[str, Path] = {}
+        self.where: dict[str, tuple[Path, int, int]] = {}
         self.index: dict[str, TensorInfo] = {}
         for path in safetensors_files(folder):
-            for key, info in read_header(path).items():
+            header, data_start = _read_raw_header(path)
+            for key, entry in header.items():
                 if key in self.where:
-                    raise StageError(f"{folder}: tensor {key!r} is in both {self.where[key].name} and {path.name}")
-                self.where[key] = path
-                self.index[key] = info
-        self._handles: dict[Path, Any] = {}
+                    raise StageError(f"{folder}: tensor {key!r} is in both {self.where[key][0].name} and {path.name}")
+                begin, end = entry["data_offsets"]
+                self.where[key] = (path, data_start + begin, end - begin)
+                self.index[key] = TensorInfo(tuple(entry["shape"]), _dtype(entry["dtype"]))
 
     def get(self, key: str) -> "torch.Tensor":
-        from safetensors import safe_open
+        import torch
 
-        path = self.where[key]
-        handle = self._handles.get(path)
-        if handle is None:
-            handle = self._handles[path] = safe_open(str(path), framework="pt")
-        return handle.get_tensor(key)
+        path, offset, nbytes = self.where[key]
+        info = self.index[key]
+        out = torch.empty(info.shape, dtype=info.dtype)
+        raw = out.view(-1).view(torch.uint8) if out.dim() else out.reshape(1).view(torch.uint8)
+        if raw.numel() != nbytes:
+            raise StageError(f"{path}: tensor {key!r} has {nbytes} bytes, expected {raw.numel()} for {info.shape} {info.dtype}")
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            if handle.readinto(memoryview(raw.numpy())) != nbytes:
+                raise StageError(f"{path}: truncated inside tensor {key!r}")
+        return out
 
     def close(self) -> None:
-        self._handles.clear()
+        """Nothing is held open; kept for symmetry with readers that do."""
+
+
+_SAFETENSORS_DTYPE = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+
+
+def write_safetensors_streaming(path: Path, infos: dict[str, TensorInfo], produce: Callable[[str], "torch.Tensor"]) -> int:
+    """Write a safetensors file tensor by tensor: the header first (from ``infos``), then each
+    tensor's bytes as ``produce(key)`` returns it, so only one tensor is in memory at a time."""
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, info in infos.items():
+        nbytes = _nbytes(info)
+        header[key] = {"dtype": _SAFETENSORS_DTYPE[str(info.dtype).removeprefix("torch.")], "shape": list(info.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(len(blob).to_bytes(8, "little"))
+        handle.write(blob)
+        for key, info in infos.items():
+            tensor = produce(key).contiguous()
+            if tuple(tensor.shape) != info.shape or tensor.dtype != info.dtype:
+                raise StageError(f"{key}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {info.shape} {info.dtype}")
+            flat = tensor.view(-1) if tensor.dim() else tensor.reshape(1)
+            handle.write(memoryview(flat.view(torch.uint8).numpy()))
+            del tensor, flat
+    tmp.replace(path)
+    return offset
 
 
 def _materialize(recipe: Recipe, fetch: Callable[[str], "torch.Tensor"]) -> "torch.Tensor":
@@ -266,29 +317,30 @@ def dcp_to_hf(
     dtype: "torch.dtype | None" = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
 ) -> dict[str, Any]:
-    """Write the model tensors of a DCP checkpoint as HF safetensors shards (+ index if several)."""
-    from safetensors.torch import save_file
+    """Write the model tensors of a DCP checkpoint as HF safetensors shards (+ index if several).
 
+    Each output tensor is read from the checkpoint, built by the adapter and written before
+    the next is read: memory holds the sources of one output tensor, whatever the shard size.
+    """
     mm_index = dcp_index(ckpt_dir)
     plan = adapter.to_hf(mm_index)
+    if dtype is not None:
+        plan = {k: Recipe(r.sources, TensorInfo(r.info.shape, dtype if r.info.dtype.is_floating_point else r.info.dtype), r.combine) for k, r in plan.items()}
     groups = _shard_groups(plan, max_shard_bytes)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = ["model.safetensors"] if len(groups) == 1 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+
+    def produce(key: str) -> "torch.Tensor":
+        recipe = plan[key]
+        loaded = load_dcp_tensors(ckpt_dir, recipe.sources, mm_index)
+        tensor = (recipe.combine(*(loaded[s] for s in recipe.sources)) if recipe.combine else loaded[recipe.sources[0]])
+        return tensor.to(recipe.info.dtype)
+
     weight_map: dict[str, str] = {}
     total = 0
     for name, group in zip(names, progress(groups) if progress else groups):
-        needed = sorted({src for key in group for src in plan[key].sources})
-        loaded = load_dcp_tensors(ckpt_dir, needed, mm_index)
-        tensors = {}
-        for key in group:
-            tensor = _materialize(plan[key], loaded.__getitem__)
-            if dtype is not None and tensor.is_floating_point():
-                tensor = tensor.to(dtype)
-            tensors[key] = tensor.contiguous()
-            weight_map[key] = name
-            total += tensor.numel() * tensor.element_size()
-        save_file(tensors, str(out_dir / name), metadata={"format": "pt"})
-        del loaded, tensors
+        total += write_safetensors_streaming(out_dir / name, {key: plan[key].info for key in group}, produce)
+        weight_map.update({key: name for key in group})
     if len(names) > 1:
         (out_dir / SAFE_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return {"tensors": len(plan), "bytes": total, "shards": len(names)}

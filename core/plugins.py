@@ -142,6 +142,8 @@ class Plugins:
             entry = Entry("pack", name, value=repr(obj), distribution="(in-process)")
             world._register(entry, obj)
             world.packs[name] = entry
+        # pluggy's own guard; every entry with an unknown hook was already refused above.
+        world.pm.check_pending()
         return world
 
     def _load_group(self, kind: str, group: str, disabled: set[str]) -> None:
@@ -227,10 +229,6 @@ class Plugins:
         """The stage hook of pack ``name`` alone (plus infrastructure wrappers)."""
         others = [e.plugin for n, e in self.packs.items() if n != name and e.ok]
         return self.pm.subset_hook_caller(hookspecs.STAGE_HOOKS[stage], remove_plugins=others)
-
-    def check(self) -> None:
-        """pluggy's final guard: every implementation has a spec (entries that failed are gone)."""
-        self.pm.check_pending()
 
     @property
     def registry(self) -> Registry:

@@ -95,6 +95,9 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from mm_pack_qwen2vl.data import CHAT_TEMPLATE, image_processor
     from mm_pack_qwen2vl.model import model_class
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar for a one-shard save of a tiny model is noise
     tokenizer = build_tokenizer()
     config = model_config(preset, tokenizer)
     torch.manual_seed(seed)
