@@ -248,7 +248,10 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
             return super().resolve_data(write_item)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    dcp.save(flat, storage_writer=FileSystemWriter(str(out_dir), single_file_per_rank=True, thread_count=1), planner=StreamingPlanner(flatten_state_dict=False), no_dist=True)
+    # One file per tensor: with a single file per rank, torch's writer keeps a reference to
+    # every tensor written to that file until it closes, i.e. the whole model (torch 2.13).
+    writer = FileSystemWriter(str(out_dir), single_file_per_rank=False, thread_count=1)
+    dcp.save(flat, storage_writer=writer, planner=StreamingPlanner(flatten_state_dict=False), no_dist=True)
     for _ in ticker:
         pass
     source.close()

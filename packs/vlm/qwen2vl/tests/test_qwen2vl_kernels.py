@@ -70,3 +70,23 @@ def test_device_kernel_matches_reference(kernel: str, device: str) -> None:
     torch.manual_seed(0)
     want = DEVICE_PARITY[kernel](registry.kernel_spec(kernel, "reference").load(), dev)
     assert torch.allclose(got.float(), want.float(), atol=2e-3, rtol=2e-3), f"{kernel} on {device} ({spec.impl})"
+
+
+def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir) -> None:  # type: ignore[no-untyped-def]
+    from mm_pack_qwen2vl.kernels import KERNELS
+    from mm_pack_qwen2vl.model import apply_kernels, build_model
+    from mmcore.registry import KernelSpec, Registry
+
+    registry = Registry()
+    for spec in KERNELS:
+        registry.add_kernel(spec, "pack:qwen2vl")
+    model = build_model(tiny_dir).eval()
+    ids = torch.randint(0, 300, (1, 9))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    assert apply_kernels(model, registry, "cpu") == []  # only the reference here: nothing to swap
+    registry.add_kernel(KernelSpec("qwen2vl.rms_norm", "cpu", "mm_pack_qwen2vl.ops:rms_norm"), "test")
+    changed = apply_kernels(model, registry, "cpu")
+    assert len(changed) == 2 * model.config.text_config.num_hidden_layers + 1  # two per layer + the final norm
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, want)

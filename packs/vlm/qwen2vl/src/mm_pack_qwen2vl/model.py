@@ -164,6 +164,26 @@ def shard_modules(model: Any) -> list[Any]:
     return [*inner.visual.blocks, *inner.language_model.layers]
 
 
+def apply_kernels(model: Any, registry: Any, device: str) -> list[str]:
+    """Route the model's RMSNorms through this device's fused kernel, if it has one.
+
+    Returns the names of the modules changed (none where the reference is what runs: the
+    transformers implementation is then used as is, and the parity tests hold them equal).
+    """
+    import functools
+
+    spec = registry.kernel_spec("qwen2vl.rms_norm", device)
+    if spec.device == "reference":
+        return []
+    kernel = spec.load()
+    changed = []
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = functools.partial(lambda m, x: kernel(x, m.weight, m.variance_epsilon), module)
+            changed.append(name)
+    return changed
+
+
 def model_dir(upstream: Mapping[str, Manifest]) -> Path:
     return upstream["download"].output("model")
 
@@ -182,6 +202,8 @@ def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = Fal
 
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
         model = build_model(model_dir(upstream), upstream["convert"].output("checkpoint"))
+        if ctx.plugins is not None:
+            apply_kernels(model, ctx.plugins.registry, ctx.accelerator.name)
         if cached:
             from mm_pack_qwen2vl.extract import use_cached_vision
 
