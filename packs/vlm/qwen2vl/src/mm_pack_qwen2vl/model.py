@@ -59,17 +59,28 @@ class TokenIds:
 
 
 def collate(samples: list[dict[str, Any]], ids_: TokenIds, pack: bool = False) -> dict[str, Any]:
-    """Right-pad token ids; concatenate media patches in sample order (as the processor does).
+    """Token rows plus media patches concatenated in sample order (as the processor does).
 
-    ``mm_token_type_ids`` (0 text, 1 image, 2 video) is what M-RoPE needs to place media tokens.
-    With ``pack`` the samples become one row without padding; ``segments`` keeps their lengths.
+    Rows are right-padded, or with ``pack`` one row without padding whose ``segments`` keep the
+    samples' lengths. ``mm_token_type_ids`` (0 text, 1 image, 2 video) places media for M-RoPE.
+    The first token of every sample is <|im_start|>, never supervised: no loss crosses samples.
     """
     import torch
 
-    if pack:
-        return _packed(samples, ids_)
+    batch = _packed_rows(samples) if pack else _padded_rows(samples, ids_.pad)
+    ids, labels = batch["input_ids"], batch["labels"]
+    batch["mm_token_type_ids"] = (ids == ids_.image).long() + 2 * (ids == ids_.video).long()
+    for name in MEDIA_FIELDS:
+        parts = [s[name] for s in samples if name in s]
+        if parts:
+            batch[name] = torch.cat(parts)
+    batch["num_loss_tokens"] = int((labels[:, 1:] != IGNORE).sum())
+    return batch
 
-    pad_id = ids_.pad
+
+def _padded_rows(samples: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    import torch
+
     longest = max(len(s["input_ids"]) for s in samples)
     ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
     labels = torch.full((len(samples), longest), IGNORE, dtype=torch.long)
@@ -79,36 +90,19 @@ def collate(samples: list[dict[str, Any]], ids_: TokenIds, pack: bool = False) -
         ids[row, :n] = sample["input_ids"]
         labels[row, :n] = sample["labels"]
         mask[row, :n] = 1
-    types = (ids == ids_.image).long() + 2 * (ids == ids_.video).long()
-    batch: dict[str, Any] = {"input_ids": ids, "labels": labels, "attention_mask": mask, "mm_token_type_ids": types}
-    for name in MEDIA_FIELDS:
-        parts = [s[name] for s in samples if name in s]
-        if parts:
-            batch[name] = torch.cat(parts)
-    batch["num_loss_tokens"] = int((labels[:, 1:] != IGNORE).sum())
-    return batch
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
-def _packed(samples: list[dict[str, Any]], ids_: TokenIds) -> dict[str, Any]:
+def _packed_rows(samples: list[dict[str, Any]]) -> dict[str, Any]:
     import torch
 
-    ids = torch.cat([s["input_ids"] for s in samples])[None]
-    labels = torch.cat([s["labels"] for s in samples])[None]
-    batch: dict[str, Any] = {
-        "input_ids": ids,
-        "labels": labels,
-        "mm_token_type_ids": (ids == ids_.image).long() + 2 * (ids == ids_.video).long(),
+    return {
+        "input_ids": torch.cat([s["input_ids"] for s in samples])[None],
+        "labels": torch.cat([s["labels"] for s in samples])[None],
         "segments": torch.tensor([len(s["input_ids"]) for s in samples]),
         "segment_images": torch.tensor([len(s.get("image_grid_thw", ())) for s in samples]),
         "segment_videos": torch.tensor([len(s.get("video_grid_thw", ())) for s in samples]),
     }
-    for name in MEDIA_FIELDS:
-        parts = [s[name] for s in samples if name in s]
-        if parts:
-            batch[name] = torch.cat(parts)
-    # The first token of every sample is <|im_start|>, never supervised: no loss crosses samples.
-    batch["num_loss_tokens"] = int((labels[:, 1:] != IGNORE).sum())
-    return batch
 
 
 def packed_position_ids(model: Any, batch: dict[str, Any]) -> Any:
