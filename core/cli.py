@@ -77,13 +77,20 @@ def list_cmd(as_json: bool) -> None:
     plugins = _plugins()
     packs = [e.as_dict() | {"stages": plugins.implemented_stages(n) if e.ok else []} for n, e in sorted(plugins.packs.items())]
     infra = [e.as_dict() for _, e in sorted(plugins.plugins.items())]
+    from mmcore import envs
+
+    for record in envs.load_records().values():
+        for found in envs.packs_in(record):
+            packs.append({**found, "ok": True, "error": None, "category": "", "summary": f"in env {record.path}", "stages": [], "presets": []})
     if as_json:
         click.echo(json.dumps({"mmcore": __version__, "packs": packs, "plugins": infra}, indent=2))
         return
     if not packs:
         click.echo("no packs installed (pip install mm-pack-<family>)")
     for p in packs:
-        if p["ok"]:
+        if p["location"] != "host":
+            click.echo(f"{p['name']:<14} {p['version'] or '':<9} {'(env)':<11} {p['location']}")
+        elif p["ok"]:
             click.echo(f"{p['name']:<14} {p['version'] or '':<9} {p['category']:<11} {', '.join(p['stages'])}")
             if p["summary"]:
                 click.echo(f"{'':<14} {p['summary']}")
@@ -279,10 +286,29 @@ def status_cmd(**kw: Any) -> None:
 # ------------------------------------------------------------------------- entry point
 
 
+ENV_DISPATCHED = (*STAGES, "run", "status", "info", "doctor")
+
+
+def _dispatch_to_env(args: list[str]) -> int | None:
+    """Run the command in the pack's own env when it has one (and we are not in it already)."""
+    if not args or args[0] not in ENV_DISPATCHED or os.environ.get("MMCORE_IN_ENV") or os.environ.get("MMCORE_NO_ENVS"):
+        return None
+    from mmcore import envs
+
+    pack = envs.pack_from_argv(args) or (args[1] if args[0] == "info" and len(args) > 1 else None)
+    record = envs.find(pack) if pack else None
+    if record is None:
+        return None
+    return envs.run_in_env(record, args)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("MMCORE_DEBUG") == "1"
     try:
+        code = _dispatch_to_env(args)
+        if code is not None:
+            sys.exit(code)
         cli.main(args=args, prog_name="mmcore", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

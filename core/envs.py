@@ -1,0 +1,320 @@
+"""Isolated per-pack environments: one virtual environment per pack, its own pins.
+
+``mmcore env create --pack P`` makes ``$MMCORE_HOME/envs/P`` (default ``~/.mmcore``) with
+uv (fast, shared cache, hardlinked installs) or, where uv is absent, ``venv`` + pip. From then
+on ``mmcore <stage> --pack P`` runs the stage in that environment as a subprocess: only paths
+and JSON (the run directory and its manifests) cross the boundary.
+
+torch is pinned to the host's exact version (and build) in every environment, and taken from
+the same wheel: with uv it is hardlinked from uv's cache, so an environment costs seconds and
+almost no disk for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from mmcore._version import __version__
+from mmcore.errors import MmcoreError, UsageError
+from mmcore.io import atomic_write_json, sha256_json
+from mmcore.versions import installed_version
+
+IN_ENV = "MMCORE_IN_ENV"  # set in a child running inside a pack's env: never re-dispatch
+
+
+def home() -> Path:
+    return Path(os.environ.get("MMCORE_HOME", "~/.mmcore")).expanduser()
+
+
+def registry_path() -> Path:
+    return home() / "envs.json"
+
+
+@dataclass
+class EnvRecord:
+    pack: str
+    path: str
+    requirement: str
+    engine: str
+    python: str
+    versions: dict[str, str | None] = field(default_factory=dict)
+    fingerprint: str = ""
+    created_at: float = 0.0
+    seconds: float = 0.0
+    disk_mib: float = 0.0
+
+    @property
+    def python_exe(self) -> Path:
+        return Path(self.path) / "bin" / "python"
+
+    def site_packages(self) -> list[Path]:
+        return sorted(Path(self.path).glob("lib/python*/site-packages"))
+
+    def stale(self) -> str | None:
+        """Why this env no longer matches the host (mmcore or torch changed), or None."""
+        host = {"mmcore": __version__, "torch": installed_version("torch")}
+        for name, version in host.items():
+            if self.versions.get(name) != version:
+                return f"host {name} {version}, env {self.versions.get(name)}"
+        if not self.python_exe.exists():
+            return f"{self.python_exe} is missing"
+        return None
+
+
+def load_records() -> dict[str, EnvRecord]:
+    try:
+        data = json.loads(registry_path().read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:
+        raise MmcoreError(f"{registry_path()}: unreadable ({exc}); remove it and recreate the envs") from None
+    return {name: EnvRecord(**record) for name, record in data.get("envs", {}).items()}
+
+
+def save_records(records: dict[str, EnvRecord]) -> None:
+    atomic_write_json(registry_path(), {"format": 1, "envs": {name: asdict(r) for name, r in sorted(records.items())}})
+
+
+def find(pack: str) -> EnvRecord | None:
+    return load_records().get(pack)
+
+
+# --------------------------------------------------------------------------- what to install
+
+
+def pip_find_links() -> list[str]:
+    """Folders pip is configured to find wheels in (uv does not read pip's config)."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    links: list[str] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links"):
+            links.extend(v for v in value.strip().strip("'\"").split() if v)
+    return links
+
+
+def mmcore_requirement() -> str:
+    """How to install this very mmcore: its source folder when installed from one, else its version."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution("mmcore")
+    except PackageNotFoundError:
+        return f"mmcore=={__version__}"
+    direct = dist.read_text("direct_url.json")
+    if direct:
+        info = json.loads(direct)
+        url = info.get("url", "")
+        if url.startswith("file://") and info.get("dir_info", {}).get("editable"):
+            return url[len("file://") :]
+    return f"mmcore=={__version__}"
+
+
+def default_requirement(pack: str) -> str:
+    return f"mm-pack-{pack}"
+
+
+def _looks_like_path(requirement: str) -> bool:
+    return requirement.startswith((".", "/", "~")) or os.sep in requirement and Path(requirement).expanduser().exists()
+
+
+def uv_binary() -> str | None:
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
+# --------------------------------------------------------------------------- creating
+
+
+def _why(stderr: str, requirement: str) -> str:
+    """The line of an installer's error output that names what could not be installed."""
+    lines = [line.strip(" ╰─▶×") for line in stderr.splitlines() if line.strip()]
+    for marker in ("No matching distribution found for", "Because ", "was not found", "ResolutionImpossible", "conflict", "error:"):
+        for line in lines:
+            if marker in line:
+                return line.strip()
+    return lines[-1] if lines else f"installing {requirement} failed"
+
+
+def _disk_mib(path: Path) -> float:
+    """Disk used by ``path``, counting each hardlinked file once (uv links from its cache)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            st = os.lstat(os.path.join(root, name))
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            if st.st_nlink == 1:  # shared files are counted as the cache's, not the env's
+                total += st.st_blocks * 512
+    return round(total / 2**20, 1)
+
+
+def create(
+    pack: str,
+    *,
+    requirement: str | None = None,
+    python: str | None = None,
+    find_links: Iterable[str] = (),
+    index_url: str | None = None,
+    offline: bool = False,
+    engine: str = "auto",
+    force: bool = False,
+    say: Any = print,
+) -> EnvRecord:
+    """Make (or with ``force`` remake) pack ``pack``'s env; a failed install leaves nothing behind."""
+    records = load_records()
+    target = home() / "envs" / pack
+    if pack in records and not force:
+        raise UsageError(f"pack {pack!r} already has an env at {records[pack].path}", hint="use --force to recreate it")
+    requirement = requirement or default_requirement(pack)
+    if _looks_like_path(requirement):
+        requirement = str(Path(requirement).expanduser().absolute())
+    uv = uv_binary() if engine in ("auto", "uv") else None
+    if engine == "uv" and uv is None:
+        raise UsageError("engine uv requested but uv is not installed (pip install uv)")
+    links = [*find_links, *pip_find_links()]
+    torch_version = installed_version("torch")
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    constraints = target.parent / f".{pack}.constraints.txt"
+    constraints.write_text(f"torch=={torch_version}\n" if torch_version else "")
+    start = time.perf_counter()
+    packages = [mmcore_requirement(), requirement]
+    try:
+        if uv:
+            _run([uv, "venv", "--quiet", "--seed", "--python", python or sys.executable, str(target)], requirement)
+            cmd = [uv, "pip", "install", "--python", str(target / "bin" / "python"), "-c", str(constraints)]
+            cmd += [f"--find-links={link}" for link in links]
+            if index_url:
+                cmd += ["--index-url", index_url]
+            if offline:
+                cmd.append("--offline")
+        else:
+            _run([python or sys.executable, "-m", "venv", str(target)], requirement)
+            cmd = [str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c", str(constraints)]
+            cmd += [f"--find-links={link}" for link in links]
+            if index_url:
+                cmd += ["--index-url", index_url]
+            if offline:
+                cmd.append("--no-index")
+        for package in packages:
+            cmd += ["-e", package] if Path(package).is_dir() and package == packages[0] else [package]
+        say(f"installing {requirement} into {target} ({'uv' if uv else 'venv + pip'}) ...")
+        _run(cmd, requirement)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    finally:
+        constraints.unlink(missing_ok=True)
+    record = EnvRecord(pack=pack, path=str(target), requirement=requirement, engine="uv" if uv else "venv+pip", python="", created_at=time.time())
+    record.seconds = round(time.perf_counter() - start, 2)
+    probe = _probe(record)
+    record.python = probe["python"]
+    record.versions = probe["versions"]
+    if pack not in probe["packs"]:
+        shutil.rmtree(target, ignore_errors=True)
+        found = ", ".join(probe["packs"]) or "none"
+        raise MmcoreError(f"{requirement} installed, but it provides no pack {pack!r} (packs found: {found})")
+    record.fingerprint = sha256_json({"pack": probe["packs"][pack], "python": record.python, "versions": record.versions, "requirement": requirement})
+    record.disk_mib = _disk_mib(target)
+    records[pack] = record
+    save_records(records)
+    return record
+
+
+def _run(cmd: list[str], requirement: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MmcoreError(f"creating the env failed while installing {requirement}: {_why(proc.stderr + proc.stdout, requirement)}")
+
+
+_PROBE = """
+import importlib.metadata as md, json, platform
+packs = {}
+for dist in md.distributions():
+    for ep in dist.entry_points:
+        if ep.group == "mmcore.packs":
+            packs[ep.name] = {"distribution": dist.metadata["Name"], "version": dist.version, "requires": dist.requires or []}
+def v(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+print(json.dumps({"python": platform.python_version(), "packs": packs, "versions": {"mmcore": v("mmcore"), "torch": v("torch")}}))
+"""
+
+
+def _probe(record: EnvRecord) -> dict[str, Any]:
+    """What the env holds, asked of its own interpreter (nothing imported here)."""
+    proc = subprocess.run([str(record.python_exe), "-c", _PROBE], capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if proc.returncode != 0:
+        raise MmcoreError(f"the env at {record.path} does not run: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout)
+
+
+def remove(pack: str) -> EnvRecord:
+    records = load_records()
+    record = records.pop(pack, None)
+    if record is None:
+        raise UsageError(f"pack {pack!r} has no env (see `mmcore env list`)")
+    shutil.rmtree(record.path, ignore_errors=True)
+    save_records(records)
+    return record
+
+
+def packs_in(record: EnvRecord) -> list[dict[str, Any]]:
+    """Packs installed in an env, read from its metadata without importing anything."""
+    import importlib.metadata as md
+
+    found = []
+    for dist in md.distributions(path=[str(p) for p in record.site_packages()]):
+        for ep in dist.entry_points:
+            if ep.group == "mmcore.packs":
+                found.append({"name": ep.name, "distribution": dist.metadata["Name"], "version": dist.version, "entry_point": ep.value, "location": record.path})
+    return found
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_in_env(record: EnvRecord, argv: list[str]) -> int:
+    """``mmcore <argv>`` with the env's interpreter; output streams through, Ctrl-C reaches it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env[IN_ENV] = record.pack
+    proc = subprocess.Popen([str(record.python_exe), "-m", "mmcore", *argv], env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # The child got the same SIGINT from the terminal; give it time to stop cleanly.
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def pack_from_argv(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg in ("--pack", "-p") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--pack="):
+            return arg.split("=", 1)[1]
+    return None

@@ -1,0 +1,137 @@
+"""Per-pack environments: conflicting pins side by side, run from one host CLI (issue: isolated envs).
+
+Everything is built here: a small library ``mmfake`` in versions 1.0 and 2.0 as local wheels, and
+two packs pinning one each. Envs get mmcore from this checkout and torch at the host's version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mmcore_helpers import CLI, write_pack_project
+
+pytestmark = pytest.mark.slow
+
+PACK_SOURCE = """
+from mmcore import PackSpec, StageResult, hookimpl
+PACK = PackSpec(name="{name}")
+
+@hookimpl
+def mmcore_download(ctx):
+    import os, time
+    import mmfake
+    for _ in range(int(os.environ.get("SLOW_DOWNLOAD", "0"))):
+        time.sleep(1)
+    print("{name} sees mmfake", mmfake.__version__, flush=True)
+    return StageResult(metrics={{"mmfake": mmfake.__version__}})
+"""
+
+
+def _library(root: Path, version: str) -> Path:
+    project = root / f"mmfake-{version}"
+    (project / "mmfake").mkdir(parents=True)
+    (project / "mmfake" / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools>=68"]
+            build-backend = "setuptools.build_meta"
+            [project]
+            name = "mmfake"
+            version = "{version}"
+            [tool.setuptools]
+            packages = ["mmfake"]
+            """
+        )
+    )
+    return project
+
+
+def _pack(root: Path, name: str, pin: str) -> Path:
+    project = write_pack_project(root, f"mm-pack-{name}", f"mm_pack_{name}", PACK_SOURCE.format(name=name), {name: f"mm_pack_{name}"})
+    text = (project / "pyproject.toml").read_text().replace('version = "1.0.0"', f'version = "1.0.0"\ndependencies = ["mmcore", "{pin}"]')
+    (project / "pyproject.toml").write_text(text)
+    return project
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("envs-projects")
+    wheels = root / "wheels"
+    for version in ("1.0", "2.0"):
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(_library(root, version))], check=True)
+    packs = {name: _pack(root, name, pin) for name, pin in (("alpha", "mmfake==1.0"), ("beta", "mmfake==2.0"), ("gamma", "mmfake==9.9"))}
+    home = tmp_path_factory.mktemp("mmcore-home")
+    return {"wheels": wheels, "packs": packs, "home": home}
+
+
+@pytest.fixture
+def host(world, tmp_path: Path) -> CLI:  # type: ignore[no-untyped-def]
+    cli = CLI(tmp_path, [])
+    original = cli.env
+
+    def env(**extra: str) -> dict[str, str]:
+        return original(MMCORE_HOME=str(world["home"]), **extra)
+
+    cli.env = env  # type: ignore[method-assign]
+    return cli
+
+
+def test_conflicting_pins_live_side_by_side(host: CLI, world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    for name in ("alpha", "beta"):
+        proc = host("env", "create", "--pack", name, "--from", str(world["packs"][name]), "--find-links", str(world["wheels"]))
+        assert f"created {world['home']}/envs/{name}" in proc.stdout
+    with pytest.raises(ImportError):
+        __import__("mmfake")  # the host has neither version
+    for name, version in (("alpha", "1.0"), ("beta", "2.0")):
+        proc = host("download", "--pack", name, "--run-dir", f"run-{name}")
+        assert f"{name} sees mmfake {version}" in proc.stdout  # the child's output comes through
+        manifest = json.loads((tmp_path / f"run-{name}/download/manifest.json").read_text())
+        assert manifest["metrics"]["mmfake"] == version
+    listed = {p["name"]: p for p in json.loads(host("list", "--json").stdout)["packs"]}
+    assert listed["alpha"]["location"] == str(world["home"] / "envs/alpha") and listed["beta"]["version"] == "1.0.0"
+    envs = {e["pack"]: e for e in json.loads(host("env", "list", "--json").stdout)}
+    assert envs["alpha"]["stale"] is None and envs["alpha"]["packs"] == ["alpha"]
+    assert envs["alpha"]["fingerprint"] != envs["beta"]["fingerprint"]
+    assert host("env", "path", "beta").stdout.strip() == str(world["home"] / "envs/beta")
+
+
+def test_failed_install_leaves_nothing_and_names_the_requirement(host: CLI, world) -> None:  # type: ignore[no-untyped-def]
+    proc = host("env", "create", "--pack", "gamma", "--from", str(world["packs"]["gamma"]), "--find-links", str(world["wheels"]), check=False)
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: creating the env failed while installing") and "mmfake==9.9" in line, proc.stderr
+    assert not (world["home"] / "envs/gamma").exists()
+    assert "gamma" not in host("env", "list").stdout
+
+
+def test_exit_codes_and_ctrl_c_come_through(host: CLI, world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    if not (world["home"] / "envs/alpha").exists():
+        host("env", "create", "--pack", "alpha", "--from", str(world["packs"]["alpha"]), "--find-links", str(world["wheels"]))
+    proc = host("convert", "--pack", "alpha", check=False)
+    assert proc.returncode == 2 and "the alpha pack has no convert stage" in proc.stderr
+    child = subprocess.Popen([sys.executable, "-m", "mmcore", "download", "--pack", "alpha", "--run-dir", "slow"], cwd=tmp_path, env=host.env(SLOW_DOWNLOAD="60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(8)  # let the env's interpreter start the stage
+    os.killpg(child.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and "interrupted" in err
+    assert not (tmp_path / "slow/download/manifest.json").exists()
+
+
+def test_remove(host: CLI, world) -> None:  # type: ignore[no-untyped-def]
+    if not (world["home"] / "envs/beta").exists():
+        host("env", "create", "--pack", "beta", "--from", str(world["packs"]["beta"]), "--find-links", str(world["wheels"]))
+    host("env", "remove", "beta")
+    assert not (world["home"] / "envs/beta").exists()
+    proc = host("env", "path", "beta", check=False)
+    assert proc.returncode == 2 and "has no env" in proc.stderr
