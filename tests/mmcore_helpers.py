@@ -23,29 +23,38 @@ def pip_install_target(projects: list[Path], target: Path) -> None:
     subprocess.run([*cmd, *map(str, projects)], check=True, capture_output=True)
 
 
-def write_pack_project(root: Path, dist: str, module: str, source: str, entry_points: dict[str, str], group: str = "mmcore.packs") -> Path:
-    """A minimal pack project (pyproject + one module) under ``root/dist``."""
+def write_pack_project(
+    root: Path,
+    dist: str,
+    module: str,
+    source: str,
+    entry_points: dict[str, str] | None = None,
+    group: str = "mmcore.packs",
+    *,
+    version: str = "1.0.0",
+    dependencies: tuple[str, ...] = (),
+) -> Path:
+    """A minimal project (pyproject + one module) under ``root/dist``: a pack, or with no
+    entry points a plain library."""
     project = root / dist
     (project / module).mkdir(parents=True)
     (project / module / "__init__.py").write_text(textwrap.dedent(source))
-    eps = "\n".join(f'{name} = "{value}"' for name, value in entry_points.items())
-    (project / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [build-system]
-            requires = ["setuptools>=68"]
-            build-backend = "setuptools.build_meta"
-
-            [project]
-            name = "{dist}"
-            version = "1.0.0"
-
-            [project.entry-points."{group}"]
-            """
-        )
-        + eps
-        + f'\n\n[tool.setuptools]\npackages = ["{module}"]\n'
-    )
+    lines = [
+        "[build-system]",
+        'requires = ["setuptools>=68"]',
+        'build-backend = "setuptools.build_meta"',
+        "",
+        "[project]",
+        f'name = "{dist}"',
+        f'version = "{version}"',
+        f"dependencies = {list(dependencies)!r}".replace("'", '"'),
+        "",
+        "[tool.setuptools]",
+        f'packages = ["{module}"]',
+    ]
+    if entry_points:
+        lines += ["", f'[project.entry-points."{group}"]', *(f'"{name}" = "{value}"' for name, value in entry_points.items())]
+    (project / "pyproject.toml").write_text("\n".join(lines) + "\n")
     return project
 
 

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -37,31 +36,12 @@ def mmcore_download(ctx):
 
 
 def _library(root: Path, version: str) -> Path:
-    project = root / f"mmfake-{version}"
-    (project / "mmfake").mkdir(parents=True)
-    (project / "mmfake" / "__init__.py").write_text(f'__version__ = "{version}"\n')
-    (project / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [build-system]
-            requires = ["setuptools>=68"]
-            build-backend = "setuptools.build_meta"
-            [project]
-            name = "mmfake"
-            version = "{version}"
-            [tool.setuptools]
-            packages = ["mmfake"]
-            """
-        )
-    )
-    return project
+    return write_pack_project(root / version, "mmfake", "mmfake", f'__version__ = "{version}"\n', version=version)
 
 
 def _pack(root: Path, name: str, pin: str) -> Path:
-    project = write_pack_project(root, f"mm-pack-{name}", f"mm_pack_{name}", PACK_SOURCE.format(name=name), {name: f"mm_pack_{name}"})
-    text = (project / "pyproject.toml").read_text().replace('version = "1.0.0"', f'version = "1.0.0"\ndependencies = ["mmcore", "{pin}"]')
-    (project / "pyproject.toml").write_text(text)
-    return project
+    source = PACK_SOURCE.format(name=name)
+    return write_pack_project(root, f"mm-pack-{name}", f"mm_pack_{name}", source, {name: f"mm_pack_{name}"}, dependencies=("mmcore", pin))
 
 
 @pytest.fixture(scope="module")
