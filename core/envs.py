@@ -45,6 +45,7 @@ class EnvRecord:
     requirement: str
     engine: str
     python: str
+    extra: list[str] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)
     fingerprint: str = ""
     created_at: float = 0.0
@@ -170,6 +171,7 @@ def create(
     pack: str,
     *,
     requirement: str | None = None,
+    extra: Iterable[str] = (),
     python: str | None = None,
     find_links: Iterable[str] = (),
     index_url: str | None = None,
@@ -197,7 +199,8 @@ def create(
     constraints = target.parent / f".{pack}.constraints.txt"
     constraints.write_text(f"torch=={torch_version}\n" if torch_version else "")
     start = time.perf_counter()
-    packages = [mmcore_requirement(), requirement]
+    extra = list(extra)
+    packages = [mmcore_requirement(), requirement, *extra]
     try:
         if uv:
             _run([uv, "venv", "--quiet", "--seed", "--python", python or sys.executable, str(target)], requirement)
@@ -224,7 +227,7 @@ def create(
         raise
     finally:
         constraints.unlink(missing_ok=True)
-    record = EnvRecord(pack=pack, path=str(target), requirement=requirement, engine="uv" if uv else "venv+pip", python="", created_at=time.time())
+    record = EnvRecord(pack=pack, path=str(target), requirement=requirement, engine="uv" if uv else "venv+pip", extra=extra, python="", created_at=time.time())
     record.seconds = round(time.perf_counter() - start, 2)
     probe = _probe(record)
     record.python = probe["python"]
@@ -233,7 +236,7 @@ def create(
         shutil.rmtree(target, ignore_errors=True)
         found = ", ".join(probe["packs"]) or "none"
         raise MmcoreError(f"{requirement} installed, but it provides no pack {pack!r} (packs found: {found})")
-    record.fingerprint = sha256_json({"pack": probe["packs"][pack], "python": record.python, "versions": record.versions, "requirement": requirement})
+    record.fingerprint = sha256_json({"pack": probe["packs"][pack], "python": record.python, "versions": record.versions, "requirement": requirement, "extra": extra})
     record.disk_mib = _disk_mib(target)
     records[pack] = record
     save_records(records)
@@ -258,7 +261,7 @@ def v(name):
         return md.version(name)
     except md.PackageNotFoundError:
         return None
-print(json.dumps({"python": platform.python_version(), "packs": packs, "versions": {"mmcore": v("mmcore"), "torch": v("torch")}}))
+print(json.dumps({"python": platform.python_version(), "packs": packs, "versions": {n: v(n) for n in ("mmcore", "torch", "transformers", "diffusers") if v(n)}}))
 """
 
 

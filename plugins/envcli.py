@@ -20,19 +20,20 @@ def env_group() -> None:
 @env_group.command("create")
 @click.option("--pack", "-p", required=True, help="Pack name (as `--pack` takes it).")
 @click.option("--from", "requirement", default=None, help="What provides the pack: a requirement (mm-pack-x==1.0) or a folder [default: mm-pack-<pack>].")
+@click.option("--with", "extra", multiple=True, help="Extra requirement to install alongside, e.g. transformers==5.20.0 (repeatable).")
 @click.option("--python", default=None, help="Interpreter for the env [default: this one].")
 @click.option("--find-links", multiple=True, help="Extra folder/URL of wheels (repeatable).")
 @click.option("--index-url", default=None, help="Package index to use instead of PyPI (a mirror).")
 @click.option("--offline", is_flag=True, help="Install only from caches and --find-links.")
 @click.option("--engine", type=click.Choice(["auto", "uv", "pip"]), default="auto", show_default=True)
 @click.option("--force", is_flag=True, help="Recreate the env if it exists.")
-def create_cmd(pack: str, requirement: str | None, python: str | None, find_links: tuple[str, ...], index_url: str | None, offline: bool, engine: str, force: bool) -> None:
+def create_cmd(pack: str, requirement: str | None, extra: tuple[str, ...], python: str | None, find_links: tuple[str, ...], index_url: str | None, offline: bool, engine: str, force: bool) -> None:
     """Create the env of PACK and record it; `mmcore <stage> --pack PACK` then runs there."""
     from mmcore import envs
 
-    record = envs.create(pack, requirement=requirement, python=python, find_links=find_links, index_url=index_url, offline=offline, engine=engine, force=force, say=click.echo)
+    record = envs.create(pack, requirement=requirement, extra=extra, python=python, find_links=find_links, index_url=index_url, offline=offline, engine=engine, force=force, say=click.echo)
     click.echo(f"created {record.path} in {record.seconds:.1f}s with {record.engine} ({record.disk_mib:.0f} MiB not shared with other envs)")
-    click.echo(f"python {record.python}, mmcore {record.versions.get('mmcore')}, torch {record.versions.get('torch')}")
+    click.echo(f"python {record.python}, " + ", ".join(f"{k} {v}" for k, v in record.versions.items()))
 
 
 @env_group.command("list")
