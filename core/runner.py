@@ -51,7 +51,7 @@ class Runner:
         """Finished manifests of the stages before ``stage``; an unfinished one is an error."""
         found: dict[str, Manifest] = {}
         for earlier in STAGES[: STAGES.index(stage)]:
-            if earlier not in self.stages:
+            if earlier not in self.stages or self._disabled(earlier):
                 continue
             manifest = self.run_dir.read_manifest(earlier)
             if manifest is None:
@@ -101,13 +101,17 @@ class Runner:
             if stage not in self.stages:
                 self._skipped(stage, f"the {self.pack} pack has no {stage} stage")
                 continue
-            if stage == "extract" and not self.config.extract.enabled:
+            if self._disabled(stage):
                 self._skipped(stage, "disabled by extract.enabled=false")
                 continue
             manifest = self.run_stage(stage, resume=resume, force=force)
             if manifest is not None:
                 done.append(manifest)
         return done
+
+    def _disabled(self, stage: str) -> bool:
+        """A stage the config switched off: skipped by ``run``, and no later stage waits for it."""
+        return stage == "extract" and not self.config.extract.enabled
 
     def run_stage(self, stage: str, *, resume: ResumeMode = "no", force: bool = False) -> Manifest | None:
         """Run one stage unless it is up to date; returns its manifest (None if declined)."""

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mmcore.context import StageContext
 from mmcore.errors import StageError
+from mmcore.faults import crash_point
 from mmcore.io import atomic_write_json
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
@@ -272,7 +273,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             _save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
-        _maybe_die(done)
+        crash_point("train-step", done)
     # ---- finish
     final_step = max(cfg.steps, step)
     _save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend)
@@ -293,14 +294,6 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
 
 def backend_handles_precision(backend: Any, world: Any) -> bool:
     return bool(backend is not None and getattr(backend, "handles_precision", lambda w: False)(world))
-
-
-def _maybe_die(step: int) -> None:
-    # Test hook for crash-resume tests: kill -9 this process right after the given step.
-    if os.environ.get("MMCORE_TEST_KILL_AFTER_STEP") == str(step):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _to_device(batch: dict[str, Any], device: "torch.device") -> dict[str, Any]:

@@ -35,7 +35,7 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
 def test_kill_9_then_resume_continues_the_loss_curve_exactly(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "training.steps=4", "training.checkpoint_every=1"]
     mm("run", *common, "--run-dir", "straight")
-    proc = mm("run", *common, "--run-dir", "killed", check=False, MMCORE_TEST_KILL_AFTER_STEP="2")
+    proc = mm("run", *common, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="train-step:2")
     assert proc.returncode != 0 and not (tmp_path / "killed/train/manifest.json").exists()
     proc = mm("run", *common, "--run-dir", "killed")
     assert "[train] resuming" in proc.stdout and "resumed from step 2" in proc.stdout

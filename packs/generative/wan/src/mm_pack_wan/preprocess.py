@@ -1,0 +1,65 @@
+"""Preprocess: captioned videos/images -> frames sampled to the target fps, resized into buckets.
+
+Each video is probed once (frames, fps, size), assigned the bucket of the closest aspect ratio
+it is long enough for, sampled, scaled to cover and centre-cropped; frames are stored as uint8
+with the caption. Corrupt, truncated and too-short videos follow ``data.on_bad_sample``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Mapping
+
+from mmcore.context import StageContext
+from mmcore.data.badsamples import BadSample, BadSamples
+from mmcore.data.captions import read_captions
+from mmcore.data.shards import ShardWriter
+from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
+from mmcore.errors import StageError
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
+
+
+def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+    import torch
+
+    cfg = ctx.config.data
+    datasets = [Path(p) for p in cfg.datasets]
+    if cfg.demo_samples:
+        from mm_pack_wan.demo import write_demo_dataset
+
+        datasets.append(write_demo_dataset(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed))
+    if not datasets:
+        raise StageError("no datasets: give --data CAPTIONS.json or a folder of videos with .txt captions")
+    bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
+    writer = ShardWriter(ctx.stage_dir / "dataset")
+    buckets: Counter[str] = Counter()
+    for dataset in datasets:
+        ctx.record_input(dataset)
+        items = list(read_captions(dataset))
+        for item in ctx.progress(items, description=f"preprocess {dataset.name}", unit="video"):
+            if isinstance(item, BadSample):
+                bad.report(item)
+                continue
+            try:
+                info = probe(item.media)
+                bucket = choose_bucket(info, cfg.buckets, cfg.fps)
+                if bucket is None:
+                    raise MediaError(f"video {item.media} is too short: {info.frames} frame(s) at {info.fps:g} fps give fewer than the {min(b[2] for b in cfg.buckets)} frames at {cfg.fps:g} fps any bucket needs")
+                height, width, frames = bucket
+                images = sample_frames(item.media, info, fps=cfg.fps, count=frames)
+            except MediaError as exc:
+                bad.report(BadSample(item.file, item.index, str(exc)))
+                continue
+            pixels = torch.from_numpy(resize_crop(images, height, width))
+            writer.add({"frames": pixels}, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media)})
+            buckets[f"{height}x{width}x{frames}"] += 1
+    skipped = bad.close()
+    if not writer.samples:
+        raise StageError("no usable videos" + (f" ({skipped})" if skipped else ""))
+    writer.close(fps=cfg.fps)
+    notes = [f"{len(writer.samples)} clips in buckets " + ", ".join(f"{k}: {v}" for k, v in sorted(buckets.items()))]
+    if skipped:
+        notes.append(skipped)
+    return StageResult(outputs={"dataset": "dataset", "bad_samples": "bad_samples.jsonl"}, metrics={"clips": len(writer.samples), "skipped": len(bad.found), "buckets": dict(buckets)}, notes=notes)

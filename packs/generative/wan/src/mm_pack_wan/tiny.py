@@ -1,0 +1,59 @@
+"""Tiny random-weight Wan pipelines built from config (how tests and the demo run offline).
+
+``init:tiny`` writes the diffusers layout ``WanPipeline.from_pretrained`` loads: ``transformer/``,
+``vae/``, ``text_encoder/`` (UMT5), ``tokenizer/`` (a small unigram tokenizer), ``scheduler/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mmcore.errors import StageError
+
+CORPUS = [
+    "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",
+    "a blue square moves left", "a blue square moves right", "a blue square moves up", "a blue square moves down",
+    "a green circle on a white background", "a yellow triangle", "video of a cat", "slow motion, bright light",
+]
+
+PRESETS = {
+    "tiny": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64},
+    "demo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128},
+}
+
+
+def build_tokenizer():  # type: ignore[no-untyped-def]
+    from tokenizers import SentencePieceUnigramTokenizer
+    from transformers import T5TokenizerFast
+
+    sp = SentencePieceUnigramTokenizer()
+    sp.train_from_iterator(CORPUS * 8, vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False)
+    return T5TokenizerFast(tokenizer_object=sp._tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
+
+
+def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
+    import torch
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers.utils import logging as diffusers_logging
+    from transformers import UMT5Config, UMT5EncoderModel
+    from transformers.utils import logging as hf_logging
+
+    try:
+        p = PRESETS[preset]
+    except KeyError:
+        raise StageError(f"init:{preset}: unknown tiny preset; choose one of {', '.join(PRESETS)}") from None
+    hf_logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(vocab_size=len(tokenizer), d_model=p["text_dim"], d_kv=8, d_ff=2 * p["text_dim"], num_layers=p["text_layers"], num_heads=4,
+                   relative_attention_num_buckets=8, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    ).eval()
+    vae = AutoencoderKLWan(base_dim=p["vae_base"], z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], in_channels=16, out_channels=16,
+        text_dim=p["text_dim"], freq_dim=32, ffn_dim=p["ffn"], num_layers=p["layers"], rope_max_seq_len=64,
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer).save_pretrained(out)

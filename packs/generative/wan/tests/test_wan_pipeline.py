@@ -1,0 +1,145 @@
+"""The wan pack through its stages: data handling, the feature cache, resume, export in diffusers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmcore.data.video import write_mp4
+
+TINY = ["--pack", "wan", "--preset", "tiny"]
+
+
+def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
+    return json.loads((run / stage / "manifest.json").read_text())
+
+
+def losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def moving(frames: int, size: int = 32, colour=(200, 40, 40)):  # type: ignore[no-untyped-def]
+    clip = np.full((frames, size, size, 3), 255, dtype=np.uint8)
+    for t in range(frames):
+        clip[t, 8:16, 2 + 2 * t : 10 + 2 * t] = colour
+    return clip
+
+
+@pytest.fixture
+def videos(tmp_path: Path) -> Path:
+    """Caption JSON as MindSpeed-MM writes it, a folder with .txt captions, and broken files."""
+    root = tmp_path / "data"
+    write_mp4(root / "clips/a.mp4", moving(10), 8)
+    write_mp4(root / "clips/b.mp4", moving(12, colour=(40, 40, 200)), 8)
+    write_mp4(root / "other/a.mp4", moving(10, colour=(40, 200, 40)), 8)  # same basename, other content
+    write_mp4(root / "clips/short.mp4", moving(3), 8)
+    (root / "clips/corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 definitely not a video")
+    (root / "clips/cut.mp4").write_bytes((root / "clips/b.mp4").read_bytes()[:400])
+    from PIL import Image
+
+    Image.fromarray(moving(1)[0]).save(root / "clips/still.png")
+    records = [
+        {"path": "clips/a.mp4", "cap": "a red square moves right", "num_frames": 10, "fps": 8, "resolution": {"height": 32, "width": 32}},
+        {"path": "clips/b.mp4", "cap": ["a blue square moves right"]},
+        {"path": "other/a.mp4", "cap": "a green square moves right"},
+        {"path": "clips/short.mp4", "cap": "too short"},
+        {"path": "clips/corrupt.mp4", "cap": "corrupt"},
+        {"path": "clips/cut.mp4", "cap": "truncated"},
+        {"path": "clips/missing.mp4", "cap": "missing"},
+    ]
+    (root / "captions.json").write_text(json.dumps(records))
+    folder = root / "folder"
+    write_mp4(folder / "x.mp4", moving(9), 8)
+    (folder / "x.txt").write_text("a red square moves right\n")
+    write_mp4(folder / "y.mp4", moving(9), 8)  # no caption file
+    return root
+
+
+def test_bad_videos_are_reported_with_file_and_reason(wan, videos: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = wan("run", *TINY, "--data", str(videos / "captions.json"), "--data", str(videos / "folder"), "data.on_bad_sample=skip", "training.steps=1", "convert.verify=true")
+    assert "bit-identical" in proc.stdout and "skipped 5 bad sample(s)" in proc.stdout
+    run = tmp_path / "runs/wan-tiny"
+    bad = [json.loads(line) for line in (run / "preprocess/bad_samples.jsonl").read_text().splitlines()]
+    reasons = {(Path(b["file"]).name, b["index"]): b["reason"] for b in bad}
+    assert "too short: 3 frame(s)" in reasons[("captions.json", 3)]
+    assert "unreadable video" in reasons[("captions.json", 4)]
+    assert "unreadable video" in reasons[("captions.json", 5)] or "ended early" in reasons[("captions.json", 5)]
+    assert "file not found" in reasons[("captions.json", 6)]
+    assert "has no caption file y.txt" in reasons[("folder", 1)]
+    pre = manifest(run, "preprocess")["metrics"]
+    assert pre["clips"] == 4 and pre["skipped"] == 5
+    extract = manifest(run, "extract")["metrics"]
+    assert extract["clips"] == 4  # the two a.mp4 files are two clips: keys are content hashes
+    proc = wan("preprocess", *TINY, "--data", str(videos / "captions.json"), "--force", check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {videos / 'captions.json'}: sample 3: video")
+
+
+def test_images_are_one_frame_videos(wan, videos: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (videos / "images.json").write_text(json.dumps([{"path": "clips/still.png", "cap": "a red square"}]))
+    wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", check=False)
+    wan("download", *TINY, "--run-dir", "t2i")
+    wan("convert", *TINY, "--run-dir", "t2i")
+    proc = wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i")
+    assert "1 clips in buckets 32x32x1: 1" in proc.stdout
+
+
+def test_training_from_the_cache_equals_encoding_on_the_fly(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    common = [*TINY, "data.demo_samples=12", "training.steps=3", "data.buckets=[[32,32,9]]"]
+    wan("run", *common, "--run-dir", "cached")
+    proc = wan("run", *common, "--run-dir", "fresh", "extract.enabled=false")
+    assert "[extract] skipped: disabled by extract.enabled=false" in proc.stdout
+    cached, fresh = losses(tmp_path / "cached"), losses(tmp_path / "fresh")
+    assert list(cached) == [1, 2, 3]
+    for step in cached:
+        assert fresh[step] == pytest.approx(cached[step], rel=1e-5), step
+
+
+def test_cache_invalidation_and_no_work_when_unchanged(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    common = [*TINY, "data.demo_samples=8", "training.steps=1", "data.buckets=[[32,32,9]]"]
+    wan("run", *common)
+    proc = wan("run", *common)
+    assert "[extract] skipped: up to date" in proc.stdout  # an unchanged rerun does no work
+    proc = wan("run", *common, "data.fps=16")  # frame sampling changed
+    assert "[preprocess] running" in proc.stdout and "[extract] running" in proc.stdout
+    proc = wan("run", *common, "data.fps=16", "--model", "init:demo")  # another VAE / text encoder
+    assert "[extract] running" in proc.stdout
+
+
+def test_kill_during_extract_and_train_resumes_without_redoing_work(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    common = [*TINY, "data.demo_samples=24", "training.steps=4", "training.checkpoint_every=1", "data.buckets=[[32,32,9]]"]
+    wan("run", *common, "--run-dir", "straight")
+    proc = wan("run", *common, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="extract-chunk:1")
+    assert proc.returncode != 0 and not (tmp_path / "killed/extract/manifest.json").exists()
+    proc = wan("run", *common, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="train-step:2")
+    assert "[extract] resuming" in proc.stdout and proc.returncode != 0
+    straight, resumed = manifest(tmp_path / "straight", "extract")["metrics"], manifest(tmp_path / "killed", "extract")["metrics"]
+    assert resumed["encoded"] < straight["encoded"]  # the chunk written before the kill was not encoded again
+    assert json.loads((tmp_path / "killed/extract/features/index.json").read_text())["samples"] == json.loads((tmp_path / "straight/extract/features/index.json").read_text())["samples"]
+    proc = wan("run", *common, "--run-dir", "killed")
+    assert "resumed from step 2" in proc.stdout
+    assert losses(tmp_path / "killed") == losses(tmp_path / "straight")
+
+
+@pytest.mark.slow
+def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    wan("run", "--pack", "wan", "--preset", "demo")
+    run = tmp_path / "runs/wan-demo"
+    curve = list(losses(run).values())
+    assert np.mean(curve[-10:]) < 0.6 * np.mean(curve[:10]), (curve[:10], curve[-10:])
+    export = manifest(run, "export")["metrics"]
+    assert export["weights_identical"] and export["samples"] == 2
+    assert (run / "export/samples/contact_sheet.png").stat().st_size > 1000
+    import torch
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(run / "export/pipeline", torch_dtype=torch.float32)
+    frames = pipe("a red square moves left", height=32, width=32, num_frames=9, num_inference_steps=2, max_sequence_length=16, output_type="np").frames[0]
+    assert frames.shape == (9, 32, 32, 3)
+    import av
+
+    with av.open(str(run / "export/samples/sample-0.mp4")) as video:
+        assert sum(1 for _ in video.decode(video=0)) == 9
