@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from mmcore.data.mllm import Sample
+from mmcore.data.video import MediaError, load_image
+
+__all__ = ["MediaError", "load_image", "Encoder", "image_processor", "load_video_frames", "video_patches"]
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 IGNORE = -100
@@ -34,25 +37,10 @@ CHAT_TEMPLATE = (
 _PLACEHOLDER = re.compile(r"(<image>|<video>)")
 
 
-class MediaError(Exception):
-    """A media file that cannot be decoded (reported as a bad sample)."""
-
-
 def image_processor(min_pixels: int = 56 * 56, max_pixels: int = 512 * 28 * 28):  # type: ignore[no-untyped-def]
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
-
-
-def load_image(path: Path):  # type: ignore[no-untyped-def]
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            image.load()
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise MediaError(f"unreadable image {path}: {exc}") from None
 
 
 def load_video_frames(path: Path, fps: float, max_frames: int) -> list[Any]:
