@@ -371,3 +371,27 @@ def compare_hf(a_dir: Path, b_dir: Path) -> list[str]:
         elif not torch.equal(x.contiguous().reshape(-1).view(torch.uint8), y.contiguous().reshape(-1).view(torch.uint8)):
             problems.append(f"{key}: values differ")
     return problems
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def convert_stage(ctx: Any, source: Path, adapter: StateDictAdapter, *, what: str = "model") -> Any:
+    """The whole convert stage for a folder of safetensors: stream to ``<stage>/dcp`` and, with
+    ``convert.verify``, convert back and require every tensor to be bit-identical."""
+    import shutil
+
+    from mmcore.pack import StageResult
+
+    out = ctx.stage_dir / "dcp"
+    stats = hf_to_dcp(source, out, adapter, progress=lambda it: ctx.progress(it, description="convert", unit="tensor"))
+    notes = [f"{what}: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {out}"]
+    if ctx.config.convert.verify:
+        back = ctx.stage_dir / "verify"
+        dcp_to_hf(out, back, adapter)
+        problems = compare_hf(source, back)
+        shutil.rmtree(back)
+        if problems:
+            raise StageError(f"round trip to mmcore and back is not exact: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        notes.append("verified: the round trip to mmcore and back is bit-identical for every tensor")
+    return StageResult(outputs={"checkpoint": "dcp"}, metrics={**stats, "verified": ctx.config.convert.verify}, notes=notes)

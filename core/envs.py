@@ -85,7 +85,15 @@ def save_records(records: dict[str, EnvRecord]) -> None:
 
 
 def find(pack: str) -> EnvRecord | None:
-    return load_records().get(pack)
+    """The env of ``pack``: the one created for it, else one whose metadata provides it
+    (a distribution may ship several packs, e.g. ``qwen2vl`` and ``qwen2.5vl``)."""
+    records = load_records()
+    if pack in records:
+        return records[pack]
+    for record in records.values():
+        if any(found["name"] == pack for found in packs_in(record)):
+            return record
+    return None
 
 
 # --------------------------------------------------------------------------- what to install

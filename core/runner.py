@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 import traceback
 from datetime import datetime
-from pathlib import Path
 from typing import Literal
 
 from mmcore._version import __version__

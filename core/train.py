@@ -316,7 +316,6 @@ def _clip(model: "nn.Module", max_norm: float | None) -> float:
 
 def _save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any) -> None:
     """Write ``root/step-N`` completely, then point ``root/latest`` at it (atomic rename)."""
-    import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -348,7 +347,6 @@ def _save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, schedule
 
 
 def _load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any) -> int:
-    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 

@@ -58,4 +58,28 @@ def make_runner(plugins: Plugins, pack: str, run_dir: str | Path, **config_kw: A
     return Runner(plugins, pack, config, rd)
 
 
-__all__ = ["plugins_with", "make_config", "make_runner"]
+class StageCLI:
+    """Runs ``python -m mmcore ARGS`` in ``cwd`` as a user would; raises with both streams on failure.
+
+    ``MMCORE_*`` variables of the calling environment are dropped, so a test sets exactly the
+    ones it means (``MMCORE_TEST_KILL=train-step:2``).
+    """
+
+    def __init__(self, cwd: Path, timeout: float = 900) -> None:
+        self.cwd = cwd
+        self.timeout = timeout
+
+    def __call__(self, *args: str, check: bool = True, **env: str) -> Any:
+        import os
+        import subprocess
+        import sys
+
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+        full_env.update(env)
+        proc = subprocess.run([sys.executable, "-m", "mmcore", *args], cwd=self.cwd, env=full_env, capture_output=True, text=True, timeout=self.timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"mmcore {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        return proc
+
+
+__all__ = ["plugins_with", "make_config", "make_runner", "StageCLI"]

@@ -5,6 +5,7 @@ Fixtures:
         exactly the given pack objects (installed packs are left out).
     mmcore_run_dir: an empty run directory under the test's ``tmp_path``.
     mmcore_runner: a factory ``(pack_object, **config) -> Runner`` on ``mmcore_run_dir``.
+    mmcore_cli: runs ``mmcore ...`` in a subprocess in the test's ``tmp_path`` (see ``StageCLI``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def mmcore_runner(mmcore_run_dir) -> Callable[..., Any]:  # type: ignore[no-unty
         return make_runner(plugins, pack.PACK.name, mmcore_run_dir.root, **config_kw)
 
     return factory
+
+
+@pytest.fixture
+def mmcore_cli(tmp_path):  # type: ignore[no-untyped-def]
+    from mmcore.testing import StageCLI
+
+    return StageCLI(tmp_path)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,19 +47,6 @@ def wild_dataset(tmp_path: Path) -> Path:
     return root
 
 
-class PackCLI:
-    def __init__(self, cwd: Path) -> None:
-        self.cwd = cwd
-
-    def __call__(self, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
-        full_env.update(env)
-        proc = subprocess.run([sys.executable, "-m", "mmcore", *args], cwd=self.cwd, env=full_env, capture_output=True, text=True, timeout=600)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"mmcore {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-        return proc
-
-
 @pytest.fixture
-def mm(tmp_path: Path) -> PackCLI:
-    return PackCLI(tmp_path)
+def mm(mmcore_cli):  # type: ignore[no-untyped-def]
+    return mmcore_cli

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from qwen2vl_media import write_image, write_video
 from mm_pack_qwen2vl.config import Qwen2VLData

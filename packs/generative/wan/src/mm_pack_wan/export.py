@@ -56,7 +56,7 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     notes = [f"diffusers pipeline at {out}; weights bit-identical to training, output max |diff| {diff:.2g}"]
     prompts = list(ctx.config.export.sample_prompts)
     if prompts:
-        pipe = WanPipeline.from_pretrained(out, torch_dtype=torch.float32)
+        pipe = WanPipeline.from_pretrained(out)
         pipe.set_progress_bar_config(disable=True)
         height, width, frames = ctx.config.data.buckets[0]
         rows = []

@@ -39,7 +39,7 @@ class Encoders:
         import torch
         from diffusers import WanPipeline
 
-        self.pipe = WanPipeline.from_pretrained(model_dir, transformer=None, torch_dtype=torch.float32)
+        self.pipe = WanPipeline.from_pretrained(model_dir, transformer=None)
         self.pipe.vae.eval()
         self.pipe.text_encoder.eval()
         self.max_sequence_length = max_sequence_length

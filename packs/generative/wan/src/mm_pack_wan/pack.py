@@ -5,9 +5,9 @@ Importing this module must stay light (no torch, no diffusers): ``mmcore list`` 
 
 from __future__ import annotations
 
-import shutil
+from pathlib import Path
 
-from mmcore import PackSpec, StageError, StageResult, hookimpl
+from mmcore import PackSpec, StageError, hookimpl
 
 
 class WanPack:
@@ -30,7 +30,7 @@ class WanPack:
 
         result = download_model(ctx, build_init_checkpoint)
         model = result.outputs["model"]
-        folder = ctx.stage_dir / model if not model.startswith("/") else __import__("pathlib").Path(model)
+        folder = Path(model) if Path(model).is_absolute() else ctx.stage_dir / model
         missing = [part for part in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler") if not (folder / part).is_dir()]
         if missing and ctx.world.is_local_main:
             raise StageError(f"{folder}: not a diffusers Wan folder, missing {', '.join(missing)}/")
@@ -38,21 +38,11 @@ class WanPack:
 
     @hookimpl
     def mmcore_convert(self, ctx, upstream):
+        # Only the transformer trains; the VAE and text encoder stay frozen as they are.
         from mm_pack_wan.adapter import ADAPTER
-        from mmcore.convert import compare_hf, dcp_to_hf, hf_to_dcp
+        from mmcore.convert import convert_stage
 
-        source = upstream["download"].output("model") / "transformer"
-        stats = hf_to_dcp(source, ctx.stage_dir / "dcp", ADAPTER, progress=lambda it: ctx.progress(it, description="convert", unit="tensor"))
-        notes = [f"transformer: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {ctx.stage_dir / 'dcp'} (VAE and text encoder stay frozen as they are)"]
-        if ctx.config.convert.verify:
-            back = ctx.stage_dir / "verify"
-            dcp_to_hf(ctx.stage_dir / "dcp", back, ADAPTER)
-            problems = compare_hf(source, back)
-            shutil.rmtree(back)
-            if problems:
-                raise StageError(f"round trip diffusers -> mmcore -> diffusers is not exact: {problems[0]}")
-            notes.append("verified: diffusers -> mmcore -> diffusers is bit-identical for every tensor")
-        return StageResult(outputs={"checkpoint": "dcp"}, metrics={**stats, "verified": ctx.config.convert.verify}, notes=notes)
+        return convert_stage(ctx, upstream["download"].output("model") / "transformer", ADAPTER, what="transformer")
 
     @hookimpl
     def mmcore_preprocess(self, ctx, upstream):

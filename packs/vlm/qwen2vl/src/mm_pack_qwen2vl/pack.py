@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from mmcore import PackSpec, StageError, StageResult, hookimpl
+from mmcore import PackSpec, hookimpl
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -39,20 +39,9 @@ class Qwen2VLPack:
     @hookimpl
     def mmcore_convert(self, ctx, upstream):
         from mm_pack_qwen2vl.adapter import ADAPTER
-        from mmcore.convert import compare_hf, dcp_to_hf, hf_to_dcp
+        from mmcore.convert import convert_stage
 
-        source = upstream["download"].output("model")
-        stats = hf_to_dcp(source, ctx.stage_dir / "dcp", ADAPTER, progress=lambda it: ctx.progress(it, description="convert", unit="tensor"))
-        notes = [f"{stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {ctx.stage_dir / 'dcp'}"]
-        if ctx.config.convert.verify:
-            back = ctx.stage_dir / "verify-hf"
-            dcp_to_hf(ctx.stage_dir / "dcp", back, ADAPTER)
-            problems = compare_hf(source, back)
-            shutil.rmtree(back)
-            if problems:
-                raise StageError(f"round trip HF -> mmcore -> HF is not exact: {problems[0]} (+{len(problems) - 1} more)")
-            notes.append("verified: HF -> mmcore -> HF is bit-identical for every tensor")
-        return StageResult(outputs={"checkpoint": "dcp"}, metrics={**stats, "verified": ctx.config.convert.verify}, notes=notes)
+        return convert_stage(ctx, upstream["download"].output("model"), ADAPTER)
 
     # ------------------------------------------------------------------ preprocess
     @hookimpl
