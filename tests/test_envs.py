@@ -115,3 +115,29 @@ def test_remove(host: CLI, world) -> None:  # type: ignore[no-untyped-def]
     assert not (world["home"] / "envs/beta").exists()
     proc = host("env", "path", "beta", check=False)
     assert proc.returncode == 2 and "has no env" in proc.stderr
+
+
+def test_real_packs_with_different_transformers_pins_run_from_one_host(host: CLI, world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The wan pack on transformers 5.20.0 and the qwen2vl pack on the host's, each in its env."""
+    import importlib.metadata as md
+
+    repo = Path(__file__).resolve().parents[1]
+    host("env", "create", "--pack", "wan", "--from", str(repo / "packs/generative/wan"), "--with", "transformers==5.20.0", "--force")
+    host("env", "create", "--pack", "qwen2vl", "--from", str(repo / "packs/vlm/qwen2vl"), "--force")
+    seen = {}
+    for pack, extra in (("wan", ["data.demo_samples=4"]), ("qwen2vl", ["data.demo_samples=8"])):
+        host("run", "--pack", pack, "--preset", "tiny", "--run-dir", pack, *extra, "training.steps=1")
+        seen[pack] = json.loads((tmp_path / pack / "train/manifest.json").read_text())["versions"]["libraries"]["transformers"]
+    assert seen == {"wan": "5.20.0", "qwen2vl": md.version("transformers")}
+    assert md.version("transformers") != "5.20.0"
+    # qwen2.5vl ships in the same distribution: it runs in qwen2vl's env without an env of its own.
+    import os
+
+    from mmcore import envs
+
+    old = os.environ.get("MMCORE_HOME")
+    os.environ["MMCORE_HOME"] = str(world["home"])
+    try:
+        assert envs.find("qwen2.5vl").pack == "qwen2vl"
+    finally:
+        os.environ.pop("MMCORE_HOME") if old is None else os.environ.__setitem__("MMCORE_HOME", old)
