@@ -117,7 +117,7 @@ def test_remove(host: CLI, world) -> None:  # type: ignore[no-untyped-def]
     assert proc.returncode == 2 and "has no env" in proc.stderr
 
 
-def test_real_packs_with_different_transformers_pins_run_from_one_host(host: CLI, world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_real_packs_with_different_transformers_pins_run_from_one_host(host: CLI, world, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The wan pack on transformers 5.20.0 and the qwen2vl pack on the host's, each in its env."""
     import importlib.metadata as md
 
@@ -131,13 +131,7 @@ def test_real_packs_with_different_transformers_pins_run_from_one_host(host: CLI
     assert seen == {"wan": "5.20.0", "qwen2vl": md.version("transformers")}
     assert md.version("transformers") != "5.20.0"
     # qwen2.5vl ships in the same distribution: it runs in qwen2vl's env without an env of its own.
-    import os
-
     from mmcore import envs
 
-    old = os.environ.get("MMCORE_HOME")
-    os.environ["MMCORE_HOME"] = str(world["home"])
-    try:
-        assert envs.find("qwen2.5vl").pack == "qwen2vl"
-    finally:
-        os.environ.pop("MMCORE_HOME") if old is None else os.environ.__setitem__("MMCORE_HOME", old)
+    monkeypatch.setenv("MMCORE_HOME", str(world["home"]))
+    assert envs.find("qwen2.5vl").pack == "qwen2vl"
