@@ -64,7 +64,10 @@ class TrainRecipe:
             (e.g. ``{"vision": ["model.visual.*"]}``); globs may also be given directly.
         evaluate: optional ``(ctx, model, step) -> metrics``, called on every rank at step 0,
             every ``training.eval_every`` steps and at the end; logged on the main process.
-        flops_per_token: optional ``model -> float``, for MFU.
+        loss_unit: what ``num_loss_tokens`` counts, for the throughput metric's name
+            (``tokens`` -> ``tokens_per_s``; ``samples`` -> ``samples_per_s``).
+        group_of: optional ``sample index -> key``; a micro-batch then only holds samples of
+            one key (e.g. one resolution bucket, so latents stack).
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -74,6 +77,8 @@ class TrainRecipe:
     shard_modules: Callable[["nn.Module"], list["nn.Module"]] = lambda model: []
     freeze_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
     evaluate: Callable[[StageContext, "nn.Module", int], dict[str, float]] | None = None
+    loss_unit: str = "tokens"
+    group_of: Callable[[int], Any] | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -121,26 +126,45 @@ def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Calla
 
 
 class EpochSampler:
-    """Deterministic shuffled order, sharded across ranks, resumable at any sample position."""
+    """Deterministic shuffled micro-batches, sharded across ranks, resumable at any position.
 
-    def __init__(self, size: int, seed: int, rank: int, world: int, batch: int) -> None:
-        if size < world * batch:
-            raise StageError(f"the dataset has {size} samples, fewer than one global micro-batch ({world} ranks x {batch})")
-        self.size, self.seed, self.rank, self.world, self.batch = size, seed, rank, world, batch
+    With ``groups`` (one key per sample) every global micro-batch holds one group's samples;
+    each epoch shuffles within groups, cuts them into global micro-batches (dropping each
+    group's ragged tail) and shuffles the order of those.
+    """
+
+    def __init__(self, size: int, seed: int, rank: int, world: int, batch: int, groups: list[Any] | None = None) -> None:
+        self.seed, self.rank, self.world, self.batch = seed, rank, world, batch
+        self.groups = groups if groups is not None else [0] * size
         self.position = 0  # global micro-batches consumed since the start
+        self._epoch_cache: tuple[int, list[list[int]]] | None = None
+        if not self._plan(0):
+            biggest = max(self.groups.count(g) for g in set(self.groups)) if size else 0
+            raise StageError(f"the dataset has {size} samples (largest group {biggest}), fewer than one global micro-batch ({world} ranks x {batch})")
 
-    def _order(self, epoch: int) -> list[int]:
-        order = list(range(self.size))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+    def _plan(self, epoch: int) -> list[list[int]]:
+        if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
+            return self._epoch_cache[1]
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        by_group: dict[Any, list[int]] = {}
+        for index, key in enumerate(self.groups):
+            by_group.setdefault(key, []).append(index)
+        span = self.world * self.batch
+        batches = []
+        for key in sorted(by_group, key=str):
+            members = by_group[key]
+            rng.shuffle(members)
+            batches += [members[i : i + span] for i in range(0, len(members) - span + 1, span)]
+        rng.shuffle(batches)
+        self._epoch_cache = (epoch, batches)
+        return batches
 
     def next_batch(self) -> tuple[list[int], int]:
-        per_epoch = self.size // (self.world * self.batch)  # drop the ragged tail each epoch
+        per_epoch = len(self._plan(0))
         epoch, index = divmod(self.position, per_epoch)
-        order = self._order(epoch)
-        start = (index * self.world + self.rank) * self.batch
+        span = self._plan(epoch)[index]
         self.position += 1
-        return order[start : start + self.batch], epoch
+        return span[self.rank * self.batch : (self.rank + 1) * self.batch], epoch
 
 
 def _rng_state() -> dict[str, Any]:
@@ -204,7 +228,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
-    sampler = EpochSampler(len(data), ctx.seed, world.rank, world.world_size, cfg.micro_batch_size)
+    groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
+    sampler = EpochSampler(len(data), ctx.seed, world.rank, world.world_size, cfg.micro_batch_size, groups)
     ckpt_root = ctx.stage_dir / CHECKPOINTS
 
     step = 0
@@ -261,7 +286,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             "loss": last_loss,
             "lr": scheduler.get_last_lr()[0],
             "grad_norm": grad_norm,
-            "tokens_per_s": global_tokens / elapsed,
+            f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
             "step_time_s": elapsed,
             "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
         }
@@ -279,7 +304,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     _save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend)
     log_eval(final_step)
     if world.is_main:
-        _plot(ctx.stage_dir, history)
+        _plot(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
     notes = [f"final loss {last_loss:.4f} after {final_step} steps", f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
     result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": len(frozen), "bf16": use_bf16}
     if evals:
@@ -364,7 +389,7 @@ def _load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sam
     return int(extra["step"])
 
 
-def _plot(stage_dir: Path, history: list[dict[str, float]]) -> None:
+def _plot(stage_dir: Path, history: list[dict[str, float]], throughput: str) -> None:
     """``train.png``: loss and throughput against step, from ``metrics.jsonl`` (all attempts)."""
     path = stage_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else history
@@ -384,9 +409,9 @@ def _plot(stage_dir: Path, history: list[dict[str, float]]) -> None:
     ax1.set_xlabel("step")
     ax1.set_ylabel("loss")
     ax1.set_title("training loss")
-    ax2.plot([r["step"] for r in rows], [r["tokens_per_s"] for r in rows])
+    ax2.plot([r["step"] for r in rows], [r.get(throughput, float("nan")) for r in rows])
     ax2.set_xlabel("step")
-    ax2.set_ylabel("tokens/s")
+    ax2.set_ylabel(throughput.replace("_per_s", "/s"))
     ax2.set_title("throughput")
     fig.tight_layout()
     fig.savefig(stage_dir / "train.png", dpi=90)

@@ -143,3 +143,19 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
 
     with av.open(str(run / "export/samples/sample-0.mp4")) as video:
         assert sum(1 for _ in video.decode(video=0)) == 9
+
+
+def test_several_buckets_train_with_micro_batches_of_one_bucket(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    root = tmp_path / "mixed"
+    records = []
+    for i, (height, width) in enumerate([(32, 32), (32, 32), (32, 48), (32, 48), (32, 32)]):
+        clip = np.full((9, height, width, 3), 255, dtype=np.uint8)
+        clip[:, 8:16, 4 * i : 4 * i + 8] = (200, 40, 40)
+        write_mp4(root / f"c{i}.mp4", clip, 8)
+        records.append({"path": f"c{i}.mp4", "cap": f"clip {i}"})
+    (root / "captions.json").write_text(json.dumps(records))
+    proc = wan("run", *TINY, "--data", str(root / "captions.json"), "data.buckets=[[32,32,5],[32,48,5]]", "training.micro_batch_size=2", "training.steps=4")
+    assert "32x32x5: 3" in proc.stdout and "32x48x5: 2" in proc.stdout
+    assert len(losses(tmp_path / "runs/wan-tiny")) == 4
+    rows = [json.loads(x) for x in (tmp_path / "runs/wan-tiny/train/metrics.jsonl").read_text().splitlines()]
+    assert "samples_per_s" in rows[0]

@@ -56,7 +56,7 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
     shapes = {tuple(s["latents"].shape if "latents" in s else s["frames"].shape) for s in samples}
     if len(shapes) > 1:
-        raise StageError(f"a micro-batch mixes buckets {sorted(shapes)}: use one bucket or training.micro_batch_size=1")
+        raise StageError(f"a micro-batch mixes shapes {sorted(shapes)}; the sampler groups by bucket, so the cache and the preprocessed data disagree: rerun preprocess and extract with --force")
     batch: dict[str, Any] = {"num_loss_tokens": len(samples)}  # the loss is per sample
     if "latents" in samples[0]:
         batch["latents"] = torch.stack([s["latents"] for s in samples])
@@ -114,4 +114,6 @@ def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
         loss=loss,
         shard_modules=lambda model: list(model.blocks),
         freeze_groups=FREEZE_GROUPS,
+        loss_unit="samples",
+        group_of=lambda i: tuple(data.meta(i)["bucket"]),  # latents of one micro-batch must stack
     )
