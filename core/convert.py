@@ -319,11 +319,12 @@ def dcp_to_hf(
     max_shard_bytes: int = 4 << 30,
     dtype: "torch.dtype | None" = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    read_bytes: int = 256 << 20,
 ) -> dict[str, Any]:
     """Write the model tensors of a DCP checkpoint as HF safetensors shards (+ index if several).
 
-    Each output tensor is read from the checkpoint, built by the adapter and written before
-    the next is read: memory holds the sources of one output tensor, whatever the shard size.
+    Tensors are read ``read_bytes`` at a time, built by the adapter and written one by one:
+    memory holds about ``max(read_bytes, largest tensor)``, whatever the shard size.
     """
     mm_index = dcp_index(ckpt_dir)
     plan = adapter.to_hf(mm_index)
@@ -333,10 +334,29 @@ def dcp_to_hf(
     out_dir.mkdir(parents=True, exist_ok=True)
     names = ["model.safetensors"] if len(groups) == 1 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
 
+    order = [key for group in groups for key in group]
+    position = {key: i for i, key in enumerate(order)}
+    loaded: dict[str, "torch.Tensor"] = {}
+
     def produce(key: str) -> "torch.Tensor":
+        # Read the sources of the next few tensors in one dcp.load (each call re-reads the
+        # checkpoint's metadata), up to read_bytes; a tensor larger than that is read alone.
         recipe = plan[key]
-        loaded = load_dcp_tensors(ckpt_dir, recipe.sources, mm_index)
-        tensor = (recipe.combine(*(loaded[s] for s in recipe.sources)) if recipe.combine else loaded[recipe.sources[0]])
+        if any(src not in loaded for src in recipe.sources):
+            loaded.clear()
+            wanted: list[str] = []
+            size = 0
+            for upcoming in order[position[key] :]:
+                sources = [s for s in plan[upcoming].sources if s not in wanted]
+                extra = sum(_nbytes(mm_index[s]) for s in sources)
+                if wanted and size + extra > read_bytes:
+                    break
+                wanted += sources
+                size += extra
+            loaded.update(load_dcp_tensors(ckpt_dir, wanted, mm_index))
+        tensor = recipe.combine(*(loaded[s] for s in recipe.sources)) if recipe.combine else loaded[recipe.sources[0]]
+        for src in recipe.sources:
+            loaded.pop(src, None)  # single-use: release as soon as it is written
         return tensor.to(recipe.info.dtype)
 
     weight_map: dict[str, str] = {}
