@@ -67,10 +67,23 @@ class StateDictAdapter:
 class RenameAdapter(StateDictAdapter):
     """An adapter that only renames, by ordered regex rules (first match wins, both ways).
 
-    ``rules`` are ``(hf_pattern, mm_replacement, mm_pattern, hf_replacement)``.
+    ``rules`` are ``(hf_pattern, mm_replacement, mm_pattern, hf_replacement)``. ``ignore`` are
+    patterns of hub tensors left out on the way in (parts of a checkpoint another model uses).
+    ``tied`` names
+    training-model tensors that hub checkpoints do not store because they share another's
+    storage (an output projection tied to the embedding); exports leave them out too.
     """
 
     rules: Sequence[tuple[str, str, str, str]] = field(default_factory=list)
+    tied: Sequence[str] = field(default_factory=list)
+    ignore: Sequence[str] = field(default_factory=list)  # hub tensors the training model does not have
+
+    def _ignored(self, key: str) -> bool:
+        return any(re.match(pattern, key) for pattern in self.ignore)
+
+    def round_trip_name(self, hub_key: str) -> str | None:
+        """The name a hub tensor gets after conversion in and back out (None: left out)."""
+        return None if self._ignored(hub_key) else self._rename(self._rename(hub_key, True), False)
 
     def _rename(self, key: str, forward: bool) -> str:
         for hf_pat, mm_rep, mm_pat, hf_rep in self.rules:
@@ -80,10 +93,10 @@ class RenameAdapter(StateDictAdapter):
         return key
 
     def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
-        return _renamed(hf, lambda k: self._rename(k, True))
+        return _renamed({k: v for k, v in hf.items() if not self._ignored(k)}, lambda k: self._rename(k, True))
 
     def to_hf(self, mm: dict[str, TensorInfo]) -> dict[str, Recipe]:
-        return _renamed(mm, lambda k: self._rename(k, False))
+        return _renamed({k: v for k, v in mm.items() if k not in self.tied}, lambda k: self._rename(k, False))
 
 
 def _renamed(index: dict[str, TensorInfo], rename: Callable[[str], str]) -> dict[str, Recipe]:
@@ -372,18 +385,27 @@ def dcp_to_hf(
 # --------------------------------------------------------------------------- verification
 
 
-def iter_pairs(a: SafetensorsFolder, b: SafetensorsFolder) -> Iterator[tuple[str, "torch.Tensor | None", "torch.Tensor | None"]]:
-    for key in sorted(set(a.index) | set(b.index)):
-        yield key, a.get(key) if key in a.index else None, b.get(key) if key in b.index else None
+def iter_pairs(a: SafetensorsFolder, b: SafetensorsFolder, name_in_b: Callable[[str], str | None] = lambda k: k) -> Iterator[tuple[str, "torch.Tensor | None", "torch.Tensor | None"]]:
+    mapped = {key: name_in_b(key) for key in a.index}
+    matched = {m for m in mapped.values() if m is not None}
+    for key in sorted(k for k, m in mapped.items() if m is not None):
+        other = mapped[key]
+        yield key, a.get(key), b.get(other) if other in b.index else None
+    for key in sorted(set(b.index) - matched):
+        yield key, None, b.get(key)
 
 
-def compare_hf(a_dir: Path, b_dir: Path) -> list[str]:
-    """Every difference between two folders of safetensors: missing keys, dtype, shape, bits."""
+def compare_hf(a_dir: Path, b_dir: Path, name_in_b: Callable[[str], str | None] = lambda k: k) -> list[str]:
+    """Every difference between two folders of safetensors: missing keys, dtype, shape, bits.
+
+    ``name_in_b`` maps a tensor name of ``a`` to its name in ``b`` (None: not expected there),
+    for adapters that drop or rename on the way back (see :meth:`RenameAdapter.round_trip_name`).
+    """
     import torch
 
     problems = []
     a, b = SafetensorsFolder(a_dir), SafetensorsFolder(b_dir)
-    for key, x, y in iter_pairs(a, b):
+    for key, x, y in iter_pairs(a, b, name_in_b):
         if x is None or y is None:
             problems.append(f"{key}: only in {'the second' if x is None else 'the first'} checkpoint")
         elif x.dtype != y.dtype or x.shape != y.shape:
@@ -394,6 +416,19 @@ def compare_hf(a_dir: Path, b_dir: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the stage
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def copy_side_files(model_dir: Path, out: Path) -> None:
+    """Config, tokenizer, processor, generation and template files: everything but the weights."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    for path in model_dir.iterdir():
+        if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and path.name != SAFE_INDEX:
+            shutil.copy2(path, out / path.name)
+
 
 
 def convert_stage(ctx: Any, source: Path, adapter: StateDictAdapter, *, what: str = "model") -> Any:
@@ -409,7 +444,7 @@ def convert_stage(ctx: Any, source: Path, adapter: StateDictAdapter, *, what: st
     if ctx.config.convert.verify:
         back = ctx.stage_dir / "verify"
         dcp_to_hf(out, back, adapter)
-        problems = compare_hf(source, back)
+        problems = compare_hf(source, back, getattr(adapter, "round_trip_name", lambda k: k))
         shutil.rmtree(back)
         if problems:
             raise StageError(f"round trip to mmcore and back is not exact: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))

@@ -85,14 +85,26 @@ class TrainRecipe:
 
 
 def load_converted(model: "nn.Module", ckpt_dir: Path) -> None:
-    """Load a checkpoint written by :func:`mmcore.convert.hf_to_dcp` into an unsharded model."""
+    """Load a checkpoint written by :func:`mmcore.convert.hf_to_dcp` into an unsharded model.
+
+    Tied parameters (an output projection sharing the embedding, as hub checkpoints store it
+    once) are read under their first name only.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    full = model.state_dict()
+    first_name: dict[tuple[int, tuple[int, ...]], str] = {}
+    alias: dict[str, str] = {}
+    for key, tensor in full.items():
+        identity = (tensor.data_ptr(), tuple(tensor.shape))
+        if tensor.numel() and identity in first_name:
+            alias[key] = first_name[identity]
+        else:
+            first_name.setdefault(identity, key)
+    state = {f"model.{k}": v for k, v in full.items() if k not in alias}
     dcp.load(state, storage_reader=FileSystemReader(str(ckpt_dir)), no_dist=True)
-    missing = model.load_state_dict({k[len("model.") :]: v for k, v in state.items()}, strict=True)
-    del missing
+    model.load_state_dict({k: state[f"model.{alias.get(k, k)}"] for k in full}, strict=True)
 
 
 def freeze(model: "nn.Module", patterns: Sequence[str], groups: Mapping[str, Sequence[str]]) -> list[str]:

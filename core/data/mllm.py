@@ -116,50 +116,66 @@ def read_samples(path: Path, section: MLLMDataSection) -> Iterator[Sample | BadS
     """Every sample of one dataset file, or a :class:`BadSample` saying what is wrong with it."""
     records = load_records(path)
     columns = _columns_for(records, section)
-    media_root = (Path(section.media_dir) if section.media_dir else path.parent).resolve()
+    root = media_root(path, section)
     roles = {columns.user_tag: "user", columns.assistant_tag: "assistant", columns.system_tag: "system"}
     for index, record in enumerate(records):
         try:
-            yield _parse(path, index, record, columns, roles, media_root)
-        except _Bad as bad:
+            yield _parse(path, index, record, columns, roles, root)
+        except BadRecord as bad:
             yield BadSample(str(path), index, str(bad))
 
 
-class _Bad(Exception):
-    pass
+class BadRecord(Exception):
+    """What is wrong with one record (becomes a :class:`BadSample` naming file and index)."""
+
+
+def resolve_media(name: str, media_root: Path, kind: str) -> Path:
+    """``name`` relative to ``media_root``, which it may not escape, and which must exist."""
+    candidate = (media_root / name).resolve()
+    if not candidate.is_relative_to(media_root):
+        raise BadRecord(f"{kind} path {name!r} escapes the dataset folder {media_root}")
+    if not candidate.is_file():
+        raise BadRecord(f"{kind} file not found: {candidate}")
+    return candidate
+
+
+def media_root(path: Path, section: "MLLMDataSection | DataSection") -> Path:
+    """The folder media paths of dataset file ``path`` are relative to."""
+    media_dir = getattr(section, "media_dir", None)
+    return (Path(media_dir) if media_dir else path.parent).resolve()
 
 
 def _parse(path: Path, index: int, record: object, columns: Columns, roles: dict[str, str], media_root: Path) -> Sample:
     if not isinstance(record, dict):
-        raise _Bad(f"expected an object, got {type(record).__name__}")
+        raise BadRecord(f"expected an object, got {type(record).__name__}")
     messages = record.get(columns.messages)
     if not isinstance(messages, list) or not messages:
-        raise _Bad(f"field {columns.messages!r} is missing or not a non-empty list")
+        raise BadRecord(f"field {columns.messages!r} is missing or not a non-empty list")
     turns: list[Turn] = []
     system = record.get(columns.system) if columns.system else None
     if isinstance(system, str) and system:
         turns.append(Turn("system", system))
     for number, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise _Bad(f"message {number} is not an object")
+            raise BadRecord(f"message {number} is not an object")
         role = roles.get(str(message.get(columns.role)))
         content = message.get(columns.content)
         if role is None:
-            raise _Bad(f"message {number} has role {message.get(columns.role)!r}, expected {columns.user_tag!r} or {columns.assistant_tag!r}")
+            raise BadRecord(f"message {number} has role {message.get(columns.role)!r}, expected {columns.user_tag!r} or {columns.assistant_tag!r}")
         if not isinstance(content, str):
-            raise _Bad(f"message {number} has no text {columns.content!r}")
+            raise BadRecord(f"message {number} has no text {columns.content!r}")
         turns.append(Turn(role, content))  # type: ignore[arg-type]
     if [i for i, t in enumerate(turns) if t.role == "system"] not in ([], [0]):
-        raise _Bad("a system message may only come first, once")
+        raise BadRecord("a system message may only come first, once")
     dialogue = turns[1:] if turns[0].role == "system" else turns
     if not dialogue:
-        raise _Bad("no user/assistant turns")
+        raise BadRecord("no user/assistant turns")
     for number, turn in enumerate(dialogue):
         expected = "user" if number % 2 == 0 else "assistant"
         if turn.role != expected:
-            raise _Bad(f"turn {number} is from {turn.role}, expected {expected} (turns alternate, user first)")
+            raise BadRecord(f"turn {number} is from {turn.role}, expected {expected} (turns alternate, user first)")
     if dialogue[-1].role != "assistant":
-        raise _Bad("the last turn must be the assistant's")
+        raise BadRecord("the last turn must be the assistant's")
     media: dict[str, list[Path]] = {}
     text = "".join(t.content for t in turns)
     for kind, placeholder in PLACEHOLDERS.items():
@@ -167,18 +183,11 @@ def _parse(path: Path, index: int, record: object, columns: Columns, roles: dict
         if isinstance(files, str):
             files = [files]
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-            raise _Bad(f"field {getattr(columns, kind)!r} must be a list of paths")
+            raise BadRecord(f"field {getattr(columns, kind)!r} must be a list of paths")
         count = text.count(placeholder)
         if count != len(files):
-            raise _Bad(f"{count} {placeholder} placeholder(s) but {len(files)} {kind}")
-        resolved = []
-        for name in files:
-            candidate = (media_root / name).resolve()
-            if not candidate.is_relative_to(media_root):
-                raise _Bad(f"{kind[:-1]} path {name!r} escapes the dataset folder {media_root}")
-            if not candidate.is_file():
-                raise _Bad(f"{kind[:-1]} file not found: {candidate}")
-            resolved.append(candidate)
+            raise BadRecord(f"{count} {placeholder} placeholder(s) but {len(files)} {kind}")
+        resolved = [resolve_media(name, media_root, kind[:-1]) for name in files]
         if resolved:
             media[kind] = resolved
     return Sample(str(path), index, turns, media)

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import hashlib
+
 from mmcore.errors import StageError
 from mmcore.io import atomic_write_json
 
@@ -96,3 +98,13 @@ class ShardDataset:
 
     def subset(self, indices: list[int]) -> "ShardDataset":
         return ShardDataset(self.folder, [self.indices[i] for i in indices])
+
+    def split(self, name: str) -> "ShardDataset":
+        """The samples whose ``split`` meta is ``name`` (samples without one are ``train``)."""
+        return self.subset([i for i in range(len(self)) if self.meta(i).get("split", "train") == name])
+
+
+def held_out(sample_key: str, fraction: float) -> bool:
+    """A stable train/eval split: the same sample lands in the same split on every run and machine."""
+    digest = hashlib.sha256(sample_key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from mmcore.data.media import MediaError
+
+__all__ = ["MediaError", "Probe", "probe", "load_image", "sample_frames", "frames_at", "choose_bucket", "resize_crop", "write_mp4", "contact_sheet"]
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
-
-
-class MediaError(Exception):
-    """A media file that cannot be used (unreadable, truncated, too short)."""
 
 
 @dataclass(frozen=True)

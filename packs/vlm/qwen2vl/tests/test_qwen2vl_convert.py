@@ -46,7 +46,7 @@ def test_converted_checkpoint_gives_the_same_logits_as_from_pretrained(tiny_dir:
 
 
 def test_export_in_several_shards_loads_in_transformers(tiny_dir: Path, tmp_path: Path) -> None:
-    from mm_pack_qwen2vl.pack import copy_side_files
+    from mmcore.convert import copy_side_files
 
     hf_to_dcp(tiny_dir, tmp_path / "dcp", ADAPTER)
     stats = dcp_to_hf(tmp_path / "dcp", tmp_path / "sharded", ADAPTER, max_shard_bytes=200_000)

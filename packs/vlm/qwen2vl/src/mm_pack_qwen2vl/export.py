@@ -18,9 +18,8 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     import torch
 
     from mm_pack_qwen2vl.adapter import ADAPTER
-    from mm_pack_qwen2vl.model import TokenIds, build_model, collate, model_class, split
-    from mm_pack_qwen2vl.pack import copy_side_files
-    from mmcore.convert import dcp_to_hf
+    from mm_pack_qwen2vl.model import TokenIds, build_model, collate, model_class
+    from mmcore.convert import copy_side_files, dcp_to_hf
     from mmcore.data.shards import ShardDataset
 
     model_dir = upstream["download"].output("model")
@@ -32,7 +31,7 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
 
     # The export must reproduce the trained model exactly.
     data = ShardDataset(upstream["preprocess"].output("dataset"))
-    held_out = split(data, "eval")
+    held_out = data.split("eval")
     probe = held_out if len(held_out) else data
     ids = TokenIds.of(data)
     batch = collate([probe[i] for i in range(min(4, len(probe)))], ids)
@@ -56,29 +55,19 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     return StageResult(outputs={"model": "hf"}, metrics=metrics, notes=notes)
 
 
-def generate_accuracy(model: Any, folder: Any, held_out: Any, ids: Any, limit: int = 64) -> float:
-    """Greedy ``generate()`` on each held-out prompt; correct when it reproduces the answer."""
+def generate_accuracy(model: Any, folder: Any, held_out: Any, ids: Any) -> float:
+    """Greedy ``generate()`` of the export on the held-out prompts (transformers' own path)."""
     import torch
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    correct = total = 0
-    for i in range(min(limit, len(held_out))):
-        sample = held_out[i]
-        labels = sample["labels"]
-        supervised = (labels != -100).nonzero().flatten()
-        start = int(supervised[0])  # first answer token: the prompt ends just before it
-        answer = sample["input_ids"][start : int(supervised[-1]) + 1].tolist()
+    from mmcore.causal_lm import generate_accuracy as accuracy
+
+    def prompt_inputs(sample: dict[str, Any], start: int) -> dict[str, Any]:
         prompt = sample["input_ids"][:start][None]
         types = (prompt == ids.image).long() + 2 * (prompt == ids.video).long()
         inputs = {"input_ids": prompt, "attention_mask": torch.ones(1, start, dtype=torch.long), "mm_token_type_ids": types}
-        for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-            if name in sample:
-                inputs[name] = sample[name]
-        with torch.no_grad():
-            generated = model.generate(**inputs, max_new_tokens=len(answer) + 2, do_sample=False, eos_token_id=end, pad_token_id=ids.pad)
-        produced = generated[0, start:].tolist()
-        correct += int(produced[: len(answer)] == answer)
-        total += 1
-    return correct / max(total, 1)
+        inputs.update({k: sample[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw") if k in sample})
+        return inputs
+
+    end = AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids("<|im_end|>")
+    return accuracy(model, held_out, prompt_inputs, end, ids.pad)

@@ -8,32 +8,15 @@ weights and the preprocessing, so a changed encoder or image setting makes a new
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
+from mmcore.data.qwen_vision import media_key, split_items
 from mmcore.data.shards import ShardDataset, ShardWriter
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
 MEDIA = (("pixel_values", "image_grid_thw", "image_features"), ("pixel_values_videos", "video_grid_thw", "video_features"))
-
-
-def media_key(pixels: Any, grid: Any) -> str:
-    digest = hashlib.sha256()
-    digest.update(grid.numpy().tobytes())
-    digest.update(pixels.contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def split_items(pixels: Any, grids: Any) -> list[tuple[Any, Any]]:
-    """One (pixels, grid[1, 3]) pair per image or video of a sample."""
-    out, start = [], 0
-    for grid in grids:
-        n = int(grid.prod())
-        out.append((pixels[start : start + n], grid[None]))
-        start += n
-    return out
 
 
 def vision_frozen(ctx: StageContext) -> bool:
@@ -100,17 +83,7 @@ class CachedFeatures:
 
 def use_cached_vision(model: Any) -> Any:
     """Make the vision tower take cached block outputs and apply only the merger (projector)."""
-    import torch
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from mmcore.data.qwen_vision import use_cached_vision as merger_only
 
-    visual = model.model.visual
-
-    def merger_only(hidden_states: Any, grid_thw: Any, **kwargs: Any) -> Any:
-        merged = visual.merger(hidden_states)
-        if hasattr(visual, "get_window_index"):  # Qwen2.5-VL keeps block outputs in window order
-            window_index, _ = visual.get_window_index(grid_thw)
-            merged = merged[torch.argsort(window_index)]
-        return BaseModelOutputWithPooling(last_hidden_state=hidden_states, pooler_output=merged)
-
-    visual.forward = merger_only
+    merger_only(model.model.visual)
     return model

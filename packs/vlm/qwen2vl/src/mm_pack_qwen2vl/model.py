@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.context import StageContext
 from mmcore.data.shards import ShardDataset
 from mmcore.rundir import Manifest
 from mmcore.train import TrainRecipe, load_converted
 
-IGNORE = -100
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw"}
 
 # training.freeze accepts these names as well as parameter globs.
 FREEZE_GROUPS = {
@@ -67,42 +68,15 @@ def collate(samples: list[dict[str, Any]], ids_: TokenIds, pack: bool = False) -
     """
     import torch
 
-    batch = _packed_rows(samples) if pack else _padded_rows(samples, ids_.pad)
+    batch = packed_rows(samples, PACKED_COUNTS) if pack else padded_rows(samples, ids_.pad)
     ids, labels = batch["input_ids"], batch["labels"]
     batch["mm_token_type_ids"] = (ids == ids_.image).long() + 2 * (ids == ids_.video).long()
     for name in MEDIA_FIELDS:
         parts = [s[name] for s in samples if name in s]
         if parts:
             batch[name] = torch.cat(parts)
-    batch["num_loss_tokens"] = int((labels[:, 1:] != IGNORE).sum())
+    batch["num_loss_tokens"] = count_loss_tokens(labels)
     return batch
-
-
-def _padded_rows(samples: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
-    import torch
-
-    longest = max(len(s["input_ids"]) for s in samples)
-    ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
-    labels = torch.full((len(samples), longest), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(samples), longest), dtype=torch.long)
-    for row, sample in enumerate(samples):
-        n = len(sample["input_ids"])
-        ids[row, :n] = sample["input_ids"]
-        labels[row, :n] = sample["labels"]
-        mask[row, :n] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
-
-
-def _packed_rows(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    import torch
-
-    return {
-        "input_ids": torch.cat([s["input_ids"] for s in samples])[None],
-        "labels": torch.cat([s["labels"] for s in samples])[None],
-        "segments": torch.tensor([len(s["input_ids"]) for s in samples]),
-        "segment_images": torch.tensor([len(s.get("image_grid_thw", ())) for s in samples]),
-        "segment_videos": torch.tensor([len(s.get("video_grid_thw", ())) for s in samples]),
-    }
 
 
 def packed_position_ids(model: Any, batch: dict[str, Any]) -> Any:
@@ -137,20 +111,7 @@ def forward_logits(model: Any, batch: dict[str, Any]) -> Any:
 
 
 def loss_sum(model: Any, batch: dict[str, Any]) -> Any:
-    """Summed next-token cross-entropy over supervised tokens (the engine normalises)."""
-    import torch.nn.functional as F
-
-    logits = forward_logits(model, batch)[:, :-1].float()
-    targets = batch["labels"][:, 1:]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
-
-
-def exact_match(model: Any, batch: dict[str, Any]) -> Any:
-    """Per row: every supervised token is the argmax (what greedy decoding would answer)."""
-    logits = forward_logits(model, batch)[:, :-1]
-    targets = batch["labels"][:, 1:]
-    hit = (logits.argmax(-1) == targets) | (targets == IGNORE)
-    return hit.all(dim=1)
+    return next_token_loss_sum(forward_logits(model, batch), batch["labels"])
 
 
 def shard_modules(model: Any) -> list[Any]:
@@ -187,7 +148,7 @@ def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = Fal
     cached = "extract" in upstream
 
     def load(split_name: str) -> Any:
-        data = split(ShardDataset(upstream["preprocess"].output("dataset")), split_name)
+        data = ShardDataset(upstream["preprocess"].output("dataset")).split(split_name)
         if cached:
             from mm_pack_qwen2vl.extract import CachedFeatures
 
@@ -211,32 +172,9 @@ def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = Fal
         loss=loss_sum,
         shard_modules=shard_modules,
         freeze_groups=FREEZE_GROUPS,
-        evaluate=lambda ctx, model, step: evaluate_accuracy(ctx, model, load("eval"), ids_),
+        evaluate=lambda ctx, model, step: evaluate(ctx, model, load("eval"), ids_),
     )
 
 
-def split(data: ShardDataset, name: str) -> ShardDataset:
-    return data.subset([i for i in range(len(data)) if data.meta(i).get("split", "train") == name])
-
-
-def evaluate_accuracy(ctx: StageContext, model: Any, held_out: Any, ids_: TokenIds) -> dict[str, float]:
-    """Exact-match accuracy on the held-out split, the same forward count on every rank."""
-    import torch
-    import torch.distributed as dist
-
-    if len(held_out) == 0:
-        return {}
-    world = ctx.world
-    device = next(model.parameters()).device
-    mine = list(range(world.rank, len(held_out), world.world_size))
-    rounds = -(-len(held_out) // world.world_size)
-    hits = torch.zeros(2, device=device)
-    for r in range(rounds):
-        i = mine[r] if r < len(mine) else mine[0] if mine else 0  # pad with a repeat, not counted
-        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in collate([held_out[i]], ids_).items()}
-        ok = exact_match(model, batch)
-        if r < len(mine):
-            hits += torch.tensor([float(ok.sum()), 1.0], device=device)
-    if world.distributed:
-        dist.all_reduce(hits)
-    return {"accuracy": float(hits[0] / hits[1])}
+def evaluate(ctx: StageContext, model: Any, held_out: Any, ids_: TokenIds) -> dict[str, float]:
+    return evaluate_accuracy(ctx, model, held_out, lambda sample: collate([sample], ids_), forward_logits)

@@ -5,12 +5,7 @@ Importing this module must stay light (no torch, no transformers): ``mmcore list
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 from mmcore import PackSpec, hookimpl
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 class Qwen2VLPack:
@@ -81,14 +76,6 @@ class Qwen2VLPack:
 
         for spec in KERNELS:
             register(spec)
-
-
-def copy_side_files(model_dir: Path, out: Path) -> None:
-    """Config, tokenizer, processor and template files: everything but the weights."""
-    out.mkdir(parents=True, exist_ok=True)
-    for path in model_dir.iterdir():
-        if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and path.name != "model.safetensors.index.json":
-            shutil.copy2(path, out / path.name)
 
 
 qwen2vl = Qwen2VLPack(

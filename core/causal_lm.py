@@ -1,0 +1,108 @@
+"""Batching, loss and held-out accuracy for decoder LMs fed token rows (+ media), any family.
+
+Samples are dicts with ``input_ids`` and ``labels`` (-100 where nothing is learned). A batch
+is either right-padded rows with an ``attention_mask``, or one packed row whose ``segments``
+keep the samples' lengths (the pack turns those into restarting position ids, from which
+transformers builds an attention mask that isolates the samples). The first token of every
+sample is never supervised, so no loss crosses samples in a packed row.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+IGNORE = -100
+
+
+def padded_rows(samples: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
+    import torch
+
+    longest = max(len(s["input_ids"]) for s in samples)
+    ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
+    labels = torch.full((len(samples), longest), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(samples), longest), dtype=torch.long)
+    for row, sample in enumerate(samples):
+        n = len(sample["input_ids"])
+        ids[row, :n] = sample["input_ids"]
+        labels[row, :n] = sample["labels"]
+        mask[row, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def packed_rows(samples: list[dict[str, Any]], counts: dict[str, str] | None = None) -> dict[str, Any]:
+    """One row; ``segments`` = sample lengths, and for each ``counts`` item (batch key -> sample
+    field) how many rows of that field each sample brings (e.g. images per sample)."""
+    import torch
+
+    batch = {
+        "input_ids": torch.cat([s["input_ids"] for s in samples])[None],
+        "labels": torch.cat([s["labels"] for s in samples])[None],
+        "segments": torch.tensor([len(s["input_ids"]) for s in samples]),
+    }
+    for key, field in (counts or {}).items():
+        batch[key] = torch.tensor([len(s.get(field, ())) for s in samples])
+    return batch
+
+
+def count_loss_tokens(labels: Any) -> int:
+    return int((labels[:, 1:] != IGNORE).sum())
+
+
+def next_token_loss_sum(logits: Any, labels: Any) -> Any:
+    """Summed next-token cross-entropy over supervised tokens (the train engine normalises)."""
+    import torch.nn.functional as F
+
+    logits = logits[:, :-1].float()
+    targets = labels[:, 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
+
+
+def exact_match(logits: Any, labels: Any) -> Any:
+    """Per row: every supervised token is the argmax (what greedy decoding would answer)."""
+    targets = labels[:, 1:]
+    hit = (logits[:, :-1].argmax(-1) == targets) | (targets == IGNORE)
+    return hit.all(dim=1)
+
+
+def evaluate_accuracy(ctx: Any, model: Any, held_out: Any, collate_one: Callable[[dict[str, Any]], dict[str, Any]],
+                      logits_of: Callable[[Any, dict[str, Any]], Any]) -> dict[str, float]:
+    """Exact-match accuracy on the held-out samples, one sample per forward, work split across ranks."""
+    from mmcore.evaluation import sharded_sums
+
+    if len(held_out) == 0:
+        return {}
+    device = next(model.parameters()).device
+
+    def measure(i: int) -> list[float]:
+        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in collate_one(held_out[i]).items()}
+        return [float(exact_match(logits_of(model, batch), batch["labels"]).sum()), 1.0]
+
+    hits, total = sharded_sums(ctx, len(held_out), measure, 2)
+    return {"accuracy": hits / total}
+
+
+def answer_span(sample: dict[str, Any]) -> tuple[int, list[int]]:
+    """(where the prompt ends, the first answer's tokens) of a preprocessed sample."""
+    supervised = (sample["labels"] != IGNORE).nonzero().flatten()
+    start = int(supervised[0])
+    return start, sample["input_ids"][start : int(supervised[-1]) + 1].tolist()
+
+
+def generate_accuracy(model: Any, held_out: Any, prompt_inputs: Callable[[dict[str, Any], int], dict[str, Any]],
+                      end_id: int, pad_id: int, limit: int = 64) -> float:
+    """Greedy ``generate()`` on each held-out prompt; correct when it reproduces the first answer.
+
+    ``prompt_inputs(sample, start)`` builds the model inputs of the sample's tokens before
+    ``start`` (where its first answer begins), media included.
+    """
+    import torch
+
+    correct = total = 0
+    for i in range(min(limit, len(held_out))):
+        sample = held_out[i]
+        start, answer = answer_span(sample)
+        with torch.no_grad():
+            generated = model.generate(**prompt_inputs(sample, start), max_new_tokens=len(answer) + 2, do_sample=False, eos_token_id=end_id, pad_token_id=pad_id)
+        correct += int(generated[0, start : start + len(answer)].tolist() == answer)
+        total += 1
+    return correct / max(total, 1)

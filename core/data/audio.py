@@ -1,0 +1,80 @@
+"""Audio decoding and writing for every pack: any container FFmpeg reads, as mono float32.
+
+PyAV (bundled FFmpeg) decodes wav, flac, mp3, ogg, opus, m4a and the audio track of a video, and
+resamples to the rate a model wants in the same pass. Every failure is a :class:`MediaError`
+naming the file, for the bad-sample policy.
+"""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Any
+
+from mmcore.data.media import MediaError
+
+__all__ = ["MediaError", "load_audio", "write_audio"]
+
+# The encoder (and its sample format) per suffix when writing.
+_CODECS = {".flac": ("flac", "s16"), ".mp3": ("libmp3lame", "fltp"), ".m4a": ("aac", "fltp")}
+
+
+def load_audio(path: Path, sampling_rate: int = 16000) -> Any:
+    """The first audio stream of ``path`` as a 1-D float32 numpy array at ``sampling_rate``, the
+    channels averaged to mono."""
+    import av
+    import numpy as np
+
+    chunks: list[Any] = []
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.audio:
+                raise MediaError(f"{path} has no audio stream")
+            stream = container.streams.audio[0]
+            # Channels are kept through resampling and averaged here: FFmpeg's own downmix
+            # scales each channel by 1/sqrt(2), which changes the level.
+            resampler = av.AudioResampler(format="fltp", rate=sampling_rate)
+            for frame in container.decode(stream):
+                chunks += [out.to_ndarray().mean(axis=0) for out in resampler.resample(frame)]
+            chunks += [out.to_ndarray().mean(axis=0) for out in resampler.resample(None)]
+    except MediaError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError, IndexError) as exc:
+        raise MediaError(f"unreadable audio {path}: {exc}") from None
+    samples = np.concatenate(chunks).astype(np.float32, copy=False) if chunks else np.zeros(0, np.float32)
+    if samples.size == 0:
+        raise MediaError(f"audio {path} decodes to no samples")
+    if not np.isfinite(samples).all():
+        raise MediaError(f"audio {path} decodes to NaN/inf samples")
+    return samples
+
+
+def write_audio(path: Path, samples: Any, sampling_rate: int) -> Path:
+    """Write mono float samples in [-1, 1]: 16-bit PCM ``.wav`` (stdlib), or flac/mp3/m4a (PyAV)."""
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pcm = (np.clip(np.asarray(samples, dtype=np.float64), -1.0, 1.0) * 32767).round().astype("<i2")
+    suffix = path.suffix.lower()
+    if suffix == ".wav":
+        with wave.open(str(path), "wb") as out:
+            out.setnchannels(1)
+            out.setsampwidth(2)
+            out.setframerate(sampling_rate)
+            out.writeframes(pcm.tobytes())
+        return path
+    if suffix not in _CODECS:
+        raise ValueError(f"{path}: cannot write {suffix or 'suffix-less'} audio (use one of .wav {' '.join(_CODECS)})")
+    import av
+
+    codec, sample_format = _CODECS[suffix]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=sampling_rate, layout="mono")
+        data = pcm[None] if sample_format == "s16" else (pcm.astype(np.float32) / 32767)[None]
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data), format=sample_format, layout="mono")
+        frame.sample_rate = sampling_rate
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return path

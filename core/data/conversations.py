@@ -1,0 +1,83 @@
+"""The preprocess stage of conversation models: MLLM JSON -> token ids, labels and media
+tensors in length-indexed shards, with train and eval splits and the bad-sample policy.
+
+A pack supplies its encoder (a :class:`~mmcore.data.chatml.ChatMLEncoder` with its media
+expanders) and, for its demo, a function that writes a synthetic dataset; the rest is here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from mmcore.context import StageContext
+from mmcore.data.badsamples import BadSample, BadSamples
+from mmcore.data.media import MediaError
+from mmcore.data.mllm import read_samples
+from mmcore.data.shards import ShardWriter, held_out
+from mmcore.errors import StageError
+from mmcore.pack import StageResult
+
+#: ``(folder, samples, seed) -> (train file, held-out file)``: writes a demo dataset.
+DemoWriter = Callable[[Path, int, int], tuple[Path, Path]]
+
+
+def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWriter | None = None, **index_extra: Any) -> StageResult:
+    """Encode ``data.datasets`` (train, less ``data.eval_fraction``) and ``data.eval_datasets``.
+
+    Args:
+        ctx: the preprocess stage's context; ``ctx.config.data`` is an MLLM data section with
+            ``eval_datasets`` and ``demo_samples``.
+        encoder: has ``encode(sample) -> Encoded`` and ``truncate(encoded) -> Encoded | reason``.
+        demo: writes the synthetic dataset when ``data.demo_samples`` > 0.
+        index_extra: recorded in the dataset index (token ids collation needs, ...).
+    """
+    import torch
+
+    cfg = ctx.config.data
+    train_files, eval_files = [Path(p) for p in cfg.datasets], [Path(p) for p in cfg.eval_datasets]
+    if cfg.demo_samples and demo is not None:
+        train, held = demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed)
+        train_files.append(train)
+        eval_files.append(held)
+    if not train_files:
+        raise StageError("no datasets: give --data FILE (MLLM JSON) or set data.datasets")
+    for path in [*train_files, *eval_files]:
+        ctx.record_input(path)
+
+    bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
+    writer = ShardWriter(ctx.stage_dir / "dataset")
+    counts = {"train": 0, "eval": 0}
+    for path, split in [(p, "train") for p in train_files] + [(p, "eval") for p in eval_files]:
+        samples = list(read_samples(path, cfg))
+        for item in ctx.progress(samples, description=f"preprocess {path.name}", unit="sample"):
+            if isinstance(item, BadSample):
+                bad.report(item)
+                continue
+            try:
+                result = encoder.truncate(encoder.encode(item))
+            except MediaError as exc:
+                bad.report(BadSample(item.file, item.index, str(exc)))
+                continue
+            if isinstance(result, str):
+                bad.report(BadSample(item.file, item.index, result))
+                continue
+            this_split = split
+            if split == "train" and cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction):
+                this_split = "eval"
+            tensors = {"input_ids": torch.tensor(result.input_ids), "labels": torch.tensor(result.labels), **result.tensors}
+            writer.add(tensors, length=len(result.input_ids), meta={"split": this_split, "source": f"{Path(item.file).name}:{item.index}"})
+            counts[this_split] += 1
+    skipped = bad.close()
+    if counts["train"] == 0:
+        raise StageError("no usable training samples" + (f" ({skipped})" if skipped else ""))
+    index = writer.close(**index_extra)
+    lengths = [s["length"] for s in index["samples"]]
+    notes = [f"{counts['train']} train / {counts['eval']} eval samples, {sum(lengths)} tokens (longest {max(lengths)})"]
+    if skipped:
+        notes.append(skipped)
+    return StageResult(
+        outputs={"dataset": "dataset", "bad_samples": "bad_samples.jsonl"},
+        metrics={"train_samples": counts["train"], "eval_samples": counts["eval"], "skipped": len(bad.found), "tokens": sum(lengths)},
+        notes=notes,
+    )

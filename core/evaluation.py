@@ -1,0 +1,66 @@
+"""Held-out evaluation shared by the packs: split the work across ranks, sum the counts, and the
+metrics that more than one family reports (word error rate).
+
+Under FSDP every rank must run the same number of forward passes, so the held-out items are dealt
+round-robin and ranks with one item fewer repeat one whose result is not counted.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Sequence
+
+__all__ = ["sharded_sums", "word_errors", "normalize_words"]
+
+
+def sharded_sums(ctx: Any, count: int, measure: Callable[[int], Sequence[float]], width: int) -> list[float]:
+    """Sum ``measure(i)`` (``width`` numbers) over items ``0..count-1``, the work split across ranks.
+
+    Args:
+        ctx: the stage context (its ``world`` says this process's rank and the world size).
+        count: how many held-out items there are.
+        measure: item index -> ``width`` numbers to add up (e.g. ``[errors, words]``); it runs
+            the model, so every rank calls it equally often.
+        width: how many numbers ``measure`` returns.
+
+    Returns:
+        The sums over all items and ranks, the same on every rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world = ctx.world
+    mine = list(range(world.rank, count, world.world_size))
+    rounds = -(-count // world.world_size) if count else 0
+    totals = torch.zeros(width, dtype=torch.float64)
+    for r in range(rounds):
+        counted = r < len(mine)
+        values = measure(mine[r] if counted else (mine[0] if mine else 0))
+        if counted:
+            totals += torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if world.distributed:
+        device = ctx.accelerator.device(world.local_rank)
+        on_device = totals.to(device=device, dtype=torch.float32 if device.type == "npu" else torch.float64)
+        dist.all_reduce(on_device)
+        totals = on_device.cpu().double()
+    return totals.tolist()
+
+
+_PUNCTUATION = re.compile(r"[^\w\s']", re.UNICODE)
+
+
+def normalize_words(text: str) -> list[str]:
+    """Words for WER: case-folded, punctuation other than apostrophes removed."""
+    return _PUNCTUATION.sub(" ", text.casefold()).split()
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(substitutions + deletions + insertions, reference words) after :func:`normalize_words`."""
+    ref, hyp = normalize_words(reference), normalize_words(hypothesis)
+    previous = list(range(len(hyp) + 1))
+    for i, word in enumerate(ref, 1):
+        current = [i]
+        for j, other in enumerate(hyp, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != other)))
+        previous = current
+    return previous[-1], len(ref)

@@ -1,0 +1,88 @@
+"""Export: the trained checkpoint as a folder ``from_pretrained`` and the ASR pipeline load.
+
+After writing, the export reloads with plain transformers and compares logits with the model
+built from the training checkpoint; then ``pipeline("automatic-speech-recognition")``
+transcribes the held-out audio files from disk, and its text is compared with the trained
+model's own greedy transcripts and with the references (WER).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from mmcore.context import StageContext
+from mmcore.errors import StageError
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
+
+
+def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    from mm_pack_whisper.model import build_model, collate, forward
+    from mm_pack_whisper.adapter import ADAPTER
+    from mmcore.convert import copy_side_files, dcp_to_hf
+    from mmcore.data.shards import ShardDataset
+
+    model_dir = upstream["download"].output("model")
+    checkpoint = upstream["train"].output("checkpoint").resolve()
+    out = ctx.stage_dir / "hf"
+    dtype = None if ctx.config.export.dtype in ("auto", "float32") else getattr(torch, ctx.config.export.dtype)
+    stats = dcp_to_hf(checkpoint, out, ADAPTER, dtype=dtype)
+    copy_side_files(model_dir, out)
+
+    data = ShardDataset(upstream["preprocess"].output("dataset"))
+    held_out = data.split("eval")
+    probe = held_out if len(held_out) else data
+    eos_id = int(data.index["eos_id"])
+    batch = collate([probe[i] for i in range(min(4, len(probe)))], eos_id)
+    trained = build_model(model_dir, checkpoint).eval()
+    loaded = WhisperForConditionalGeneration.from_pretrained(out, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        a, b = forward(trained, batch).logits, forward(loaded, batch).logits
+    max_diff = float((a.float() - b.float()).abs().max())
+    if dtype is None and max_diff != 0.0:
+        raise StageError(f"the exported model's logits differ from the trained model's (max |diff| {max_diff:.3g})")
+    metrics: dict[str, Any] = {**stats, "logits_max_abs_diff": max_diff}
+    notes = [f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"]
+    if len(held_out):
+        agreement, wer = pipeline_check(ctx, out, trained, held_out, data.index)
+        metrics.update(pipeline_agreement=agreement, pipeline_wer=wer)
+        notes.append(f"pipeline('automatic-speech-recognition') on the held-out audio files: WER {wer:.1%}, "
+                     f"same text as the trained model's generate() for {agreement:.0%} of clips")
+    return StageResult(outputs={"model": "hf"}, metrics=metrics, notes=notes)
+
+
+def pipeline_check(ctx: StageContext, folder: Path, trained: Any, held_out: Any, index: dict[str, Any], limit: int = 32) -> tuple[float, float]:
+    """(share of clips where the pipeline's text equals the trained model's ``generate()``, the
+    pipeline's WER). The pipeline reads the audio files itself; the trained model gets the
+    preprocessed features."""
+    import torch
+    from transformers import GenerationConfig, WhisperTokenizer, pipeline
+    from transformers.utils import logging as hf_logging
+
+    from mmcore.data.audio import load_audio
+    from mmcore.evaluation import word_errors
+
+    hf_logging.set_verbosity_error()  # generate() warns about every config it merges: noise here
+    asr = pipeline("automatic-speech-recognition", model=str(folder), device="cpu")
+    tokenizer = WhisperTokenizer.from_pretrained(folder)
+    trained.generation_config = GenerationConfig.from_pretrained(folder)
+    rate, task = int(index["sampling_rate"]), index["task"]
+    same = errors = words = 0
+    count = min(limit, len(held_out))
+    for i in ctx.progress(range(count), description="export: pipeline", unit="clip"):
+        meta = held_out.meta(i)
+        # Greedy (the pipeline's default is 5 beams), and long enough for the reference twice over (an untrained model rambles).
+        kwargs = {"task": task, "num_beams": 1, "max_length": min(meta["prefix"] + 2 * held_out.length(i) + 4, trained.config.max_target_positions)}
+        if meta["language"]:
+            kwargs["language"] = meta["language"]
+        text = asr({"raw": load_audio(Path(meta["audio"]), rate), "sampling_rate": rate}, generate_kwargs=kwargs)["text"]
+        with torch.no_grad():
+            tokens = trained.generate(held_out[i]["input_features"][None], **kwargs)[0]
+        same += int(text.strip() == tokenizer.decode(tokens, skip_special_tokens=True).strip())
+        e, n = word_errors(meta["text"], text)
+        errors, words = errors + e, words + n
+    return same / count, errors / max(words, 1)

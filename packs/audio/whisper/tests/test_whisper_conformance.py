@@ -1,0 +1,5 @@
+from mmcore.testing.conformance import PackConformance
+
+
+class TestWhisperConformance(PackConformance):
+    pack_name = "whisper"

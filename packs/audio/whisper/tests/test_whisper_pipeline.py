@@ -1,0 +1,73 @@
+"""The whole pipeline for real: exact round trips, the encoder cache, SpecAugment, FSDP2, learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TINY = ["--pack", "whisper", "--preset", "tiny", "data.demo_samples=24"]
+
+
+def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
+    return json.loads((run / stage / "manifest.json").read_text())
+
+
+def losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_tiny_run_round_trips_exactly_and_exports_for_the_asr_pipeline(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    whisper_cli("run", *TINY, "--run-dir", "r", "convert.verify=true")
+    run = tmp_path / "r"
+    assert manifest(run, "convert")["metrics"]["verified"] is True
+    export = manifest(run, "export")["metrics"]
+    assert export["logits_max_abs_diff"] == 0.0
+    assert export["pipeline_agreement"] == 1.0  # pipeline() from the files == the trained model's generate()
+    # The export has the hub layout: the tied output projection is not stored twice.
+    from mmcore.convert import SafetensorsFolder
+
+    hub, out = SafetensorsFolder(run / "download/model"), SafetensorsFolder(run / "export/hf")
+    assert set(out.index) == set(hub.index) and "proj_out.weight" not in out.index
+    for name in ("generation_config.json", "preprocessor_config.json", "tokenizer.json"):
+        assert (run / "export/hf" / name).is_file()
+
+
+def test_frozen_encoder_cache_equals_running_the_encoder_and_spec_augment_bypasses_it(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    common = [*TINY, "training.freeze=[encoder]", "training.steps=3"]
+    whisper_cli("run", *common, "--run-dir", "cached")
+    whisper_cli("run", *common, "--run-dir", "live", "extract.enabled=false")
+    assert manifest(tmp_path / "cached", "extract")["metrics"]["unique_clips"] == 24
+    assert not (tmp_path / "live/extract/manifest.json").exists() or manifest(tmp_path / "live", "extract").get("status") != "finished"
+    cached, live = losses(tmp_path / "cached"), losses(tmp_path / "live")
+    assert list(cached) == [1, 2, 3]
+    for step in cached:
+        assert cached[step] == pytest.approx(live[step], rel=1e-5)
+    # SpecAugment masks the encoder's input, so there is nothing fixed to cache, and the loss changes.
+    proc = whisper_cli("run", *common, "--run-dir", "masked", "training.spec_augment=true", "training.mask_time_prob=0.5")
+    assert "[extract] skipped" in proc.stdout
+    assert losses(tmp_path / "masked")[1] != live[1]  # same code path as "live" but for the masks
+
+
+@pytest.mark.slow
+def test_two_process_fsdp2_matches_one_process(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    whisper_cli("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2")
+    whisper_cli("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2")
+    assert manifest(tmp_path / "two", "train")["world_size"] == 2
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-5), step
+    # Held-out WER, decoded on two ranks, equals the one-process figure.
+    assert manifest(tmp_path / "two", "train")["metrics"]["eval/wer"] == manifest(tmp_path / "one", "train")["metrics"]["eval/wer"]
+
+
+def test_the_demo_learns_to_transcribe(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The demo preset as `mmcore run --pack whisper` runs it (about a minute on 2 CPU cores)."""
+    whisper_cli("run", "--pack", "whisper", "--run-dir", "demo")
+    metrics = manifest(tmp_path / "demo", "train")["metrics"]
+    assert metrics["eval/wer@0"] >= 0.9
+    assert metrics["eval/wer"] < 0.2, metrics
+    export = manifest(tmp_path / "demo", "export")["metrics"]
+    assert export["pipeline_wer"] < 0.2 and export["pipeline_agreement"] >= 0.9

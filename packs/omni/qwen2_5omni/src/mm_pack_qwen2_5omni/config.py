@@ -1,0 +1,17 @@
+"""The qwen2.5omni pack's config: mmcore's sections plus the Qwen vision options and the demo."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from mmcore.config import RunConfig
+from mmcore.data.qwen_vision import QwenVisionData
+
+
+class OmniData(QwenVisionData):
+    eval_datasets: list[str] = Field(default_factory=list, description="Held-out datasets (MLLM JSON) for evaluation.")
+    demo_samples: int = Field(0, ge=0, description="Generate a synthetic image-plus-tone QA dataset of this many samples (the demo).")
+
+
+class OmniConfig(RunConfig):
+    data: OmniData = Field(default_factory=OmniData)

@@ -1,0 +1,120 @@
+"""Extract (optional): run the frozen towers once and train from their outputs.
+
+With ``audio`` in ``training.freeze`` the audio tower's outputs per clip are cached (the whole
+tower is frozen); with ``vision`` the vision blocks' outputs per image/video *before* the
+merger (the projector keeps training). Items are keyed by the content hash of their input, so
+a clip or image repeated in the data is encoded once; the stage's fingerprint covers the
+weights, the preprocessing and ``training.freeze``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+from mmcore.context import StageContext
+from mmcore.data.qwen_vision import media_key, split_items
+from mmcore.data.shards import ShardDataset, ShardWriter
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
+
+VISION = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
+
+
+def frozen_towers(ctx: StageContext) -> list[str]:
+    return [tower for tower in ("audio", "vision") if tower in ctx.config.training.freeze]
+
+
+def audio_clips(sample: dict[str, Any]) -> list[Any]:
+    import torch
+
+    return list(torch.split(sample["input_features"], sample["audio_feature_lengths"].tolist())) if "input_features" in sample else []
+
+
+def clip_key(frames: Any) -> str:
+    return hashlib.sha256(frames.contiguous().numpy().tobytes()).hexdigest()
+
+
+def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult | None:
+    import torch
+
+    from mm_pack_qwen2_5omni.model import build_model
+
+    towers = frozen_towers(ctx)
+    if not towers:
+        return None  # both towers train: nothing fixed to cache
+    model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
+    inner = model.model
+    data = ShardDataset(upstream["preprocess"].output("dataset"))
+    writer = ShardWriter(ctx.stage_dir / "features")
+    keys: dict[str, int] = {}
+    per_sample: list[dict[str, list[str]]] = []
+
+    def cache(key: str, compute: Any) -> str:
+        if key not in keys:
+            with torch.no_grad():
+                states = compute()
+            keys[key] = writer.add({"states": states.float()}, length=len(states), meta={"key": key})
+        return key
+
+    for i in ctx.progress(range(len(data)), description="extract", unit="sample"):
+        sample = data[i]
+        refs: dict[str, list[str]] = {}
+        if "audio" in towers:
+            for frames in audio_clips(sample):
+                mask = torch.ones(1, len(frames), dtype=torch.long)
+                refs.setdefault("input_features", []).append(cache(
+                    clip_key(frames), lambda f=frames, m=mask: inner.get_audio_features(f.T[None], m, return_dict=True).last_hidden_state))
+        if "vision" in towers:
+            for pixel_name, grid_name in VISION:
+                for pixels, grid in split_items(sample.get(pixel_name, []), sample.get(grid_name, [])):
+                    refs.setdefault(pixel_name, []).append(cache(
+                        media_key(pixels, grid), lambda p=pixels, g=grid: inner.visual(p, grid_thw=g).last_hidden_state))
+        per_sample.append(refs)
+    writer.close(by_key=keys, samples_media=per_sample, towers=towers)
+    return StageResult(
+        outputs={"features": "features"},
+        metrics={"unique_items": len(keys), "samples": len(data), "towers": towers},
+        notes=[f"cached {' and '.join(towers)} tower outputs of {len(keys)} unique items for {len(data)} samples"],
+    )
+
+
+class CachedFeatures:
+    """The preprocessed dataset with frozen towers' inputs replaced by their cached outputs."""
+
+    def __init__(self, data: ShardDataset, features: ShardDataset) -> None:
+        self.data = data
+        self.features = features
+        self.by_key = features.index["by_key"]
+        self.media = features.index["samples_media"]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import torch
+
+        sample = dict(self.data[i])
+        refs = self.media[self.data.indices[i]]
+        for name, keys in refs.items():
+            states = torch.cat([self.features[self.by_key[k]]["states"] for k in keys])
+            if name == "input_features":
+                del sample["input_features"]
+                sample["audio_states"] = states
+            else:
+                sample[name] = states
+        return sample
+
+
+def use_cached_towers(model: Any, towers: list[str]) -> Any:
+    """Make the frozen towers pass cached outputs through (the vision merger still runs)."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from mmcore.data.qwen_vision import use_cached_vision
+
+    inner = model.model
+    if "audio" in towers:
+        inner.get_audio_features = lambda input_features, *args, **kwargs: BaseModelOutput(last_hidden_state=input_features)
+    if "vision" in towers:
+        use_cached_vision(inner.visual)
+    return model
