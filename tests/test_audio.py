@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from mmcore.data.audio import MediaError, load_audio, write_audio
+from mmcore.testing import media
 
 
 def tone(seconds: float, rate: int, hz: float = 440.0) -> np.ndarray:
-    return 0.5 * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate)
+    return media.tone(seconds, hz, rate, amplitude=0.5)
 
 
 def dominant_hz(samples: np.ndarray, rate: int) -> float:
@@ -20,9 +21,9 @@ def dominant_hz(samples: np.ndarray, rate: int) -> float:
     return float(np.argmax(spectrum) * rate / len(samples))
 
 
-@pytest.mark.parametrize("suffix", [".wav", ".flac", ".mp3", ".m4a"])
-def test_codecs_decode_resampled_to_16k(tmp_path: Path, suffix: str) -> None:
-    path = write_audio(tmp_path / f"a{suffix}", tone(1.0, 22050), 22050)
+@pytest.mark.parametrize("suffix,rate", [(".wav", 22050), (".flac", 22050), (".mp3", 22050), (".m4a", 22050), (".ogg", 48000)])
+def test_codecs_decode_resampled_to_16k(tmp_path: Path, suffix: str, rate: int) -> None:
+    path = write_audio(tmp_path / f"a{suffix}", tone(1.0, rate), rate)
     samples = load_audio(path, 16000)
     assert samples.dtype == np.float32 and samples.ndim == 1
     assert abs(len(samples) - 16000) < 1200  # lossy codecs add priming/padding
@@ -39,6 +40,20 @@ def test_stereo_44k_wav_is_mixed_to_mono(tmp_path: Path) -> None:
         out.writeframes(pcm.tobytes())
     samples = load_audio(tmp_path / "s.wav", 16000)
     assert len(samples) == pytest.approx(8000, abs=64)
+    assert np.abs(samples).max() == pytest.approx(0.5, abs=0.02)
+
+
+def test_24_bit_8_khz_wav_is_upsampled(tmp_path: Path) -> None:
+    pcm = (tone(0.5, 8000) * (2**23 - 1)).astype("<i4")
+    packed = b"".join(int(v).to_bytes(4, "little", signed=True)[:3] for v in pcm)
+    with wave.open(str(tmp_path / "p.wav"), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(3)
+        out.setframerate(8000)
+        out.writeframes(packed)
+    samples = load_audio(tmp_path / "p.wav", 16000)
+    assert len(samples) == pytest.approx(8000, abs=64)
+    assert dominant_hz(samples, 16000) == pytest.approx(440, abs=2)
     assert np.abs(samples).max() == pytest.approx(0.5, abs=0.02)
 
 

@@ -16,7 +16,7 @@ from mmcore.data.media import MediaError
 __all__ = ["MediaError", "load_audio", "write_audio"]
 
 # The encoder (and its sample format) per suffix when writing.
-_CODECS = {".flac": ("flac", "s16"), ".mp3": ("libmp3lame", "fltp"), ".m4a": ("aac", "fltp")}
+_CODECS = {".flac": ("flac", "s16"), ".mp3": ("libmp3lame", "fltp"), ".m4a": ("aac", "fltp"), ".ogg": ("libopus", "flt"), ".opus": ("libopus", "flt")}
 
 
 def load_audio(path: Path, sampling_rate: int = 16000) -> Any:
@@ -50,7 +50,7 @@ def load_audio(path: Path, sampling_rate: int = 16000) -> Any:
 
 
 def write_audio(path: Path, samples: Any, sampling_rate: int) -> Path:
-    """Write mono float samples in [-1, 1]: 16-bit PCM ``.wav`` (stdlib), or flac/mp3/m4a (PyAV)."""
+    """Write mono float samples in [-1, 1]: 16-bit PCM ``.wav`` (stdlib), or flac/mp3/m4a/ogg/opus (PyAV)."""
     import numpy as np
 
     path.parent.mkdir(parents=True, exist_ok=True)

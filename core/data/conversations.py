@@ -22,6 +22,22 @@ from mmcore.pack import StageResult
 DemoWriter = Callable[[Path, int, int], tuple[Path, Path]]
 
 
+def dataset_files(ctx: StageContext, demo: DemoWriter | None, what: str) -> tuple[list[Path], list[Path]]:
+    """(training files, held-out files): ``data.datasets`` and ``data.eval_datasets``, plus the
+    demo's two files when ``data.demo_samples`` > 0; each recorded as an input of the stage."""
+    cfg = ctx.config.data
+    train_files, eval_files = [Path(p) for p in cfg.datasets], [Path(p) for p in cfg.eval_datasets]
+    if cfg.demo_samples and demo is not None:
+        train, held = demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed)
+        train_files.append(train)
+        eval_files.append(held)
+    if not train_files:
+        raise StageError(f"no datasets: give --data FILE ({what}) or set data.datasets")
+    for path in [*train_files, *eval_files]:
+        ctx.record_input(path)
+    return train_files, eval_files
+
+
 def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWriter | None = None, **index_extra: Any) -> StageResult:
     """Encode ``data.datasets`` (train, less ``data.eval_fraction``) and ``data.eval_datasets``.
 
@@ -35,15 +51,7 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
     import torch
 
     cfg = ctx.config.data
-    train_files, eval_files = [Path(p) for p in cfg.datasets], [Path(p) for p in cfg.eval_datasets]
-    if cfg.demo_samples and demo is not None:
-        train, held = demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed)
-        train_files.append(train)
-        eval_files.append(held)
-    if not train_files:
-        raise StageError("no datasets: give --data FILE (MLLM JSON) or set data.datasets")
-    for path in [*train_files, *eval_files]:
-        ctx.record_input(path)
+    train_files, eval_files = dataset_files(ctx, demo, "MLLM JSON")
 
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")

@@ -10,16 +10,13 @@ import numpy as np
 import pytest
 
 from mmcore.data.audio import write_audio
+from mmcore.testing.media import tone
 
 RATE = 16000
 
 
-def tone(seconds: float, rate: int = RATE, hz: float = 330.0) -> np.ndarray:
-    return 0.4 * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate)
-
-
 def write_stereo_wav(path: Path, seconds: float, rate: int = 44100) -> None:
-    pcm = (np.stack([tone(seconds, rate), tone(seconds, rate, 550)], axis=1) * 32767).astype("<i2")
+    pcm = (np.stack([tone(seconds, 330, rate), tone(seconds, 550, rate)], axis=1) * 32767).astype("<i2")
     path.parent.mkdir(parents=True, exist_ok=True)
     with wave.open(str(path), "wb") as out:
         out.setnchannels(2)
@@ -39,7 +36,7 @@ def wild_audio(tmp_path: Path) -> Path:
     """wav (44.1 kHz stereo), flac (22.05 kHz), mp3 and m4a clips, plus broken and too-long ones."""
     root = tmp_path / "wild"
     write_stereo_wav(root / "clips/a.wav", 1.2)
-    write_audio(root / "clips/b.flac", tone(0.8, 22050), 22050)
+    write_audio(root / "clips/b.flac", tone(0.8, 330, 22050), 22050)
     write_audio(root / "clips/c.mp3", tone(1.0), RATE)
     write_audio(root / "clips/d.m4a", tone(0.6), RATE)
     write_audio(root / "clips/long.wav", tone(3.0), RATE)  # the tiny model's window is 2 s

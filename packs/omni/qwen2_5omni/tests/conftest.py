@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from mmcore.testing.media import tone, write_image, write_video
 
 
 @pytest.fixture(scope="session")
@@ -16,26 +17,6 @@ def tiny_omni(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("omni") / "model"
     build_init_checkpoint("tiny", out, seed=0)
     return out
-
-
-def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> None:
-    from PIL import Image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", size, colour).save(path)
-
-
-def write_video(path: Path, frames: int = 8, fps: int = 4, size: int = 56) -> None:
-    from mmcore.data.video import write_mp4
-
-    video = np.zeros((frames, size, size, 3), dtype=np.uint8)
-    for i in range(frames):
-        video[i, :, : (i + 1) * size // frames] = (200, 40, 40)
-    write_mp4(path, video, fps)
-
-
-def tone(seconds: float, hz: float = 440.0, rate: int = 16000) -> np.ndarray:
-    return 0.4 * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate)
 
 
 @pytest.fixture

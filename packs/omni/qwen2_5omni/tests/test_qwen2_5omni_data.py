@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import tone
+from mmcore.testing.media import tone
 from mm_pack_qwen2_5omni.config import OmniData
 from mm_pack_qwen2_5omni.data import Encoder
 from mmcore.data.mllm import Sample, Turn

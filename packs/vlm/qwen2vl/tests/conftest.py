@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen2vl_media import write_image, write_video
+from mmcore.testing.media import write_image, write_video
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen2vl_media import write_image, write_video
+from mmcore.testing.media import write_image, write_video
 from mm_pack_qwen2vl.config import Qwen2VLData
 from mm_pack_qwen2vl.data import IGNORE, Encoder, image_processor, load_video_frames, video_patches
 from mmcore.data.mllm import Sample, Turn

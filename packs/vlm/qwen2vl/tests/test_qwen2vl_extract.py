@@ -14,7 +14,7 @@ from mm_pack_qwen2vl.data import Encoder
 from mm_pack_qwen2vl.extract import split_items, use_cached_vision
 from mm_pack_qwen2vl.model import TokenIds, build_model, collate, loss_sum
 from mmcore.data.mllm import Sample, Turn
-from qwen2vl_media import write_image, write_video
+from mmcore.testing.media import write_image, write_video
 
 
 @pytest.mark.parametrize("which", ["tiny_dir", "tiny25_dir"])

@@ -12,47 +12,33 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
-from mmcore.errors import StageError
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
 
 def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
-    import torch
     from transformers import WhisperForConditionalGeneration
 
-    from mm_pack_whisper.model import build_model, collate, forward
     from mm_pack_whisper.adapter import ADAPTER
-    from mmcore.convert import copy_side_files, dcp_to_hf
+    from mm_pack_whisper.model import build_model, collate, forward
     from mmcore.data.shards import ShardDataset
-
-    model_dir = upstream["download"].output("model")
-    checkpoint = upstream["train"].output("checkpoint").resolve()
-    out = ctx.stage_dir / "hf"
-    dtype = None if ctx.config.export.dtype in ("auto", "float32") else getattr(torch, ctx.config.export.dtype)
-    stats = dcp_to_hf(checkpoint, out, ADAPTER, dtype=dtype)
-    copy_side_files(model_dir, out)
+    from mmcore.export import export_checked
 
     data = ShardDataset(upstream["preprocess"].output("dataset"))
     held_out = data.split("eval")
     probe = held_out if len(held_out) else data
-    eos_id = int(data.index["eos_id"])
-    batch = collate([probe[i] for i in range(min(4, len(probe)))], eos_id)
-    trained = build_model(model_dir, checkpoint).eval()
-    loaded = WhisperForConditionalGeneration.from_pretrained(out, attn_implementation="sdpa").eval()
-    with torch.no_grad():
-        a, b = forward(trained, batch).logits, forward(loaded, batch).logits
-    max_diff = float((a.float() - b.float()).abs().max())
-    if dtype is None and max_diff != 0.0:
-        raise StageError(f"the exported model's logits differ from the trained model's (max |diff| {max_diff:.3g})")
-    metrics: dict[str, Any] = {**stats, "logits_max_abs_diff": max_diff}
-    notes = [f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"]
+    done = export_checked(
+        ctx, upstream, ADAPTER, build_trained=build_model,
+        load_exported=lambda out: WhisperForConditionalGeneration.from_pretrained(out, attn_implementation="sdpa"),
+        probe=collate([probe[i] for i in range(min(4, len(probe)))], int(data.index["eos_id"])),
+        logits=lambda model, batch: forward(model, batch).logits,
+    )
     if len(held_out):
-        agreement, wer = pipeline_check(ctx, out, trained, held_out, data.index)
-        metrics.update(pipeline_agreement=agreement, pipeline_wer=wer)
-        notes.append(f"pipeline('automatic-speech-recognition') on the held-out audio files: WER {wer:.1%}, "
-                     f"same text as the trained model's generate() for {agreement:.0%} of clips")
-    return StageResult(outputs={"model": "hf"}, metrics=metrics, notes=notes)
+        agreement, wer = pipeline_check(ctx, done.folder, done.trained, held_out, data.index)
+        done.metrics.update(pipeline_agreement=agreement, pipeline_wer=wer)
+        done.notes.append(f"pipeline('automatic-speech-recognition') on the held-out audio files: WER {wer:.1%}, "
+                          f"same text as the trained model's generate() for {agreement:.0%} of clips")
+    return StageResult(outputs={"model": "hf"}, metrics=done.metrics, notes=done.notes)
 
 
 def pipeline_check(ctx: StageContext, folder: Path, trained: Any, held_out: Any, index: dict[str, Any], limit: int = 32) -> tuple[float, float]:

@@ -148,9 +148,9 @@ def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
     def load(split: str) -> Any:
         data = dataset.split(split)
         if cached:
-            from mm_pack_whisper.extract import CachedEncoder
+            from mmcore.data.feature_cache import CachedSamples
 
-            return CachedEncoder(data, ShardDataset(upstream["extract"].output("encoder")))
+            return CachedSamples(data, upstream["extract"].output("encoder"), replaces={"encoder_states": "input_features"})
         return data
 
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:

@@ -19,21 +19,13 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
     import torch
 
     from mm_pack_whisper.data import Encoder, read_utterances
+    from mm_pack_whisper.demo import write_demo_dataset
+    from mmcore.data.conversations import dataset_files
 
     cfg = ctx.config.data
     model_dir = upstream["download"].output("model")
     encoder = Encoder(model_dir, cfg.task)
-    train_files, eval_files = [Path(p) for p in cfg.datasets], [Path(p) for p in cfg.eval_datasets]
-    if cfg.demo_samples:
-        from mm_pack_whisper.demo import write_demo_dataset
-
-        train, held = write_demo_dataset(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed)
-        train_files.append(train)
-        eval_files.append(held)
-    if not train_files:
-        raise StageError("no datasets: give --data FILE (transcript JSON/JSONL or MLLM JSON with <audio>) or set data.datasets")
-    for path in [*train_files, *eval_files]:
-        ctx.record_input(path)
+    train_files, eval_files = dataset_files(ctx, write_demo_dataset, "transcript JSON/JSONL or MLLM JSON with <audio>")
 
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")

@@ -9,7 +9,6 @@ feature extractor. The window is 2 s instead of 30 s, so a step takes millisecon
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mmcore.errors import StageError
@@ -41,14 +40,12 @@ def special_tokens() -> list[str]:
 
 
 def build_tokenizer(vocab_size: int = 400):  # type: ignore[no-untyped-def]
-    from tokenizers import ByteLevelBPETokenizer
     from transformers import WhisperTokenizer
 
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS * 4, vocab_size=vocab_size, min_frequency=1, show_progress=False)
-    model = json.loads(bpe._tokenizer.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tokenizer = WhisperTokenizer(vocab=model["vocab"], merges=merges)
+    from mmcore.tiny import train_byte_level_bpe
+
+    vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
+    tokenizer = WhisperTokenizer(vocab=vocab, merges=merges)
     tokenizer.add_special_tokens({"additional_special_tokens": special_tokens()})
     return tokenizer
 

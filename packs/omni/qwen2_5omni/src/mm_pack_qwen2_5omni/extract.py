@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from mmcore.context import StageContext
 from mmcore.data.qwen_vision import media_key, split_items
-from mmcore.data.shards import ShardDataset, ShardWriter
+from mmcore.data.feature_cache import FeatureCacheWriter
+from mmcore.data.shards import ShardDataset
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
@@ -46,64 +47,27 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
     model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
     inner = model.model
     data = ShardDataset(upstream["preprocess"].output("dataset"))
-    writer = ShardWriter(ctx.stage_dir / "features")
-    keys: dict[str, int] = {}
-    per_sample: list[dict[str, list[str]]] = []
-
-    def cache(key: str, compute: Any) -> str:
-        if key not in keys:
-            with torch.no_grad():
-                states = compute()
-            keys[key] = writer.add({"states": states.float()}, length=len(states), meta={"key": key})
-        return key
-
+    cache = FeatureCacheWriter(ctx.stage_dir / "features")
     for i in ctx.progress(range(len(data)), description="extract", unit="sample"):
         sample = data[i]
         refs: dict[str, list[str]] = {}
         if "audio" in towers:
             for frames in audio_clips(sample):
                 mask = torch.ones(1, len(frames), dtype=torch.long)
-                refs.setdefault("input_features", []).append(cache(
+                refs.setdefault("audio_states", []).append(cache.add(
                     clip_key(frames), lambda f=frames, m=mask: inner.get_audio_features(f.T[None], m, return_dict=True).last_hidden_state))
         if "vision" in towers:
             for pixel_name, grid_name in VISION:
                 for pixels, grid in split_items(sample.get(pixel_name, []), sample.get(grid_name, [])):
-                    refs.setdefault(pixel_name, []).append(cache(
+                    refs.setdefault(pixel_name, []).append(cache.add(
                         media_key(pixels, grid), lambda p=pixels, g=grid: inner.visual(p, grid_thw=g).last_hidden_state))
-        per_sample.append(refs)
-    writer.close(by_key=keys, samples_media=per_sample, towers=towers)
+        cache.add_sample(refs)
+    unique = cache.close(towers=towers)
     return StageResult(
         outputs={"features": "features"},
-        metrics={"unique_items": len(keys), "samples": len(data), "towers": towers},
-        notes=[f"cached {' and '.join(towers)} tower outputs of {len(keys)} unique items for {len(data)} samples"],
+        metrics={"unique_items": unique, "samples": len(data), "towers": towers},
+        notes=[f"cached {' and '.join(towers)} tower outputs of {unique} unique items for {len(data)} samples"],
     )
-
-
-class CachedFeatures:
-    """The preprocessed dataset with frozen towers' inputs replaced by their cached outputs."""
-
-    def __init__(self, data: ShardDataset, features: ShardDataset) -> None:
-        self.data = data
-        self.features = features
-        self.by_key = features.index["by_key"]
-        self.media = features.index["samples_media"]
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        import torch
-
-        sample = dict(self.data[i])
-        refs = self.media[self.data.indices[i]]
-        for name, keys in refs.items():
-            states = torch.cat([self.features[self.by_key[k]]["states"] for k in keys])
-            if name == "input_features":
-                del sample["input_features"]
-                sample["audio_states"] = states
-            else:
-                sample[name] = states
-        return sample
 
 
 def use_cached_towers(model: Any, towers: list[str]) -> Any:

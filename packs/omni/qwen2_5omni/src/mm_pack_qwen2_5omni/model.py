@@ -140,9 +140,9 @@ def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = Fal
     def load(split: str) -> Any:
         data = ShardDataset(upstream["preprocess"].output("dataset")).split(split)
         if cached:
-            from mm_pack_qwen2_5omni.extract import CachedFeatures
+            from mmcore.data.feature_cache import CachedSamples
 
-            return CachedFeatures(data, ShardDataset(upstream["extract"].output("features")))
+            return CachedSamples(data, upstream["extract"].output("features"), replaces={"audio_states": "input_features"})
         return data
 
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:

@@ -9,50 +9,34 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
-from mmcore.errors import StageError
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
 
 def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
-    import torch
+    from transformers import AutoConfig
 
     from mm_pack_qwen2vl.adapter import ADAPTER
     from mm_pack_qwen2vl.model import TokenIds, build_model, collate, model_class
-    from mmcore.convert import copy_side_files, dcp_to_hf
     from mmcore.data.shards import ShardDataset
+    from mmcore.export import export_checked
 
-    model_dir = upstream["download"].output("model")
-    checkpoint = upstream["train"].output("checkpoint").resolve()
-    out = ctx.stage_dir / "hf"
-    dtype = None if ctx.config.export.dtype in ("auto", "float32") else getattr(torch, ctx.config.export.dtype)
-    stats = dcp_to_hf(checkpoint, out, ADAPTER, dtype=dtype)
-    copy_side_files(model_dir, out)
-
-    # The export must reproduce the trained model exactly.
     data = ShardDataset(upstream["preprocess"].output("dataset"))
     held_out = data.split("eval")
     probe = held_out if len(held_out) else data
     ids = TokenIds.of(data)
     batch = collate([probe[i] for i in range(min(4, len(probe)))], ids)
     inputs = {k: v for k, v in batch.items() if k not in ("labels", "num_loss_tokens")}
-    trained = build_model(model_dir, checkpoint).eval()
-    from transformers import AutoConfig
-
-    loaded = model_class(AutoConfig.from_pretrained(out)).from_pretrained(out, attn_implementation="sdpa").eval()
-    with torch.no_grad():
-        a = trained(**inputs, use_cache=False).logits
-        b = loaded(**inputs, use_cache=False).logits
-    max_diff = float((a.float() - b.float()).abs().max())
-    if dtype is None and max_diff != 0.0:
-        raise StageError(f"the exported model's logits differ from the trained model's (max |diff| {max_diff:.3g})")
-    metrics: dict[str, Any] = {**stats, "logits_max_abs_diff": max_diff}
-    notes = [f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"]
+    done = export_checked(
+        ctx, upstream, ADAPTER, build_trained=build_model,
+        load_exported=lambda out: model_class(AutoConfig.from_pretrained(out)).from_pretrained(out, attn_implementation="sdpa"),
+        probe=inputs, logits=lambda model, b: model(**b, use_cache=False).logits,
+    )
     if len(held_out):
-        accuracy = generate_accuracy(loaded, out, held_out, ids)
-        metrics["generate_accuracy"] = accuracy
-        notes.append(f"held-out accuracy of the export with transformers generate(): {accuracy:.1%}")
-    return StageResult(outputs={"model": "hf"}, metrics=metrics, notes=notes)
+        accuracy = generate_accuracy(done.loaded, done.folder, held_out, ids)
+        done.metrics["generate_accuracy"] = accuracy
+        done.notes.append(f"held-out accuracy of the export with transformers generate(): {accuracy:.1%}")
+    return StageResult(outputs={"model": "hf"}, metrics=done.metrics, notes=done.notes)
 
 
 def generate_accuracy(model: Any, folder: Any, held_out: Any, ids: Any) -> float:

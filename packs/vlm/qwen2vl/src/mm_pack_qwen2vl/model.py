@@ -150,9 +150,9 @@ def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = Fal
     def load(split_name: str) -> Any:
         data = ShardDataset(upstream["preprocess"].output("dataset")).split(split_name)
         if cached:
-            from mm_pack_qwen2vl.extract import CachedFeatures
+            from mmcore.data.feature_cache import CachedSamples
 
-            return CachedFeatures(data, ShardDataset(upstream["extract"].output("features")))
+            return CachedSamples(data, upstream["extract"].output("features"))
         return data
 
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:

@@ -7,7 +7,6 @@ the Qwen special tokens, the image processor and the chat template.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mmcore.errors import StageError
@@ -43,14 +42,12 @@ PRESETS = {
 
 def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
     """A Qwen2 tokenizer over a small byte-level BPE, with the Qwen special tokens."""
-    from tokenizers import ByteLevelBPETokenizer
     from transformers import Qwen2Tokenizer
 
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS * 4, vocab_size=vocab_size, min_frequency=1, show_progress=False)
-    model = json.loads(bpe._tokenizer.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    from mmcore.tiny import train_byte_level_bpe
+
+    vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
     tokenizer.add_tokens(["<|endoftext|>"], special_tokens=True)
     return tokenizer

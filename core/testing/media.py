@@ -1,0 +1,32 @@
+"""Real media files for tests, made offline: PIL images, PyAV-encoded H.264 video, audio tones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def write_image(path: Path, colour: tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, colour).save(path)
+
+
+def write_video(path: Path, frames: int = 8, fps: int = 4, size: int = 56) -> None:
+    """A bar growing left to right, one step per frame."""
+    import numpy as np
+
+    from mmcore.data.video import write_mp4
+
+    video = np.zeros((frames, size, size, 3), dtype=np.uint8)
+    for i in range(frames):
+        video[i, :, : (i + 1) * size // frames] = (200, 40, 40)
+    write_mp4(path, video, fps)
+
+
+def tone(seconds: float, hz: float = 440.0, rate: int = 16000, amplitude: float = 0.4) -> Any:
+    """A sine of ``seconds`` at ``rate`` samples per second (numpy float64)."""
+    import numpy as np
+
+    return amplitude * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate)
