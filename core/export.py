@@ -29,7 +29,8 @@ class CheckedExport:
 
 def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter: Any, *,
                    build_trained: Callable[[Path, Path], Any], load_exported: Callable[[Path], Any],
-                   probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any]) -> CheckedExport:
+                   probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any],
+                   side_files: Callable[[Path, Path], None] | None = None) -> CheckedExport:
     """Write ``<stage>/hf`` and check it reproduces the trained model.
 
     Args:
@@ -40,6 +41,7 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
         load_exported: ``folder -> model`` through transformers' ``from_pretrained``.
         probe: a batch both models run.
         logits: ``(model, batch) -> logits``.
+        side_files: ``(model dir, export dir)`` writes the non-weight files (default: copy them).
     """
     import torch
 
@@ -50,7 +52,7 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
     out = ctx.stage_dir / "hf"
     dtype = None if ctx.config.export.dtype in ("auto", "float32") else getattr(torch, ctx.config.export.dtype)
     stats = dcp_to_hf(checkpoint, out, adapter, dtype=dtype)
-    copy_side_files(model_dir, out)
+    (side_files or copy_side_files)(model_dir, out)
     trained = build_trained(model_dir, checkpoint).eval()
     loaded = load_exported(out).eval()
     with torch.no_grad():

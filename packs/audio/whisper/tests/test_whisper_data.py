@@ -85,11 +85,25 @@ def test_transcript_json_with_every_codec_and_field_naming(whisper_cli, wild_aud
     assert tokenizer.convert_ids_to_tokens(first["labels"][:4].tolist()) == ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
     assert tokenizer.decode(first["labels"], skip_special_tokens=True) == "one two"
     assert [data.meta(i)["text"] for i in range(4)] == ["one two", "three", "four five", "six"]
+    assert [data.meta(i)["prefix"] for i in range(4)] == [4, 4, 4, 4]
     # The features are exactly what the feature extractor makes of the decoded 16 kHz audio.
     from mmcore.data.audio import load_audio
 
     want = features(load_audio(wild_audio / "clips/c.mp3", RATE), sampling_rate=RATE, return_tensors="np")["input_features"][0]
     assert np.array_equal(data[2]["input_features"].numpy(), want)
+
+
+def test_language_per_sample_and_none(tiny_whisper: Path, wild_audio: Path) -> None:
+    """A sample without a language after one with a language gets no language token."""
+    from mm_pack_whisper.data import Encoder
+
+    encoder = Encoder(tiny_whisper, "transcribe")
+    tokens = encoder.tokenizer.convert_ids_to_tokens
+    german = encoder.labels("eins", "german")
+    plain = encoder.labels("one", None)
+    assert tokens(german[:4]) == ["<|startoftranscript|>", "<|de|>", "<|transcribe|>", "<|notimestamps|>"]
+    assert tokens(plain[:3]) == ["<|startoftranscript|>", "<|transcribe|>", "<|notimestamps|>"]
+    assert (encoder.prefix_length(german), encoder.prefix_length(plain)) == (4, 3)
 
 
 def test_mllm_json_with_audios(whisper_cli, wild_audio: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

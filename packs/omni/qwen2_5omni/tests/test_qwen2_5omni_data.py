@@ -21,7 +21,7 @@ def parts(tiny_omni: Path):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(tiny_omni), WhisperFeatureExtractor.from_pretrained(tiny_omni)
 
 
-def test_encoding_equals_the_omni_processor_and_chat_template(parts, wild_omni: Path) -> None:  # type: ignore[no-untyped-def]
+def test_encoding_equals_the_omni_processor_and_chat_template(parts, tiny_omni: Path, wild_omni: Path) -> None:  # type: ignore[no-untyped-def]
     from PIL import Image
 
     from mm_pack_qwen2_5omni.processor import OmniProcessorWithoutVideo
@@ -34,7 +34,8 @@ def test_encoding_equals_the_omni_processor_and_chat_template(parts, wild_omni: 
                     {"images": [wild_omni / "imgs/a.jpg"], "audios": [wild_omni / "sounds/b.mp3"]})
     encoded = Encoder(tokenizer, features, cfg).encode(sample)
 
-    processor = OmniProcessorWithoutVideo(image_processor(cfg.image_min_pixels, cfg.image_max_pixels), features, tokenizer, chat_template=tokenizer.chat_template)
+    processor = OmniProcessorWithoutVideo.from_pretrained(tiny_omni)  # what init:tiny saved
+    processor.image_processor = image_processor(cfg.image_min_pixels, cfg.image_max_pixels)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "What do you see and hear?"}]},
                 {"role": "assistant", "content": "red"}]
     text = processor.apply_chat_template(messages, tokenize=False)

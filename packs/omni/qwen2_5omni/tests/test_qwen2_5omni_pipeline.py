@@ -62,13 +62,15 @@ def test_frozen_towers_cache_equals_running_them(omni, tmp_path: Path) -> None: 
     assert manifest(tmp_path / "cached", "export")["metrics"]["logits_max_abs_diff"] == 0.0
 
 
-def test_full_omni_checkpoint_converts_thinker_only_and_verifies(omni, tiny_omni: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The hub's Qwen2.5-Omni holds ``thinker.*``, ``talker.*`` and ``token2wav.*``: the thinker
-    comes in, the rest is left out, and the round trip is bit-identical for what came in."""
+def test_full_omni_checkpoint_trains_and_exports_the_thinker(omni, tiny_omni: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The hub's Qwen2.5-Omni holds ``thinker.*``, ``talker.*`` and ``token2wav.*`` and a config
+    nesting the thinker's: the thinker comes in (round trip bit-identical), trains, and exports
+    as a thinker-only folder with the thinker's config."""
     import shutil
 
     import torch
     from safetensors.torch import load_file, save_file
+    from transformers import Qwen2_5OmniConfig, Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
 
     full = tmp_path / "full"
     shutil.copytree(tiny_omni, full)
@@ -77,10 +79,15 @@ def test_full_omni_checkpoint_converts_thinker_only_and_verifies(omni, tiny_omni
     renamed["talker.model.embed_tokens.weight"] = torch.ones(3, 4)
     renamed["token2wav.code2wav_dit_model.proj.weight"] = torch.zeros(2, 2)
     save_file(renamed, str(full / "model.safetensors"))
-    omni("download", "--pack", "qwen2.5omni", "--preset", "tiny", "--model", str(full), "--run-dir", "r")
-    proc = omni("convert", "--pack", "qwen2.5omni", "--preset", "tiny", "--model", str(full), "--run-dir", "r", "convert.verify=true")
+    Qwen2_5OmniConfig(thinker_config=Qwen2_5OmniThinkerConfig.from_pretrained(tiny_omni).to_dict()).save_pretrained(full)
+    assert json.loads((full / "config.json").read_text())["model_type"] == "qwen2_5_omni"
+    proc = omni("run", *TINY, "--model", str(full), "--run-dir", "r", "convert.verify=true", "training.steps=1")
     assert "bit-identical" in proc.stdout
     assert manifest(tmp_path / "r", "convert")["metrics"]["tensors"] == len(weights)
+    export = tmp_path / "r/export/hf"
+    assert json.loads((export / "config.json").read_text())["model_type"] == "qwen2_5_omni_thinker"
+    assert manifest(tmp_path / "r", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+    Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(export)
 
 
 @pytest.mark.slow

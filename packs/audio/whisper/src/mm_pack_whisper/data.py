@@ -110,8 +110,10 @@ class Encoder:
         return torch.from_numpy(out["input_features"][0]).float()
 
     def labels(self, text: str, language: str | None) -> list[int]:
+        # set_prefix_tokens keeps the previous language when given None: set it outright.
+        self.tokenizer.language = language
         try:
-            self.tokenizer.set_prefix_tokens(language=language, task=self.task, predict_timestamps=False)
+            self.tokenizer.set_prefix_tokens(task=self.task, predict_timestamps=False)
         except ValueError:
             raise BadRecord(f"language {language!r} is not one Whisper knows (use a code like 'en' or a name like 'english')") from None
         ids = self.tokenizer(text).input_ids
@@ -119,5 +121,6 @@ class Encoder:
             raise BadRecord(f"transcript is {len(ids)} tokens, more than the decoder's {self.max_labels} positions")
         return ids
 
-    def prefix_length(self, language: str | None) -> int:
-        return 3 + (language is not None)  # <|startoftranscript|> [<|lang|>] <|task|> <|notimestamps|>
+    def prefix_length(self, labels: list[int]) -> int:
+        """Tokens up to and including <|notimestamps|>: what generate() forces before the text."""
+        return labels.index(self.tokenizer.convert_tokens_to_ids("<|notimestamps|>")) + 1

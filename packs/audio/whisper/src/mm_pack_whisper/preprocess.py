@@ -48,7 +48,7 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
                 this_split = "eval"
             tensors = {"input_features": encoder.input_features(samples), "labels": torch.tensor(labels)}
             meta = {"split": this_split, "source": f"{Path(item.file).name}:{item.index}", "audio": str(item.audio),
-                    "text": item.text, "language": item.language, "prefix": encoder.prefix_length(item.language)}
+                    "text": item.text, "language": item.language, "prefix": encoder.prefix_length(labels)}
             writer.add(tensors, length=len(labels), meta=meta)
             counts[this_split] += 1
             seconds += len(samples) / encoder.features.sampling_rate

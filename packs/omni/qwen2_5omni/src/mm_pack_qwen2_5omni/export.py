@@ -8,11 +8,23 @@ held-out questions by ``generate()``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
+
+
+def thinker_side_files(model_dir: Path, out: Path) -> None:
+    """Tokenizer and processor files as they are; the config is the thinker's alone (a full
+    Omni folder's config describes the talker and vocoder too, whose weights are not exported)."""
+    from transformers import Qwen2_5OmniThinkerConfig
+
+    from mmcore.convert import copy_side_files
+
+    copy_side_files(model_dir, out)
+    Qwen2_5OmniThinkerConfig.from_pretrained(model_dir).save_pretrained(out)
 
 
 def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
@@ -32,6 +44,7 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         ctx, upstream, ADAPTER, build_trained=build_model,
         load_exported=lambda out: Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(out, attn_implementation="sdpa"),
         probe=collate([probe[i] for i in range(min(4, len(probe)))], ids), logits=forward_logits,
+        side_files=thinker_side_files,
     )
     if len(held_out):
         def prompt_inputs(sample: dict[str, Any], start: int) -> dict[str, Any]:

@@ -33,10 +33,13 @@ FREEZE_GROUPS = {
 
 
 def build_model(model_dir: Path, checkpoint: Path | None = None) -> Any:
-    """The thinker of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
-    from transformers import AutoConfig, Qwen2_5OmniThinkerForConditionalGeneration
+    """The thinker of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's).
 
-    config = AutoConfig.from_pretrained(model_dir)
+    A full Omni folder's config nests the thinker's; ``Qwen2_5OmniThinkerConfig`` reads either.
+    """
+    from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
+
+    config = Qwen2_5OmniThinkerConfig.from_pretrained(model_dir)
     config._attn_implementation = "sdpa"
     model = Qwen2_5OmniThinkerForConditionalGeneration(config)
     if checkpoint is not None:

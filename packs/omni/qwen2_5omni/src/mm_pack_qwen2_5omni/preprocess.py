@@ -10,7 +10,7 @@ from mmcore.rundir import Manifest
 
 
 def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
-    from transformers import AutoConfig, AutoTokenizer, WhisperFeatureExtractor
+    from transformers import AutoTokenizer, Qwen2_5OmniThinkerConfig, WhisperFeatureExtractor
 
     from mm_pack_qwen2_5omni.data import Encoder
     from mm_pack_qwen2_5omni.demo import write_demo_dataset
@@ -18,7 +18,7 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
 
     model_dir = upstream["download"].output("model")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    merge = AutoConfig.from_pretrained(model_dir).vision_config.spatial_merge_size
+    merge = Qwen2_5OmniThinkerConfig.from_pretrained(model_dir).vision_config.spatial_merge_size
     encoder = Encoder(tokenizer, WhisperFeatureExtractor.from_pretrained(model_dir), ctx.config.data, merge_size=merge)
     ids = tokenizer.convert_tokens_to_ids
     return preprocess_conversations(

@@ -81,6 +81,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from transformers.utils import logging as hf_logging
 
     from mm_pack_qwen2_5omni.data import CHAT_TEMPLATE
+    from mm_pack_qwen2_5omni.processor import OmniProcessorWithoutVideo
     from mmcore.data.qwen_vision import image_processor
 
     hf_logging.disable_progress_bar()
@@ -91,6 +92,5 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(out)
-    image_processor().save_pretrained(out)
-    WhisperFeatureExtractor(feature_size=128).save_pretrained(out)
+    # processor_config.json (image processor + feature extractor), tokenizer, chat template
+    OmniProcessorWithoutVideo(image_processor(), WhisperFeatureExtractor(feature_size=128), tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(out)
