@@ -101,7 +101,12 @@ def test_exit_codes_and_ctrl_c_come_through(host: CLI, world, tmp_path: Path) ->
     proc = host("convert", "--pack", "alpha", check=False)
     assert proc.returncode == 2 and "the alpha pack has no convert stage" in proc.stderr
     child = subprocess.Popen([sys.executable, "-m", "mmcore", "download", "--pack", "alpha", "--run-dir", "slow"], cwd=tmp_path, env=host.env(SLOW_DOWNLOAD="60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(8)  # let the env's interpreter start the stage
+    started = tmp_path / "slow/download/.started.json"  # the env's interpreter is in the stage
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.2)
+    assert started.exists(), "the stage never started"
+    time.sleep(0.5)
     os.killpg(child.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130 and "interrupted" in err
