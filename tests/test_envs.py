@@ -95,12 +95,19 @@ def test_failed_install_leaves_nothing_and_names_the_requirement(host: CLI, worl
     assert "gamma" not in host("env", "list").stdout
 
 
+def _like_a_terminal() -> None:
+    """SIGINT handled by default, as in a terminal: a test run started in the background by a
+    non-interactive shell inherits SIGINT *ignored*, and the child would never see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_exit_codes_and_ctrl_c_come_through(host: CLI, world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if not (world["home"] / "envs/alpha").exists():
         host("env", "create", "--pack", "alpha", "--from", str(world["packs"]["alpha"]), "--find-links", str(world["wheels"]))
     proc = host("convert", "--pack", "alpha", check=False)
     assert proc.returncode == 2 and "the alpha pack has no convert stage" in proc.stderr
-    child = subprocess.Popen([sys.executable, "-m", "mmcore", "download", "--pack", "alpha", "--run-dir", "slow"], cwd=tmp_path, env=host.env(SLOW_DOWNLOAD="60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    child = subprocess.Popen([sys.executable, "-m", "mmcore", "download", "--pack", "alpha", "--run-dir", "slow"], cwd=tmp_path, env=host.env(SLOW_DOWNLOAD="60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=_like_a_terminal)
     started = tmp_path / "slow/download/.started.json"  # the env's interpreter is in the stage
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline and child.poll() is None:
