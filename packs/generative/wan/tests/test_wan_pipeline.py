@@ -94,8 +94,10 @@ def test_training_from_the_cache_equals_encoding_on_the_fly(wan, tmp_path: Path)
     assert "[extract] skipped: disabled by extract.enabled=false" in proc.stdout
     cached, fresh = losses(tmp_path / "cached"), losses(tmp_path / "fresh")
     assert list(cached) == [1, 2, 3]
-    for step in cached:
-        assert fresh[step] == pytest.approx(cached[step], rel=1e-5), step
+    # Bit-identical by construction: both run directories preprocess the same frames (the demo
+    # clips encode to the same bytes), and extract and the on-the-fly path call the same frozen
+    # VAE and UMT5 on one clip at a time, in processes with the same threads and kernels.
+    assert fresh == cached
 
 
 def test_cache_invalidation_and_no_work_when_unchanged(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
