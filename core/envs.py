@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -113,21 +114,64 @@ def pip_find_links() -> list[str]:
     return links
 
 
-def mmcore_requirement() -> str:
-    """How to install this very mmcore: its source folder when installed from one, else its version."""
+def mmcore_requirement(scratch: Path) -> list[str]:
+    """Installer arguments that put this very mmcore into an env, however the host installed it.
+
+    An editable install is installed editable from its source folder. Anything else (a wheel
+    from an index, a local wheel or sdist since deleted, tox's own build of the project) is
+    packed back into a wheel from the installed files, in ``scratch``: the env gets the host's
+    exact code without needing an index that has this version.
+    """
     from importlib.metadata import PackageNotFoundError, distribution
 
     try:
         dist = distribution("mmcore")
     except PackageNotFoundError:
-        return f"mmcore=={__version__}"
+        return [f"mmcore=={__version__}"]
     direct = dist.read_text("direct_url.json")
     if direct:
         info = json.loads(direct)
         url = info.get("url", "")
         if url.startswith("file://") and info.get("dir_info", {}).get("editable"):
-            return url[len("file://") :]
-    return f"mmcore=={__version__}"
+            return ["-e", url[len("file://") :]]
+    return [str(wheel_from_installed(dist, scratch))]
+
+
+#: dist-info files an installer writes about the install itself; not part of a wheel.
+_INSTALL_RECORDS = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+
+
+def wheel_from_installed(dist: Any, folder: Path) -> Path:
+    """A pure-Python wheel of installed distribution ``dist``: its files (bytecode and scripts
+    left out: installers regenerate them) and its dist-info with a fresh RECORD."""
+    import base64
+    import hashlib
+    import zipfile
+
+    name = dist.metadata["Name"].replace("-", "_")
+    wheel = folder / f"{name}-{dist.version}-py3-none-any.whl"
+    folder.mkdir(parents=True, exist_ok=True)
+    record: list[str] = []
+    info_dir = ""
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member in sorted(dist.files or [], key=str):
+            path = str(member)
+            parts = member.parts
+            if parts[0] == ".." or "__pycache__" in parts or path.endswith(".pyc"):
+                continue
+            if parts[0].endswith(".dist-info"):
+                info_dir = parts[0]
+                if member.name in _INSTALL_RECORDS:
+                    continue
+            data = Path(dist.locate_file(member)).read_bytes()
+            archive.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{path},sha256={digest},{len(data)}")
+        if not info_dir:
+            raise MmcoreError(f"cannot pack the installed {name} into a wheel: its file list (RECORD) is missing")
+        record.append(f"{info_dir}/RECORD,,")
+        archive.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
+    return wheel
 
 
 def default_requirement(pack: str) -> str:
@@ -204,12 +248,13 @@ def create(
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    constraints = target.parent / f".{pack}.constraints.txt"
+    scratch = Path(tempfile.mkdtemp(prefix=f".{pack}-", dir=target.parent))
+    constraints = scratch / "constraints.txt"
     constraints.write_text(f"torch=={torch_version}\n" if torch_version else "")
     start = time.perf_counter()
     extra = list(extra)
-    packages = [mmcore_requirement(), requirement, *extra]
     try:
+        packages = [*mmcore_requirement(scratch), requirement, *extra]
         if uv:
             _run([uv, "venv", "--quiet", "--seed", "--python", python or sys.executable, str(target)], requirement)
             cmd = [uv, "pip", "install", "--python", str(target / "bin" / "python"), "-c", str(constraints)]
@@ -226,15 +271,14 @@ def create(
                 cmd += ["--index-url", index_url]
             if offline:
                 cmd.append("--no-index")
-        for package in packages:
-            cmd += ["-e", package] if Path(package).is_dir() and package == packages[0] else [package]
+        cmd += packages
         say(f"installing {requirement} into {target} ({'uv' if uv else 'venv + pip'}) ...")
         _run(cmd, requirement)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
     finally:
-        constraints.unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     record = EnvRecord(pack=pack, path=str(target), requirement=requirement, engine="uv" if uv else "venv+pip", extra=extra, python="", created_at=time.time())
     record.seconds = round(time.perf_counter() - start, 2)
     probe = _probe(record)

@@ -43,3 +43,10 @@ class StageError(MmcoreError):
     """A stage that failed for a reason the pack could name (bad sample, missing file, ...)."""
 
     exit_code = 1
+
+
+def missing_dependency(module: str, purpose: str, distribution: str | None = None) -> MmcoreError:
+    """The one-line error for an optional library that core code needs and is not installed
+    (packs that use that code depend on it; core itself does not)."""
+    name = distribution or module
+    return MmcoreError(f"{purpose} needs {name}, which is not installed", hint=f"pip install {name}")

@@ -14,7 +14,12 @@ def train_byte_level_bpe(corpus: list[str], vocab_size: int) -> tuple[dict[str, 
 
     Merges come back as tuples, which is what ``Qwen2Tokenizer``/``WhisperTokenizer`` take.
     """
-    from tokenizers import ByteLevelBPETokenizer
+    try:
+        from tokenizers import ByteLevelBPETokenizer
+    except ImportError:
+        from mmcore.errors import missing_dependency
+
+        raise missing_dependency("tokenizers", "building a tiny tokenizer for init: presets") from None
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus * 4, vocab_size=vocab_size, min_frequency=1, show_progress=False)

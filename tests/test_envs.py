@@ -130,9 +130,8 @@ def test_remove(host: CLI, world) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_real_packs_with_different_transformers_pins_run_from_one_host(host: CLI, world, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """The wan pack on transformers 5.20.0 and the qwen2vl pack on the host's, each in its env."""
-    import importlib.metadata as md
-
+    """The wan pack on transformers 5.20.0 and the qwen2vl pack on the newest its pins allow,
+    each in its env (the host needs no transformers at all: tox's core env has none)."""
     repo = Path(__file__).resolve().parents[1]
     host("env", "create", "--pack", "wan", "--from", str(repo / "packs/generative/wan"), "--with", "transformers==5.20.0", "--force")
     host("env", "create", "--pack", "qwen2vl", "--from", str(repo / "packs/vlm/qwen2vl"), "--force")
@@ -140,10 +139,34 @@ def test_real_packs_with_different_transformers_pins_run_from_one_host(host: CLI
     for pack, extra in (("wan", ["data.demo_samples=4"]), ("qwen2vl", ["data.demo_samples=8"])):
         host("run", "--pack", pack, "--preset", "tiny", "--run-dir", pack, *extra, "training.steps=1")
         seen[pack] = json.loads((tmp_path / pack / "train/manifest.json").read_text())["versions"]["libraries"]["transformers"]
-    assert seen == {"wan": "5.20.0", "qwen2vl": md.version("transformers")}
-    assert md.version("transformers") != "5.20.0"
+    envs = {e["pack"]: e for e in json.loads(host("env", "list", "--json").stdout)}
+    assert seen == {"wan": "5.20.0", "qwen2vl": envs["qwen2vl"]["versions"]["transformers"]}
+    assert seen["qwen2vl"] != "5.20.0"
     # qwen2.5vl ships in the same distribution: it runs in qwen2vl's env without an env of its own.
     from mmcore import envs
 
     monkeypatch.setenv("MMCORE_HOME", str(world["home"]))
     assert envs.find("qwen2.5vl").pack == "qwen2vl"
+
+
+def test_an_env_gets_the_hosts_mmcore_when_it_was_not_installed_editable(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """tox installs the project as a built package and no index has this mmcore version: the
+    env still gets the host's mmcore (packed back into a wheel from the installed files)."""
+    from mmcore_helpers import pip_install_target
+
+    repo = Path(__file__).resolve().parents[1]
+    site = tmp_path / "site"
+    pip_install_target([repo], site)  # a regular (non-editable) install, as tox makes
+    home = tmp_path / "home"
+    cli = CLI(tmp_path, [site])
+    check = cli.env()
+    found = subprocess.run([sys.executable, "-c", "import importlib.metadata as m, mmcore; print(m.distribution('mmcore').read_text('direct_url.json'), mmcore.__file__)"], env=check, capture_output=True, text=True, check=True).stdout
+    assert str(site) in found and "editable" not in found  # the host really runs the non-editable copy
+    proc = cli("env", "create", "--pack", "alpha", "--from", str(world["packs"]["alpha"]), "--find-links", str(world["wheels"]), MMCORE_HOME=str(home))
+    assert f"created {home}/envs/alpha" in proc.stdout
+    proc = cli("download", "--pack", "alpha", "--run-dir", "r", MMCORE_HOME=str(home))
+    assert "alpha sees mmfake 1.0" in proc.stdout
+    import mmcore
+
+    inside = subprocess.run([str(home / "envs/alpha/bin/python"), "-c", "import importlib.metadata as m, mmcore; print(m.version('mmcore'), mmcore.__file__)"], capture_output=True, text=True, check=True).stdout.split()
+    assert inside[0] == mmcore.__version__ and inside[1].startswith(str(home / "envs/alpha"))

@@ -36,7 +36,12 @@ class QwenVisionData(MLLMDataSection):
 
 
 def image_processor(min_pixels: int = 56 * 56, max_pixels: int = 512 * 28 * 28):  # type: ignore[no-untyped-def]
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    except ImportError:
+        from mmcore.errors import missing_dependency
+
+        raise missing_dependency("transformers", "the Qwen image processor") from None
 
     return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
 
