@@ -35,6 +35,7 @@ def test_tiny_run_round_trips_exactly_and_exports_for_the_asr_pipeline(whisper_c
         assert (run / "export/hf" / name).is_file()
 
 
+@pytest.mark.compares_runs
 def test_frozen_encoder_cache_equals_running_the_encoder_and_spec_augment_bypasses_it(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "training.freeze=[encoder]", "training.steps=3"]
     whisper_cli("run", *common, "--run-dir", "cached")
@@ -52,6 +53,7 @@ def test_frozen_encoder_cache_equals_running_the_encoder_and_spec_augment_bypass
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
 def test_two_process_fsdp2_matches_one_process(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     whisper_cli("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2")
     whisper_cli("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2")
@@ -63,11 +65,14 @@ def test_two_process_fsdp2_matches_one_process(whisper_cli, tmp_path: Path) -> N
     assert manifest(tmp_path / "two", "train")["metrics"]["eval/wer"] == manifest(tmp_path / "one", "train")["metrics"]["eval/wer"]
 
 
+@pytest.mark.compares_runs
 def test_the_demo_learns_to_transcribe(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The demo preset as `mmcore run --pack whisper` runs it (about a minute on 2 CPU cores)."""
     whisper_cli("run", "--pack", "whisper", "--run-dir", "demo")
     metrics = manifest(tmp_path / "demo", "train")["metrics"]
     assert metrics["eval/wer@0"] >= 0.9
-    assert metrics["eval/wer"] < 0.2, metrics
+    # The README's promise, WER <= 0.1, is reached by 60% of the steps with every seed, CPU
+    # instruction set and thread count tools/demo_matrix.py tried (most runs end at 0).
+    assert metrics["eval/wer"] <= 0.1, metrics
     export = manifest(tmp_path / "demo", "export")["metrics"]
-    assert export["pipeline_wer"] < 0.2 and export["pipeline_agreement"] >= 0.9
+    assert export["pipeline_wer"] <= 0.1 and export["pipeline_agreement"] >= 0.9

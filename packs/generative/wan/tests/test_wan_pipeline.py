@@ -87,6 +87,7 @@ def test_images_are_one_frame_videos(wan, videos: Path, tmp_path: Path) -> None:
     assert "1 clips in buckets 32x32x1: 1" in proc.stdout
 
 
+@pytest.mark.compares_runs
 def test_training_from_the_cache_equals_encoding_on_the_fly(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "data.demo_samples=12", "training.steps=3", "data.buckets=[[32,32,9]]"]
     wan("run", *common, "--run-dir", "cached")
@@ -111,6 +112,7 @@ def test_cache_invalidation_and_no_work_when_unchanged(wan, tmp_path: Path) -> N
     assert "[extract] running" in proc.stdout
 
 
+@pytest.mark.compares_runs
 def test_kill_during_extract_and_train_resumes_without_redoing_work(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "data.demo_samples=24", "training.steps=4", "training.checkpoint_every=1", "data.buckets=[[32,32,9]]"]
     wan("run", *common, "--run-dir", "straight")
@@ -127,6 +129,7 @@ def test_kill_during_extract_and_train_resumes_without_redoing_work(wan, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
 def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     wan("run", "--pack", "wan", "--preset", "demo")
     run = tmp_path / "runs/wan-demo"

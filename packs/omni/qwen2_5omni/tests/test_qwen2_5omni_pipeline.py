@@ -24,6 +24,7 @@ def losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+@pytest.mark.compares_runs
 def test_packed_batch_of_mixed_modalities_equals_padded(tiny_omni: Path, wild_omni: Path) -> None:
     """One packed row of samples with images, a video, audio and text only: the same summed
     loss as padded rows, so no attention or position leaks between packed samples."""
@@ -49,6 +50,7 @@ def test_packed_batch_of_mixed_modalities_equals_padded(tiny_omni: Path, wild_om
     assert packed.item() == pytest.approx(alone.item(), rel=1e-5)
 
 
+@pytest.mark.compares_runs
 def test_frozen_towers_cache_equals_running_them(omni, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "training.freeze=[audio,vision]", "training.steps=3"]
     omni("run", *common, "--run-dir", "cached")
@@ -91,6 +93,7 @@ def test_full_omni_checkpoint_trains_and_exports_the_thinker(omni, tiny_omni: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
 def test_two_process_fsdp2_matches_one_process(omni, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     omni("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2")
     omni("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2")
@@ -99,11 +102,14 @@ def test_two_process_fsdp2_matches_one_process(omni, tmp_path: Path) -> None:  #
         assert two[step] == pytest.approx(one[step], rel=1e-5), step
 
 
+@pytest.mark.compares_runs
 def test_the_demo_learns_to_answer_from_image_and_audio(omni, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The demo preset as `mmcore run --pack qwen2.5omni` runs it."""
     omni("run", "--pack", "qwen2.5omni", "--run-dir", "demo")
     metrics = manifest(tmp_path / "demo", "train")["metrics"]
     assert metrics["eval/accuracy@0"] <= 0.2  # chance is 1 in 12
-    assert metrics["eval/accuracy"] >= 0.8, metrics
+    # The README's promise, 100%, is reached by 60% of the steps with every seed, CPU
+    # instruction set and thread count tools/demo_matrix.py tried.
+    assert metrics["eval/accuracy"] == 1.0, metrics
     export = manifest(tmp_path / "demo", "export")["metrics"]
-    assert export["logits_max_abs_diff"] == 0.0 and export["generate_accuracy"] >= 0.8
+    assert export["logits_max_abs_diff"] == 0.0 and export["generate_accuracy"] == 1.0

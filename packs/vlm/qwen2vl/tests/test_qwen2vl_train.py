@@ -20,6 +20,7 @@ def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
 def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     mm("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2")
     mm("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2")
@@ -32,6 +33,7 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
     assert manifest(tmp_path / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
 
 
+@pytest.mark.compares_runs
 def test_kill_9_then_resume_continues_the_loss_curve_exactly(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "training.steps=4", "training.checkpoint_every=1"]
     mm("run", *common, "--run-dir", "straight")
@@ -68,12 +70,15 @@ def test_qwen25vl_runs_every_stage(mm, tmp_path: Path) -> None:  # type: ignore[
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
 def test_demo_learns_and_the_export_answers_the_same(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     proc = mm("run", "--pack", "qwen2vl", "--preset", "demo")
     run = tmp_path / "runs/qwen2vl-demo"
     train = manifest(run, "train")["metrics"]
-    assert train["eval/accuracy@0"] <= 0.5 and train["eval/accuracy"] >= 0.8, train  # 4 colours: chance is 0.25
+    # 4 colours: chance is 0.25. The README's promise, 100%, is reached by step 48 of 120 with
+    # every seed, CPU instruction set and thread count tools/demo_matrix.py tried.
+    assert train["eval/accuracy@0"] <= 0.5 and train["eval/accuracy"] == 1.0, train
     export = manifest(run, "export")["metrics"]
     assert export["logits_max_abs_diff"] == 0.0
-    assert export["generate_accuracy"] >= 0.8
+    assert export["generate_accuracy"] == 1.0
     assert "held-out accuracy" in proc.stdout and (run / "train/train.png").stat().st_size > 1000

@@ -9,30 +9,14 @@ PNG and wav files plus MLLM JSON, so the demo takes exactly the path a user's da
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
-COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 60, 220), "yellow": (235, 210, 20)}
+from mmcore.data.synthetic import COLOURS, SHAPES, shape_image
+
 PITCHES = {"low": 220.0, "middle": 440.0, "high": 880.0}
 QUESTION = "<image><audio>What colour is the shape, and is the tone low, middle or high?"
-SIZE, RATE = 56, 16000
-
-
-def draw(colour: tuple[int, int, int], rng):  # type: ignore[no-untyped-def]
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (SIZE, SIZE), (255, 255, 255))
-    pen = ImageDraw.Draw(image)
-    r = int(rng.integers(10, 19))
-    cx, cy = (int(v) for v in rng.integers(r + 2, SIZE - r - 2, size=2))
-    shape = int(rng.integers(0, 3))
-    box = [cx - r, cy - r, cx + r, cy + r]
-    if shape == 0:
-        pen.rectangle(box, fill=colour)
-    elif shape == 1:
-        pen.ellipse(box, fill=colour)
-    else:
-        pen.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
-    return image
+RATE = 16000
 
 
 def tone(hz: float, rng):  # type: ignore[no-untyped-def]
@@ -50,14 +34,14 @@ def write_demo_dataset(folder: Path, samples: int, seed: int, eval_fraction: flo
 
     from mmcore.data.audio import write_audio
 
-    rng = np.random.default_rng(seed)
+    rng, pictures = np.random.default_rng(seed), random.Random(seed)
     (folder / "images").mkdir(parents=True, exist_ok=True)
     records = []
     for i in range(samples):
         colour = sorted(COLOURS)[int(rng.integers(0, len(COLOURS)))]
         pitch = list(PITCHES)[int(rng.integers(0, len(PITCHES)))]
         image, clip = f"images/{i:05d}.png", f"clips/{i:05d}.wav"
-        draw(COLOURS[colour], rng).save(folder / image)
+        shape_image(pictures.choice(SHAPES), COLOURS[colour], pictures).save(folder / image)
         write_audio(folder / clip, tone(PITCHES[pitch], rng), RATE)
         records.append({"messages": [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": f"{colour} {pitch}"}], "images": [image], "audios": [clip]})
     cut = int(len(records) * (1 - eval_fraction))

@@ -10,25 +10,7 @@ import json
 import random
 from pathlib import Path
 
-COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 60, 220), "yellow": (235, 210, 20)}
-SHAPES = ("triangle", "square", "circle")
-SIZE = 56
-
-
-def draw(shape: str, colour: tuple[int, int, int], rng: random.Random):  # type: ignore[no-untyped-def]
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (SIZE, SIZE), (255, 255, 255))
-    pen = ImageDraw.Draw(image)
-    r = rng.randint(10, 18)
-    cx, cy = rng.randint(r + 2, SIZE - r - 2), rng.randint(r + 2, SIZE - r - 2)
-    if shape == "square":
-        pen.rectangle([cx - r, cy - r, cx + r, cy + r], fill=colour)
-    elif shape == "circle":
-        pen.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
-    else:
-        pen.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
-    return image
+from mmcore.data.synthetic import COLOURS, SHAPES, shape_image
 
 
 def write_demo_dataset(folder: Path, samples: int, seed: int, eval_fraction: float = 0.2) -> tuple[Path, Path]:
@@ -39,7 +21,7 @@ def write_demo_dataset(folder: Path, samples: int, seed: int, eval_fraction: flo
     for i in range(samples):
         shape, colour = rng.choice(SHAPES), rng.choice(sorted(COLOURS))
         name = f"images/{i:05d}.png"
-        draw(shape, COLOURS[colour], rng).save(folder / name)
+        shape_image(shape, COLOURS[colour], rng).save(folder / name)
         records.append({"messages": [{"role": "user", "content": f"<image>What colour is the {shape}?"}, {"role": "assistant", "content": colour}], "images": [name]})
     cut = int(len(records) * (1 - eval_fraction))
     train, held_out = folder / "train.json", folder / "eval.json"

@@ -1,0 +1,127 @@
+"""Does a pack's demo keep its promise on any machine? Run it over seeds x CPU math x threads.
+
+    python tools/demo_matrix.py --pack qwen2.5omni            # 3 seeds x 2 ISAs x 1 and 2 threads
+    python tools/demo_matrix.py --pack wan --seeds 0 --isa native
+
+Each run is ``mmcore run --pack P --preset demo run.seed=S`` in a fresh run directory, with
+evaluation every 5 % of the steps. A machine of another kind is stood in for by forcing
+another instruction set on the same one (``--isa avx2``: ATen, oneDNN and MKL all dispatch to
+AVX2 kernels instead of AVX-512/AMX), since that is what changes the float results between
+machines; thread counts change the order of reductions. The demo *holds* when every run
+reaches the promised figure by ``--by`` (default 60 %) of its steps and keeps it to the end:
+the remaining 40 % of steps are the margin for machines not tried here.
+
+Prints one line per run and a verdict; ``--out FILE`` also writes every curve as JSON.
+Exit status 0 when the demo holds, 1 when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ISAS = {
+    "native": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+
+#: What each demo promises (the pack READMEs and demo tests state the same figures):
+#: (metric, "max" or "min" is better, the figure). ``loss_ratio`` is the mean of the last 10
+#: losses up to a step over the mean of the first 10.
+PROMISES = {
+    "qwen2vl": ("eval/accuracy", "max", 1.0),
+    "qwen2.5omni": ("eval/accuracy", "max", 1.0),
+    "whisper": ("eval/wer", "min", 0.1),
+    "wan": ("loss_ratio", "min", 0.6),
+}
+
+
+def demo_steps(pack: str) -> int:
+    from mmcore.testing import make_config, plugins_with
+
+    plugins = plugins_with(installed_packs=True)
+    return int(make_config(plugins, pack, preset="demo").training.steps)
+
+
+def curve(run: Path, metric: str) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines() if line.strip()]
+    if metric != "loss_ratio":
+        return {int(r["step"]): float(r[metric]) for r in rows if metric in r}
+    losses = [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r]
+    first = sum(loss for _, loss in losses[:10]) / 10
+    return {step: sum(loss for _, loss in losses[max(0, i - 9) : i + 1]) / len(losses[max(0, i - 9) : i + 1]) / first for i, (step, _) in enumerate(losses) if i >= 9}
+
+
+def reached(points: dict[int, float], better: str, figure: float) -> int | None:
+    """The first step from which every later point keeps the figure, or None."""
+    ok = (lambda v: v >= figure) if better == "max" else (lambda v: v <= figure)
+    first = None
+    for step in sorted(points):
+        if ok(points[step]):
+            first = step if first is None else first
+        else:
+            first = None
+    return first
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pack", required=True, choices=sorted(PROMISES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--isa", nargs="+", default=list(ISAS), choices=list(ISAS))
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--by", type=float, default=0.6, help="fraction of the steps by which the figure must be reached")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--keep", type=Path, help="keep the run directories under this folder")
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides, e.g. training.steps=300")
+    args = parser.parse_args()
+
+    metric, better, figure = PROMISES[args.pack]
+    steps = demo_steps(args.pack)
+    for override in args.overrides:
+        if override.startswith("training.steps="):
+            steps = int(override.split("=", 1)[1])
+    deadline = math.floor(steps * args.by)
+    every = max(1, steps // 20)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="demo-matrix-"))
+    results = []
+    print(f"{args.pack}: {metric} {'>=' if better == 'max' else '<='} {figure} by step {deadline} of {steps}", flush=True)
+    for seed, isa, threads in itertools.product(args.seeds, args.isa, args.threads):
+        name = f"seed{seed}-{isa}-t{threads}"
+        env = {**os.environ, **ISAS[isa], "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        run = root / args.pack / name
+        cmd = [sys.executable, "-m", "mmcore", "run", "--pack", args.pack, "--preset", "demo", "--run-dir", str(run), "--force",
+               f"run.seed={seed}", f"training.eval_every={every}", *args.overrides]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"  {name:22s} FAILED (exit {proc.returncode}): {tail}", flush=True)
+            results.append({"run": name, "error": tail, "holds": False})
+            continue
+        points = curve(run, metric)
+        at = reached(points, better, figure)
+        holds = at is not None and at <= deadline
+        final = points[max(points)] if points else float("nan")
+        shown = " ".join(f"{points[s]:.3g}" for s in sorted(points)[:: max(1, len(points) // 10)])
+        print(f"  {name:22s} {'ok  ' if holds else 'MISS'} reached at {at}, final {final:.4g}, {seconds:.0f} s | {shown}", flush=True)
+        results.append({"run": name, "seed": seed, "isa": isa, "threads": threads, "reached_at": at, "final": final, "holds": holds, "seconds": round(seconds, 1), "curve": points})
+    held = all(r["holds"] for r in results)
+    print(f"{args.pack}: {'HOLDS' if held else 'DOES NOT HOLD'} ({sum(r['holds'] for r in results)}/{len(results)} runs reach {figure} by step {deadline})")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"pack": args.pack, "metric": metric, "better": better, "figure": figure, "steps": steps, "deadline": deadline, "runs": results}, indent=1))
+    return 0 if held else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
