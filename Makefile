@@ -11,7 +11,7 @@ PACKS := $(wildcard packs/*/*/pyproject.toml)
 PACK_DIRS := $(patsubst %/pyproject.toml,%,$(PACKS))
 EDITABLE_PACKS := $(foreach d,$(PACK_DIRS),-e $(d))
 
-.PHONY: demo test install clean
+.PHONY: demo test test-other-isa install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,16 @@ $(VENV)/.installed: $(VENV)/.torch pyproject.toml $(PACKS)
 
 install: $(VENV)/.installed
 
+# The whole suite, then the tests that compare runs or hold a demo to its figure once more
+# with torch's CPU math on another instruction set (tools/other_isa.py): machines of this kind
+# differ, and a test on a knife edge should fail here, not on the next machine.
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-other-isa
+
+test-other-isa: $(VENV)/.installed
+	@echo "compares_runs tests again with: $$($(BIN)/python tools/other_isa.py)"
+	env $$($(BIN)/python tools/other_isa.py) $(BIN)/python -m pytest -q -m compares_runs
 
 demo: $(VENV)/.installed
 	$(BIN)/mmcore run --pack qwen2vl --preset demo

@@ -81,6 +81,7 @@ def test_killed_stage_leaves_no_manifest_and_run_redoes_it(cli: CLI, line_data: 
     assert run.read_manifest("preprocess").metrics["kept"] == 4 and run.read_manifest("export") is not None
 
 
+@pytest.mark.compares_runs
 def test_killed_training_resumes_and_matches_an_uninterrupted_run(cli: CLI, line_data: Path, tmp_path: Path) -> None:
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "straight")
     proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "killed", check=False, TOY_DIE_AT_STEP="3")
@@ -102,6 +103,7 @@ def test_resume_refuses_when_the_config_changed(cli: CLI, line_data: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
 def test_two_processes_through_torchrun_match_one(cli: CLI, line_data: Path, tmp_path: Path) -> None:
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "one")
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "two", "--nproc-per-node", "2")
@@ -111,6 +113,7 @@ def test_two_processes_through_torchrun_match_one(cli: CLI, line_data: Path, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
 def test_two_nodes_on_loopback(cli: CLI, line_data: Path, tmp_path: Path) -> None:
     """Two `mmcore train` commands, one per simulated node, meet at one rendezvous."""
     import subprocess

@@ -52,3 +52,4 @@ def mmcore_cli(tmp_path):  # type: ignore[no-untyped-def]
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped when none is present")
     config.addinivalue_line("markers", "npu: needs an Ascend NPU with torch_npu; skipped when none is present")
+    config.addinivalue_line("markers", "compares_runs: compares two runs' numbers, or holds a demo to its promised figure (rerun under another CPU instruction set)")
