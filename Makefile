@@ -28,16 +28,22 @@ $(VENV)/.installed: $(VENV)/.torch pyproject.toml $(PACKS)
 
 install: $(VENV)/.installed
 
-# The whole suite, then the tests that compare runs or hold a demo to its figure once more
-# with torch's CPU math on another instruction set (tools/other_isa.py): machines of this kind
-# differ, and a test on a knife edge should fail here, not on the next machine.
+# Machines of this kind differ in their CPU's instruction set, and torch's CPU math with them:
+# a test on a knife edge should fail here, not on the next machine. `make test` runs the whole
+# suite, then a representative sample of the tests that compare runs (marker isa_sample: cache
+# vs live, packed vs padded, resumed vs straight, the `make demo` demo) with ATen, oneDNN and
+# MKL on another instruction set (tools/other_isa.py); `make test-other-isa` reruns every
+# compares_runs test that way (distributed runs, kill points, every demo: ~6 min more).
+OTHER_ISA = env $$($(BIN)/python tools/other_isa.py)
+
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
-	$(MAKE) --no-print-directory test-other-isa
+	$(BIN)/python -m pytest -q --durations=15
+	@echo "isa_sample tests again with: $$($(BIN)/python tools/other_isa.py)"
+	$(OTHER_ISA) $(BIN)/python -m pytest -q -m isa_sample
 
 test-other-isa: $(VENV)/.installed
 	@echo "compares_runs tests again with: $$($(BIN)/python tools/other_isa.py)"
-	env $$($(BIN)/python tools/other_isa.py) $(BIN)/python -m pytest -q -m compares_runs
+	$(OTHER_ISA) $(BIN)/python -m pytest -q -m compares_runs
 
 demo: $(VENV)/.installed
 	$(BIN)/mmcore run --pack qwen2vl --preset demo

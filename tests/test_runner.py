@@ -82,6 +82,7 @@ def test_killed_stage_leaves_no_manifest_and_run_redoes_it(cli: CLI, line_data: 
 
 
 @pytest.mark.compares_runs
+@pytest.mark.isa_sample
 def test_killed_training_resumes_and_matches_an_uninterrupted_run(cli: CLI, line_data: Path, tmp_path: Path) -> None:
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "straight")
     proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "killed", check=False, TOY_DIE_AT_STEP="3")

@@ -88,6 +88,7 @@ def test_images_are_one_frame_videos(wan, videos: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.compares_runs
+@pytest.mark.isa_sample
 def test_training_from_the_cache_equals_encoding_on_the_fly(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "data.demo_samples=12", "training.steps=3", "data.buckets=[[32,32,9]]"]
     wan("run", *common, "--run-dir", "cached")

@@ -25,6 +25,7 @@ def losses(run: Path) -> dict[int, float]:
 
 
 @pytest.mark.compares_runs
+@pytest.mark.isa_sample
 def test_packed_batch_of_mixed_modalities_equals_padded(tiny_omni: Path, wild_omni: Path) -> None:
     """One packed row of samples with images, a video, audio and text only: the same summed
     loss as padded rows, so no attention or position leaks between packed samples."""
@@ -51,6 +52,7 @@ def test_packed_batch_of_mixed_modalities_equals_padded(tiny_omni: Path, wild_om
 
 
 @pytest.mark.compares_runs
+@pytest.mark.isa_sample
 def test_frozen_towers_cache_equals_running_them(omni, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "training.freeze=[audio,vision]", "training.steps=3"]
     omni("run", *common, "--run-dir", "cached")

@@ -19,6 +19,7 @@ from mmcore.testing.media import write_image, write_video
 
 @pytest.mark.parametrize("which", ["tiny_dir", "tiny25_dir"])
 @pytest.mark.compares_runs
+@pytest.mark.isa_sample
 def test_loss_from_cached_features_equals_loss_from_pixels(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 

@@ -38,6 +38,7 @@ def batch_parts(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
 
 
 @pytest.mark.compares_runs
+@pytest.mark.isa_sample
 def test_packed_loss_and_gradients_equal_the_padded_batch(batch_parts) -> None:  # type: ignore[no-untyped-def]
     model, data, ids = batch_parts
     padded, packed = collate(data, ids), collate(data, ids, pack=True)

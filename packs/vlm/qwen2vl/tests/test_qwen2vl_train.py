@@ -71,6 +71,7 @@ def test_qwen25vl_runs_every_stage(mm, tmp_path: Path) -> None:  # type: ignore[
 
 @pytest.mark.slow
 @pytest.mark.compares_runs
+@pytest.mark.isa_sample
 def test_demo_learns_and_the_export_answers_the_same(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     proc = mm("run", "--pack", "qwen2vl", "--preset", "demo")
     run = tmp_path / "runs/qwen2vl-demo"

@@ -4,7 +4,8 @@
 ``pipeline("automatic-speech-recognition")`` load: config, safetensors weights, a generation
 config with Whisper's language/task tables, a small byte-level BPE tokenizer carrying Whisper's
 special tokens in Whisper's order (language ids follow ``<|startoftranscript|>``), and the
-feature extractor. The window is 2 s instead of 30 s, so a step takes milliseconds.
+feature extractor. The window is 2 s (`tiny`) or 1 s (`demo`) instead of 30 s, so a step takes
+milliseconds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ CORPUS = [
 
 PRESETS = {
     "tiny": {"d_model": 64, "layers": 2, "heads": 4, "ffn": 128, "seconds": 2},
-    "demo": {"d_model": 96, "layers": 2, "heads": 4, "ffn": 192, "seconds": 2},
+    "demo": {"d_model": 96, "layers": 2, "heads": 4, "ffn": 192, "seconds": 1},
 }
 N_MELS = 80
 MAX_TARGET_POSITIONS = 64
