@@ -2,7 +2,9 @@
 
 What a pack needs is importable from here without importing torch::
 
-    from mmcore import hookimpl, PackSpec, StageResult, StageContext
+    from mmcore import hookimpl, PackSpec, Stage, StageResult, StageContext
+
+What a pack may import from mmcore at all is listed, versioned, in :mod:`mmcore.sdk`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pluggy
 
 from mmcore._version import __version__
 from mmcore.errors import ConfigError, MmcoreError, PackError, StageError, UsageError
-from mmcore.pack import STAGES, PackSpec, StageResult
+from mmcore.pack import STAGES, PackSpec, Stage, StageResult
 
 #: Marks a function as an implementation of an mmcore hook (see :mod:`mmcore.hookspecs`).
 hookimpl = pluggy.HookimplMarker("mmcore")
@@ -48,6 +50,7 @@ __all__ = [
     "hookimpl",
     "STAGES",
     "PackSpec",
+    "Stage",
     "StageResult",
     "StageContext",
     "WorldInfo",

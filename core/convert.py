@@ -6,232 +6,37 @@
 * DCP -> HF reads one output shard's tensors at a time (``max_shard_bytes``) and writes
   safetensors shards plus ``model.safetensors.index.json``.
 * The DCP output reshards at load: FSDP2 at any world size loads it with ``dcp.load``.
+* The convert stage checks key coverage: the converted tensors are exactly the training
+  model's (tied weights once), with its shapes, before anything trains.
 
-A pack supplies only a :class:`StateDictAdapter` (renames; fused or split tensors through
-:class:`Recipe`). Keys in the DCP are ``"model." + <fqn in the training model>``.
+A pack supplies only a :class:`~mmcore.adapters.StateDictAdapter` (renames; fused or split
+tensors through :class:`~mmcore.adapters.Recipe`) and a function that builds its training
+model from the downloaded folder. Keys in the DCP are ``"model." + <fqn in the training model>``.
 """
 
 from __future__ import annotations
 
-import warnings
-
 import json
-import re
-from dataclasses import dataclass, field
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+from mmcore.adapters import Recipe, RenameAdapter, StateDictAdapter, TensorInfo, materialize
 from mmcore.errors import StageError
+from mmcore.safetensors_io import SAFE_INDEX, SafetensorsFolder, compare_hf, nbytes, write_safetensors_streaming
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
+
+    from mmcore.context import StageContext
+    from mmcore.pack import StageResult
+    from mmcore.rundir import Manifest
 
 # dcp.save/load without a process group is what we mean here: not worth a warning.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 MODEL_PREFIX = "model."
-SAFE_INDEX = "model.safetensors.index.json"
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    shape: tuple[int, ...]
-    dtype: "torch.dtype"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How to make one output tensor: from ``sources`` (input keys), combined by ``combine``.
-
-    ``combine`` receives the source tensors in order and returns the output tensor; None
-    means the single source is used as is. ``info`` is the output's shape and dtype, needed
-    to plan the write before any tensor is read.
-    """
-
-    sources: tuple[str, ...]
-    info: TensorInfo
-    combine: Callable[..., "torch.Tensor"] | None = None
-
-
-class StateDictAdapter:
-    """Maps checkpoint tensors between the Hugging Face layout and the training model's."""
-
-    def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
-        raise NotImplementedError
-
-    def to_hf(self, mm: dict[str, TensorInfo]) -> dict[str, Recipe]:
-        raise NotImplementedError
-
-
-@dataclass
-class RenameAdapter(StateDictAdapter):
-    """An adapter that only renames, by ordered regex rules (first match wins, both ways).
-
-    ``rules`` are ``(hf_pattern, mm_replacement, mm_pattern, hf_replacement)``. ``ignore`` are
-    patterns of hub tensors left out on the way in (parts of a checkpoint another model uses).
-    ``tied`` names
-    training-model tensors that hub checkpoints do not store because they share another's
-    storage (an output projection tied to the embedding); exports leave them out too.
-    """
-
-    rules: Sequence[tuple[str, str, str, str]] = field(default_factory=list)
-    tied: Sequence[str] = field(default_factory=list)
-    ignore: Sequence[str] = field(default_factory=list)  # hub tensors the training model does not have
-
-    def _ignored(self, key: str) -> bool:
-        return any(re.match(pattern, key) for pattern in self.ignore)
-
-    def round_trip_name(self, hub_key: str) -> str | None:
-        """The name a hub tensor gets after conversion in and back out (None: left out)."""
-        return None if self._ignored(hub_key) else self._rename(self._rename(hub_key, True), False)
-
-    def _rename(self, key: str, forward: bool) -> str:
-        for hf_pat, mm_rep, mm_pat, hf_rep in self.rules:
-            pattern, replacement = (hf_pat, mm_rep) if forward else (mm_pat, hf_rep)
-            if re.match(pattern, key):
-                return re.sub(pattern, replacement, key, count=1)
-        return key
-
-    def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
-        return _renamed({k: v for k, v in hf.items() if not self._ignored(k)}, lambda k: self._rename(k, True))
-
-    def to_hf(self, mm: dict[str, TensorInfo]) -> dict[str, Recipe]:
-        return _renamed({k: v for k, v in mm.items() if k not in self.tied}, lambda k: self._rename(k, False))
-
-
-def _renamed(index: dict[str, TensorInfo], rename: Callable[[str], str]) -> dict[str, Recipe]:
-    out: dict[str, Recipe] = {}
-    for key, info in index.items():
-        new = rename(key)
-        if new in out:
-            raise StageError(f"adapter maps two tensors to {new!r} (one of them {key!r})")
-        out[new] = Recipe((key,), info)
-    return out
-
-
-# --------------------------------------------------------------------------- reading HF
-
-
-def _dtype(name: str) -> "torch.dtype":
-    import torch
-
-    table = {
-        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-        "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-    }
-    try:
-        return table[name]
-    except KeyError:
-        raise StageError(f"unsupported safetensors dtype {name}") from None
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise StageError(f"{folder}: no .safetensors files")
-    return files
-
-
-def _read_raw_header(path: Path) -> tuple[dict[str, Any], int]:
-    import struct
-
-    try:
-        with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-    except (OSError, ValueError, struct.error) as exc:
-        raise StageError(f"{path}: not a readable safetensors file ({exc})") from None
-    header.pop("__metadata__", None)
-    return header, 8 + length
-
-
-def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Tensor shapes and dtypes from a safetensors header, without reading any tensor."""
-    header, _ = _read_raw_header(path)
-    return {key: TensorInfo(tuple(v["shape"]), _dtype(v["dtype"])) for key, v in header.items()}
-
-
-class SafetensorsFolder:
-    """Every tensor of a folder of safetensors files, read one at a time with plain file reads.
-
-    Reads copy the bytes into a fresh tensor instead of memory-mapping the file: a mapping
-    keeps every page it touched resident, so converting a model through mmap grows the
-    process to the size of the checkpoint. This way memory holds one tensor at a time.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.where: dict[str, tuple[Path, int, int]] = {}
-        self.index: dict[str, TensorInfo] = {}
-        for path in safetensors_files(folder):
-            header, data_start = _read_raw_header(path)
-            for key, entry in header.items():
-                if key in self.where:
-                    raise StageError(f"{folder}: tensor {key!r} is in both {self.where[key][0].name} and {path.name}")
-                begin, end = entry["data_offsets"]
-                self.where[key] = (path, data_start + begin, end - begin)
-                self.index[key] = TensorInfo(tuple(entry["shape"]), _dtype(entry["dtype"]))
-
-    def get(self, key: str) -> "torch.Tensor":
-        import torch
-
-        path, offset, nbytes = self.where[key]
-        info = self.index[key]
-        out = torch.empty(info.shape, dtype=info.dtype)
-        raw = out.view(-1).view(torch.uint8) if out.dim() else out.reshape(1).view(torch.uint8)
-        if raw.numel() != nbytes:
-            raise StageError(f"{path}: tensor {key!r} has {nbytes} bytes, expected {raw.numel()} for {info.shape} {info.dtype}")
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            if handle.readinto(memoryview(raw.numpy())) != nbytes:
-                raise StageError(f"{path}: truncated inside tensor {key!r}")
-        return out
-
-    def close(self) -> None:
-        """Nothing is held open; kept for symmetry with readers that do."""
-
-
-_SAFETENSORS_DTYPE = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
-    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-}
-
-
-def write_safetensors_streaming(path: Path, infos: dict[str, TensorInfo], produce: Callable[[str], "torch.Tensor"]) -> int:
-    """Write a safetensors file tensor by tensor: the header first (from ``infos``), then each
-    tensor's bytes as ``produce(key)`` returns it, so only one tensor is in memory at a time."""
-    import torch
-
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for key, info in infos.items():
-        nbytes = _nbytes(info)
-        header[key] = {"dtype": _SAFETENSORS_DTYPE[str(info.dtype).removeprefix("torch.")], "shape": list(info.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(len(blob).to_bytes(8, "little"))
-        handle.write(blob)
-        for key, info in infos.items():
-            tensor = produce(key).contiguous()
-            if tuple(tensor.shape) != info.shape or tensor.dtype != info.dtype:
-                raise StageError(f"{key}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {info.shape} {info.dtype}")
-            flat = tensor.view(-1) if tensor.dim() else tensor.reshape(1)
-            handle.write(memoryview(flat.view(torch.uint8).numpy()))
-            del tensor, flat
-    tmp.replace(path)
-    return offset
-
-
-def _materialize(recipe: Recipe, fetch: Callable[[str], "torch.Tensor"]) -> "torch.Tensor":
-    tensors = [fetch(key) for key in recipe.sources]
-    out = recipe.combine(*tensors) if recipe.combine else tensors[0]
-    if tuple(out.shape) != recipe.info.shape or out.dtype != recipe.info.dtype:
-        raise StageError(f"adapter produced {tuple(out.shape)} {out.dtype} for {recipe.sources}, planned {recipe.info.shape} {recipe.info.dtype}")
-    return out
 
 
 # --------------------------------------------------------------------------- HF -> DCP
@@ -257,7 +62,7 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
             fqn = write_item.index.fqn
             if fqn in recipes:
                 next(ticker, None)
-                return _materialize(recipes[fqn], source.get)
+                return materialize(recipes[fqn], source.get)
             return super().resolve_data(write_item)
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -268,16 +73,8 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
     for _ in ticker:
         pass
     source.close()
-    total = sum(_nbytes(r.info) for r in plan.values())
+    total = sum(nbytes(r.info) for r in plan.values())
     return {"tensors": len(plan), "bytes": total}
-
-
-def _nbytes(info: TensorInfo) -> int:
-    import math
-
-    import torch
-
-    return math.prod(info.shape) * torch.empty((), dtype=info.dtype).element_size()
 
 
 # --------------------------------------------------------------------------- DCP -> HF
@@ -315,12 +112,12 @@ def _shard_groups(plan: dict[str, Recipe], max_shard_bytes: int) -> list[list[st
     groups: list[list[str]] = [[]]
     size = 0
     for key in plan:
-        nbytes = _nbytes(plan[key].info)
-        if groups[-1] and size + nbytes > max_shard_bytes:
+        tensor_bytes = nbytes(plan[key].info)
+        if groups[-1] and size + tensor_bytes > max_shard_bytes:
             groups.append([])
             size = 0
         groups[-1].append(key)
-        size += nbytes
+        size += tensor_bytes
     return groups
 
 
@@ -361,7 +158,7 @@ def dcp_to_hf(
             size = 0
             for upcoming in order[position[key] :]:
                 sources = [s for s in plan[upcoming].sources if s not in wanted]
-                extra = sum(_nbytes(mm_index[s]) for s in sources)
+                extra = sum(nbytes(mm_index[s]) for s in sources)
                 if wanted and size + extra > read_bytes:
                     break
                 wanted += sources
@@ -382,40 +179,60 @@ def dcp_to_hf(
     return {"tensors": len(plan), "bytes": total, "shards": len(names)}
 
 
-# --------------------------------------------------------------------------- verification
+# --------------------------------------------------------------------------- key coverage
 
 
-def iter_pairs(a: SafetensorsFolder, b: SafetensorsFolder, name_in_b: Callable[[str], str | None] = lambda k: k) -> Iterator[tuple[str, "torch.Tensor | None", "torch.Tensor | None"]]:
-    mapped = {key: name_in_b(key) for key in a.index}
-    matched = {m for m in mapped.values() if m is not None}
-    for key in sorted(k for k, m in mapped.items() if m is not None):
-        other = mapped[key]
-        yield key, a.get(key), b.get(other) if other in b.index else None
-    for key in sorted(set(b.index) - matched):
-        yield key, None, b.get(key)
+def expected_tensors(model: "nn.Module") -> tuple[dict[str, TensorInfo], dict[str, str]]:
+    """The tensors a converted checkpoint must hold for ``model`` (built on the meta device),
+    and the tied aliases it must not: ``alias -> name stored``. Tied parameters are one
+    object under several names; the first name in ``state_dict`` order is the one stored,
+    as :func:`mmcore.train.load_converted` reads it."""
+    stored: dict[str, TensorInfo] = {}
+    aliases: dict[str, str] = {}
+    first: dict[int, str] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in first:
+            aliases[key] = first[id(tensor)]
+            continue
+        first[id(tensor)] = key
+        stored[key] = TensorInfo(tuple(tensor.shape), tensor.dtype)
+    return stored, aliases
 
 
-def compare_hf(a_dir: Path, b_dir: Path, name_in_b: Callable[[str], str | None] = lambda k: k) -> list[str]:
-    """Every difference between two folders of safetensors: missing keys, dtype, shape, bits.
+def coverage_problems(planned: Mapping[str, TensorInfo], expected: Mapping[str, TensorInfo], aliases: Mapping[str, str]) -> list[str]:
+    """Every way the adapter's output fails to be the training model's state dict.
 
-    ``name_in_b`` maps a tensor name of ``a`` to its name in ``b`` (None: not expected there),
-    for adapters that drop or rename on the way back (see :meth:`RenameAdapter.round_trip_name`).
+    Floating dtypes may differ (a bf16 hub checkpoint loads into fp32 master weights: DCP casts
+    on load); a floating tensor for an integer one, or any shape difference, may not.
     """
-    import torch
-
     problems = []
-    a, b = SafetensorsFolder(a_dir), SafetensorsFolder(b_dir)
-    for key, x, y in iter_pairs(a, b, name_in_b):
-        if x is None or y is None:
-            problems.append(f"{key}: only in {'the second' if x is None else 'the first'} checkpoint")
-        elif x.dtype != y.dtype or x.shape != y.shape:
-            problems.append(f"{key}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}")
-        elif not torch.equal(x.contiguous().reshape(-1).view(torch.uint8), y.contiguous().reshape(-1).view(torch.uint8)):
-            problems.append(f"{key}: values differ")
+    for key in sorted(set(expected) - set(planned)):
+        alias_of = [a for a, target in aliases.items() if target == key and a in planned]
+        hint = f" (the adapter produced its tied alias {alias_of[0]!r})" if alias_of else ""
+        problems.append(f"{key}: the model has it, the converted checkpoint does not{hint}: an adapter rule drops or misnames it")
+    for key in sorted(set(planned) - set(expected)):
+        if key in aliases:
+            continue  # a tied alias written too: harmless, load_converted reads the first name
+        problems.append(f"{key}: converted but the model has no such tensor: an adapter rule maps a hub tensor to a wrong name")
+    for key in sorted(set(planned) & set(expected)):
+        have, want = planned[key], expected[key]
+        if have.shape != want.shape:
+            problems.append(f"{key}: shape {have.shape} in the checkpoint, {want.shape} in the model")
+        elif have.dtype.is_floating_point != want.dtype.is_floating_point:
+            problems.append(f"{key}: dtype {have.dtype} in the checkpoint, {want.dtype} in the model")
     return problems
 
 
+def build_on_meta(build: Callable[[Path], "nn.Module"], model_dir: Path) -> "nn.Module":
+    """``build(model_dir)`` with every tensor on the meta device: shapes only, no memory, no init cost."""
+    import torch
+
+    with torch.device("meta"):
+        return build(model_dir)
+
+
 # --------------------------------------------------------------------------- the stage
+
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -430,23 +247,56 @@ def copy_side_files(model_dir: Path, out: Path) -> None:
             shutil.copy2(path, out / path.name)
 
 
+def convert_stage(
+    ctx: "StageContext",
+    upstream: Mapping[str, "Manifest"],
+    *,
+    adapter: StateDictAdapter,
+    build_model: Callable[[Path], "nn.Module"],
+    subfolder: str = "",
+    what: str = "model",
+) -> "StageResult":
+    """The convert stage: stream the downloaded safetensors to ``<stage>/dcp`` through
+    ``adapter``, after checking that they cover exactly the tensors of the model
+    ``build_model(download folder)`` builds (on the meta device); with ``convert.verify``,
+    convert back and require every tensor to be bit-identical.
 
-def convert_stage(ctx: Any, source: Path, adapter: StateDictAdapter, *, what: str = "model") -> Any:
-    """The whole convert stage for a folder of safetensors: stream to ``<stage>/dcp`` and, with
-    ``convert.verify``, convert back and require every tensor to be bit-identical."""
+    Bind it in a pack's declared stages::
+
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_x.adapter:ADAPTER",
+                                                               "build_model": "mm_pack_x.model:build_model"})
+
+    ``subfolder``: where the weights are inside the download (``"transformer"`` for a
+    diffusers pipeline); ``what`` names them in the notes.
+    """
     import shutil
 
     from mmcore.pack import StageResult
 
+    model_dir = upstream["download"].output("model")
+    source = model_dir / subfolder if subfolder else model_dir
+    planned = {key: recipe.info for key, recipe in adapter.to_mm(SafetensorsFolder(source).index).items()}
+    expected, aliases = expected_tensors(build_on_meta(build_model, model_dir))
+    problems = coverage_problems(planned, expected, aliases)
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise StageError(f"{source}: the converted checkpoint would not fit the training model: {problems[0]}{more}")
     out = ctx.stage_dir / "dcp"
     stats = hf_to_dcp(source, out, adapter, progress=lambda it: ctx.progress(it, description="convert", unit="tensor"))
-    notes = [f"{what}: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {out}"]
+    notes = [f"{what}: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {out}", f"key coverage: the {len(expected)} tensors of the training model, no more, shapes equal"]
     if ctx.config.convert.verify:
         back = ctx.stage_dir / "verify"
         dcp_to_hf(out, back, adapter)
-        problems = compare_hf(source, back, getattr(adapter, "round_trip_name", lambda k: k))
+        mismatches = compare_hf(source, back, getattr(adapter, "round_trip_name", lambda k: k))
         shutil.rmtree(back)
-        if problems:
-            raise StageError(f"round trip to mmcore and back is not exact: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        if mismatches:
+            raise StageError(f"round trip to mmcore and back is not exact: {mismatches[0]}" + (f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""))
         notes.append("verified: the round trip to mmcore and back is bit-identical for every tensor")
     return StageResult(outputs={"checkpoint": "dcp"}, metrics={**stats, "verified": ctx.config.convert.verify}, notes=notes)
+
+
+__all__ = [
+    "MODEL_PREFIX", "SAFE_INDEX", "TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "SafetensorsFolder",
+    "hf_to_dcp", "dcp_to_hf", "dcp_index", "load_dcp_tensors", "compare_hf", "copy_side_files",
+    "expected_tensors", "coverage_problems", "convert_stage",
+]

@@ -1,7 +1,9 @@
 """The download engine: a hub id, a local directory, or ``init:<preset>`` random weights.
 
-Packs call :func:`download_model` from their download stage and supply only how to build a
-random-weight checkpoint from one of their tiny presets (how tests and demos run offline).
+Packs bind :func:`download_stage` in their declared stages and supply only how to build a
+random-weight checkpoint from one of their tiny presets (how tests and demos run offline)::
+
+    "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_x.tiny:build_init_checkpoint"})
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from mmcore.context import StageContext
 from mmcore.errors import StageError
@@ -20,6 +22,18 @@ from mmcore.pack import StageResult
 InitBuilder = Callable[[str, Path, int], None]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def download_stage(ctx: StageContext, upstream: Mapping[str, Any], *, build_init: InitBuilder, subfolders: Sequence[str] = ()) -> StageResult:
+    """The download stage: :func:`download_model`, then, for a multi-part checkpoint (a
+    diffusers pipeline), require each of ``subfolders`` in the folder it found."""
+    result = download_model(ctx, build_init)
+    folder = Path(result.outputs["model"])
+    folder = folder if folder.is_absolute() else ctx.stage_dir / folder
+    missing = [part for part in subfolders if not (folder / part).is_dir()]
+    if missing and ctx.world.is_local_main:
+        raise StageError(f"{folder}: missing {', '.join(f'{m}/' for m in missing)}: not a checkpoint of this family (it needs {', '.join(subfolders)})")
+    return result
 
 
 def download_model(ctx: StageContext, build_init: InitBuilder, *, default_source: str | None = None) -> StageResult:

@@ -29,7 +29,51 @@ DEFAULT_STAGE_SECTIONS: Mapping[str, tuple[str, ...]] = {
     "export": ("export",),
 }
 
+#: The outputs each stage must record (``StageResult.outputs``), by the names the engines and
+#: later stages read. Checked when a stage finishes: a finished stage without them fails there,
+#: naming the pack and this rule. A stage may record more outputs than these.
+MODEL = "model"  # download: the checkpoint folder; export: the folder the ecosystem loads
+CHECKPOINT = "checkpoint"  # convert and train: a DCP checkpoint of the training model
+DATASET = "dataset"  # preprocess: the shard folder (mmcore.data.shards)
+FEATURES = "features"  # extract: the feature cache folder (mmcore.data.feature_cache)
+STAGE_OUTPUTS: Mapping[str, tuple[str, ...]] = {
+    "download": (MODEL,),
+    "convert": (CHECKPOINT,),
+    "preprocess": (DATASET,),
+    "extract": (FEATURES,),
+    "train": (CHECKPOINT,),
+    "export": (MODEL,),
+}
+
 _PACK_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A declared stage: the function that runs it, and the parts of the pack it is bound to.
+
+    The core calls ``function(ctx, upstream, **parts, **options)`` where ``ctx`` is the
+    :class:`~mmcore.context.StageContext`, ``upstream`` the finished manifests of the earlier
+    stages by name, each part the object its ``"module:attr"`` names (imported only when the
+    stage runs, so declaring a stage never imports torch) and each option a literal. The
+    function returns a :class:`StageResult`, or None to decline the stage for this config.
+
+    Attributes:
+        function: ``"module:attr"`` of the stage function: the pack's own, or an engine's
+            (``"mmcore.train:train_stage"``) bound to the pack's parts.
+        parts: Keyword name -> ``"module:attr"`` of a pack object the function needs
+            (``{"recipe": "mm_pack_x.model:recipe"}``).
+        options: Keyword name -> literal value (``{"subfolder": "transformer"}``).
+    """
+
+    function: str
+    parts: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        bad = [path for path in (self.function, *self.parts.values()) if not isinstance(path, str) or not _IMPORT_PATH.match(path)]
+        return [f"{path!r} is not a 'module:attr' import path" for path in bad]
 
 
 @dataclass(frozen=True)
@@ -48,7 +92,14 @@ class PackSpec:
         distributed_stages: Stages this pack can run on several processes.
         stage_sections: Per-stage override of :data:`DEFAULT_STAGE_SECTIONS`: section names
             or dotted field paths (``("extract", "training.freeze")``).
-        requires_torch_npu: Informational, for ``mmcore doctor``.
+        stages: Stage name -> :class:`Stage` (or its function's ``"module:attr"`` alone):
+            the stages the pack runs, declared as data. A pack may instead (or also, for
+            other stages) implement the ``mmcore_<stage>`` hooks itself; one stage cannot be
+            both. Stages added to the pipeline later (``infer``, ``evaluate``) go in the same
+            table.
+        sdk: The mmcore SDK version the pack was written against (``"1.0"``); see
+            :mod:`mmcore.sdk`. A pack whose SDK major differs from the core's, or whose minor
+            is newer, is listed as broken with the reason.
     """
 
     name: str
@@ -59,9 +110,18 @@ class PackSpec:
     default_preset: str | None = None
     distributed_stages: tuple[str, ...] = ("train",)
     stage_sections: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    stages: Mapping[str, "Stage | str"] = field(default_factory=dict)
+    sdk: str = "1.0"
 
     def __post_init__(self) -> None:
         problems = []
+        for stage, declared in self.stages.items():
+            if stage not in STAGES:
+                problems.append(f"stages: {stage!r} is not a stage (stages: {', '.join(STAGES)})")
+            elif not isinstance(declared, (Stage, str)):
+                problems.append(f"stages[{stage!r}] is a {type(declared).__name__}, not mmcore.Stage or 'module:attr'")
+            else:
+                problems += [f"stages[{stage!r}]: {p}" for p in self.declared(stage).problems()]
         if not _PACK_NAME.match(self.name):
             problems.append(f"name {self.name!r} must be lower-case letters, digits, '.', '_' or '-'")
         if self.category not in CATEGORIES:
@@ -76,6 +136,11 @@ class PackSpec:
 
     def sections_for(self, stage: str) -> tuple[str, ...]:
         return tuple(self.stage_sections.get(stage, DEFAULT_STAGE_SECTIONS[stage]))
+
+    def declared(self, stage: str) -> Stage:
+        """The declared stage ``stage`` as a :class:`Stage` (a bare import path is its function)."""
+        value = self.stages[stage]
+        return Stage(value) if isinstance(value, str) else value
 
 
 @dataclass

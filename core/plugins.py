@@ -28,6 +28,8 @@ from mmcore import hookspecs
 from mmcore.errors import PackError
 from mmcore.pack import STAGES, PackSpec
 from mmcore.registry import BackendSpec, KernelSpec, Registry
+from mmcore.sdk import sdk_problem
+from mmcore.stages import declared_stages
 
 PACK_GROUP = "mmcore.packs"
 PLUGIN_GROUP = "mmcore.plugins"
@@ -47,6 +49,7 @@ class Entry:
     spec: PackSpec | None = None
     error: str | None = None
     location: str = "host"
+    stages_plugin: Any = None  # the plugin made from PackSpec.stages (mmcore.stages)
 
     @property
     def ok(self) -> bool:
@@ -71,6 +74,13 @@ class Entry:
             data["summary"] = self.spec.summary
             data["presets"] = sorted(self.spec.presets)
         return data
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity, as pluggy keeps plugins in sets
+class DeclaredPack:
+    """The plugin object of a pack whose entry point is a bare :class:`PackSpec`."""
+
+    PACK: PackSpec
 
 
 class MmcorePluginManager(pluggy.PluginManager):
@@ -189,6 +199,8 @@ class Plugins:
         try:
             if inspect.isclass(obj):
                 obj = obj()
+            if entry.kind == "pack" and isinstance(obj, PackSpec):
+                obj = DeclaredPack(obj)  # a pack that is all declaration: no hooks of its own
             if entry.kind == "pack":
                 spec = getattr(obj, "PACK", None)
                 if not isinstance(spec, PackSpec):
@@ -196,15 +208,24 @@ class Plugins:
                 if spec.name != entry.name:
                     raise PackError(f"PACK.name is {spec.name!r} but the entry point is named {entry.name!r}")
                 entry.spec = spec
+                why = sdk_problem(spec.sdk)
+                if why:
+                    raise PackError(why)
+                both = [s for s in spec.stages if inspect.getattr_static(obj, hookspecs.STAGE_HOOKS[s], None) is not None]
+                if both:
+                    raise PackError(f"stage {both[0]!r} is both declared in PACK.stages and implemented as {hookspecs.STAGE_HOOKS[both[0]]}")
             self.pm.register(obj, name=entry.pm_name)
         except Exception as exc:
-            entry.error = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+            entry.error = (str(exc) if isinstance(exc, PackError) else f"{type(exc).__name__}: {exc}").replace("\n", " ")
             return
         problems = _unknown_hooks(self.pm, obj)
         if problems:
             self.pm.unregister(obj)
             entry.error = "; ".join(problems)
             return
+        if entry.spec is not None and entry.spec.stages:
+            entry.stages_plugin = declared_stages(entry.spec)
+            self.pm.register(entry.stages_plugin, name=f"{entry.pm_name}#stages")
         entry.plugin = obj
 
     # ------------------------------------------------------------------ queries
@@ -221,13 +242,14 @@ class Plugins:
         return entry
 
     def implemented_stages(self, name: str) -> list[str]:
-        plugin = self.pack(name).plugin
-        callers = {c.name for c in self.pm.get_hookcallers(plugin) or []}
+        """The stages pack ``name`` runs, declared or implemented as hooks, in pipeline order."""
+        entry = self.pack(name)
+        callers = {c.name for p in (entry.plugin, entry.stages_plugin) if p is not None for c in self.pm.get_hookcallers(p) or []}
         return [stage for stage in STAGES if hookspecs.STAGE_HOOKS[stage] in callers]
 
     def stage_caller(self, name: str, stage: str) -> pluggy.HookCaller:
         """The stage hook of pack ``name`` alone (plus infrastructure wrappers)."""
-        others = [e.plugin for n, e in self.packs.items() if n != name and e.ok]
+        others = [p for n, e in self.packs.items() if n != name and e.ok for p in (e.plugin, e.stages_plugin) if p is not None]
         return self.pm.subset_hook_caller(hookspecs.STAGE_HOOKS[stage], remove_plugins=others)
 
     @property

@@ -22,6 +22,7 @@ from mmcore.errors import MmcoreError, StageError, UsageError
 from mmcore.io import sha256_json
 from mmcore.pack import STAGES, StageResult
 from mmcore.plugins import Plugins
+from mmcore.stages import ContractError, check_result
 from mmcore.rundir import Manifest, RunDir, changed_inputs, hash_inputs, missing_outputs
 from mmcore.versions import version_record
 
@@ -182,14 +183,16 @@ class Runner:
         started_at = time.time()
         try:
             result = self.plugins.stage_caller(self.pack, stage)(ctx=ctx, upstream=upstream)
-            if result is not None and not isinstance(result, StageResult):
-                raise StageError(f"pack {self.pack!r}: {stage} returned {type(result).__name__}, not mmcore.StageResult or None")
+            check_result(self.pack, stage, result, stage_dir, check_paths=self.world.is_main)
         except BaseException as exc:
             hook.mmcore_stage_finished(ctx=ctx, manifest=None, error=exc)
-            if isinstance(exc, (MmcoreError, KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) or (isinstance(exc, MmcoreError) and not isinstance(exc, ContractError)):
                 raise
             log = stage_dir / (f"error-rank{self.world.rank}.log" if self.world.distributed else "error.log")
             log.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+            if isinstance(exc, ContractError):
+                exc.hint = f"this is a bug in the pack; the traceback is in {log}"
+                raise
             raise StageError(f"stage {stage!r} of pack {self.pack!r} failed: {type(exc).__name__}: {exc}", hint=f"the traceback is in {log}") from exc
         declined = result is None
         result = result or StageResult()

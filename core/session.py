@@ -38,7 +38,10 @@ def preset_layer(entry: Entry, preset: str) -> Layer:
     origin = f"preset {preset!r} of pack {entry.name!r}"
     if isinstance(source, dict):
         return Layer(origin, source)
-    module = entry.plugin if inspect.ismodule(entry.plugin) else inspect.getmodule(type(entry.plugin))
+    if ":" in entry.value and entry.distribution != "(in-process)":
+        module = importlib.import_module(entry.value.partition(":")[0])  # the entry point's module
+    else:
+        module = entry.plugin if inspect.ismodule(entry.plugin) else inspect.getmodule(type(entry.plugin))
     package = module.__name__ if getattr(module, "__path__", None) else module.__name__.rpartition(".")[0]
     resource = importlib.resources.files(package).joinpath(str(source))
     with importlib.resources.as_file(resource) as path:

@@ -19,7 +19,7 @@ PACK = PackSpec(name="{name}", summary="from {dist}")
 
 @hookimpl
 def mmcore_download(ctx):
-    return StageResult()
+    return StageResult(outputs={{"model": "."}})  # the contract: download records its model folder
 """
 
 
@@ -122,7 +122,7 @@ def test_stage_hooks_reach_only_the_chosen_pack_plus_wrappers(tmp_path) -> None:
             @hookimpl
             def mmcore_download(self, ctx):
                 calls.append(name)
-                return StageResult()
+                return StageResult(outputs={"model": "."})
 
         return Pack()
 

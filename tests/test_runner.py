@@ -168,7 +168,7 @@ def test_declined_stage_is_skipped_visibly_and_downstream_still_runs(tmp_path: P
         @hookimpl
         def mmcore_train(self, ctx, upstream):
             assert "extract" not in upstream
-            return StageResult(metrics={"ok": 1})
+            return StageResult(outputs={"checkpoint": "."}, metrics={"ok": 1})
 
     runner = make_runner(plugins_with(Declines()), "declines", tmp_path / "run")
     runner.run_pipeline()

@@ -20,11 +20,17 @@ from mmcore.session import config_class, preset_layer
 def plugins_with(*packs: Any, installed_packs: bool = False) -> Plugins:
     """A fresh plugin world: the infrastructure plugins plus exactly ``packs``.
 
-    Each item is a pack object (its ``PACK.name`` is used) or a ``(name, object)`` pair.
+    Each item is a pack object (its ``PACK.name`` is used), a bare :class:`~mmcore.PackSpec`,
+    or a ``(name, object)`` pair.
     """
+    from mmcore.pack import PackSpec
+
     pairs: list[tuple[str, Any]] = []
     for item in packs:
-        pairs.append(item if isinstance(item, tuple) else (item.PACK.name, item))
+        if isinstance(item, tuple):
+            pairs.append(item)
+        else:
+            pairs.append((item.name if isinstance(item, PackSpec) else item.PACK.name, item))
     plugins = Plugins.load(extra_packs=pairs, installed_packs=installed_packs)
     for name, _ in pairs:
         plugins.pack(name)  # raise now, with the reason, if the pack did not register

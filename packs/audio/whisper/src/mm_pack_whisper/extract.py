@@ -31,14 +31,14 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
     model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
     encoder = model.model.encoder
     data = ShardDataset(upstream["preprocess"].output("dataset"))
-    cache = FeatureCacheWriter(ctx.stage_dir / "encoder")
+    cache = FeatureCacheWriter(ctx.stage_dir / "features")
     for i in ctx.progress(range(len(data)), description="extract", unit="clip"):
         features = data[i]["input_features"]
         key = cache.add(features_key(features), lambda f=features: encoder(f[None]).last_hidden_state[0])
         cache.add_sample({"encoder_states": [key]})
     unique = cache.close()
     return StageResult(
-        outputs={"encoder": "encoder"},
+        outputs={"features": "features"},
         metrics={"unique_clips": unique, "samples": len(data)},
         notes=[f"cached encoder outputs of {unique} unique clips for {len(data)} samples"],
     )

@@ -150,7 +150,7 @@ def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
         if cached:
             from mmcore.data.feature_cache import CachedSamples
 
-            return CachedSamples(data, upstream["extract"].output("encoder"), replaces={"encoder_states": "input_features"})
+            return CachedSamples(data, upstream["extract"].output("features"), replaces={"encoder_states": "input_features"})
         return data
 
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:

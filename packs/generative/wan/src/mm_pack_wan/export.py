@@ -72,4 +72,4 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         (samples / "prompts.txt").write_text("\n".join(f"sample-{i}.mp4: {p}" for i, p in enumerate(prompts)) + "\n")
         metrics["samples"] = len(prompts)
         notes.append(f"{len(prompts)} sample videos and a contact sheet in {samples}")
-    return StageResult(outputs={"pipeline": "pipeline", "samples": "samples"}, metrics=metrics, notes=notes)
+    return StageResult(outputs={"model": "pipeline", "samples": "samples"}, metrics=metrics, notes=notes)

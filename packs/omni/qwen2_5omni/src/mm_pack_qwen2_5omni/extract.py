@@ -19,6 +19,8 @@ from mmcore.data.shards import ShardDataset
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
+from mm_pack_qwen2_5omni.modeling import build_model
+
 VISION = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
 
 
@@ -38,8 +40,6 @@ def clip_key(frames: Any) -> str:
 
 def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult | None:
     import torch
-
-    from mm_pack_qwen2_5omni.model import build_model
 
     towers = frozen_towers(ctx)
     if not towers:
@@ -68,17 +68,3 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
         metrics={"unique_items": unique, "samples": len(data), "towers": towers},
         notes=[f"cached {' and '.join(towers)} tower outputs of {unique} unique items for {len(data)} samples"],
     )
-
-
-def use_cached_towers(model: Any, towers: list[str]) -> Any:
-    """Make the frozen towers pass cached outputs through (the vision merger still runs)."""
-    from transformers.modeling_outputs import BaseModelOutput
-
-    from mmcore.data.qwen_vision import use_cached_vision
-
-    inner = model.model
-    if "audio" in towers:
-        inner.get_audio_features = lambda input_features, *args, **kwargs: BaseModelOutput(last_hidden_state=input_features)
-    if "vision" in towers:
-        use_cached_vision(inner.visual)
-    return model

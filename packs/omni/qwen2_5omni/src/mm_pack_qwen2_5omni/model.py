@@ -11,14 +11,15 @@ transformers builds an attention mask that keeps samples apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.context import StageContext
 from mmcore.data.shards import ShardDataset
 from mmcore.rundir import Manifest
-from mmcore.train import TrainRecipe, load_converted
+from mmcore.train import TrainRecipe
+
+from mm_pack_qwen2_5omni.modeling import build_model, use_cached_towers
 
 VISION_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
 PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw", "segment_audios": "audio_feature_lengths"}
@@ -30,21 +31,6 @@ FREEZE_GROUPS = {
     "projector": ["model.visual.merger.*"],
     "llm": ["model.language_model.*", "lm_head.*"],
 }
-
-
-def build_model(model_dir: Path, checkpoint: Path | None = None) -> Any:
-    """The thinker of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's).
-
-    A full Omni folder's config nests the thinker's; ``Qwen2_5OmniThinkerConfig`` reads either.
-    """
-    from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
-
-    config = Qwen2_5OmniThinkerConfig.from_pretrained(model_dir)
-    config._attn_implementation = "sdpa"
-    model = Qwen2_5OmniThinkerForConditionalGeneration(config)
-    if checkpoint is not None:
-        load_converted(model, checkpoint)
-    return model
 
 
 @dataclass(frozen=True)
@@ -136,8 +122,10 @@ def shard_modules(model: Any) -> list[Any]:
     return [*inner.audio_tower.layers, *inner.visual.blocks, *inner.language_model.layers]
 
 
-def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = False) -> TrainRecipe:
+def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
     """The train engine's recipe; with a finished extract stage, frozen towers read its cache."""
+    ids_ = TokenIds.of(ShardDataset(upstream["preprocess"].output("dataset")))
+    packing = ctx.config.training.packing
     cached = "extract" in upstream
 
     def load(split: str) -> Any:
@@ -151,8 +139,6 @@ def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = Fal
     def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
         model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint"))
         if cached:
-            from mm_pack_qwen2_5omni.extract import use_cached_towers
-
             use_cached_towers(model, ShardDataset(upstream["extract"].output("features")).index["towers"])
         return model
 

@@ -1,66 +1,29 @@
-"""The qwen2.5omni pack: every stage, each a thin call into this package or mmcore's engines.
+"""The qwen2.5omni pack, declared: what it is, its presets, and the function behind each stage.
 
 Importing this module must stay light (no torch, no transformers): ``mmcore list`` imports it.
 """
 
 from __future__ import annotations
 
-from mmcore import PackSpec, hookimpl
+from mmcore import PackSpec, Stage
 
-
-class Qwen25OmniPack:
-    PACK = PackSpec(
-        name="qwen2.5omni",
-        category="omni",
-        summary="Qwen2.5-Omni (3B/7B) thinker: audio, image, video and text in one conversation",
-        config_class="mm_pack_qwen2_5omni.config:OmniConfig",
-        presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
-        default_preset="demo",
-        distributed_stages=("train",),
-        # What extract caches depends on which towers are frozen.
-        stage_sections={"extract": ("extract", "training.freeze")},
-    )
-
-    @hookimpl
-    def mmcore_download(self, ctx):
-        from mm_pack_qwen2_5omni.tiny import build_init_checkpoint
-        from mmcore.hub import download_model
-
-        return download_model(ctx, build_init_checkpoint)
-
-    @hookimpl
-    def mmcore_convert(self, ctx, upstream):
-        from mm_pack_qwen2_5omni.adapter import ADAPTER
-        from mmcore.convert import convert_stage
-
-        return convert_stage(ctx, upstream["download"].output("model"), ADAPTER, what="thinker")
-
-    @hookimpl
-    def mmcore_preprocess(self, ctx, upstream):
-        from mm_pack_qwen2_5omni.preprocess import preprocess
-
-        return preprocess(ctx, upstream)
-
-    @hookimpl
-    def mmcore_extract(self, ctx, upstream):
-        from mm_pack_qwen2_5omni.extract import extract
-
-        return extract(ctx, upstream)
-
-    @hookimpl
-    def mmcore_train(self, ctx, upstream):
-        from mm_pack_qwen2_5omni.model import TokenIds, recipe
-        from mmcore.data.shards import ShardDataset
-        from mmcore.train import run_training
-
-        ids = TokenIds.of(ShardDataset(upstream["preprocess"].output("dataset")))
-        return run_training(ctx, upstream, recipe(ids, upstream, packing=ctx.config.training.packing))
-
-    @hookimpl
-    def mmcore_export(self, ctx, upstream):
-        from mm_pack_qwen2_5omni.export import export
-
-        return export(ctx, upstream)
-
-
-qwen25omni = Qwen25OmniPack()
+qwen25omni = PackSpec(
+    name="qwen2.5omni",
+    category="omni",
+    summary="Qwen2.5-Omni (3B/7B) thinker: audio, image, video and text in one conversation",
+    sdk="1.0",
+    config_class="mm_pack_qwen2_5omni.config:OmniConfig",
+    presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
+    default_preset="demo",
+    distributed_stages=("train",),
+    # What extract caches depends on which towers are frozen.
+    stage_sections={"extract": ("extract", "training.freeze")},
+    stages={
+        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen2_5omni.tiny:build_init_checkpoint"}),
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen2_5omni.adapter:ADAPTER", "build_model": "mm_pack_qwen2_5omni.modeling:build_model"}, options={"what": "thinker"}),
+        "preprocess": "mm_pack_qwen2_5omni.preprocess:preprocess",
+        "extract": "mm_pack_qwen2_5omni.extract:extract",
+        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2_5omni.model:recipe"}),
+        "export": "mm_pack_qwen2_5omni.export:export",
+    },
+)

@@ -17,6 +17,8 @@ from mmcore.data.shards import ShardDataset
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
+from mm_pack_qwen2vl.modeling import build_model, use_cached_vision  # noqa: F401 (use_cached_vision: part of this module's API)
+
 MEDIA = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
 
 
@@ -25,8 +27,6 @@ def vision_frozen(ctx: StageContext) -> bool:
 
 
 def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult | None:
-    from mm_pack_qwen2vl.model import build_model
-
     if not vision_frozen(ctx):
         return None  # the vision tower trains: nothing to cache
     model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
@@ -47,11 +47,3 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
         metrics={"unique_media": unique, "samples": len(data)},
         notes=[f"cached vision features of {unique} unique images/videos for {len(data)} samples"],
     )
-
-
-def use_cached_vision(model: Any) -> Any:
-    """Make the vision tower take cached block outputs and apply only the merger (projector)."""
-    from mmcore.data.qwen_vision import use_cached_vision as merger_only
-
-    merger_only(model.model.visual)
-    return model

@@ -10,7 +10,9 @@ from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_lo
 from mmcore.context import StageContext
 from mmcore.data.shards import ShardDataset
 from mmcore.rundir import Manifest
-from mmcore.train import TrainRecipe, load_converted
+from mmcore.train import TrainRecipe
+
+from mm_pack_qwen2vl.modeling import build_model, model_class, use_cached_vision  # noqa: F401 (model_class: part of this module's API)
 
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw"}
@@ -21,28 +23,6 @@ FREEZE_GROUPS = {
     "projector": ["model.visual.merger.*"],
     "llm": ["model.language_model.*", "lm_head.*"],
 }
-
-
-def model_class(config: Any) -> Any:
-    if config.model_type == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLForConditionalGeneration
-
-        return Qwen2_5_VLForConditionalGeneration
-    from transformers import Qwen2VLForConditionalGeneration
-
-    return Qwen2VLForConditionalGeneration
-
-
-def build_model(model_dir: Path, checkpoint: Path | None = None) -> Any:
-    """The model of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir)
-    config._attn_implementation = "sdpa"
-    model = model_class(config)(config)
-    if checkpoint is not None:
-        load_converted(model, checkpoint)
-    return model
 
 
 @dataclass(frozen=True)
@@ -143,8 +123,10 @@ def model_dir(upstream: Mapping[str, Manifest]) -> Path:
     return upstream["download"].output("model")
 
 
-def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = False) -> TrainRecipe:
+def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
     """The train engine's recipe; with a finished extract stage, vision features come from its cache."""
+    ids_ = TokenIds.of(ShardDataset(upstream["preprocess"].output("dataset")))
+    packing = ctx.config.training.packing
     cached = "extract" in upstream
 
     def load(split_name: str) -> Any:
@@ -160,8 +142,6 @@ def recipe(ids_: TokenIds, upstream: Mapping[str, Manifest], packing: bool = Fal
         if ctx.plugins is not None:
             apply_kernels(model, ctx.plugins.registry, ctx.accelerator.name)
         if cached:
-            from mm_pack_qwen2vl.extract import use_cached_vision
-
             use_cached_vision(model)
         return model
 

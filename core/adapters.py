@@ -1,0 +1,104 @@
+"""State-dict adapters: how checkpoint tensors map between the hub layout and the training model's.
+
+A pack supplies one :class:`StateDictAdapter` (most need only :class:`RenameAdapter`'s regex
+rules); the converter engine (:mod:`mmcore.convert`) plans every output tensor through it
+from shapes alone, then builds each tensor when it is written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from mmcore.errors import StageError
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: "torch.dtype"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to make one output tensor: from ``sources`` (input keys), combined by ``combine``.
+
+    ``combine`` receives the source tensors in order and returns the output tensor; None
+    means the single source is used as is. ``info`` is the output's shape and dtype, needed
+    to plan the write before any tensor is read.
+    """
+
+    sources: tuple[str, ...]
+    info: TensorInfo
+    combine: Callable[..., "torch.Tensor"] | None = None
+
+
+class StateDictAdapter:
+    """Maps checkpoint tensors between the Hugging Face layout and the training model's."""
+
+    def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
+        raise NotImplementedError
+
+    def to_hf(self, mm: dict[str, TensorInfo]) -> dict[str, Recipe]:
+        raise NotImplementedError
+
+
+@dataclass
+class RenameAdapter(StateDictAdapter):
+    """An adapter that only renames, by ordered regex rules (first match wins, both ways).
+
+    ``rules`` are ``(hf_pattern, mm_replacement, mm_pattern, hf_replacement)``. ``ignore`` are
+    patterns of hub tensors left out on the way in (parts of a checkpoint another model uses).
+    ``tied`` names
+    training-model tensors that hub checkpoints do not store because they share another's
+    storage (an output projection tied to the embedding); exports leave them out too.
+    """
+
+    rules: Sequence[tuple[str, str, str, str]] = field(default_factory=list)
+    tied: Sequence[str] = field(default_factory=list)
+    ignore: Sequence[str] = field(default_factory=list)  # hub tensors the training model does not have
+
+    def _ignored(self, key: str) -> bool:
+        return any(re.match(pattern, key) for pattern in self.ignore)
+
+    def round_trip_name(self, hub_key: str) -> str | None:
+        """The name a hub tensor gets after conversion in and back out (None: left out)."""
+        return None if self._ignored(hub_key) else self._rename(self._rename(hub_key, True), False)
+
+    def _rename(self, key: str, forward: bool) -> str:
+        for hf_pat, mm_rep, mm_pat, hf_rep in self.rules:
+            pattern, replacement = (hf_pat, mm_rep) if forward else (mm_pat, hf_rep)
+            if re.match(pattern, key):
+                return re.sub(pattern, replacement, key, count=1)
+        return key
+
+    def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
+        return _renamed({k: v for k, v in hf.items() if not self._ignored(k)}, lambda k: self._rename(k, True))
+
+    def to_hf(self, mm: dict[str, TensorInfo]) -> dict[str, Recipe]:
+        return _renamed({k: v for k, v in mm.items() if k not in self.tied}, lambda k: self._rename(k, False))
+
+
+def _renamed(index: dict[str, TensorInfo], rename: Callable[[str], str]) -> dict[str, Recipe]:
+    out: dict[str, Recipe] = {}
+    for key, info in index.items():
+        new = rename(key)
+        if new in out:
+            raise StageError(f"adapter maps two tensors to {new!r} (one of them {key!r})")
+        out[new] = Recipe((key,), info)
+    return out
+
+
+def materialize(recipe: Recipe, fetch: Callable[[str], "torch.Tensor"]) -> "torch.Tensor":
+    tensors = [fetch(key) for key in recipe.sources]
+    out = recipe.combine(*tensors) if recipe.combine else tensors[0]
+    if tuple(out.shape) != recipe.info.shape or out.dtype != recipe.info.dtype:
+        raise StageError(f"adapter produced {tuple(out.shape)} {out.dtype} for {recipe.sources}, planned {recipe.info.shape} {recipe.info.dtype}")
+    return out
+
+
+__all__ = ["TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "materialize"]

@@ -1,0 +1,57 @@
+"""What the train loop does to parameters besides stepping: freeze groups, the lr schedule, clipping."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from mmcore.errors import StageError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+def freeze(model: "nn.Module", patterns: Sequence[str], groups: Mapping[str, Sequence[str]]) -> list[str]:
+    """Freeze parameters matching ``patterns`` (group names or globs); returns the frozen names."""
+    globs: list[str] = []
+    for pattern in patterns:
+        globs.extend(groups.get(pattern, [pattern]))
+    frozen = []
+    for name, param in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, g) for g in globs):
+            param.requires_grad_(False)
+            frozen.append(name)
+    unmatched = [p for p in patterns if p not in groups and not any(fnmatch.fnmatchcase(n, p) for n, _ in model.named_parameters())]
+    if unmatched:
+        known = ", ".join(groups) or "none"
+        raise StageError(f"training.freeze: {unmatched[0]!r} matches no parameter and is no group (groups: {known})")
+    return frozen
+
+
+def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+        return min_ratio + (1 - min_ratio) * shape
+
+    return factor
+
+
+def clip_grad_norm(model: "nn.Module", max_norm: float | None) -> float:
+    import torch
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+__all__ = ["freeze", "lr_lambda", "clip_grad_norm"]

@@ -1,0 +1,101 @@
+"""The mmcore SDK: what a pack may import from mmcore, versioned.
+
+A pack declares the SDK version it was written against in ``PackSpec(sdk="1.0")`` and the
+mmcore releases it supports in its distribution's requirements (``mmcore>=0.1,<0.2``).
+Versions follow semantic versioning on this surface alone: a minor version adds names, a
+major version changes or removes them. A pack built for SDK ``M.n`` loads on a core with SDK
+``M.k`` where ``k >= n``; otherwise ``mmcore list`` shows it as broken, with the reason.
+
+:data:`SURFACE` lists every module a pack may import from and the names it may use there.
+Everything else in mmcore is internal and may change in any release. The conformance suite
+(:mod:`mmcore.testing.conformance`) reads a pack's source and fails on any other import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Mapping
+
+SDK_VERSION = "1.0"
+
+#: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
+#: module uses it, so that a new helper joins the SDK only by being listed here.
+SURFACE: Mapping[str, frozenset[str]] = {
+    "mmcore": frozenset({
+        "__version__", "hookimpl", "STAGES", "PackSpec", "Stage", "StageResult", "StageContext", "WorldInfo",
+        "RunConfig", "KernelSpec", "BackendSpec", "Manifest", "MmcoreError", "ConfigError", "UsageError",
+        "PackError", "StageError",
+    }),
+    "mmcore.pack": frozenset({"STAGES", "PackSpec", "Stage", "StageResult", "STAGE_OUTPUTS", "MODEL", "CHECKPOINT", "DATASET", "FEATURES"}),
+    "mmcore.errors": frozenset({"MmcoreError", "ConfigError", "UsageError", "PackError", "StageError", "missing_dependency"}),
+    "mmcore.context": frozenset({"StageContext", "WorldInfo"}),
+    "mmcore.rundir": frozenset({"Manifest"}),
+    "mmcore.registry": frozenset({"KernelSpec", "BackendSpec"}),
+    "mmcore.config": frozenset({"RunConfig", "Section", "ModelSection", "DataSection", "TrainingSection", "ExportSection", "ExtractSection", "ConvertSection"}),
+    # engines: the stages a pack binds to its parts
+    "mmcore.hub": frozenset({"download_stage", "download_model", "InitBuilder"}),
+    "mmcore.convert": frozenset({"convert_stage", "StateDictAdapter", "RenameAdapter", "Recipe", "TensorInfo", "SafetensorsFolder", "dcp_to_hf", "copy_side_files", "compare_hf"}),
+    "mmcore.train": frozenset({"train_stage", "run_training", "TrainRecipe", "load_converted"}),
+    "mmcore.export": frozenset({"export_checked"}),
+    "mmcore.causal_lm": frozenset({"count_loss_tokens", "evaluate_accuracy", "generate_accuracy", "next_token_loss_sum", "packed_rows", "padded_rows"}),
+    "mmcore.evaluation": frozenset({"word_errors", "sharded_sums"}),
+    "mmcore.tiny": frozenset({"train_byte_level_bpe"}),
+    "mmcore.io": frozenset({"atomic_write_json", "sha256_file", "sha256_json"}),
+    "mmcore.faults": frozenset({"crash_point"}),
+    # data: shards, feature cache, media, conversations
+    "mmcore.data.shards": frozenset({"ShardDataset", "ShardWriter", "held_out"}),
+    "mmcore.data.feature_cache": frozenset({"FeatureCacheWriter", "CachedSamples", "CachedFeatures"}),
+    "mmcore.data.badsamples": frozenset({"BadSample", "BadSamples"}),
+    "mmcore.data.media": frozenset({"MediaError"}),
+    "mmcore.data.video": frozenset({"MediaError", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "load_video"}),
+    "mmcore.data.audio": frozenset({"load_audio", "write_audio"}),
+    "mmcore.data.captions": frozenset({"read_captions"}),
+    "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image"}),
+    "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadRecord", "load_records", "media_root", "read_samples", "resolve_media"}),
+    "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "Encoded", "Piece"}),
+    "mmcore.data.conversations": frozenset({"preprocess_conversations", "dataset_files", "ConversationData"}),
+    "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI"}),
+    "mmcore.testing.conformance": frozenset({"PackConformance"}),
+}
+
+
+def sdk_problem(pack_sdk: str, core_sdk: str = SDK_VERSION) -> str | None:
+    """Why a pack written for SDK ``pack_sdk`` cannot load on this core, or None if it can."""
+    try:
+        want = tuple(int(part) for part in pack_sdk.split("."))
+        have = tuple(int(part) for part in core_sdk.split("."))
+    except ValueError:
+        return f"its SDK version {pack_sdk!r} is not MAJOR.MINOR"
+    if len(want) != 2:
+        return f"its SDK version {pack_sdk!r} is not MAJOR.MINOR"
+    if want[0] != have[0]:
+        return f"it was written for mmcore SDK {pack_sdk}, this mmcore provides SDK {core_sdk} (major versions differ)"
+    if want[1] > have[1]:
+        return f"it needs mmcore SDK {pack_sdk}, this mmcore provides only {core_sdk}; upgrade mmcore"
+    return None
+
+
+def imports_outside_sdk(package_dir: Path) -> list[str]:
+    """Every ``import mmcore...`` in the ``.py`` files under ``package_dir`` that is not in
+    :data:`SURFACE`, as ``"file:line: what"`` lines."""
+    problems = []
+    for path in sorted(package_dir.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "mmcore":
+                allowed = SURFACE.get(node.module)
+                for alias in node.names:
+                    if allowed is None:
+                        problems.append(f"{path.name}:{node.lineno}: module {node.module} is not part of the mmcore SDK")
+                        break
+                    if alias.name not in allowed:
+                        problems.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name} is not part of the mmcore SDK")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "mmcore" and alias.name not in SURFACE:
+                        problems.append(f"{path.name}:{node.lineno}: module {alias.name} is not part of the mmcore SDK")
+    return problems
+
+
+__all__ = ["SDK_VERSION", "SURFACE", "sdk_problem", "imports_outside_sdk"]
