@@ -119,13 +119,22 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
 
 def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any) -> int:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     path = path.resolve()
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    # get_state_dict gives a fresh optimizer state for every trainable parameter, but AdamW keeps
+    # none for a parameter that has had no gradient yet (a tower no batch used so far), so the
+    # checkpoint has none either. Leave those out: they start lazily, as in the unbroken run.
+    saved = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    for fqn in [f for f in optim_sd.get("state", {}) if not any(k.startswith(f"optim.state.{f}.") for k in saved)]:
+        del optim_sd["state"][fqn]
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path), no_dist=not world.distributed)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # strict=False lets those parameters go without state; dcp.load above already required every
+    # model tensor and every optimizer state the checkpoint should hold.
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=StateDictOptions(strict=False))
     extra = json.loads((path / "trainer_state.json").read_text())
     scheduler.load_state_dict(extra["scheduler"])
     sampler.position = extra["sampler_position"]

@@ -144,7 +144,7 @@ def _kernel_choice(registry: Any, name: str, device: str) -> str:
         spec = registry.kernel_spec(name, device)
     except MmcoreError as exc:
         return f"none ({exc})"
-    return f"{spec.impl}" + (" [reference]" if spec.device == "reference" else "")
+    return f"{spec.impl}" + (" [reference]" if spec.device == "reference" else "") + ("" if spec.wired else " [registered, not called by the model yet]")
 
 
 @cli.command("doctor")

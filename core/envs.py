@@ -128,6 +128,12 @@ def mmcore_requirement(scratch: Path) -> list[str]:
         dist = distribution("mmcore")
     except PackageNotFoundError:
         return [f"mmcore=={__version__}"]
+    return host_copy(dist, scratch)
+
+
+def host_copy(dist: Any, scratch: Path) -> list[str]:
+    """Installer arguments for the host's own install of ``dist``: editable from its folder if
+    it was installed editable, else a wheel packed from its installed files."""
     direct = dist.read_text("direct_url.json")
     if direct:
         info = json.loads(direct)
@@ -135,6 +141,36 @@ def mmcore_requirement(scratch: Path) -> list[str]:
         if url.startswith("file://") and info.get("dir_info", {}).get("editable"):
             return ["-e", url[len("file://") :]]
     return [str(wheel_from_installed(dist, scratch))]
+
+
+def local_dependencies(project: Path, scratch: Path) -> list[str]:
+    """The host's copies of what the pack project in folder ``project`` requires and the host
+    installed from a local folder rather than an index (``mm-qwen-vision`` beside the Qwen
+    packs): no index has them, so the env gets them as the host has them."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    pyproject = project / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    args: list[str] = []
+    for line in tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", []):
+        try:
+            name = Requirement(line).name
+        except InvalidRequirement:
+            continue
+        if name == "mmcore":
+            continue
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        if direct.get("url", "").startswith("file://") and "dir_info" in direct:
+            args += host_copy(dist, scratch)
+    return args
 
 
 #: dist-info files an installer writes about the install itself; not part of a wheel.
@@ -254,7 +290,8 @@ def create(
     start = time.perf_counter()
     extra = list(extra)
     try:
-        packages = [*mmcore_requirement(scratch), requirement, *extra]
+        local = local_dependencies(Path(requirement), scratch) if _looks_like_path(requirement) else []
+        packages = [*mmcore_requirement(scratch), *local, requirement, *extra]
         if uv:
             _run([uv, "venv", "--quiet", "--seed", "--python", python or sys.executable, str(target)], requirement)
             cmd = [uv, "pip", "install", "--python", str(target / "bin" / "python"), "-c", str(constraints)]

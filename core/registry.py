@@ -39,6 +39,11 @@ class KernelSpec:
         requires: Modules that must be importable for this implementation to be chosen
             (``("torch_npu",)``). Checked with ``find_spec``, never imported to check.
         summary: One line for ``mmcore info``.
+        example: ``"module:attr"`` of a function returning a sample argument tuple (CPU
+            tensors) for the reference; the conformance suite checks every implementation
+            usable on the machine against the reference on it. Needed on the reference.
+        wired: False for a kernel registered but not called by the pack's model yet
+            (``mmcore info`` says so).
     """
 
     name: str
@@ -46,7 +51,9 @@ class KernelSpec:
     impl: str
     requires: tuple[str, ...] = ()
     summary: str = ""
-    provider: str = ""  # filled in by the core: the plugin that registered it
+    provider: str = ""
+    example: str = ""
+    wired: bool = True  # filled in by the core: the plugin that registered it
 
     def usable(self) -> bool:
         return all(_importable(mod) for mod in self.requires)

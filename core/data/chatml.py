@@ -49,6 +49,11 @@ class Encoded:
         out: dict[str, Any] = {}
         for name, items in self.fields.items():
             if name.startswith("pixel_values") or name == "input_features":
+                # items join along their first axis (patches, frames); every other axis must agree,
+                # or np.concatenate would fail late or, for 1-d items, mix values silently
+                shapes = sorted({tuple(np.shape(item)) for item in items})
+                if any(len(shape) < 2 for shape in shapes) or len({shape[1:] for shape in shapes}) > 1:
+                    raise ValueError(f"media field {name!r}: items of shapes {shapes} cannot be joined (each needs the same shape after its first axis)")
                 out[name] = torch.from_numpy(np.concatenate(items)).float()
             elif name.endswith(("_grid_thw", "_lengths")):
                 out[name] = torch.tensor([v for item in items for v in item], dtype=torch.long)

@@ -44,7 +44,8 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
     Args:
         ctx: the preprocess stage's context; ``ctx.config.data`` is an MLLM data section with
             ``eval_datasets`` and ``demo_samples``.
-        encoder: has ``encode(sample) -> Encoded`` and ``truncate(encoded) -> Encoded | reason``.
+        encoder: has ``encode(sample) -> Encoded`` and ``truncate(encoded, limit) -> Encoded | reason``
+            (:class:`~mmcore.data.chatml.ChatMLEncoder` has both).
         demo: writes the synthetic dataset when ``data.demo_samples`` > 0.
         index_extra: recorded in the dataset index (token ids collation needs, ...).
     """
@@ -63,7 +64,7 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
                 bad.report(item)
                 continue
             try:
-                result = encoder.truncate(encoder.encode(item))
+                result = encoder.truncate(encoder.encode(item), cfg.cutoff_len)
             except MediaError as exc:
                 bad.report(BadSample(item.file, item.index, str(exc)))
                 continue

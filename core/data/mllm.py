@@ -55,6 +55,9 @@ class MLLMDataSection(DataSection):
     cutoff_len: int = Field(2048, ge=16, description="Longest tokenized sample; longer text is cut, cut media is a bad sample.")
     train_on_prompt: bool = Field(False, description="Also compute the loss on user turns.")
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="Fraction of samples held out for evaluation.")
+    # read by mmcore.data.conversations, so declared here rather than by every pack
+    eval_datasets: list[str] = Field(default_factory=list, description="Held-out datasets (MLLM JSON) for evaluation.")
+    demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic demo dataset with this many samples (0: use data.datasets).")
 
 
 @dataclass

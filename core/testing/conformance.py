@@ -1,32 +1,106 @@
-"""The pack conformance suite: standard tests every pack passes.
+"""The pack conformance suite: the contract, checked by running the pack.
 
-A pack's tests subclass :class:`PackConformance` and name their pack::
+A pack's tests subclass :class:`PackConformance`, name the pack and how its export loads::
 
     from mmcore.testing.conformance import PackConformance
 
     class TestConformance(PackConformance):
         pack_name = "qwen2vl"
+        export_class = "transformers:Qwen2VLForConditionalGeneration"
 
-The pack must be installed (its entry point is what users get). Tests that need more from the
-pack (a tiny preset that runs end to end, a round trip) are added here as the contract grows.
+The pack must be installed (its entry point is what users get). One tiny run of every stage
+(``preset``, ``overrides``) is shared by the class's checks; one more run is killed during
+training and resumed. Each failure names the rule it checks and the hook that broke it:
+
+* import: the entry point imports neither torch nor transformers nor diffusers;
+  the pack imports from mmcore only what :mod:`mmcore.sdk` lists.
+* spec: name, category, stages, distribution; every preset validates.
+* pipeline: every stage finishes (or declines) and records the outputs the engines read.
+* convert: key coverage against the model and a bit-identical round trip (``convert.verify``).
+* export: the exported folder loads with ``export_class.from_pretrained``, nothing missing.
+* kernels: each kernel has a reference; each implementation usable here matches it on the
+  kernel's example input.
+* bad input: a sample that is not a sample fails preprocess with one line naming the file.
+* resume: training killed after step ``kill_step`` resumes to the uninterrupted losses.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
-from mmcore.pack import CATEGORIES, STAGES
+from mmcore.pack import CATEGORIES, STAGE_OUTPUTS, STAGES
+
+
+def _fail(rule: str, hook: str, message: str) -> None:
+    pytest.fail(f"[{rule}] {hook}: {message}", pytrace=False)
+
+
+class _Cli:
+    """``python -m mmcore ARGS`` in a folder, with only the ``MMCORE_*`` variables given."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+
+    def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+        full["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this process's view of installed packs
+        full.update(env)
+        return subprocess.run([sys.executable, "-m", "mmcore", *args], cwd=self.cwd, env=full, capture_output=True, text=True, timeout=1800)
+
+
+def _losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}  # a resumed run repeats steps: keep the last
 
 
 class PackConformance:
+    #: The pack under test (its entry-point name).
     pack_name: ClassVar[str] = ""
+    #: The preset of the shared run: small enough to run every stage in seconds on a CPU.
+    preset: ClassVar[str] = "tiny"
+    #: Overrides of the shared run (``key=value``). Checkpoints every step, so resume is tested.
+    overrides: ClassVar[tuple[str, ...]] = ()
+    #: ``"library:Class"`` whose ``from_pretrained`` loads the export's ``model`` output (or
+    #: ``"module:function"`` that loads it, for an export no hub library reads).
+    export_class: ClassVar[str] = ""
+    #: Training is killed after this step, then resumed.
+    kill_step: ClassVar[int] = 2
+    #: Steps of the shared run (more than ``kill_step``).
+    steps: ClassVar[int] = 3
+
+    # ------------------------------------------------------------------ shared runs
+    @classmethod
+    def _args(cls) -> list[str]:
+        return ["--pack", cls.pack_name, "--preset", cls.preset, "convert.verify=true", f"training.steps={cls.steps}", "training.checkpoint_every=1", *cls.overrides]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def work(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        assert cls.pack_name, "set pack_name on your PackConformance subclass"
+        return tmp_path_factory.mktemp(f"conformance-{cls.pack_name}")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tiny_run(cls, work: Path) -> Path:
+        """Every stage of the pack, once, shared by the checks of this class."""
+        proc = _Cli(work)("run", *cls._args(), "--run-dir", "tiny")
+        if proc.returncode != 0:
+            failed = next((line for line in proc.stderr.splitlines() if line.startswith("error:")), proc.stderr[-2000:])
+            _fail("pipeline", "mmcore run", f"the {cls.preset} preset did not run end to end: {failed}")
+        return work / "tiny"
+
+    def _manifest(self, run: Path, stage: str) -> dict[str, Any]:
+        path = run / stage / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
     @pytest.fixture
     def plugins(self):  # type: ignore[no-untyped-def]
@@ -39,6 +113,7 @@ class PackConformance:
     def entry(self, plugins):  # type: ignore[no-untyped-def]
         return plugins.pack(self.pack_name)
 
+    # ------------------------------------------------------------------ import
     def test_entry_point_loads_without_torch(self) -> None:
         """`mmcore list` imports every pack; a pack that imports torch at import makes it slow."""
         code = textwrap.dedent(
@@ -50,18 +125,33 @@ class PackConformance:
             print(json.dumps(heavy))
             """
         )
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this process's view of installed packs
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-        assert json.loads(out.stdout.strip().splitlines()[-1]) == [], f"importing the {self.pack_name} entry point imports heavy modules"
+        heavy = json.loads(out.stdout.strip().splitlines()[-1])
+        if heavy:
+            _fail("import", "entry point", f"importing the {self.pack_name} entry point imports {', '.join(heavy)}; import them inside stage functions")
 
+    def test_pack_imports_only_the_sdk(self, entry) -> None:  # type: ignore[no-untyped-def]
+        import importlib
+
+        from mmcore.sdk import SDK_VERSION, imports_outside_sdk
+
+        package = importlib.import_module(entry.value.partition(":")[0].split(".")[0])
+        problems = imports_outside_sdk(Path(package.__file__).parent)
+        if problems:
+            _fail("sdk", "imports", f"outside mmcore SDK {SDK_VERSION}: " + "; ".join(problems[:5]))
+
+    # ------------------------------------------------------------------ spec
     def test_spec_is_consistent(self, plugins, entry) -> None:  # type: ignore[no-untyped-def]
         spec = entry.spec
         assert spec.name == self.pack_name
         assert spec.category in CATEGORIES
         stages = plugins.implemented_stages(self.pack_name)
-        assert stages, "a pack implements at least one stage"
-        assert set(stages) <= set(STAGES)
+        if not stages:
+            _fail("spec", "PACK.stages", "the pack runs no stage")
         assert entry.distribution and entry.version, "packs ship as distributions with a version"
+        if self.preset not in spec.presets:
+            _fail("spec", "PACK.presets", f"no preset {self.preset!r} for the conformance run")
 
     def test_presets_validate(self, plugins, entry) -> None:  # type: ignore[no-untyped-def]
         from mmcore.config import RunConfig, build_config
@@ -72,14 +162,121 @@ class PackConformance:
         for preset in entry.spec.presets:
             build_config(cls, [preset_layer(entry, preset)])
 
-    def test_kernels_have_reference_and_import(self, plugins, entry) -> None:  # type: ignore[no-untyped-def]
+    # ------------------------------------------------------------------ pipeline
+    def test_every_stage_finishes_with_the_outputs_the_engines_read(self, plugins, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        from mmcore.hookspecs import STAGE_HOOKS
+
+        for stage in plugins.implemented_stages(self.pack_name):
+            manifest = self._manifest(tiny_run, stage)
+            if not manifest:
+                _fail("pipeline", STAGE_HOOKS[stage], "wrote no manifest")
+            if manifest["status"] == "declined":
+                continue
+            missing = [name for name in STAGE_OUTPUTS[stage] if name not in manifest["outputs"]]
+            if missing:
+                _fail("pipeline", STAGE_HOOKS[stage], f"records no output {missing[0]!r}")
+        for stage in ("download", "train"):
+            if stage in plugins.implemented_stages(self.pack_name) and self._manifest(tiny_run, stage).get("status") != "finished":
+                _fail("pipeline", STAGE_HOOKS[stage], f"the {stage} stage cannot decline")
+
+    def test_convert_covers_the_model_and_round_trips_bit_identically(self, plugins, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        if "convert" not in plugins.implemented_stages(self.pack_name):
+            pytest.skip("the pack has no convert stage")
+        manifest = self._manifest(tiny_run, "convert")
+        if manifest["metrics"].get("verified") is not True:
+            _fail("convert", "mmcore_convert", "convert.verify=true did not verify the round trip (use mmcore.convert.convert_stage)")
+        if not any(note.startswith("key coverage:") for note in manifest["notes"]):
+            _fail("convert", "mmcore_convert", "key coverage against the training model was not checked (use mmcore.convert.convert_stage)")
+
+    def test_export_loads_in_its_library(self, plugins, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        from mmcore.registry import import_object
+
+        if "export" not in plugins.implemented_stages(self.pack_name):
+            pytest.skip("the pack has no export stage")
+        if not self.export_class:
+            _fail("export", "conformance subclass", "set export_class, e.g. 'transformers:AutoModel'")
+        folder = Path(self._manifest(tiny_run, "export")["outputs"]["model"])
+        folder = folder if folder.is_absolute() else tiny_run / "export" / folder
+        cls = import_object(self.export_class)
+        if not hasattr(cls, "from_pretrained"):
+            cls(folder)  # a pack's own loader: raises if the export does not load
+        elif self.export_class.startswith("transformers:"):
+            _, info = cls.from_pretrained(folder, output_loading_info=True)
+            gaps = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+            if gaps:
+                _fail("export", "mmcore_export", f"{self.export_class} loads {folder} with {gaps}")
+        else:
+            cls.from_pretrained(folder)
+
+    # ------------------------------------------------------------------ kernels
+    def test_kernels_have_a_reference_and_match_it(self, plugins, entry) -> None:  # type: ignore[no-untyped-def]
         registry = plugins.registry
         assert not registry.errors, registry.errors
-        own = {name for (name, _), spec in registry.kernels.items() if spec.provider == entry.pm_name}
+        own = sorted({name for (name, _), spec in registry.kernels.items() if spec.provider == entry.pm_name})
         for name in own:
             reference = registry.kernels.get((name, "reference"))
-            assert reference is not None, f"kernel {name!r} has no reference implementation"
-            assert callable(reference.load())
+            if reference is None:
+                _fail("kernels", "mmcore_register_kernels", f"kernel {name!r} has no reference implementation")
+            if not reference.example:
+                _fail("kernels", "mmcore_register_kernels", f"kernel {name!r} has no example input (KernelSpec.example) to check it on")
+            from mmcore.registry import import_object
+
+            args = import_object(reference.example)()
+            expected = reference.load()(*args)
             for (kname, device), spec in registry.kernels.items():
-                if kname == name and spec.usable():
-                    assert callable(spec.load()), f"kernel {name!r} for {device} does not import"
+                if kname != name or device == "reference" or not spec.usable() or not _device_here(device):
+                    continue
+                import torch
+
+                moved = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+                got = spec.load()(*moved)
+                torch.testing.assert_close(got.cpu().float(), expected.float(), rtol=2e-2, atol=2e-2, msg=lambda m, k=name, d=device: f"[kernels] {k} on {d} differs from its reference: {m}")
+
+    # ------------------------------------------------------------------ bad input
+    def test_a_bad_sample_fails_preprocess_in_one_line_naming_the_file(self, work: Path, tiny_run: Path) -> None:
+        bad = work / "bad-samples.jsonl"
+        bad.write_text('{"this is": "not a sample"}\n')
+        for stage in STAGES[: STAGES.index("preprocess")]:  # what preprocess may read, as finished
+            if (tiny_run / stage).is_dir():
+                shutil.copytree(tiny_run / stage, work / "bad" / stage, symlinks=True)
+        proc = _Cli(work)("preprocess", "--pack", self.pack_name, "--preset", self.preset, "--run-dir", "bad", *self.overrides, f"data.datasets=[{bad}]")
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        if proc.returncode == 0 or "Traceback" in proc.stderr or len(errors) != 1 or bad.name not in errors[0]:
+            _fail("bad input", "mmcore_preprocess", f"expected one 'error:' line naming {bad.name} and a non-zero exit, got exit {proc.returncode}:\n{proc.stderr[-1500:]}")
+
+    # ------------------------------------------------------------------ resume
+    @pytest.mark.compares_runs
+    def test_training_killed_mid_run_resumes_to_the_same_losses(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        if "train" not in plugins.implemented_stages(self.pack_name):
+            pytest.skip("the pack has no train stage")
+        killed = work / "killed"
+        shutil.copytree(tiny_run, killed, symlinks=True)
+        for stage in ("train", "export"):
+            shutil.rmtree(killed / stage, ignore_errors=True)
+        cli = _Cli(work)
+        proc = cli("train", *self._args(), "--run-dir", "killed", MMCORE_TEST_KILL=f"train-step:{self.kill_step}")
+        if proc.returncode == 0:
+            _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{self.kill_step} (use mmcore.train's loop)")
+        proc = cli("train", *self._args(), "--run-dir", "killed", "--resume")
+        if proc.returncode != 0 or f"resumed from step {self.kill_step}" not in proc.stdout:
+            _fail("resume", "mmcore_train", f"did not resume from step {self.kill_step}: {proc.stdout[-800:]} {proc.stderr[-800:]}")
+        # Same batches, same kernels, same RNG streams: resumed losses equal the straight run's bits.
+        if _losses(killed) != _losses(tiny_run):
+            _fail("resume", "mmcore_train", f"resumed losses {_losses(killed)} differ from uninterrupted {_losses(tiny_run)}")
+
+
+def _device_here(device: str) -> bool:
+    """Whether kernels for ``device`` can run in this process (reference and cpu always can)."""
+    if device == "cpu":
+        return True
+    try:
+        import torch
+
+        if device == "cuda":
+            return torch.cuda.is_available()
+        return bool(getattr(torch, device, None) and getattr(torch, device).is_available())
+    except Exception:
+        return False
+
+
+__all__ = ["PackConformance"]

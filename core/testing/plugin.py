@@ -54,3 +54,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "npu: needs an Ascend NPU with torch_npu; skipped when none is present")
     config.addinivalue_line("markers", "compares_runs: compares two runs' numbers, or holds a demo to its promised figure (rerun under another CPU instruction set)")
     config.addinivalue_line("markers", "isa_sample: a compares_runs test that `make test` itself reruns under another CPU instruction set")
+
+
+# --------------------------------------------------------------------------- the test budget
+# `make test` must stay within 40 minutes of pytest on a 2-core CI machine. Each distribution's
+# share is printed at the end of a run (setup + call + teardown of its tests, by folder), so a
+# pack that outgrows its budget (README, "Test budget") is seen in the run that made it so.
+
+_SECONDS_BY_PART: dict[str, float] = {}
+
+
+def _part(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    return "/".join(parts[:3]) if parts[0] == "packs" and len(parts) > 3 else parts[0]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    part = _part(report.nodeid)
+    _SECONDS_BY_PART[part] = _SECONDS_BY_PART.get(part, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if len(_SECONDS_BY_PART) < 2:
+        return
+    terminalreporter.section("test time by distribution")
+    for part, seconds in sorted(_SECONDS_BY_PART.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds / 60:6.2f} min  {part}")
+    terminalreporter.write_line(f"{sum(_SECONDS_BY_PART.values()) / 60:6.2f} min  total")

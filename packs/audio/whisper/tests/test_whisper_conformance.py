@@ -1,5 +1,9 @@
+"""The mmcore conformance suite on this pack: every stage run once, checked against the contract."""
+
 from mmcore.testing.conformance import PackConformance
 
 
 class TestWhisperConformance(PackConformance):
     pack_name = "whisper"
+    overrides = ("data.demo_samples=8",)
+    export_class = "transformers:WhisperForConditionalGeneration"

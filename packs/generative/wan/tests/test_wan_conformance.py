@@ -1,5 +1,9 @@
+"""The mmcore conformance suite on this pack: every stage run once, checked against the contract."""
+
 from mmcore.testing.conformance import PackConformance
 
 
 class TestWanConformance(PackConformance):
     pack_name = "wan"
+    overrides = ("data.demo_samples=4",)
+    export_class = "diffusers:WanPipeline"

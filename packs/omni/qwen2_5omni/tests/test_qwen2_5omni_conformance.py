@@ -1,5 +1,9 @@
+"""The mmcore conformance suite on this pack: every stage run once, checked against the contract."""
+
 from mmcore.testing.conformance import PackConformance
 
 
 class TestQwen25OmniConformance(PackConformance):
     pack_name = "qwen2.5omni"
+    overrides = ("data.demo_samples=8",)
+    export_class = "transformers:Qwen2_5OmniThinkerForConditionalGeneration"

@@ -26,7 +26,7 @@ def test_encoding_equals_the_omni_processor_and_chat_template(parts, tiny_omni: 
 
     from mm_pack_qwen2_5omni.processor import OmniProcessorWithoutVideo
     from mmcore.data.audio import load_audio
-    from mmcore.data.qwen_vision import image_processor
+    from mm_qwen_vision import image_processor
 
     tokenizer, features = parts
     cfg = OmniData(image_max_pixels=3136)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.data.qwen_vision import QwenVisionData
+from mm_qwen_vision import QwenVisionData
 
 
 class OmniData(QwenVisionData):
-    eval_datasets: list[str] = Field(default_factory=list, description="Held-out datasets (MLLM JSON) for evaluation.")
-    demo_samples: int = Field(0, ge=0, description="Generate a synthetic image-plus-tone QA dataset of this many samples (the demo).")
+    """The Qwen vision data options; ``eval_datasets`` and ``demo_samples`` come with them (mmcore.data.mllm)."""
 
 
 class OmniConfig(RunConfig):

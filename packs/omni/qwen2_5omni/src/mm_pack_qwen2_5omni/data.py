@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmcore.data.chatml import ChatMLEncoder, Encoded, Piece
+from mmcore.data.chatml import ChatMLEncoder, Piece
 from mmcore.data.media import MediaError
-from mmcore.data.qwen_vision import QwenVisionExpanders
+from mm_qwen_vision import QwenVisionExpanders
 
 DEFAULT_SYSTEM = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
                   "auditory and visual inputs, as well as generating text and speech.")
@@ -82,5 +82,3 @@ class Encoder(ChatMLEncoder):
             train_on_prompt=data_cfg.train_on_prompt, media_token_ids=[ids(t) for t in MEDIA_TOKENS],
         )
 
-    def truncate(self, enc: Encoded, limit: int | None = None) -> Encoded | str:  # type: ignore[override]
-        return super().truncate(enc, self.cfg.cutoff_len if limit is None else limit)

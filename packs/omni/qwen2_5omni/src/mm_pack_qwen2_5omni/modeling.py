@@ -29,7 +29,7 @@ def use_cached_towers(model: Any, towers: list[str]) -> Any:
     """Make the frozen towers pass cached outputs through (the vision merger still runs)."""
     from transformers.modeling_outputs import BaseModelOutput
 
-    from mmcore.data.qwen_vision import use_cached_vision
+    from mm_qwen_vision import use_cached_vision
 
     inner = model.model
     if "audio" in towers:

@@ -82,7 +82,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
 
     from mm_pack_qwen2_5omni.data import CHAT_TEMPLATE
     from mm_pack_qwen2_5omni.processor import OmniProcessorWithoutVideo
-    from mmcore.data.qwen_vision import image_processor
+    from mm_qwen_vision import image_processor
 
     hf_logging.disable_progress_bar()
     tokenizer = build_tokenizer()

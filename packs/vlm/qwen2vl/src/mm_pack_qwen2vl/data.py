@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmcore.data.chatml import IGNORE, ChatMLEncoder, Encoded
-from mmcore.data.qwen_vision import QwenVisionExpanders, image_processor, load_video_frames, video_patches
+from mmcore.data.chatml import IGNORE, ChatMLEncoder
+from mm_qwen_vision import QwenVisionExpanders, image_processor, load_video_frames, video_patches
 from mmcore.data.video import MediaError, load_image
 
 __all__ = ["IGNORE", "MediaError", "load_image", "Encoder", "image_processor", "load_video_frames", "video_patches"]
@@ -50,5 +50,3 @@ class Encoder(ChatMLEncoder):
             media_token_ids=[ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")],
         )
 
-    def truncate(self, enc: Encoded, limit: int | None = None) -> Encoded | str:  # type: ignore[override]
-        return super().truncate(enc, self.cfg.cutoff_len if limit is None else limit)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
-from mmcore.data.qwen_vision import media_key, split_items
+from mm_qwen_vision import media_key, split_items
 from mmcore.data.feature_cache import FeatureCacheWriter
 from mmcore.data.shards import ShardDataset
 from mmcore.pack import StageResult

@@ -34,7 +34,7 @@ def build_model(model_dir: Path, checkpoint: Path | None = None) -> Any:
 
 def use_cached_vision(model: Any) -> Any:
     """Make the vision tower take cached block outputs and apply only the merger (projector)."""
-    from mmcore.data.qwen_vision import use_cached_vision as merger_only
+    from mm_qwen_vision import use_cached_vision as merger_only
 
     merger_only(model.model.visual)
     return model

@@ -78,3 +78,30 @@ def varlen_attention_npu(q: Any, k: Any, v: Any, cu_seqlens: Any, causal: bool =
         q, k, v, heads, input_layout="TND", scale=scale if scale is not None else dim**-0.5,
         atten_mask=mask, sparse_mode=3 if causal else 0, actual_seq_qlen=ends, actual_seq_kvlen=ends,
     )[0]
+
+
+# Example inputs for the conformance suite's parity check of each implementation against the
+# reference (KernelSpec.example): small, fixed-seed, bf16 where the model runs bf16.
+
+
+def rms_norm_example() -> tuple[Any, ...]:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2, 5, 64, generator=g).bfloat16(), torch.randn(64, generator=g).bfloat16(), 1e-6
+
+
+def rotary_example() -> tuple[Any, ...]:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    angles = torch.randn(1, 1, 7, 8, generator=g)
+    return torch.randn(1, 4, 7, 16, generator=g), torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+
+
+def varlen_attention_example() -> tuple[Any, ...]:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(12, 4, 32, generator=g).bfloat16() for _ in range(3))
+    return q, k, v, torch.tensor([0, 5, 12], dtype=torch.int32)
