@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from mmcore.adapters import Recipe, RenameAdapter, StateDictAdapter, TensorInfo, materialize
 from mmcore.errors import StageError
-from mmcore.safetensors_io import SAFE_INDEX, SafetensorsFolder, compare_hf, nbytes, write_safetensors_streaming
+from mmcore.safetensors_io import SAFE_INDEX, SafetensorsFolder, compare_hf, iter_pairs, nbytes, read_header, safetensors_files, write_safetensors_streaming
 
 if TYPE_CHECKING:
     import torch
@@ -231,6 +231,26 @@ def build_on_meta(build: Callable[[Path], "nn.Module"], model_dir: Path) -> "nn.
         return build(model_dir)
 
 
+def model_from_config(folder: Path) -> "nn.Module | None":
+    """The transformers model ``folder/config.json`` names (``architectures[0]``), on the meta
+    device; None where there is no such config or class."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        name = (json.loads(config_file.read_text()).get("architectures") or [None])[0]
+        import transformers
+        from transformers import AutoConfig
+
+        cls = getattr(transformers, name) if name else None
+        if cls is None:
+            return None
+        config = AutoConfig.from_pretrained(folder)
+        return build_on_meta(lambda _: cls(config), folder)
+    except (ImportError, AttributeError, ValueError, OSError):
+        return None
+
+
 # --------------------------------------------------------------------------- the stage
 
 
@@ -249,10 +269,11 @@ def copy_side_files(model_dir: Path, out: Path) -> None:
 
 def convert_stage(
     ctx: "StageContext",
-    upstream: Mapping[str, "Manifest"],
+    upstream: "Mapping[str, Manifest] | Path",
+    legacy_adapter: StateDictAdapter | None = None,
     *,
-    adapter: StateDictAdapter,
-    build_model: Callable[[Path], "nn.Module"],
+    adapter: StateDictAdapter | None = None,
+    build_model: Callable[[Path], "nn.Module"] | None = None,
     subfolder: str = "",
     what: str = "model",
 ) -> "StageResult":
@@ -267,23 +288,38 @@ def convert_stage(
                                                                "build_model": "mm_pack_x.model:build_model"})
 
     ``subfolder``: where the weights are inside the download (``"transformer"`` for a
-    diffusers pipeline); ``what`` names them in the notes.
+    diffusers pipeline); ``what`` names them in the notes. Without ``build_model`` the model
+    is the class the folder's ``config.json`` names (``architectures``), where transformers has it.
+
+    The SDK 1.0 call from a pack's own hook, ``convert_stage(ctx, source_folder, adapter)``,
+    still works (coverage then against the class ``config.json`` names).
     """
     import shutil
 
     from mmcore.pack import StageResult
 
-    model_dir = upstream["download"].output("model")
-    source = model_dir / subfolder if subfolder else model_dir
+    if isinstance(upstream, Path):
+        model_dir = source = upstream
+        adapter = adapter or legacy_adapter
+    else:
+        model_dir = upstream["download"].output("model")
+        source = model_dir / subfolder if subfolder else model_dir
+    if adapter is None:
+        raise TypeError("convert_stage needs an adapter")
     planned = {key: recipe.info for key, recipe in adapter.to_mm(SafetensorsFolder(source).index).items()}
-    expected, aliases = expected_tensors(build_on_meta(build_model, model_dir))
-    problems = coverage_problems(planned, expected, aliases)
-    if problems:
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise StageError(f"{source}: the converted checkpoint would not fit the training model: {problems[0]}{more}")
+    model = build_on_meta(build_model, model_dir) if build_model is not None else model_from_config(source)
+    if model is not None:
+        expected, aliases = expected_tensors(model)
+        problems = coverage_problems(planned, expected, aliases)
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise StageError(f"{source}: the converted checkpoint would not fit the training model: {problems[0]}{more}")
+        coverage = f"key coverage: the {len(expected)} tensors of the training model, no more, shapes equal"
+    else:
+        coverage = "key coverage NOT checked: no build_model given and config.json names no transformers class"
     out = ctx.stage_dir / "dcp"
     stats = hf_to_dcp(source, out, adapter, progress=lambda it: ctx.progress(it, description="convert", unit="tensor"))
-    notes = [f"{what}: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {out}", f"key coverage: the {len(expected)} tensors of the training model, no more, shapes equal"]
+    notes = [f"{what}: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {out}", coverage]
     if ctx.config.convert.verify:
         back = ctx.stage_dir / "verify"
         dcp_to_hf(out, back, adapter)
@@ -298,5 +334,6 @@ def convert_stage(
 __all__ = [
     "MODEL_PREFIX", "SAFE_INDEX", "TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "SafetensorsFolder",
     "hf_to_dcp", "dcp_to_hf", "dcp_index", "load_dcp_tensors", "compare_hf", "copy_side_files",
-    "expected_tensors", "coverage_problems", "convert_stage",
+    "expected_tensors", "coverage_problems", "model_from_config", "convert_stage",
+    "read_header", "safetensors_files", "iter_pairs", "write_safetensors_streaming",
 ]

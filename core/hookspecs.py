@@ -9,7 +9,11 @@ Three kinds of hooks:
 
 * **Stage hooks** (``mmcore_download`` ... ``mmcore_export``) are called only on the pack the
   user chose, plus any plugin that implements them with ``wrapper=True`` (timing, profiling).
-  They are ``firstresult``: the pack's result is the stage's result.
+  They are ``firstresult``: the pack's result is the stage's result. A pack usually declares
+  its stages in ``PackSpec.stages`` instead of implementing these (:mod:`mmcore.stages` turns
+  the declarations into these hooks). Either way the result is checked when the stage ends:
+  a :class:`~mmcore.pack.StageResult` (or None to decline) recording the outputs
+  :data:`mmcore.pack.STAGE_OUTPUTS` names for the stage, which later stages and engines read.
 * **Registration hooks** hand the plugin a ``register`` callback, called once per thing
   provided (accelerators, kernels, distributed backends, CLI commands).
 * **Observer hooks** see every stage of every pack without the pack knowing about them.
@@ -48,7 +52,8 @@ def mmcore_download(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Stag
         ``ctx.record_input(path)`` so that a changed input reruns the stage.
     :param upstream: The finished manifests of the earlier stages, by stage name (empty for
         ``download``). Never contains an unfinished stage.
-    :return: What the stage produced, or None to decline.
+    :return: What the stage produced, with output ``model`` (:data:`mmcore.pack.MODEL`): the
+        checkpoint folder. Or None to decline.
     """
 
 
@@ -59,7 +64,8 @@ def mmcore_convert(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Stage
     :param ctx: See :func:`mmcore_download`.
     :param upstream: Finished manifests of earlier stages; ``upstream["download"]`` holds
         the checkpoint's location in its outputs.
-    :return: What the stage produced, or None to decline.
+    :return: What the stage produced, with output ``checkpoint`` (:data:`mmcore.pack.CHECKPOINT`):
+        a DCP checkpoint of the training model, keys ``"model." + fqn``. Or None to decline.
     """
 
 
@@ -70,7 +76,8 @@ def mmcore_preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> St
     :param ctx: See :func:`mmcore_download`. Bad samples follow
         ``ctx.config.data.on_bad_sample`` (``error`` or ``skip``).
     :param upstream: Finished manifests of earlier stages.
-    :return: What the stage produced, or None to decline.
+    :return: What the stage produced, with output ``dataset`` (:data:`mmcore.pack.DATASET`):
+        the shard folder. Or None to decline.
     """
 
 
@@ -80,8 +87,9 @@ def mmcore_extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Stage
 
     :param ctx: See :func:`mmcore_download`.
     :param upstream: Finished manifests of earlier stages.
-    :return: What the stage produced, or None to decline (most VLM packs do, unless an
-        encoder is frozen).
+    :return: What the stage produced, with output ``features`` (:data:`mmcore.pack.FEATURES`):
+        the feature-cache folder. Or None to decline (most VLM packs do, unless an encoder is
+        frozen).
     """
 
 
@@ -92,7 +100,8 @@ def mmcore_train(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageRe
     :param ctx: See :func:`mmcore_download`. ``ctx.resume`` is True when the stage was
         interrupted before with the same inputs and config: continue from the last checkpoint.
     :param upstream: Finished manifests of earlier stages.
-    :return: What the stage produced (on every rank; the core writes the manifest on rank 0).
+    :return: What the stage produced (on every rank; the core writes the manifest on rank 0),
+        with output ``checkpoint`` (:data:`mmcore.pack.CHECKPOINT`): the last training checkpoint.
     """
 
 
@@ -102,7 +111,8 @@ def mmcore_export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageR
 
     :param ctx: See :func:`mmcore_download`.
     :param upstream: Finished manifests of earlier stages.
-    :return: What the stage produced, or None to decline.
+    :return: What the stage produced, with output ``model`` (:data:`mmcore.pack.MODEL`): the
+        folder the ecosystem loads. Or None to decline.
     """
 
 

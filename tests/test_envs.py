@@ -31,7 +31,7 @@ def mmcore_download(ctx):
     for _ in range(int(os.environ.get("SLOW_DOWNLOAD", "0"))):
         time.sleep(1)
     print("{name} sees mmfake", mmfake.__version__, flush=True)
-    return StageResult(metrics={{"mmfake": mmfake.__version__}})
+    return StageResult(outputs={{"model": "."}}, metrics={{"mmfake": mmfake.__version__}})
 """
 
 

@@ -151,3 +151,33 @@ def test_coverage_understands_tied_weights_and_names_every_gap() -> None:
     assert "head.weight: converted but the model has no such tensor" in problems[0]
     assert "lm_head.weight: shape (10, 5) in the checkpoint, (10, 4) in the model" in problems
     assert "steps: dtype torch.float32 in the checkpoint, torch.int64 in the model" in problems
+
+
+# --------------------------------------------------------------------------- the SDK
+
+
+def test_every_name_the_sdk_lists_exists_and_importing_it_needs_no_torch() -> None:
+    import importlib
+    import json
+    import subprocess
+    import sys
+
+    from mmcore.sdk import SURFACE
+
+    for module, names in SURFACE.items():
+        missing = sorted(n for n in names if not hasattr(importlib.import_module(module), n))
+        assert not missing, f"{module} lacks {missing}"
+    code = "import json, sys, importlib; from mmcore.sdk import SURFACE; [importlib.import_module(m) for m in SURFACE]; print(json.dumps('torch' in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) is False  # packs import SDK modules at their top level
+
+
+def test_imports_outside_the_sdk_are_named_with_file_and_line(tmp_path: Path) -> None:
+    from mmcore.sdk import imports_outside_sdk
+
+    (tmp_path / "stage.py").write_text("from mmcore.train import run_training\nfrom mmcore.runner import Runner\nfrom mmcore.convert import _secret\nimport mmcore.launch\n")
+    assert imports_outside_sdk(tmp_path) == [
+        "stage.py:2: module mmcore.runner is not part of the mmcore SDK",
+        "stage.py:3: mmcore.convert._secret is not part of the mmcore SDK",
+        "stage.py:4: module mmcore.launch is not part of the mmcore SDK",
+    ]

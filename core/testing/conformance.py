@@ -70,7 +70,8 @@ class PackConformance:
     #: Overrides of the shared run (``key=value``). Checkpoints every step, so resume is tested.
     overrides: ClassVar[tuple[str, ...]] = ()
     #: ``"library:Class"`` whose ``from_pretrained`` loads the export's ``model`` output (or
-    #: ``"module:function"`` that loads it, for an export no hub library reads).
+    #: ``"module:function"`` that loads it, for an export no hub library reads). Default: the
+    #: class the export names itself (``config.json`` architectures, ``model_index.json``).
     export_class: ClassVar[str] = ""
     #: Training is killed after this step, then resumed.
     kill_step: ClassVar[int] = 2
@@ -193,18 +194,19 @@ class PackConformance:
 
         if "export" not in plugins.implemented_stages(self.pack_name):
             pytest.skip("the pack has no export stage")
-        if not self.export_class:
-            _fail("export", "conformance subclass", "set export_class, e.g. 'transformers:AutoModel'")
         folder = Path(self._manifest(tiny_run, "export")["outputs"]["model"])
         folder = folder if folder.is_absolute() else tiny_run / "export" / folder
-        cls = import_object(self.export_class)
+        export_class = self.export_class or _named_class(folder)
+        if not export_class:
+            _fail("export", "conformance subclass", f"{folder} names no class (config.json architectures, model_index.json _class_name): set export_class")
+        cls = import_object(export_class)
         if not hasattr(cls, "from_pretrained"):
             cls(folder)  # a pack's own loader: raises if the export does not load
-        elif self.export_class.startswith("transformers:"):
+        elif export_class.startswith("transformers:"):
             _, info = cls.from_pretrained(folder, output_loading_info=True)
             gaps = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
             if gaps:
-                _fail("export", "mmcore_export", f"{self.export_class} loads {folder} with {gaps}")
+                _fail("export", "mmcore_export", f"{export_class} loads {folder} with {gaps}")
         else:
             cls.from_pretrained(folder)
 
@@ -263,6 +265,16 @@ class PackConformance:
         # Same batches, same kernels, same RNG streams: resumed losses equal the straight run's bits.
         if _losses(killed) != _losses(tiny_run):
             _fail("resume", "mmcore_train", f"resumed losses {_losses(killed)} differ from uninterrupted {_losses(tiny_run)}")
+
+
+def _named_class(folder: Path) -> str:
+    """``"transformers:Arch"`` or ``"diffusers:Pipeline"`` as the exported folder names itself."""
+    if (folder / "model_index.json").is_file():
+        return "diffusers:" + json.loads((folder / "model_index.json").read_text())["_class_name"]
+    if (folder / "config.json").is_file():
+        names = json.loads((folder / "config.json").read_text()).get("architectures") or []
+        return f"transformers:{names[0]}" if names else ""
+    return ""
 
 
 def _device_here(device: str) -> bool:

@@ -6,4 +6,3 @@ from mmcore.testing.conformance import PackConformance
 class TestWhisperConformance(PackConformance):
     pack_name = "whisper"
     overrides = ("data.demo_samples=8",)
-    export_class = "transformers:WhisperForConditionalGeneration"

@@ -6,4 +6,3 @@ from mmcore.testing.conformance import PackConformance
 class TestWanConformance(PackConformance):
     pack_name = "wan"
     overrides = ("data.demo_samples=4",)
-    export_class = "diffusers:WanPipeline"

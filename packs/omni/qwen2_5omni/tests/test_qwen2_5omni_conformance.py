@@ -6,4 +6,3 @@ from mmcore.testing.conformance import PackConformance
 class TestQwen25OmniConformance(PackConformance):
     pack_name = "qwen2.5omni"
     overrides = ("data.demo_samples=8",)
-    export_class = "transformers:Qwen2_5OmniThinkerForConditionalGeneration"

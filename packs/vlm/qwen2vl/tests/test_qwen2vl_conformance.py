@@ -6,10 +6,8 @@ from mmcore.testing.conformance import PackConformance
 class TestQwen2VLConformance(PackConformance):
     pack_name = "qwen2vl"
     overrides = ("data.demo_samples=8",)
-    export_class = "transformers:Qwen2VLForConditionalGeneration"
 
 
 class TestQwen25VLConformance(PackConformance):
     pack_name = "qwen2.5vl"
     overrides = ("data.demo_samples=8",)
-    export_class = "transformers:Qwen2_5_VLForConditionalGeneration"

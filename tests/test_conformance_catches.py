@@ -1,0 +1,98 @@
+"""The conformance suite fails the breaks it exists for, each naming its rule: a misnamed output,
+a dict for a StageResult, an adapter rule that drops a tensor, torch imported by the entry point,
+a misspelled hook. Each broken pack is the whisper pack with one thing changed, pip-installed as
+its own distribution, and the suite is run on it as a pack author runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmcore_helpers import pip_install_target, write_pack_project
+
+pytest.importorskip("mm_pack_whisper", reason="the broken packs borrow the whisper pack's parts")
+
+SPEC = """
+from mmcore import PackSpec, Stage, StageResult
+{extra}
+PACK = PackSpec(
+    name="{name}", category="audio", sdk="1.0", config_class="mm_pack_whisper.config:WhisperConfig",
+    presets={{"tiny": {{"model": {{"source": "init:tiny"}}, "data": {{"demo_samples": 8}}, "training": {{"steps": 3}}}}}},
+    default_preset="tiny",
+    stages={{
+        "download": Stage("mmcore.hub:download_stage", parts={{"build_init": "mm_pack_whisper.tiny:build_init_checkpoint"}}),
+        "convert": {convert},
+        "preprocess": {preprocess},
+        "train": Stage("mmcore.train:train_stage", parts={{"recipe": "mm_pack_whisper.model:recipe"}}),
+    }},
+)
+
+def convert_misnamed(ctx, upstream):
+    from mmcore.convert import convert_stage
+    from mm_pack_whisper.adapter import ADAPTER
+    from mm_pack_whisper.model import build_model
+
+    result = convert_stage(ctx, upstream, adapter=ADAPTER, build_model=build_model)
+    return StageResult(outputs={{"ckpt": result.outputs["checkpoint"]}})
+
+def preprocess_dict(ctx, upstream):
+    from mm_pack_whisper.preprocess import preprocess
+
+    return vars(preprocess(ctx, upstream))
+
+from mmcore.convert import RenameAdapter
+DROPS_FINAL_NORM = RenameAdapter(rules=[], tied=["proj_out.weight"], ignore=[r"model\\.decoder\\.layer_norm\\."])
+"""
+
+CONVERT = 'Stage("mmcore.convert:convert_stage", parts={{"adapter": "{adapter}", "build_model": "mm_pack_whisper.model:build_model"}})'
+GOOD_CONVERT = CONVERT.format(adapter="mm_pack_whisper.adapter:ADAPTER")
+GOOD_PREPROCESS = '"mm_pack_whisper.preprocess:preprocess"'
+
+BROKEN = {
+    "misnamed": dict(convert='"mm_pack_misnamed:convert_misnamed"', preprocess=GOOD_PREPROCESS, extra=""),
+    "dictresult": dict(convert=GOOD_CONVERT, preprocess='"mm_pack_dictresult:preprocess_dict"', extra=""),
+    "dropsrule": dict(convert=CONVERT.format(adapter="mm_pack_dropsrule:DROPS_FINAL_NORM"), preprocess=GOOD_PREPROCESS, extra=""),
+    "importstorch": dict(convert=GOOD_CONVERT, preprocess=GOOD_PREPROCESS, extra="import torch  # at import: what `mmcore list` must not pay for\n"),
+    "typo": dict(convert=GOOD_CONVERT, preprocess=GOOD_PREPROCESS, extra="def mmcore_trian(ctx, upstream):\n    return None\n"),
+}
+
+# (pack, the conformance check to run, what its failure must say)
+EXPECTED = [
+    ("misnamed", "every_stage", "[pipeline] mmcore run: the tiny preset did not run end to end: error: pack 'misnamed' broke the stage contract at convert (convert records output 'checkpoint')"),
+    ("dictresult", "every_stage", "broke the stage contract at preprocess (return type): returned dict, not mmcore.StageResult"),
+    ("dropsrule", "every_stage", "the converted checkpoint would not fit the training model: model.decoder.layer_norm.bias: the model has it, the converted checkpoint does not: an adapter rule drops or misnames it"),
+    ("importstorch", "entry_point", "[import] entry point: importing the importstorch entry point imports torch"),
+    ("typo", "spec_is", "unknown hook 'mmcore_trian' (did you mean 'mmcore_train'?)"),
+]
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("broken-projects")
+    projects = [
+        write_pack_project(root, f"mm-pack-{name}", f"mm_pack_{name}", SPEC.format(name=name, **parts), {name: f"mm_pack_{name}"})
+        for name, parts in BROKEN.items()
+    ]
+    target = tmp_path_factory.mktemp("broken-site")
+    pip_install_target(projects, target)
+    return target
+
+
+@pytest.mark.parametrize(("pack", "check", "message"), EXPECTED, ids=[e[0] for e in EXPECTED])
+def test_conformance_fails_the_break_naming_its_rule(broken_site: Path, tmp_path: Path, pack: str, check: str, message: str) -> None:
+    (tmp_path / f"test_{pack}.py").write_text(
+        "from mmcore.testing.conformance import PackConformance\n\n"
+        f"class TestIt(PackConformance):\n    pack_name = {pack!r}\n    export_class = 'transformers:WhisperForConditionalGeneration'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(broken_site), *(p for p in sys.path if p)])
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", check, f"test_{pack}.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert message in proc.stdout, proc.stdout[-3000:]
