@@ -11,7 +11,7 @@ PACKS := $(wildcard packs/*/*/pyproject.toml)
 PACK_DIRS := $(patsubst %/pyproject.toml,%,$(PACKS))
 EDITABLE_PACKS := $(foreach d,$(PACK_DIRS),-e $(d))
 
-.PHONY: demo test test-other-isa install clean
+.PHONY: demo test test-matrix test-other-isa install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,10 +36,15 @@ install: $(VENV)/.installed
 # compares_runs test that way (distributed runs, kill points, every demo: ~6 min more).
 OTHER_ISA = env $$($(BIN)/python tools/other_isa.py)
 
+# Expensive matrices keep one representative case in `make test`; `make test-matrix` runs the
+# rest (marker matrix: FSDP2 on two processes for every pack, further kill points).
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -m "not matrix"
 	@echo "isa_sample tests again with: $$($(BIN)/python tools/other_isa.py)"
 	$(OTHER_ISA) $(BIN)/python -m pytest -q -m isa_sample
+
+test-matrix: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m matrix
 
 test-other-isa: $(VENV)/.installed
 	@echo "compares_runs tests again with: $$($(BIN)/python tools/other_isa.py)"

@@ -62,9 +62,10 @@ def host_copy(dist: Any, scratch: Path) -> list[str]:
 
 
 def local_dependencies(project: Path, scratch: Path) -> list[str]:
-    """The host's copies of what the pack project in folder ``project`` requires and the host
-    installed from a local folder rather than an index (``mm-qwen-vision`` beside the Qwen
-    packs): no index has them, so the env gets them as the host has them."""
+    """What the pack project in folder ``project`` requires that no index has (``mm-qwen-vision``
+    beside the Qwen packs): the host's copy where the host installed it from a folder, else the
+    project of that name in the pack's source tree (tox's core env has the packs' sources but
+    not the packs)."""
     import tomllib
     from importlib.metadata import PackageNotFoundError, distribution
 
@@ -84,11 +85,31 @@ def local_dependencies(project: Path, scratch: Path) -> list[str]:
         try:
             dist = distribution(name)
         except PackageNotFoundError:
-            continue
-        direct = json.loads(dist.read_text("direct_url.json") or "{}")
-        if direct.get("url", "").startswith("file://") and "dir_info" in direct:
+            dist = None
+        direct = json.loads((dist.read_text("direct_url.json") if dist else None) or "{}")
+        if dist is not None and direct.get("url", "").startswith("file://") and "dir_info" in direct:
             args += host_copy(dist, scratch)
+        elif dist is None and (sibling := _sibling_project(project, name)) is not None:
+            args.append(str(sibling))  # not on this host at all: the source tree beside the pack has it
     return args
+
+
+def _sibling_project(project: Path, name: str) -> Path | None:
+    """A project folder named ``name`` in the source tree the pack ``project`` lives in
+    (``packs/<category>/<folder>``, two levels up and down)."""
+    import tomllib
+
+    from packaging.utils import canonicalize_name
+
+    root = project.parent.parent
+    for pyproject in sorted([*root.glob("*/pyproject.toml"), *root.glob("*/*/pyproject.toml")]):
+        try:
+            found = tomllib.loads(pyproject.read_text()).get("project", {}).get("name", "")
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if found and canonicalize_name(found) == canonicalize_name(name):
+            return pyproject.parent
+    return None
 
 
 #: dist-info files an installer writes about the install itself; not part of a wheel.

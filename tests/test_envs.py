@@ -170,3 +170,16 @@ def test_an_env_gets_the_hosts_mmcore_when_it_was_not_installed_editable(world, 
 
     inside = subprocess.run([str(home / "envs/alpha/bin/python"), "-c", "import importlib.metadata as m, mmcore; print(m.version('mmcore'), mmcore.__file__)"], capture_output=True, text=True, check=True).stdout.split()
     assert inside[0] == mmcore.__version__ and inside[1].startswith(str(home / "envs/alpha"))
+
+
+def test_a_local_library_the_pack_needs_comes_from_the_host_or_from_the_packs_source_tree(tmp_path: Path) -> None:
+    """mm-qwen-vision is on no index: an env gets the host's install, or, where the host has
+    none (tox's core env), the project beside the pack in its source tree."""
+    from mmcore.env_requirements import local_dependencies
+
+    pack, shared = tmp_path / "packs/vlm/mypack", tmp_path / "packs/vlm/shared"
+    for folder, text in ((pack, '[project]\nname = "mm-pack-mine"\ndependencies = ["mmcore>=0.1", "numpy", "mm-shared-lib-xyz>=0.1"]\n'), (shared, '[project]\nname = "mm_shared.lib-xyz"\n')):
+        folder.mkdir(parents=True)
+        (folder / "pyproject.toml").write_text(text)
+    assert local_dependencies(pack, tmp_path / "scratch") == [str(shared)]  # numpy: the host's is from an index
+    assert local_dependencies(tmp_path / "packs/vlm/none", tmp_path / "scratch") == []

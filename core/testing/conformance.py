@@ -79,9 +79,18 @@ class PackConformance:
     steps: ClassVar[int] = 3
 
     # ------------------------------------------------------------------ shared runs
+    # Runs happen in this process (torch and the pack imported once), except the one that is
+    # killed: that is a real `mmcore train` killed with SIGKILL at the crash point.
     @classmethod
-    def _args(cls) -> list[str]:
-        return ["--pack", cls.pack_name, "--preset", cls.preset, "convert.verify=true", f"training.steps={cls.steps}", "training.checkpoint_every=1", *cls.overrides]
+    def _overrides(cls) -> list[str]:
+        return ["convert.verify=true", f"training.steps={cls.steps}", "training.checkpoint_every=1", *cls.overrides]
+
+    @classmethod
+    def _runner(cls, run_dir: Path, *extra: str) -> Any:
+        from mmcore.plugins import Plugins
+        from mmcore.testing import make_runner
+
+        return make_runner(Plugins.load(), cls.pack_name, run_dir, preset=cls.preset, overrides=[*cls._overrides(), *extra])
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -93,10 +102,12 @@ class PackConformance:
     @classmethod
     def tiny_run(cls, work: Path) -> Path:
         """Every stage of the pack, once, shared by the checks of this class."""
-        proc = _Cli(work)("run", *cls._args(), "--run-dir", "tiny")
-        if proc.returncode != 0:
-            failed = next((line for line in proc.stderr.splitlines() if line.startswith("error:")), proc.stderr[-2000:])
-            _fail("pipeline", "mmcore run", f"the {cls.preset} preset did not run end to end: {failed}")
+        from mmcore.errors import MmcoreError
+
+        try:
+            cls._runner(work / "tiny").run_pipeline(resume="no")
+        except MmcoreError as exc:
+            _fail("pipeline", "mmcore run", f"the {cls.preset} preset did not run end to end: error: {exc.one_line()}")
         return work / "tiny"
 
     def _manifest(self, run: Path, stage: str) -> dict[str, Any]:
@@ -236,15 +247,24 @@ class PackConformance:
 
     # ------------------------------------------------------------------ bad input
     def test_a_bad_sample_fails_preprocess_in_one_line_naming_the_file(self, work: Path, tiny_run: Path) -> None:
+        """A sample that is not one is the user's error: a one-line StageError naming the file,
+        raised by the pack (no error.log: that is written for crashes, which are the pack's)."""
+        from mmcore.errors import MmcoreError
+
         bad = work / "bad-samples.jsonl"
         bad.write_text('{"this is": "not a sample"}\n')
         for stage in STAGES[: STAGES.index("preprocess")]:  # what preprocess may read, as finished
             if (tiny_run / stage).is_dir():
                 shutil.copytree(tiny_run / stage, work / "bad" / stage, symlinks=True)
-        proc = _Cli(work)("preprocess", "--pack", self.pack_name, "--preset", self.preset, "--run-dir", "bad", *self.overrides, f"data.datasets=[{bad}]")
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-        if proc.returncode == 0 or "Traceback" in proc.stderr or len(errors) != 1 or bad.name not in errors[0]:
-            _fail("bad input", "mmcore_preprocess", f"expected one 'error:' line naming {bad.name} and a non-zero exit, got exit {proc.returncode}:\n{proc.stderr[-1500:]}")
+        try:
+            self._runner(work / "bad", f"data.datasets=[{bad}]").run_stage("preprocess")
+        except MmcoreError as exc:
+            line = exc.one_line()
+            crashed = (work / "bad" / "preprocess" / "error.log").exists()
+            if crashed or "\n" in line or bad.name not in line:
+                _fail("bad input", "mmcore_preprocess", f"expected a one-line error naming {bad.name}" + (" (the stage crashed instead: see its error.log)" if crashed else "") + f", got: {line}")
+            return
+        _fail("bad input", "mmcore_preprocess", f"{bad.name} holds no valid sample, yet preprocess finished")
 
     # ------------------------------------------------------------------ resume
     @pytest.mark.compares_runs
@@ -255,13 +275,14 @@ class PackConformance:
         shutil.copytree(tiny_run, killed, symlinks=True)
         for stage in ("train", "export"):
             shutil.rmtree(killed / stage, ignore_errors=True)
-        cli = _Cli(work)
-        proc = cli("train", *self._args(), "--run-dir", "killed", MMCORE_TEST_KILL=f"train-step:{self.kill_step}")
+        args = ["--pack", self.pack_name, "--preset", self.preset, *self._overrides()]
+        proc = _Cli(work)("train", *args, "--run-dir", "killed", MMCORE_TEST_KILL=f"train-step:{self.kill_step}")
         if proc.returncode == 0:
             _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{self.kill_step} (use mmcore.train's loop)")
-        proc = cli("train", *self._args(), "--run-dir", "killed", "--resume")
-        if proc.returncode != 0 or f"resumed from step {self.kill_step}" not in proc.stdout:
-            _fail("resume", "mmcore_train", f"did not resume from step {self.kill_step}: {proc.stdout[-800:]} {proc.stderr[-800:]}")
+        self._runner(killed).run_stage("train", resume="required")
+        steps = [json.loads(line)["step"] for line in (killed / "train/metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+        if steps != list(range(1, self.steps + 1)):
+            _fail("resume", "mmcore_train", f"expected steps 1..{self.kill_step} before the kill and the rest after resuming, once each; got {steps}")
         # Same batches, same kernels, same RNG streams: resumed losses equal the straight run's bits.
         if _losses(killed) != _losses(tiny_run):
             _fail("resume", "mmcore_train", f"resumed losses {_losses(killed)} differ from uninterrupted {_losses(tiny_run)}")

@@ -54,6 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "npu: needs an Ascend NPU with torch_npu; skipped when none is present")
     config.addinivalue_line("markers", "compares_runs: compares two runs' numbers, or holds a demo to its promised figure (rerun under another CPU instruction set)")
     config.addinivalue_line("markers", "isa_sample: a compares_runs test that `make test` itself reruns under another CPU instruction set")
+    config.addinivalue_line("markers", "matrix: a further case of an expensive matrix whose representative case `make test` runs; `make test-matrix` runs these")
 
 
 # --------------------------------------------------------------------------- the test budget

@@ -54,6 +54,7 @@ def test_frozen_encoder_cache_equals_running_the_encoder_and_spec_augment_bypass
 
 @pytest.mark.slow
 @pytest.mark.compares_runs
+@pytest.mark.matrix  # qwen2vl's FSDP2 test is the representative case in `make test`
 def test_two_process_fsdp2_matches_one_process(whisper_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     whisper_cli("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2")
     whisper_cli("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2")

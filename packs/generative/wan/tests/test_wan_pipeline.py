@@ -114,18 +114,16 @@ def test_cache_invalidation_and_no_work_when_unchanged(wan, tmp_path: Path) -> N
 
 
 @pytest.mark.compares_runs
-def test_kill_during_extract_and_train_resumes_without_redoing_work(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_kill_during_extract_resumes_without_redoing_work(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     common = [*TINY, "data.demo_samples=24", "training.steps=4", "training.checkpoint_every=1", "data.buckets=[[32,32,9]]"]
     wan("run", *common, "--run-dir", "straight")
     proc = wan("run", *common, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="extract-chunk:1")
     assert proc.returncode != 0 and not (tmp_path / "killed/extract/manifest.json").exists()
-    proc = wan("run", *common, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="train-step:2")
-    assert "[extract] resuming" in proc.stdout and proc.returncode != 0
+    proc = wan("run", *common, "--run-dir", "killed")  # (a kill during train: the conformance suite's)
+    assert "[extract] resuming" in proc.stdout
     straight, resumed = manifest(tmp_path / "straight", "extract")["metrics"], manifest(tmp_path / "killed", "extract")["metrics"]
     assert resumed["encoded"] < straight["encoded"]  # the chunk written before the kill was not encoded again
     assert json.loads((tmp_path / "killed/extract/features/index.json").read_text())["samples"] == json.loads((tmp_path / "straight/extract/features/index.json").read_text())["samples"]
-    proc = wan("run", *common, "--run-dir", "killed")
-    assert "resumed from step 2" in proc.stdout
     assert losses(tmp_path / "killed") == losses(tmp_path / "straight")
 
 

@@ -96,6 +96,7 @@ def test_full_omni_checkpoint_trains_and_exports_the_thinker(omni, tiny_omni: Pa
 
 @pytest.mark.slow
 @pytest.mark.compares_runs
+@pytest.mark.matrix  # qwen2vl's FSDP2 test is the representative case in `make test`
 def test_two_process_fsdp2_matches_one_process(omni, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     omni("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2")
     omni("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2")
