@@ -1,23 +1,26 @@
 """The pack conformance suite: the contract, checked by running the pack.
 
-A pack's tests subclass :class:`PackConformance`, name the pack and how its export loads::
+A pack's tests subclass :class:`PackConformance` and name the pack (and, where its tiny preset
+needs it, overrides that make the run small)::
 
     from mmcore.testing.conformance import PackConformance
 
     class TestConformance(PackConformance):
         pack_name = "qwen2vl"
-        export_class = "transformers:Qwen2VLForConditionalGeneration"
+        overrides = ("data.demo_samples=8",)
 
 The pack must be installed (its entry point is what users get). One tiny run of every stage
-(``preset``, ``overrides``) is shared by the class's checks; one more run is killed during
-training and resumed. Each failure names the rule it checks and the hook that broke it:
+(``preset``, ``overrides``) is shared by the class's checks, run in the test process; one more
+run, a real ``mmcore train`` process, is killed with SIGKILL during training and resumed. Each
+failure starts with ``[rule] hook:``:
 
 * import: the entry point imports neither torch nor transformers nor diffusers;
   the pack imports from mmcore only what :mod:`mmcore.sdk` lists.
 * spec: name, category, stages, distribution; every preset validates.
 * pipeline: every stage finishes (or declines) and records the outputs the engines read.
 * convert: key coverage against the model and a bit-identical round trip (``convert.verify``).
-* export: the exported folder loads with ``export_class.from_pretrained``, nothing missing.
+* export: the exported folder loads in its library with nothing missing: the class it names
+  itself (``config.json`` architectures, ``model_index.json``), or ``export_class``.
 * kernels: each kernel has a reference; each implementation usable here matches it on the
   kernel's example input.
 * bad input: a sample that is not a sample fails preprocess with one line naming the file.
