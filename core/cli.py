@@ -7,7 +7,6 @@ Errors the user can fix print as ``error: ...`` lines with a non-zero exit; ``--
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback

@@ -15,12 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import pluggy
-
+from mmcore import hookimpl
 from mmcore.errors import StageError
 from mmcore.pack import STAGE_OUTPUTS, PackSpec, StageResult
-
-hookimpl = pluggy.HookimplMarker("mmcore")
 
 
 class ContractError(StageError):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mm_pack_qwen2vl.adapter import ADAPTER
-from mm_pack_qwen2vl.model import build_model, model_class
+from mm_pack_qwen2vl.modeling import build_model, model_class
 from mmcore.convert import compare_hf, dcp_index, dcp_to_hf, hf_to_dcp
 
 

@@ -11,7 +11,8 @@ import torch
 
 from mm_pack_qwen2vl.config import Qwen2VLData
 from mm_pack_qwen2vl.data import Encoder
-from mm_pack_qwen2vl.extract import split_items, use_cached_vision
+from mm_pack_qwen2vl.modeling import use_cached_vision
+from mm_qwen_vision import split_items
 from mm_pack_qwen2vl.model import TokenIds, build_model, collate, loss_sum
 from mmcore.data.mllm import Sample, Turn
 from mmcore.testing.media import write_image, write_video

@@ -17,7 +17,8 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     from transformers import AutoConfig
 
     from mm_pack_qwen2vl.adapter import ADAPTER
-    from mm_pack_qwen2vl.model import TokenIds, build_model, collate, model_class
+    from mm_pack_qwen2vl.model import TokenIds, collate
+    from mm_pack_qwen2vl.modeling import build_model, model_class
     from mmcore.data.shards import ShardDataset
     from mmcore.export import export_checked
 

@@ -8,7 +8,7 @@ weights and the preprocessing, so a changed encoder or image setting makes a new
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from mmcore.context import StageContext
 from mm_qwen_vision import media_key, split_items
@@ -17,7 +17,7 @@ from mmcore.data.shards import ShardDataset
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
-from mm_pack_qwen2vl.modeling import build_model, use_cached_vision  # noqa: F401 (use_cached_vision: part of this module's API)
+from mm_pack_qwen2vl.modeling import build_model
 
 MEDIA = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
 

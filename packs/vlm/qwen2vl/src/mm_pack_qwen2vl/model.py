@@ -12,7 +12,7 @@ from mmcore.data.shards import ShardDataset
 from mmcore.rundir import Manifest
 from mmcore.train import TrainRecipe
 
-from mm_pack_qwen2vl.modeling import build_model, model_class, use_cached_vision  # noqa: F401 (model_class: part of this module's API)
+from mm_pack_qwen2vl.modeling import build_model, use_cached_vision
 
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw"}
