@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from mmcore.adapters import Recipe, RenameAdapter, StateDictAdapter, TensorInfo, materialize
+from mmcore.coverage import build_on_meta, coverage_problems, expected_tensors, model_from_config
 from mmcore.errors import StageError
 from mmcore.safetensors_io import SAFE_INDEX, SafetensorsFolder, compare_hf, iter_pairs, nbytes, read_header, safetensors_files, write_safetensors_streaming
 
@@ -177,78 +178,6 @@ def dcp_to_hf(
     if len(names) > 1:
         (out_dir / SAFE_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return {"tensors": len(plan), "bytes": total, "shards": len(names)}
-
-
-# --------------------------------------------------------------------------- key coverage
-
-
-def expected_tensors(model: "nn.Module") -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """The tensors a converted checkpoint must hold for ``model`` (built on the meta device),
-    and the tied aliases it must not: ``alias -> name stored``. Tied parameters are one
-    object under several names; the first name in ``state_dict`` order is the one stored,
-    as :func:`mmcore.train.load_converted` reads it."""
-    stored: dict[str, TensorInfo] = {}
-    aliases: dict[str, str] = {}
-    first: dict[int, str] = {}
-    for key, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in first:
-            aliases[key] = first[id(tensor)]
-            continue
-        first[id(tensor)] = key
-        stored[key] = TensorInfo(tuple(tensor.shape), tensor.dtype)
-    return stored, aliases
-
-
-def coverage_problems(planned: Mapping[str, TensorInfo], expected: Mapping[str, TensorInfo], aliases: Mapping[str, str]) -> list[str]:
-    """Every way the adapter's output fails to be the training model's state dict.
-
-    Floating dtypes may differ (a bf16 hub checkpoint loads into fp32 master weights: DCP casts
-    on load); a floating tensor for an integer one, or any shape difference, may not.
-    """
-    problems = []
-    for key in sorted(set(expected) - set(planned)):
-        alias_of = [a for a, target in aliases.items() if target == key and a in planned]
-        hint = f" (the adapter produced its tied alias {alias_of[0]!r})" if alias_of else ""
-        problems.append(f"{key}: the model has it, the converted checkpoint does not{hint}: an adapter rule drops or misnames it")
-    for key in sorted(set(planned) - set(expected)):
-        if key in aliases:
-            continue  # a tied alias written too: harmless, load_converted reads the first name
-        problems.append(f"{key}: converted but the model has no such tensor: an adapter rule maps a hub tensor to a wrong name")
-    for key in sorted(set(planned) & set(expected)):
-        have, want = planned[key], expected[key]
-        if have.shape != want.shape:
-            problems.append(f"{key}: shape {have.shape} in the checkpoint, {want.shape} in the model")
-        elif have.dtype.is_floating_point != want.dtype.is_floating_point:
-            problems.append(f"{key}: dtype {have.dtype} in the checkpoint, {want.dtype} in the model")
-    return problems
-
-
-def build_on_meta(build: Callable[[Path], "nn.Module"], model_dir: Path) -> "nn.Module":
-    """``build(model_dir)`` with every tensor on the meta device: shapes only, no memory, no init cost."""
-    import torch
-
-    with torch.device("meta"):
-        return build(model_dir)
-
-
-def model_from_config(folder: Path) -> "nn.Module | None":
-    """The transformers model ``folder/config.json`` names (``architectures[0]``), on the meta
-    device; None where there is no such config or class."""
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        return None
-    try:
-        name = (json.loads(config_file.read_text()).get("architectures") or [None])[0]
-        import transformers
-        from transformers import AutoConfig
-
-        cls = getattr(transformers, name) if name else None
-        if cls is None:
-            return None
-        config = AutoConfig.from_pretrained(folder)
-        return build_on_meta(lambda _: cls(config), folder)
-    except (ImportError, AttributeError, ValueError, OSError):
-        return None
 
 
 # --------------------------------------------------------------------------- the stage
