@@ -44,7 +44,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.export": frozenset({"export_checked"}),
     "mmcore.causal_lm": frozenset({"count_loss_tokens", "evaluate_accuracy", "generate_accuracy", "next_token_loss_sum", "packed_rows", "padded_rows"}),
     "mmcore.evaluation": frozenset({"word_errors", "sharded_sums", "normalize_words"}),
-    "mmcore.tiny": frozenset({"train_byte_level_bpe"}),
+    "mmcore.tiny": frozenset({"train_byte_level_bpe", "byte_level_tokenizer"}),
     "mmcore.io": frozenset({"atomic_write_json", "sha256_file", "sha256_json"}),
     "mmcore.faults": frozenset({"crash_point"}),
     # data: shards, feature cache, media, conversations
@@ -57,7 +57,8 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.captions": frozenset({"read_captions"}),
     "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image"}),
     "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
-    "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "Encoded", "Piece", "Expander"}),
+    "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "CHATML_TEMPLATE", "Encoded", "Piece", "Expander"}),
+    "mmcore.data.chat_template": frozenset({"IGNORE", "PART_TYPES", "ChatTemplateEncoder", "ChatTemplateError", "Encoded", "Piece", "Expander"}),
     "mmcore.data.conversations": frozenset({"preprocess_conversations", "dataset_files", "DemoWriter"}),
     "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI"}),
     "mmcore.testing.conformance": frozenset({"PackConformance"}),

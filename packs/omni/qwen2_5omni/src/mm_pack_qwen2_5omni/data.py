@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmcore.data.chatml import ChatMLEncoder, Piece
+from mmcore.data.chat_template import ChatTemplateEncoder, Piece
 from mmcore.data.media import MediaError
 from mm_qwen_vision import QwenVisionExpanders
 
@@ -63,9 +63,10 @@ class AudioExpander:
         return Piece([bos, *[pad] * audio_tokens(frames), eos], {"input_features": features, "audio_feature_lengths": [frames]})
 
 
-class Encoder(ChatMLEncoder):
+class Encoder(ChatTemplateEncoder):
     """Turns :class:`~mmcore.data.mllm.Sample` into token ids, labels, pixel patches and mel
-    frames (``encode(sample).tensors``); ``truncate`` applies ``data.cutoff_len``."""
+    frames (``encode(sample).tensors``) through the tokenizer's chat template (this pack's where
+    the tokenizer has none); ``truncate`` applies ``data.cutoff_len``."""
 
     def __init__(self, tokenizer: Any, feature_extractor: Any, data_cfg: Any, merge_size: int = 2) -> None:
         ids = tokenizer.convert_tokens_to_ids
@@ -78,7 +79,10 @@ class Encoder(ChatMLEncoder):
         )
         audio = AudioExpander(feature_extractor, (ids("<|audio_bos|>"), ids("<|AUDIO|>"), ids("<|audio_eos|>")))
         super().__init__(
-            tokenizer, {"<image>": vision.image, "<video>": vision.video, "<audio>": audio}, default_system=DEFAULT_SYSTEM,
+            tokenizer, {"<image>": vision.image, "<video>": vision.video, "<audio>": audio},
+            markers={"<image>": "<|vision_bos|><|IMAGE|><|vision_eos|>", "<video>": "<|vision_bos|><|VIDEO|><|vision_eos|>",
+                     "<audio>": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
+            chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
             train_on_prompt=data_cfg.train_on_prompt, media_token_ids=[ids(t) for t in MEDIA_TOKENS],
         )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmcore.data.chatml import IGNORE, ChatMLEncoder
+from mmcore.data.chat_template import IGNORE, ChatTemplateEncoder
 from mm_qwen_vision import QwenVisionExpanders, image_processor, load_video_frames, video_patches
 from mmcore.data.video import MediaError, load_image
 
@@ -32,9 +32,10 @@ CHAT_TEMPLATE = (
 )
 
 
-class Encoder(ChatMLEncoder):
+class Encoder(ChatTemplateEncoder):
     """Turns :class:`~mmcore.data.mllm.Sample` into token ids, labels and pixel patches
-    (``encode(sample).tensors``); ``truncate`` applies ``data.cutoff_len``."""
+    (``encode(sample).tensors``) through the tokenizer's chat template (this pack's where the
+    tokenizer has none); ``truncate`` applies ``data.cutoff_len``."""
 
     def __init__(self, tokenizer: Any, data_cfg: Any, merge_size: int = 2) -> None:
         ids = tokenizer.convert_tokens_to_ids
@@ -45,7 +46,9 @@ class Encoder(ChatMLEncoder):
             video_tokens=(ids("<|vision_start|>"), ids("<|video_pad|>"), ids("<|vision_end|>")),
         )
         super().__init__(
-            tokenizer, {"<image>": vision.image, "<video>": vision.video}, default_system=DEFAULT_SYSTEM,
+            tokenizer, {"<image>": vision.image, "<video>": vision.video},
+            markers={"<image>": "<|vision_start|><|image_pad|><|vision_end|>", "<video>": "<|vision_start|><|video_pad|><|vision_end|>"},
+            chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
             train_on_prompt=data_cfg.train_on_prompt,
             media_token_ids=[ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")],
         )
