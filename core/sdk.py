@@ -58,6 +58,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image"}),
     "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
     "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "CHATML_TEMPLATE", "Encoded", "Piece", "Expander"}),
+    "mmcore.kits.vlm": frozenset({"VLMFamily", "restarting_positions"}),
     "mmcore.data.chat_template": frozenset({"IGNORE", "PART_TYPES", "ChatTemplateEncoder", "ChatTemplateError", "Encoded", "Piece", "Expander"}),
     "mmcore.data.conversations": frozenset({"preprocess_conversations", "dataset_files", "DemoWriter"}),
     "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI"}),

@@ -32,7 +32,7 @@ def test_packed_batch_of_mixed_modalities_equals_padded(tiny_omni: Path, wild_om
     import torch
     from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-    from mm_pack_qwen2_5omni.model import TokenIds, build_model, collate, loss_sum
+    from mm_pack_qwen2_5omni.family import FAMILY
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_omni)
     encoder = Encoder(tokenizer, WhisperFeatureExtractor.from_pretrained(tiny_omni), OmniData(image_max_pixels=3136))
@@ -40,13 +40,13 @@ def test_packed_batch_of_mixed_modalities_equals_padded(tiny_omni: Path, wild_om
     for item in read_samples(wild_omni / "data.json", OmniData()):
         enc = encoder.encode(item)
         samples.append({"input_ids": torch.tensor(enc.input_ids), "labels": torch.tensor(enc.labels), **enc.tensors})
-    ids = TokenIds(tokenizer.pad_token_id, *tokenizer.convert_tokens_to_ids(["<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>"]))
-    model = build_model(tiny_omni).eval()
+    ids = FAMILY.token_ids_of(tokenizer)
+    model = FAMILY.build_model(tiny_omni).eval()
     with torch.no_grad():
-        padded = loss_sum(model, collate(samples, ids))
-        packed = loss_sum(model, collate(samples, ids, pack=True))
-        alone = sum(loss_sum(model, collate([s], ids)) for s in samples)
-    assert collate(samples, ids, pack=True)["input_ids"].shape[0] == 1
+        padded = FAMILY.loss_sum(model, FAMILY.collate(samples, ids))
+        packed = FAMILY.loss_sum(model, FAMILY.collate(samples, ids, pack=True))
+        alone = sum(FAMILY.loss_sum(model, FAMILY.collate([s], ids)) for s in samples)
+    assert FAMILY.collate(samples, ids, pack=True)["input_ids"].shape[0] == 1
     assert packed.item() == pytest.approx(padded.item(), rel=1e-5)
     assert packed.item() == pytest.approx(alone.item(), rel=1e-5)
 

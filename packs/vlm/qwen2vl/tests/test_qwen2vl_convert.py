@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mm_pack_qwen2vl.adapter import ADAPTER
-from mm_pack_qwen2vl.modeling import build_model, model_class
+from mm_pack_qwen2vl.family import FAMILY, model_class
 from mmcore.convert import compare_hf, dcp_index, dcp_to_hf, hf_to_dcp
 
 
@@ -38,7 +38,7 @@ def test_converted_checkpoint_gives_the_same_logits_as_from_pretrained(tiny_dir:
     from transformers import AutoConfig
 
     hf_to_dcp(tiny_dir, tmp_path / "dcp", ADAPTER)
-    ours = build_model(tiny_dir, tmp_path / "dcp").eval()
+    ours = FAMILY.build_model(tiny_dir, tmp_path / "dcp").eval()
     theirs = model_class(AutoConfig.from_pretrained(tiny_dir)).from_pretrained(tiny_dir, attn_implementation="sdpa").eval()
     ids = torch.randint(0, 300, (2, 12))
     with torch.no_grad():

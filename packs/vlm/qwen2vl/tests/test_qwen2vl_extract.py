@@ -11,9 +11,9 @@ import torch
 
 from mm_pack_qwen2vl.config import Qwen2VLData
 from mm_pack_qwen2vl.data import Encoder
-from mm_pack_qwen2vl.modeling import use_cached_vision
+from mm_pack_qwen2vl.family import use_cached_vision
 from mm_qwen_vision import split_items
-from mm_pack_qwen2vl.model import TokenIds, build_model, collate, loss_sum
+from mm_pack_qwen2vl.family import FAMILY
 from mmcore.data.mllm import Sample, Turn
 from mmcore.testing.media import write_image, write_video
 
@@ -31,15 +31,15 @@ def test_loss_from_cached_features_equals_loss_from_pixels(which: str, request: 
     enc = Encoder(tok, Qwen2VLData(image_max_pixels=84 * 56, video_max_pixels=56 * 56))
     sample = enc.encode(Sample("f", 0, [Turn("user", "<image><video>What?"), Turn("assistant", "red")], {"images": [tmp_path / "a.png"], "videos": [tmp_path / "v.mp4"]}))
     raw = {"input_ids": torch.tensor(sample.input_ids), "labels": torch.tensor(sample.labels), **sample.tensors}
-    ids = TokenIds(tok.pad_token_id, tok.convert_tokens_to_ids("<|image_pad|>"), tok.convert_tokens_to_ids("<|video_pad|>"))
-    model = build_model(model_dir).eval()
+    ids = FAMILY.token_ids_of(tok)
+    model = FAMILY.build_model(model_dir).eval()
     cached = dict(raw)
     with torch.no_grad():
         for pixels_name, grid_name in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
             parts = [model.model.visual(p, grid_thw=g).last_hidden_state for p, g in split_items(raw[pixels_name], raw[grid_name])]
             cached[pixels_name] = torch.cat(parts)
-        want = loss_sum(model, collate([raw], ids))
-        got = loss_sum(use_cached_vision(copy.deepcopy(model)), collate([cached], ids))
+        want = FAMILY.loss_sum(model, FAMILY.collate([raw], ids))
+        got = FAMILY.loss_sum(use_cached_vision(copy.deepcopy(model)), FAMILY.collate([cached], ids))
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
 
 

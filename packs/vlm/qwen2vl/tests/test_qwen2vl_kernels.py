@@ -74,13 +74,13 @@ def test_device_kernel_matches_reference(kernel: str, device: str) -> None:
 
 def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir) -> None:  # type: ignore[no-untyped-def]
     from mm_pack_qwen2vl.kernels import KERNELS
-    from mm_pack_qwen2vl.model import apply_kernels, build_model
+    from mm_pack_qwen2vl.family import FAMILY, apply_kernels
     from mmcore.registry import KernelSpec, Registry
 
     registry = Registry()
     for spec in KERNELS:
         registry.add_kernel(spec, "pack:qwen2vl")
-    model = build_model(tiny_dir).eval()
+    model = FAMILY.build_model(tiny_dir).eval()
     ids = torch.randint(0, 300, (1, 9))
     with torch.no_grad():
         want = model(input_ids=ids).logits

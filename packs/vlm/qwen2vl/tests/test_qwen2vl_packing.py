@@ -9,7 +9,7 @@ import torch
 
 from mm_pack_qwen2vl.config import Qwen2VLData
 from mm_pack_qwen2vl.data import Encoder
-from mm_pack_qwen2vl.model import TokenIds, build_model, collate, loss_sum
+from mm_pack_qwen2vl.family import FAMILY
 from mmcore.data.mllm import Sample, Turn
 from mmcore.testing.media import write_image, write_video
 
@@ -33,21 +33,21 @@ def batch_parts(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
     for sample in samples:
         enc = encoder.encode(sample)
         data.append({"input_ids": torch.tensor(enc.input_ids), "labels": torch.tensor(enc.labels), **enc.tensors})
-    ids = TokenIds(tok.pad_token_id, tok.convert_tokens_to_ids("<|image_pad|>"), tok.convert_tokens_to_ids("<|video_pad|>"))
-    return build_model(tiny_dir), data, ids
+    ids = FAMILY.token_ids_of(tok)
+    return FAMILY.build_model(tiny_dir), data, ids
 
 
 @pytest.mark.compares_runs
 @pytest.mark.isa_sample
 def test_packed_loss_and_gradients_equal_the_padded_batch(batch_parts) -> None:  # type: ignore[no-untyped-def]
     model, data, ids = batch_parts
-    padded, packed = collate(data, ids), collate(data, ids, pack=True)
+    padded, packed = FAMILY.collate(data, ids), FAMILY.collate(data, ids, pack=True)
     assert packed["input_ids"].shape[0] == 1 and packed["input_ids"].shape[1] == sum(len(d["input_ids"]) for d in data)
     assert packed["num_loss_tokens"] == padded["num_loss_tokens"]
     grads = []
     for batch in (padded, packed):
         model.zero_grad()
-        loss = loss_sum(model, batch)
+        loss = FAMILY.loss_sum(model, batch)
         loss.backward()
         grads.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (a, ga), (b, gb) = grads
@@ -59,14 +59,14 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(batch_parts) -> None: 
 def test_without_isolation_the_samples_would_see_each_other(batch_parts) -> None:  # type: ignore[no-untyped-def]
     """The control: one continuous position range lets later samples attend to earlier ones."""
     model, data, ids = batch_parts
-    packed = collate(data, ids, pack=True)
+    packed = FAMILY.collate(data, ids, pack=True)
     with torch.no_grad():
-        isolated = loss_sum(model, packed).item()
+        isolated = FAMILY.loss_sum(model, packed).item()
         leaky = dict(packed)
         leaky["segments"] = torch.tensor([int(packed["segments"].sum())])
         leaky["segment_images"] = packed["segment_images"].sum(0, keepdim=True)
         leaky["segment_videos"] = packed["segment_videos"].sum(0, keepdim=True)
-        assert abs(loss_sum(model, leaky).item() - isolated) > 1e-3
+        assert abs(FAMILY.loss_sum(model, leaky).item() - isolated) > 1e-3
 
 
 def test_training_with_packing_runs_the_pipeline(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,7 @@ from mmcore.data.shards import ShardDataset
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
-from mm_pack_qwen2_5omni.modeling import build_model
+from mm_pack_qwen2_5omni.family import FAMILY
 
 VISION = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
 
@@ -44,7 +44,7 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
     towers = frozen_towers(ctx)
     if not towers:
         return None  # both towers train: nothing fixed to cache
-    model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
+    model = FAMILY.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
     inner = model.model
     data = ShardDataset(upstream["preprocess"].output("dataset"))
     cache = FeatureCacheWriter(ctx.stage_dir / "features")

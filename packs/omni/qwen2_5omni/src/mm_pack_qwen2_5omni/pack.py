@@ -20,10 +20,10 @@ qwen25omni = PackSpec(
     stage_sections={"extract": ("extract", "training.freeze")},
     stages={
         "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen2_5omni.tiny:build_init_checkpoint"}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen2_5omni.adapter:ADAPTER", "build_model": "mm_pack_qwen2_5omni.modeling:build_model"}, options={"what": "thinker"}),
-        "preprocess": "mm_pack_qwen2_5omni.preprocess:preprocess",
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen2_5omni.adapter:ADAPTER", "build_model": "mm_pack_qwen2_5omni.family:FAMILY.build_model"}, options={"what": "thinker"}),
+        "preprocess": "mm_pack_qwen2_5omni.family:FAMILY.preprocess",
         "extract": "mm_pack_qwen2_5omni.extract:extract",
-        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2_5omni.model:recipe"}),
-        "export": "mm_pack_qwen2_5omni.export:export",
+        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2_5omni.family:FAMILY.recipe"}),
+        "export": "mm_pack_qwen2_5omni.family:FAMILY.export",
     },
 )

@@ -17,7 +17,7 @@ from mmcore.data.shards import ShardDataset
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
-from mm_pack_qwen2vl.modeling import build_model
+from mm_pack_qwen2vl.family import FAMILY
 
 MEDIA = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
 
@@ -29,7 +29,7 @@ def vision_frozen(ctx: StageContext) -> bool:
 def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult | None:
     if not vision_frozen(ctx):
         return None  # the vision tower trains: nothing to cache
-    model = build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
+    model = FAMILY.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
     visual = model.model.visual
     data = ShardDataset(upstream["preprocess"].output("dataset"))
     cache = FeatureCacheWriter(ctx.stage_dir / "features")

@@ -11,11 +11,11 @@ from mmcore import PackSpec, Stage, hookimpl
 
 STAGES = {
     "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen2vl.tiny:build_init_checkpoint"}),
-    "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen2vl.adapter:ADAPTER", "build_model": "mm_pack_qwen2vl.modeling:build_model"}),
-    "preprocess": "mm_pack_qwen2vl.preprocess:preprocess",
+    "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen2vl.adapter:ADAPTER", "build_model": "mm_pack_qwen2vl.family:FAMILY.build_model"}),
+    "preprocess": "mm_pack_qwen2vl.family:FAMILY.preprocess",
     "extract": "mm_pack_qwen2vl.extract:extract",
-    "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2vl.model:recipe"}),
-    "export": "mm_pack_qwen2vl.export:export",
+    "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2vl.family:FAMILY.recipe"}),
+    "export": "mm_pack_qwen2vl.family:FAMILY.export",
 }
 
 

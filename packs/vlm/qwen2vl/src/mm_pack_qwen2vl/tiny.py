@@ -90,7 +90,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     import torch
 
     from mm_pack_qwen2vl.data import CHAT_TEMPLATE, image_processor
-    from mm_pack_qwen2vl.modeling import model_class
+    from mm_pack_qwen2vl.family import model_class
 
     from transformers.utils import logging as hf_logging
 

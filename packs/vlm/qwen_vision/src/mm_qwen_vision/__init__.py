@@ -22,7 +22,7 @@ from mmcore.data.mllm import MLLMDataSection
 from mmcore.data.media import MediaError
 from mmcore.data.video import load_image
 
-__all__ = ["QwenVisionData", "image_processor", "load_video_frames", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision"]
+__all__ = ["QwenVisionData", "image_processor", "load_video_frames", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision", "packed_mrope_positions"]
 
 
 class QwenVisionData(MLLMDataSection):
@@ -84,7 +84,7 @@ def video_patches(frames: list[Any], processor: Any) -> tuple[Any, list[int]]:
 
 @dataclass
 class QwenVisionExpanders:
-    """``<image>`` and ``<video>`` expanders for :class:`~mmcore.data.chatml.ChatMLEncoder`.
+    """``<image>`` and ``<video>`` expanders for :class:`~mmcore.data.chat_template.ChatTemplateEncoder`.
 
     Args:
         data_cfg: the pack's data section (``image_min_pixels``, ``image_max_pixels``,
@@ -155,3 +155,39 @@ def use_cached_vision(visual: Any) -> Any:
 
     visual.forward = merger_only
     return visual
+
+
+def packed_mrope_positions(batch: dict[str, Any], counts: dict[str, str], rope_index: Any, follows: dict[str, str] | None = None) -> Any:
+    """M-RoPE positions of a packed row, restarted per sample, with 1-D text positions first
+    ([4, 1, total]): transformers reads the restarts in the text positions to keep the samples'
+    attention apart.
+
+    Args:
+        batch: a packed batch (``segments`` and, per ``counts`` key, each sample's row count).
+        counts: batch count key -> the field whose rows they count (``{"segment_images": "image_grid_thw"}``).
+        rope_index: ``(token slice, {field: this sample's rows}) -> [3, 1, n]`` positions (the
+            model's own ``get_rope_index``); not called for samples without media.
+    """
+    import torch
+
+    ids = batch["input_ids"]
+    at = dict.fromkeys(counts.values(), 0)
+    parts, start = [], 0
+    for i, length in enumerate(batch["segments"].tolist()):
+        tokens = slice(start, start + length)
+        rows = {}
+        for key, name in counts.items():
+            n = int(batch[key][i])
+            rows[name] = batch[name][at[name] : at[name] + n] if n else None
+            for extra, leader in (follows or {}).items():
+                if leader == name:
+                    rows[extra] = batch[extra][at[name] : at[name] + n] if n else None
+            at[name] += n
+        if any(v is not None for v in rows.values()):
+            pos = rope_index(tokens, rows)
+        else:  # text only: the three axes advance together
+            pos = torch.arange(length, device=ids.device).view(1, 1, -1).expand(3, 1, -1)
+        text = torch.arange(length, device=ids.device).view(1, 1, -1)
+        parts.append(torch.cat([text, pos.to(text.dtype)]))
+        start += length
+    return torch.cat(parts, dim=2)

@@ -1,0 +1,262 @@
+"""The VLM kit: the stages of a transformers conversational model, from one declaration.
+
+A pack describes its family once, as a :class:`VLMFamily` (the model class, how media reaches
+the model, the token ids collation needs, what to shard and freeze); the family's methods are
+the stage functions and parts its declared stages bind::
+
+    FAMILY = VLMFamily(model_class="LlavaForConditionalGeneration", encoder=make_encoder, ...)
+
+    STAGES = {
+        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_x.tiny:build_init_checkpoint"}),
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_x.adapter:ADAPTER",
+                                                               "build_model": "mm_pack_x.family:FAMILY.build_model"}),
+        "preprocess": "mm_pack_x.family:FAMILY.preprocess",
+        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_x.family:FAMILY.recipe"}),
+        "export": "mm_pack_x.family:FAMILY.export",
+    }
+
+What the kit does with it:
+
+* **preprocess**: MLLM JSON through the pack's encoder (a
+  :class:`~mmcore.data.chat_template.ChatTemplateEncoder`), the ids of ``tokens`` recorded in
+  the dataset index.
+* **collate**: right-padded rows, or with ``training.packing`` one row of samples back to back
+  (``segments``) with restarting positions (``packed_positions`` where the family's positions
+  are not 1-D, e.g. M-RoPE); every ``media_fields`` tensor concatenated in sample order.
+* **train**: summed next-token loss, FSDP units from ``shard_layers``, ``freeze_groups`` for
+  ``training.freeze``, exact-match accuracy on the held-out split; with a finished extract
+  stage the samples read its feature cache (``cache_replaces``) and ``prepare_model`` switches
+  the frozen towers to cached inputs.
+* **export**: the trained checkpoint as a ``from_pretrained`` folder, reloaded by the model
+  class and compared logit for logit, then greedy ``generate()`` on the held-out prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
+from mmcore.context import StageContext
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
+
+Batch = dict[str, Any]
+#: ``(ctx, model dir, tokenizer) -> encoder`` (``encode``/``truncate``, see ChatTemplateEncoder)
+EncoderFactory = Callable[[StageContext, Path, Any], Any]
+#: ``(batch, samples, ids) -> None``: the family's own fields, added to a collated batch in place
+CollateExtra = Callable[[Batch, list[dict[str, Any]], Mapping[str, int]], None]
+
+
+@dataclass(frozen=True, eq=False)
+class VLMFamily:
+    """One transformers conversational model family, as the VLM kit needs to know it.
+
+    Attributes:
+        model_class: the transformers class name (``"LlavaForConditionalGeneration"``), or
+            ``config -> class`` where one family has several.
+        encoder: ``(ctx, model dir, tokenizer) -> encoder`` for preprocess.
+        adapter: the pack's state-dict adapter (hub names <-> model names), for export.
+        media_fields: per-sample tensors the model takes, concatenated across a batch
+            (``pixel_values``, ``image_grid_thw``, ...).
+        tokens: dataset index key -> token, recorded by preprocess and handed to collation
+            (``{"image_token_id": "<image>"}``); ``pad_id`` is always there.
+        freeze_groups: ``training.freeze`` names -> parameter globs.
+        shard_layers: dotted paths of the module lists whose items FSDP shards one by one
+            (``"model.language_model.layers"``).
+        config_class: transformers config class name, where ``AutoConfig`` is not the one
+            (a thinker inside a larger checkpoint).
+        model_inputs: batch keys given to ``forward`` besides ids, mask and ``media_fields``.
+        packed_counts: batch key -> sample field whose rows each sample brings, for packing
+            (``{"segment_images": "image_grid_thw"}``).
+        packed_positions: ``(model, batch) -> position_ids`` of a packed row, where restarting
+            1-D positions are not what the model takes.
+        collate_extra: adds the family's own batch fields (token type ids, padded audio).
+        prepare_model: ``(ctx, model, upstream) -> None`` before training: kernels, and where
+            ``"extract" in upstream`` the frozen towers switched to the cached features.
+        cache_replaces: cached field -> the sample field it stands in for.
+        demo: writes the pack's synthetic demo dataset (``data.demo_samples``).
+        end_token: where ``generate()`` stops (default: the tokenizer's eos).
+        side_files: ``(model dir, export dir) -> None`` for the non-weight files of the export
+            (default: copy them).
+    """
+
+    model_class: str | Callable[[Any], Any]
+    encoder: EncoderFactory
+    adapter: Any
+    media_fields: Sequence[str] = ("pixel_values",)
+    tokens: Mapping[str, str] = field(default_factory=dict)
+    freeze_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    shard_layers: Sequence[str] = ()
+    config_class: str | None = None
+    model_inputs: Sequence[str] = ()
+    packed_counts: Mapping[str, str] = field(default_factory=dict)
+    packed_positions: Callable[[Any, Batch], Any] | None = None
+    collate_extra: CollateExtra | None = None
+    prepare_model: Callable[[StageContext, Any, Mapping[str, Manifest]], None] | None = None
+    cache_replaces: Mapping[str, str] = field(default_factory=dict)
+    demo: Any = None
+    end_token: str | None = None
+    side_files: Callable[[Path, Path], None] | None = None
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def config(self, model_dir: Path) -> Any:
+        import transformers
+
+        config_class = getattr(transformers, self.config_class) if self.config_class else transformers.AutoConfig
+        return config_class.from_pretrained(model_dir)
+
+    def model_type(self, config: Any) -> Any:
+        import transformers
+
+        return getattr(transformers, self.model_class) if isinstance(self.model_class, str) else self.model_class(config)
+
+    def build_model(self, model_dir: Path, checkpoint: Path | None = None) -> Any:
+        """The model of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
+        from mmcore.checkpointing import load_converted
+
+        config = self.config(model_dir)
+        config._attn_implementation = "sdpa"
+        model = self.model_type(config)(config)
+        if checkpoint is not None:
+            load_converted(model, checkpoint)
+        return model
+
+    def load_exported(self, folder: Path) -> Any:
+        return self.model_type(self.config(folder)).from_pretrained(folder, attn_implementation="sdpa")
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def collate(self, samples: list[dict[str, Any]], ids: Mapping[str, int], pack: bool = False) -> Batch:
+        """Token rows plus every media field concatenated in sample order (as processors do).
+
+        Rows are right-padded, or with ``pack`` one row without padding whose ``segments``
+        keep the samples' lengths. The first token of every sample is never supervised: no
+        loss crosses samples.
+        """
+        import torch
+
+        batch = packed_rows(samples, dict(self.packed_counts)) if pack else padded_rows(samples, ids["pad_id"])
+        for name in self.media_fields:
+            parts = [s[name] for s in samples if name in s]
+            if parts:
+                batch[name] = torch.cat(parts)
+        if self.collate_extra is not None:
+            self.collate_extra(batch, samples, ids)
+        batch["num_loss_tokens"] = count_loss_tokens(batch["labels"])
+        return batch
+
+    def forward_logits(self, model: Any, batch: Batch) -> Any:
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields) if k in batch}
+        if "segments" in batch:
+            inputs["position_ids"] = (self.packed_positions or restarting_positions)(model, batch)
+        return model(**inputs, use_cache=False).logits
+
+    def loss_sum(self, model: Any, batch: Batch) -> Any:
+        return next_token_loss_sum(self.forward_logits(model, batch), batch["labels"])
+
+    def shard_modules(self, model: Any) -> list[Any]:
+        return [block for path in self.shard_layers for block in _attribute(model, path)]
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def preprocess(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        from transformers import AutoTokenizer
+
+        from mmcore.data.conversations import preprocess_conversations
+
+        model_dir = upstream["download"].output("model")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=self.demo,
+                                        tokenizer=str(model_dir), **self.token_ids_of(tokenizer))
+
+    def token_ids_of(self, tokenizer: Any) -> dict[str, int]:
+        """``pad_id`` and the ids of ``tokens``, from the tokenizer (what preprocess records)."""
+        return {"pad_id": tokenizer.pad_token_id, **{key: tokenizer.convert_tokens_to_ids(token) for key, token in self.tokens.items()}}
+
+    def token_ids(self, data: Any) -> dict[str, int]:
+        """The ids preprocess recorded in the dataset index (``pad_id`` and ``tokens``)."""
+        return {key: int(data.index[key]) for key in ("pad_id", *self.tokens)}
+
+    def recipe(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+        """The train engine's recipe; with a finished extract stage, samples read its feature cache."""
+        from mmcore.data.shards import ShardDataset
+        from mmcore.train import TrainRecipe
+
+        dataset_dir = upstream["preprocess"].output("dataset")
+        ids = self.token_ids(ShardDataset(dataset_dir))
+        packing = ctx.config.training.packing
+        cached = "extract" in upstream
+
+        def load(split: str) -> Any:
+            data = ShardDataset(dataset_dir).split(split)
+            if cached:
+                from mmcore.data.feature_cache import CachedSamples
+
+                return CachedSamples(data, upstream["extract"].output("features"), replaces=dict(self.cache_replaces))
+            return data
+
+        def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+            model = self.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint"))
+            if self.prepare_model is not None:
+                self.prepare_model(ctx, model, upstream)
+            return model
+
+        return TrainRecipe(
+            build_model=build,
+            dataset=lambda ctx, upstream: load("train"),
+            collate=lambda samples: self.collate(samples, ids, pack=packing),
+            loss=self.loss_sum,
+            shard_modules=self.shard_modules,
+            freeze_groups=self.freeze_groups,
+            evaluate=lambda ctx, model, step: evaluate_accuracy(ctx, model, load("eval"), lambda s: self.collate([s], ids), self.forward_logits),
+        )
+
+    def export(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        """Write the export, prove it reproduces the trained logits, then answer the held-out prompts."""
+        from transformers import AutoTokenizer
+
+        from mmcore.causal_lm import generate_accuracy
+        from mmcore.data.shards import ShardDataset
+        from mmcore.export import export_checked
+
+        data = ShardDataset(upstream["preprocess"].output("dataset"))
+        held_out = data.split("eval")
+        probe = held_out if len(held_out) else data
+        ids = self.token_ids(data)
+        done = export_checked(
+            ctx, upstream, self.adapter, build_trained=self.build_model, load_exported=self.load_exported,
+            probe=self.collate([probe[i] for i in range(min(4, len(probe)))], ids), logits=self.forward_logits,
+            side_files=self.side_files,
+        )
+        if len(held_out):
+            tokenizer = AutoTokenizer.from_pretrained(done.folder)
+            end = tokenizer.convert_tokens_to_ids(self.end_token) if self.end_token else tokenizer.eos_token_id
+
+            def prompt_inputs(sample: dict[str, Any], start: int) -> Batch:
+                prompt = dict(sample, input_ids=sample["input_ids"][:start], labels=sample["labels"][:start])
+                return {k: v for k, v in self.collate([prompt], ids).items() if k not in ("labels", "num_loss_tokens")}
+
+            accuracy = generate_accuracy(done.loaded, held_out, prompt_inputs, end, ids["pad_id"])
+            done.metrics["generate_accuracy"] = accuracy
+            done.notes.append(f"held-out accuracy of the export with transformers generate(): {accuracy:.1%}")
+        return StageResult(outputs={"model": "hf"}, metrics=done.metrics, notes=done.notes)
+
+
+def restarting_positions(model: Any, batch: Batch) -> Any:
+    """1-D positions restarting at every sample of a packed row ([1, total]); transformers reads
+    the restarts to keep the samples' attention apart."""
+    import torch
+
+    return torch.cat([torch.arange(int(n)) for n in batch["segments"]])[None].to(batch["input_ids"].device)
+
+
+def _attribute(obj: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+__all__ = ["VLMFamily", "restarting_positions"]

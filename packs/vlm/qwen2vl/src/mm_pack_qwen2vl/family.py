@@ -1,0 +1,108 @@
+"""Qwen2-VL and Qwen2.5-VL as the VLM kit sees them: model classes, media fields, M-RoPE
+positions for packed rows, the fused RMSNorm, the frozen-vision cache. The kit
+(:mod:`mmcore.kits.vlm`) does preprocessing, collation, loss, training and export.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Mapping
+
+from mmcore.context import StageContext
+from mmcore.kits.vlm import VLMFamily
+from mmcore.rundir import Manifest
+from mm_qwen_vision import packed_mrope_positions
+
+from mm_pack_qwen2vl.adapter import ADAPTER
+from mm_pack_qwen2vl.demo import write_demo_dataset
+
+MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw"}
+
+# training.freeze accepts these names as well as parameter globs.
+FREEZE_GROUPS = {
+    "vision": ["model.visual.patch_embed.*", "model.visual.blocks.*"],
+    "projector": ["model.visual.merger.*"],
+    "llm": ["model.language_model.*", "lm_head.*"],
+}
+
+
+def model_class(config: Any) -> Any:
+    import transformers
+
+    return transformers.Qwen2_5_VLForConditionalGeneration if config.model_type == "qwen2_5_vl" else transformers.Qwen2VLForConditionalGeneration
+
+
+def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
+    from transformers import AutoConfig
+
+    from mm_pack_qwen2vl.data import Encoder
+
+    return Encoder(tokenizer, ctx.config.data, merge_size=AutoConfig.from_pretrained(model_dir).vision_config.spatial_merge_size)
+
+
+def token_types(batch: dict[str, Any], samples: list[dict[str, Any]], ids: dict[str, int]) -> None:
+    """``mm_token_type_ids`` (0 text, 1 image, 2 video): where M-RoPE places media."""
+    tokens = batch["input_ids"]
+    batch["mm_token_type_ids"] = (tokens == ids["image_token_id"]).long() + 2 * (tokens == ids["video_token_id"]).long()
+
+
+def packed_positions(model: Any, batch: dict[str, Any]) -> Any:
+    def rope_index(tokens: slice, rows: dict[str, Any]) -> Any:
+        pos, _ = model.model.get_rope_index(batch["input_ids"][:, tokens], batch["mm_token_type_ids"][:, tokens],
+                                            image_grid_thw=rows["image_grid_thw"], video_grid_thw=rows["video_grid_thw"])
+        return pos
+
+    return packed_mrope_positions(batch, PACKED_COUNTS, rope_index)
+
+
+def apply_kernels(model: Any, registry: Any, device: str) -> list[str]:
+    """Route the model's RMSNorms through this device's fused kernel, if it has one.
+
+    Returns the names of the modules changed (none where the reference is what runs: the
+    transformers implementation is then used as is, and the parity tests hold them equal).
+    """
+    spec = registry.kernel_spec("qwen2vl.rms_norm", device)
+    if spec.device == "reference":
+        return []
+    kernel = spec.load()
+    changed = []
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = functools.partial(lambda m, x: kernel(x, m.weight, m.variance_epsilon), module)
+            changed.append(name)
+    return changed
+
+
+def use_cached_vision(model: Any) -> Any:
+    """Make the vision tower take cached block outputs and apply only the merger (projector)."""
+    from mm_qwen_vision import use_cached_vision as merger_only
+
+    merger_only(model.model.visual)
+    return model
+
+
+def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest]) -> None:
+    if ctx.plugins is not None:
+        apply_kernels(model, ctx.plugins.registry, ctx.accelerator.name)
+    if "extract" in upstream:
+        use_cached_vision(model)
+
+
+FAMILY = VLMFamily(
+    model_class=model_class,
+    encoder=encoder,
+    adapter=ADAPTER,
+    media_fields=MEDIA_FIELDS,
+    tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"},
+    freeze_groups=FREEZE_GROUPS,
+    shard_layers=("model.visual.blocks", "model.language_model.layers"),
+    model_inputs=("mm_token_type_ids",),
+    packed_counts=PACKED_COUNTS,
+    packed_positions=packed_positions,
+    collate_extra=token_types,
+    prepare_model=prepare_model,
+    demo=write_demo_dataset,
+    end_token="<|im_end|>",
+)
