@@ -16,6 +16,7 @@ import click
 
 from mmcore._version import __version__
 from mmcore.cli_inspect import doctor_cmd, info_cmd, list_cmd, load_plugins as _plugins
+from mmcore.newpack import new_pack_cmd
 from mmcore.errors import MmcoreError
 from mmcore.pack import STAGES
 
@@ -68,6 +69,7 @@ def cli() -> None:
 cli.add_command(list_cmd)
 cli.add_command(info_cmd)
 cli.add_command(doctor_cmd)
+cli.add_command(new_pack_cmd)
 
 
 # ------------------------------------------------------------------------- stages

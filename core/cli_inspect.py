@@ -53,6 +53,7 @@ def list_cmd(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info_cmd(pack: str, as_json: bool) -> None:
     """Show a pack: stages, presets, requirements, and which kernel each device gets."""
+    from mmcore.conformance_record import describe, read_record
     from mmcore.versions import requirements_of, unmet_requirements
 
     plugins = load_plugins()
@@ -73,6 +74,7 @@ def info_cmd(pack: str, as_json: bool) -> None:
         "kernels": kernels,
         "sdk": spec.sdk,
         "declared_stages": {stage: spec.declared(stage).function for stage in spec.stages},
+        "conformance": read_record(pack),
     }
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -82,6 +84,7 @@ def info_cmd(pack: str, as_json: bool) -> None:
     click.echo(f"  presets:      {', '.join(data['presets']) or 'none'}" + (f" (default: {spec.default_preset})" if spec.default_preset else ""))
     click.echo(f"  config:       {spec.config_class}")
     click.echo(f"  sdk:          {spec.sdk}")
+    click.echo(f"  conformance:  {describe(data['conformance'], entry.version)}")
     for stage, function in data["declared_stages"].items():
         click.echo(f"  {stage + ':':<13} {function}")
     click.echo(f"  requirements: {', '.join(data['requirements']) or 'none'}")

@@ -91,6 +91,7 @@ def outcomes(broken_site: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     classes = [f"class Test_{name}(PackConformance):\n    pack_name = {name!r}\n" for name in BROKEN]
     (folder / "test_broken.py").write_text("from mmcore.testing.conformance import PackConformance\n\n\n" + "\n\n".join(classes))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+    env["MMCORE_HOME"] = str(folder / "home")
     env["PYTHONPATH"] = os.pathsep.join([str(broken_site), *(p for p in sys.path if p)])
     checks = " or ".join(sorted({check for _, check, _ in EXPECTED}))
     subprocess.run(

@@ -9,7 +9,9 @@ held only a sliver of colour, and whether green and blue ever came apart depende
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 60, 220), "yellow": (235, 210, 20)}
@@ -33,3 +35,23 @@ def shape_image(shape: str, colour: tuple[int, int, int], rng: random.Random, si
     else:
         raise ValueError(f"unknown shape {shape!r}; one of {', '.join(SHAPES)}")
     return image
+
+
+def write_shape_questions(folder: Path, samples: int, seed: int, eval_fraction: float = 0.2) -> tuple[Path, Path]:
+    """The VLM demo's data: "What colour is the <shape>?" over generated PNGs, as MLLM JSON.
+
+    Writes ``train.json``, ``eval.json`` and their images under ``folder``; returns both files,
+    so the demo exercises exactly the path a user's dataset takes."""
+    rng = random.Random(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(samples):
+        shape, colour = rng.choice(SHAPES), rng.choice(sorted(COLOURS))
+        name = f"images/{i:05d}.png"
+        shape_image(shape, COLOURS[colour], rng).save(folder / name)
+        records.append({"messages": [{"role": "user", "content": f"<image>What colour is the {shape}?"}, {"role": "assistant", "content": colour}], "images": [name]})
+    cut = int(len(records) * (1 - eval_fraction))
+    train, held_out = folder / "train.json", folder / "eval.json"
+    train.write_text(json.dumps(records[:cut], indent=1))
+    held_out.write_text(json.dumps(records[cut:], indent=1))
+    return train, held_out

@@ -82,3 +82,43 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for part, seconds in sorted(_SECONDS_BY_PART.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds / 60:6.2f} min  {part}")
     terminalreporter.write_line(f"{sum(_SECONDS_BY_PART.values()) / 60:6.2f} min  total")
+
+
+# --------------------------------------------------------------------------- conformance records
+
+_CONFORMANCE: dict[str, dict[str, int]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    """Count each PackConformance test's outcome under its pack, for ``mmcore info``."""
+    outcome = yield
+    report = outcome.get_result()
+    pack = getattr(getattr(item, "cls", None), "pack_name", None)
+    if not pack or not _is_conformance(item.cls):
+        return
+    counts = _CONFORMANCE.setdefault(pack, {"passed": 0, "failed": 0, "skipped": 0})
+    if report.when == "call" or report.outcome != "passed":
+        counts[report.outcome if report.outcome in counts else "failed"] += 1
+
+
+def _is_conformance(cls: type) -> bool:
+    from mmcore.testing.conformance import PackConformance
+
+    return isinstance(cls, type) and issubclass(cls, PackConformance)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _CONFORMANCE:
+        return
+    from importlib.metadata import entry_points
+
+    from mmcore.conformance_record import write_record
+
+    versions = {ep.name: ep.dist.version for ep in entry_points(group="mmcore.packs") if ep.dist is not None}
+    for pack, counts in _CONFORMANCE.items():
+        if pack in versions:  # an installed pack, not a test's throwaway one
+            try:
+                write_record(pack, versions[pack], **counts)
+            except OSError:
+                pass  # a read-only home: the record is a convenience, the test outcome stands

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
+from mmcore.data.synthetic import write_shape_questions
 from mmcore.kits.vlm import VLMFamily
 from mmcore.rundir import Manifest
 from mm_qwen_vision import packed_mrope_positions
 
 from mm_pack_qwen2vl.adapter import ADAPTER
-from mm_pack_qwen2vl.demo import write_demo_dataset
 
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw"}
@@ -103,6 +103,6 @@ FAMILY = VLMFamily(
     packed_positions=packed_positions,
     collate_extra=token_types,
     prepare_model=prepare_model,
-    demo=write_demo_dataset,
+    demo=write_shape_questions,
     end_token="<|im_end|>",
 )
