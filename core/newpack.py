@@ -161,6 +161,7 @@ from pathlib import Path
 
 from mmcore.data.synthetic import write_shape_questions
 from mmcore.kits.auto import TINY_SIZES, auto_family, tiny_checkpoint
+from mmcore.tiny import pick_preset
 
 MODEL_CLASS = "{cls}"
 
@@ -181,11 +182,7 @@ PRESETS = {{
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     """``model.source: init:<preset>``: a random-weight checkpoint built offline."""
-    from mmcore.errors import StageError
-
-    if preset not in PRESETS:
-        raise StageError(f"init:{{preset}}: unknown tiny preset; choose one of {{', '.join(PRESETS)}}")
-    tiny_checkpoint(MODEL_CLASS, out, seed, corpus=CORPUS, sizes=PRESETS[preset])
+    tiny_checkpoint(MODEL_CLASS, out, seed, corpus=CORPUS, sizes=pick_preset(PRESETS, preset))
 ''',
     "src/{module}/config.py": '''"""The {name} pack's config: mmcore's sections, with MLLM JSON data."""
 

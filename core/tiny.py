@@ -7,6 +7,7 @@ byte-level BPE vocabularies of Qwen and Whisper come from here, trained on a pac
 from __future__ import annotations
 
 import json
+from typing import Any
 
 
 def train_byte_level_bpe(corpus: list[str], vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -52,3 +53,13 @@ def byte_level_tokenizer(corpus: list[str], special_tokens: list[str], *, vocab_
     if chat_template:
         tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def pick_preset(presets: dict[str, Any], preset: str) -> Any:
+    """``presets[preset]``, or the one-line error an unknown ``init:<preset>`` deserves."""
+    from mmcore.errors import StageError
+
+    try:
+        return presets[preset]
+    except KeyError:
+        raise StageError(f"init:{preset}: unknown tiny preset; choose one of {', '.join(presets)}") from None

@@ -1,44 +1,116 @@
 """The extract stage's cache of frozen-encoder outputs, shared by every pack that has one.
 
 Outputs are computed once per *content key* (a hash of the encoder's input: an image's
-patches, a clip's mel frames), so media repeated in a dataset are encoded once, and stored in
-safetensors shards (:class:`~mmcore.data.shards.ShardWriter`). Each preprocessed sample keeps
-references: field name -> the keys whose outputs, concatenated, replace that field at
-training time (:class:`CachedSamples`).
+patches, a clip's mel frames, a caption with the text length and the checkpoint's
+fingerprint), so what repeats in a dataset is encoded once. They are stored in safetensors
+chunks of ``chunk_items`` outputs, each written whole and renamed into place: a killed extract
+reopened on the same folder keeps every finished chunk and encodes only what is missing.
+Each preprocessed sample keeps references: field name -> the keys whose outputs, joined along
+their first axis, replace that field at training time (:class:`CachedSamples`).
+
+Layout: ``chunk-00000.safetensors`` ... and ``index.json`` (``format``, ``files``: key -> chunk,
+``samples``: per-sample references, plus what the stage adds, e.g. which towers were frozen).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable
 
-from mmcore.data.shards import ShardDataset, ShardWriter
+from mmcore.errors import StageError
+from mmcore.faults import crash_point
+from mmcore.io import atomic_write_json
+
+FORMAT = 2
+CHUNK_GLOB = "chunk-*.safetensors"
 
 
 class FeatureCacheWriter:
-    def __init__(self, folder: Path) -> None:
-        self.writer = ShardWriter(folder)
-        self.by_key: dict[str, int] = {}
+    """Writes a feature cache; reopened on a folder a killed run left, it resumes.
+
+    ``encoded`` and ``reused`` count the outputs computed by this writer and those found
+    (earlier in the data, or in chunks a killed run finished)."""
+
+    def __init__(self, folder: Path, chunk_items: int = 16) -> None:
+        from safetensors import safe_open
+
+        self.folder = folder
+        self.chunk_items = chunk_items
+        folder.mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, str] = {}
+        for chunk in sorted(folder.glob(CHUNK_GLOB)):
+            with safe_open(str(chunk), "pt") as handle:
+                self.files.update(dict.fromkeys(handle.keys(), chunk.name))
+        for partial in folder.glob(".chunk-*.tmp"):
+            partial.unlink()  # a chunk a kill interrupted mid-write: its outputs are recomputed
+        self.chunks = len(list(folder.glob(CHUNK_GLOB)))
+        self.pending: dict[str, Any] = {}
         self.samples: list[dict[str, list[str]]] = []
+        self.encoded = self.reused = 0
 
     def add(self, key: str, compute: Callable[[], Any]) -> str:
         """``key``, computing and storing ``compute()`` (float32, no grad) the first time it is seen."""
         import torch
 
-        if key not in self.by_key:
-            with torch.no_grad():
-                states = compute()
-            self.by_key[key] = self.writer.add({"states": states.float()}, length=len(states), meta={"key": key})
+        if key in self.files or key in self.pending:
+            self.reused += 1
+            return key
+        with torch.no_grad():
+            self.pending[key] = compute().float().contiguous()
+        self.encoded += 1
+        if len(self.pending) >= self.chunk_items:
+            self._flush()
         return key
 
     def add_sample(self, refs: dict[str, list[str]]) -> None:
         """The references of the next preprocessed sample (in dataset order)."""
         self.samples.append(refs)
 
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self.pending:
+            return
+        name = f"chunk-{self.chunks:05d}.safetensors"
+        partial = self.folder / f".{name}.tmp"
+        save_file(self.pending, str(partial))
+        partial.replace(self.folder / name)
+        self.files.update(dict.fromkeys(self.pending, name))
+        self.pending = {}
+        self.chunks += 1
+        crash_point("extract-chunk", self.chunks)
+
     def close(self, **extra: Any) -> int:
-        """Write the index; returns how many unique items were encoded."""
-        self.writer.close(by_key=self.by_key, samples_media=self.samples, **extra)
-        return len(self.by_key)
+        """Write the last chunk and the index; returns how many unique outputs the cache holds."""
+        self._flush()
+        atomic_write_json(self.folder / "index.json", {"format": FORMAT, "files": self.files, "samples": self.samples, **extra})
+        return len(self.files)
+
+
+class FeatureCache:
+    """A finished cache: ``get(key)`` and the index's extra values (``index``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        try:
+            self.index = json.loads((folder / "index.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise StageError(f"feature cache {folder}: unreadable index ({exc}); rerun extract with --force") from None
+        if self.index.get("format") != FORMAT:
+            raise StageError(f"feature cache {folder} was written by an older mmcore; rerun extract with --force")
+        self._handles: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        from safetensors import safe_open
+
+        name = self.index["files"][key]
+        if name not in self._handles:
+            self._handles[name] = safe_open(str(self.folder / name), "pt")
+        return self._handles[name].get_tensor(key)
+
+    def refs(self, sample: int) -> dict[str, list[str]]:
+        return self.index["samples"][sample]
 
 
 class CachedSamples:
@@ -52,12 +124,10 @@ class CachedSamples:
             a cached field named like an input field replaces it in place.
     """
 
-    def __init__(self, data: ShardDataset, cache: Path, replaces: dict[str, str] | None = None) -> None:
+    def __init__(self, data: Any, cache: Path, replaces: dict[str, str] | None = None) -> None:
         self.data = data
-        self.cache = ShardDataset(cache)
+        self.cache = FeatureCache(cache)
         self.index = self.cache.index
-        self.by_key = self.index["by_key"]
-        self.refs = self.index["samples_media"]
         self.replaces = replaces or {}
 
     def __len__(self) -> int:
@@ -73,9 +143,11 @@ class CachedSamples:
         import torch
 
         sample = dict(self.data[i])
-        refs = self.refs[self.data.indices[i]]
-        for name, keys in refs.items():
+        for name, keys in self.cache.refs(self.data.indices[i]).items():
             if name in self.replaces:
                 sample.pop(self.replaces[name], None)
-            sample[name] = torch.cat([self.cache[self.by_key[k]]["states"] for k in keys])
+            sample[name] = torch.cat([self.cache.get(k) for k in keys]) if len(keys) > 1 else self.cache.get(keys[0])
         return sample
+
+
+__all__ = ["FeatureCacheWriter", "FeatureCache", "CachedSamples"]

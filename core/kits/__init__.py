@@ -2,5 +2,25 @@
 
 * :mod:`mmcore.kits.vlm` — transformers conversational models (VLMs, omni thinkers): chat-template
   preprocessing, padded or packed collation, loss, shard and freeze groups, held-out accuracy,
-  export with reload and a ``generate()`` check. A pack declares a :class:`~mmcore.kits.vlm.VLMFamily`.
+  export with reload and a ``generate()`` check. A pack declares a :class:`~mmcore.kits.vlm.VLMFamily`;
+  :mod:`mmcore.kits.auto` makes one from a transformers class name alone.
+* :mod:`mmcore.kits.diffusion` — diffusers flow-matching denoisers (text-to-video/image):
+  captioned-clip preprocessing in buckets, VAE and text-encoder extract into the feature cache,
+  flow-matching loss and timestep sampling, diffusers export with sample videos. A pack
+  declares a :class:`~mmcore.kits.diffusion.DiffusionFamily`.
 """
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+def blocks_at(model: Any, paths: Sequence[str]) -> list[Any]:
+    """The items of the module lists at dotted ``paths`` (``"model.language_model.layers"``), in order."""
+    blocks: list[Any] = []
+    for path in paths:
+        found = model
+        for name in path.split("."):
+            found = getattr(found, name)
+        blocks.extend(found)
+    return blocks

@@ -67,8 +67,8 @@ class TransformersNames(StateDictAdapter):
         import torch
 
         cls = model_class(self.class_name)
-        with torch.device("meta"):
-            return cls(cls.config_class())
+        with torch.device("meta"):  # renames do not depend on sizes; shrunk, every default config is consistent
+            return cls(shrink_config(cls.config_class()))
 
     def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
         from transformers.conversion_mapping import get_model_conversion_mapping
@@ -149,7 +149,20 @@ def shrink_config(config: Any, sizes: Mapping[str, int] = TINY_SIZES) -> Any:
     for key, value in sizes.items():
         if getattr(config, key, None) is not None:
             setattr(config, key, value)
+    if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer, validated against the count
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
     return config
+
+
+def processor_class(class_name: str, model_type: str) -> Any:
+    """The family's processor class: transformers' auto mapping, else ``<Family>Processor``."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    name = PROCESSOR_MAPPING_NAMES.get(model_type) or class_name.replace("ForConditionalGeneration", "Processor")
+    if not hasattr(transformers, name):
+        raise StageError(f"{class_name}: no processor class {name!r} in transformers; the pack needs its own tiny checkpoint builder")
+    return getattr(transformers, name)
 
 
 def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str], chat_template: str = DEFAULT_TEMPLATE,
@@ -181,13 +194,14 @@ def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str],
     names = IMAGE_PROCESSOR_MAPPING_NAMES.get(config.model_type) or {}
     image_cls = getattr(transformers, names.get("pil") or next(iter(names.values()), "") if isinstance(names, dict) else names[0])
     image_processor = image_cls(size={"height": side, "width": side}, crop_size={"height": side, "width": side}, do_center_crop=False)
-    processor_cls = getattr(transformers, class_name.replace("ForConditionalGeneration", "Processor"))
-    extra = {k: v for k, v in {"patch_size": getattr(vision, "patch_size", None),
-                               "vision_feature_select_strategy": getattr(config, "vision_feature_select_strategy", None)}.items() if v is not None}
-    if "num_additional_image_tokens" in inspect.signature(processor_cls.__init__).parameters:
-        # a CLIP tower's class token counts in its output (the processor then drops it as the model does)
-        extra["num_additional_image_tokens"] = int("clip" in getattr(vision, "model_type", ""))
-    processor = processor_cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, image_token=image_token, **extra)
+    processor_cls = processor_class(class_name, config.model_type)
+    accepted = inspect.signature(processor_cls.__init__).parameters
+    extra = {"patch_size": getattr(vision, "patch_size", None), "image_token": image_token,
+             "vision_feature_select_strategy": getattr(config, "vision_feature_select_strategy", None),
+             # a CLIP tower's class token counts in its output (the processor then drops it as the model does)
+             "num_additional_image_tokens": int("clip" in getattr(vision, "model_type", ""))}
+    extra = {k: v for k, v in extra.items() if v is not None and k in accepted}
+    processor = processor_cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **extra)
     torch.manual_seed(seed)
     model = cls(config)
     out.mkdir(parents=True, exist_ok=True)

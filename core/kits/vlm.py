@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.context import StageContext
+from mmcore.kits import blocks_at
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
@@ -158,7 +159,7 @@ class VLMFamily:
         return next_token_loss_sum(self.forward_logits(model, batch), batch["labels"])
 
     def shard_modules(self, model: Any) -> list[Any]:
-        return [block for path in self.shard_layers for block in _attribute(model, path)]
+        return blocks_at(model, self.shard_layers)
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -251,12 +252,6 @@ def restarting_positions(model: Any, batch: Batch) -> Any:
     import torch
 
     return torch.cat([torch.arange(int(n)) for n in batch["segments"]])[None].to(batch["input_ids"].device)
-
-
-def _attribute(obj: Any, dotted: str) -> Any:
-    for name in dotted.split("."):
-        obj = getattr(obj, name)
-    return obj
 
 
 __all__ = ["VLMFamily", "restarting_positions"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.errors import StageError
+from mmcore.tiny import pick_preset
 
 # Words the tiny tokenizer learns whole: the demo's vocabulary plus common English.
 CORPUS = [
@@ -76,10 +76,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
-    try:
-        p = PRESETS[preset]
-    except KeyError:
-        raise StageError(f"init:{preset}: unknown tiny preset; choose one of {', '.join(PRESETS)}") from None
+    p = pick_preset(PRESETS, preset)
     hf_logging.disable_progress_bar()
     tokenizer = build_tokenizer()
     features = WhisperFeatureExtractor(feature_size=N_MELS, chunk_length=p["seconds"])

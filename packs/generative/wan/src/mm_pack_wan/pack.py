@@ -21,10 +21,10 @@ wan = PackSpec(
     # Only the transformer converts and trains; the VAE and text encoder stay frozen as they are.
     stages={
         "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_init_checkpoint"}, options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_wan.adapter:ADAPTER", "build_model": "mm_pack_wan.model:build_transformer"}, options={"subfolder": "transformer", "what": "transformer"}),
-        "preprocess": "mm_pack_wan.preprocess:preprocess",
-        "extract": "mm_pack_wan.extract:extract",
-        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_wan.model:recipe"}),
-        "export": "mm_pack_wan.export:export",
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_wan.adapter:ADAPTER", "build_model": "mm_pack_wan.family:FAMILY.build_model"}, options={"subfolder": "transformer", "what": "transformer"}),
+        "preprocess": "mm_pack_wan.family:FAMILY.preprocess",
+        "extract": "mm_pack_wan.family:FAMILY.extract",
+        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_wan.family:FAMILY.recipe"}),
+        "export": "mm_pack_wan.family:FAMILY.export",
     },
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.errors import StageError
+from mmcore.tiny import pick_preset
 
 CORPUS = [
     "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",
@@ -55,10 +55,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from transformers import UMT5Config, UMT5EncoderModel
     from transformers.utils import logging as hf_logging
 
-    try:
-        p = PRESETS[preset]
-    except KeyError:
-        raise StageError(f"init:{preset}: unknown tiny preset; choose one of {', '.join(PRESETS)}") from None
+    p = pick_preset(PRESETS, preset)
     hf_logging.disable_progress_bar()
     diffusers_logging.disable_progress_bar()
     torch.manual_seed(seed)

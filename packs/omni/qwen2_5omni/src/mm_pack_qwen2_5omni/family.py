@@ -99,9 +99,9 @@ def use_cached_towers(model: Any, towers: list[str]) -> Any:
 
 def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest]) -> None:
     if "extract" in upstream:
-        from mmcore.data.shards import ShardDataset
+        from mmcore.data.feature_cache import FeatureCache
 
-        use_cached_towers(model, ShardDataset(upstream["extract"].output("features")).index["towers"])
+        use_cached_towers(model, FeatureCache(upstream["extract"].output("features")).index["towers"])
 
 
 def thinker_side_files(model_dir: Path, out: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.errors import StageError
+from mmcore.tiny import pick_preset
 
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"]
 NAMED_TOKENS = {
@@ -50,10 +50,7 @@ def build_tokenizer(vocab_size: int = 400):  # type: ignore[no-untyped-def]
 def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     from transformers import Qwen2_5OmniThinkerConfig
 
-    try:
-        p = PRESETS[preset]
-    except KeyError:
-        raise StageError(f"init:{preset}: unknown tiny preset; choose one of {', '.join(PRESETS)}") from None
+    p = pick_preset(PRESETS, preset)
     ids = tokenizer.convert_tokens_to_ids
     half = p["hidden"] // p["heads"] // 2  # mrope sections (temporal, height, width) sum to head_dim / 2
     text = dict(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.errors import StageError
+from mmcore.tiny import pick_preset
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -55,10 +55,7 @@ def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
 
 def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     """The transformers config of a tiny preset, its token ids taken from ``tokenizer``."""
-    try:
-        p = PRESETS[preset]
-    except KeyError:
-        raise StageError(f"init:{preset}: unknown tiny preset; choose one of {', '.join(PRESETS)}") from None
+    p = pick_preset(PRESETS, preset)
     ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in [
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),

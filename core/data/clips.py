@@ -1,4 +1,5 @@
-"""Preprocess: captioned videos/images -> frames sampled to the target fps, resized into buckets.
+"""Captioned videos -> frames sampled to the target fps, resized into buckets (the preprocess
+stage of the diffusion kit).
 
 Each video is probed once (frames, fps, size), assigned the bucket of the closest aspect ratio
 it is long enough for, sampled, scaled to cover and centre-cropped; frames are stored as uint8
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Mapping
+from typing import Callable
 
 from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
@@ -18,18 +19,17 @@ from mmcore.data.shards import ShardWriter
 from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
 
 
-def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, int], Path] | None = None) -> StageResult:
+    """The preprocess stage of captioned videos: ``data.datasets`` (and the demo's clips when
+    ``data.demo_samples`` > 0) into a shard dataset of uint8 frames with caption and bucket."""
     import torch
 
     cfg = ctx.config.data
     datasets = [Path(p) for p in cfg.datasets]
-    if cfg.demo_samples:
-        from mm_pack_wan.demo import write_demo_dataset
-
-        datasets.append(write_demo_dataset(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed))
+    if cfg.demo_samples and demo is not None:
+        datasets.append(demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed))
     if not datasets:
         raise StageError("no datasets: give --data CAPTIONS.json or a folder of videos with .txt captions")
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")

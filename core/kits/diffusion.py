@@ -1,0 +1,318 @@
+"""The diffusion kit: the stages of a diffusers text-to-video (or -image) model trained by flow
+matching, from one declaration.
+
+A pack describes its family once, as a :class:`DiffusionFamily` (the denoiser and pipeline
+classes, how the frozen VAE and text encoder encode, how the denoiser is called); the family's
+methods are the stage functions and parts its declared stages bind::
+
+    FAMILY = DiffusionFamily(transformer_class="WanTransformer3DModel", pipeline_class="WanPipeline", ...)
+
+    STAGES = {
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_x.family:FAMILY.adapter",
+                                                               "build_model": "mm_pack_x.family:FAMILY.build_model"},
+                         options={"subfolder": "transformer", "what": "transformer"}),
+        "preprocess": "mm_pack_x.family:FAMILY.preprocess",
+        "extract": "mm_pack_x.family:FAMILY.extract",
+        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_x.family:FAMILY.recipe"}),
+        "export": "mm_pack_x.family:FAMILY.export",
+    }
+
+What the kit does with it:
+
+* **preprocess**: captioned videos or images (:mod:`mmcore.data.captions`) probed, put in the
+  bucket of the closest aspect ratio they are long enough for, sampled at ``data.fps``, scaled
+  and centre-cropped; uint8 frames stored with the caption.
+* **extract**: VAE latents and text embeddings of every clip into the feature cache
+  (:mod:`mmcore.data.feature_cache`), keyed by content and the checkpoint's fingerprint;
+  resumable after a kill.
+* **train**: flow matching: noise levels drawn uniform or logit-normal and shifted
+  (``training.flow_shift``), the velocity ``noise - data`` regressed, captions dropped with
+  ``training.caption_dropout`` for classifier-free guidance; from the cache, or encoding each
+  batch afresh without an extract stage (the same numbers either way).
+* **export**: the trained denoiser into a copy of the downloaded pipeline folder under
+  diffusers' names; reloaded, every weight must be bit-identical and its output equal; then
+  sample videos (mp4) and a contact sheet from the pipeline for ``export.sample_prompts``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from pydantic import Field
+
+from mmcore.config import DataSection, ExportSection, TrainingSection
+from mmcore.context import StageContext
+from mmcore.errors import StageError
+from mmcore.kits import blocks_at
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
+
+
+class VideoData(DataSection):
+    """Captioned videos (or images: one-frame buckets) sampled into size buckets."""
+
+    fps: float = Field(8.0, gt=0, description="Frames per second sampled from each video.")
+    buckets: list[tuple[int, int, int]] = Field(default_factory=lambda: [(32, 32, 9)], description="(height, width, frames) buckets.")
+    max_sequence_length: int = Field(32, ge=4, description="Text tokens per caption.")
+    demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic dataset with this many clips (the demo).")
+
+
+class FlowMatchingTraining(TrainingSection):
+    caption_dropout: float = Field(0.1, ge=0, le=1, description="Probability of training on the empty caption (for classifier-free guidance).")
+    flow_shift: float = Field(3.0, gt=0, description="Timestep shift of the flow-matching schedule.")
+    timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
+
+
+class SampleExport(ExportSection):
+    sample_prompts: list[str] = Field(default_factory=list, description="Captions to generate samples for after export.")
+    sample_steps: int = Field(20, ge=1)
+    guidance_scale: float = Field(4.0, ge=1.0)
+
+
+def sigmas(batch: int, cfg: Any, generator: Any = None) -> Any:
+    """Noise levels in (0, 1): uniform or logit-normal, then shifted as flow-matching schedulers shift them."""
+    import torch
+
+    u = torch.sigmoid(torch.randn(batch, generator=generator)) if cfg.timestep_sampling == "logit_normal" else torch.rand(batch, generator=generator)
+    return cfg.flow_shift * u / (1 + (cfg.flow_shift - 1) * u)
+
+
+def flow_matching_loss(predict: Callable[..., Any], model: Any, latents: Any, text: Any, empty_text: Any, cfg: Any) -> Any:
+    """Summed per-sample MSE between predicted and true velocity (noise - data) at random noise levels.
+
+    ``predict(model, noisy, sigma, text)`` is the family's call of its denoiser.
+    """
+    import torch
+
+    batch = latents.shape[0]
+    drop = torch.rand(batch) < cfg.caption_dropout
+    text = torch.where(drop.view(-1, *[1] * (text.dim() - 1)).to(text.device), empty_text.to(text.device).expand_as(text), text)
+    sigma = sigmas(batch, cfg).to(latents.device)
+    noise = torch.randn(latents.shape).to(latents.device)
+    s = sigma.view(-1, *[1] * (latents.dim() - 1))
+    noisy = (1 - s) * latents + s * noise
+    prediction = predict(model, noisy, sigma, text)
+    return ((prediction.float() - (noise - latents).float()) ** 2).mean(dim=tuple(range(1, latents.dim()))).sum()
+
+
+def content_key(*parts: Any) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else str(part).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class DiffusionFamily:
+    """One diffusers flow-matching family, as the diffusion kit needs to know it.
+
+    Attributes:
+        transformer_class: the diffusers denoiser class (``"WanTransformer3DModel"``).
+        pipeline_class: the diffusers pipeline class the export loads in (``"WanPipeline"``).
+        adapter: the pack's state-dict adapter for the denoiser.
+        encoders: ``(model dir, max text length) -> encoders`` with ``latents(frames)`` (uint8
+            [F, H, W, 3] -> normalised latents) and ``text(caption)`` (-> embeddings), the frozen
+            VAE and text encoder used exactly as the pipeline uses them.
+        predict: ``(model, noisy latents, sigma, text) -> prediction`` of the denoiser.
+        probe: ``(model, ctx, generator) -> inputs`` of one denoiser call, for the export check.
+        sample: ``(pipeline, ctx, prompt, generator) -> frames`` float [F, H, W, 3] in [0, 1].
+        freeze_groups: ``training.freeze`` names -> parameter globs.
+        shard_layers: dotted paths of the block lists FSDP shards one by one.
+        subfolder: the denoiser's folder in a pipeline checkpoint.
+        weights_name: diffusers' name for its weights file.
+        demo: ``(folder, samples, seed) -> captions file`` of the pack's synthetic dataset.
+    """
+
+    transformer_class: str
+    pipeline_class: str
+    adapter: Any
+    encoders: Callable[[Path, int], Any]
+    predict: Callable[[Any, Any, Any, Any], Any]
+    probe: Callable[[Any, StageContext, Any], dict[str, Any]]
+    sample: Callable[[Any, StageContext, str, Any], Any] | None = None
+    freeze_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    shard_layers: Sequence[str] = ("blocks",)
+    subfolder: str = "transformer"
+    weights_name: str = "diffusion_pytorch_model.safetensors"
+    demo: Callable[[Path, int, int], Path] | None = None
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def _class(self, name: str) -> Any:
+        import diffusers
+
+        return getattr(diffusers, name)
+
+    def build_model(self, model_dir: Path, checkpoint: Path | None = None) -> Any:
+        """The denoiser of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
+        from mmcore.checkpointing import load_converted
+
+        cls = self._class(self.transformer_class)
+        model = cls.from_config(cls.load_config(model_dir / self.subfolder))
+        if checkpoint is not None:
+            load_converted(model, checkpoint)
+        return model
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def preprocess(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        from mmcore.data.clips import preprocess_captioned_videos
+
+        return preprocess_captioned_videos(ctx, demo=self.demo)
+
+    def extract(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        from mmcore.data.feature_cache import FeatureCacheWriter
+        from mmcore.data.shards import ShardDataset
+
+        data = ShardDataset(upstream["preprocess"].output("dataset"))
+        identity = upstream["download"].fingerprint
+        length = ctx.config.data.max_sequence_length
+        encoders = self.encoders(upstream["download"].output("model"), length)
+        cache = FeatureCacheWriter(ctx.stage_dir / "features")
+        empty = cache.add(content_key("text", "", length, identity), lambda: encoders.text(""))
+        for i in ctx.progress(range(len(data)), description="extract", unit="clip"):
+            meta, frames = data.meta(i), data[i]["frames"]
+            latents = cache.add(content_key("latents", frames.numpy().tobytes(), meta["bucket"], identity), lambda: encoders.latents(frames))
+            text = cache.add(content_key("text", meta["caption"], length, identity), lambda: encoders.text(meta["caption"]))
+            cache.add_sample({"latents": [latents], "text": [text]})
+        cache.close(empty_text=empty)
+        return StageResult(
+            outputs={"features": "features"},
+            metrics={"clips": len(data), "encoded": cache.encoded, "reused": cache.reused},
+            notes=[f"cached latents and text embeddings of {len(data)} clips ({cache.encoded} encoded, {cache.reused} reused)"],
+        )
+
+    def recipe(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+        """With a finished extract stage, train from its cache; without, encode every batch afresh."""
+        from mmcore.data.shards import ShardDataset
+        from mmcore.train import TrainRecipe
+
+        cfg = ctx.config.training
+        data = ShardDataset(upstream["preprocess"].output("dataset"))
+        if "extract" in upstream:
+            from mmcore.data.feature_cache import CachedSamples
+
+            samples: Any = CachedSamples(data, upstream["extract"].output("features"), replaces={"latents": "frames"})
+            empty = samples.cache.get(samples.index["empty_text"])
+            encoders = None
+        else:
+            samples = FreshSamples(data)
+            encoders = self.encoders(upstream["download"].output("model"), ctx.config.data.max_sequence_length)
+            empty = encoders.text("")
+
+        def loss(model: Any, batch: dict[str, Any]) -> Any:
+            import torch
+
+            if encoders is not None:
+                batch = dict(batch, latents=torch.stack([encoders.latents(f) for f in batch["frames"]]),
+                             text=torch.stack([encoders.text(c) for c in batch["captions"]]))
+            device = next(model.parameters()).device
+            return flow_matching_loss(self.predict, model, batch["latents"].to(device), batch["text"].to(device), empty, cfg)
+
+        return TrainRecipe(
+            build_model=lambda ctx, upstream: self.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")),
+            dataset=lambda ctx, upstream: samples,
+            collate=collate,
+            loss=loss,
+            shard_modules=lambda model: blocks_at(model, self.shard_layers),
+            freeze_groups=self.freeze_groups,
+            loss_unit="samples",
+            group_of=lambda i: tuple(data.meta(i)["bucket"]),  # latents of one micro-batch must stack
+        )
+
+    def export(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        """The pipeline folder with the trained denoiser, proven equal to training, plus samples."""
+        import torch
+
+        from mmcore.convert import dcp_to_hf
+
+        source = upstream["download"].output("model")
+        checkpoint = upstream["train"].output("checkpoint").resolve()
+        out = ctx.stage_dir / "pipeline"
+        if out.exists():
+            shutil.rmtree(out)
+        weights = (self.weights_name, self.weights_name + ".index.json")
+        shutil.copytree(source, out, ignore=lambda folder, names: [n for n in names if n in weights and Path(folder).name == self.subfolder])
+        stats = dcp_to_hf(checkpoint, out / self.subfolder, self.adapter)
+        if stats["shards"] > 1:  # diffusers' shard names
+            raise StageError("multi-shard denoiser export is not supported yet; raise export max_shard_bytes")
+        (out / self.subfolder / "model.safetensors").rename(out / self.subfolder / self.weights_name)
+
+        # The export must be the trained denoiser exactly: every weight bit-identical once loaded.
+        trained = self.build_model(source, checkpoint).eval()
+        loaded = self._class(self.transformer_class).from_pretrained(out / self.subfolder).eval()
+        ours, theirs = trained.state_dict(), loaded.state_dict()
+        differing = [k for k in ours if k not in theirs or not torch.equal(ours[k], theirs[k])]
+        if differing or set(theirs) != set(ours):
+            raise StageError(f"the exported denoiser's weights differ from the trained ones: {(differing or sorted(set(theirs) ^ set(ours)))[0]}")
+        inputs = self.probe(trained, ctx, torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            a, b = trained(**inputs, return_dict=False)[0], loaded(**inputs, return_dict=False)[0]
+        # Same weights, same inputs; CPU kernels may still round differently with the buffers'
+        # alignment (mmap-loaded vs. allocated), so outputs are compared with a tolerance.
+        diff = float((a - b).abs().max())
+        if diff > 1e-4:
+            raise StageError(f"the exported denoiser computes differently from the trained one (max |diff| {diff:.3g})")
+        metrics: dict[str, Any] = {**stats, "weights_identical": True, "max_abs_diff": diff}
+        notes = [f"diffusers pipeline at {out}; weights bit-identical to training, output max |diff| {diff:.2g}"]
+        prompts = list(ctx.config.export.sample_prompts)
+        if prompts and self.sample is not None:
+            written = self._samples(ctx, out, prompts)
+            metrics["samples"] = len(prompts)
+            notes.append(f"{len(prompts)} sample videos and a contact sheet in {written}")
+        return StageResult(outputs={"model": "pipeline", "samples": "samples"}, metrics=metrics, notes=notes)
+
+    def _samples(self, ctx: StageContext, pipeline_dir: Path, prompts: list[str]) -> Path:
+        import torch
+
+        from mmcore.data.video import contact_sheet, write_mp4
+
+        pipe = self._class(self.pipeline_class).from_pretrained(pipeline_dir)
+        pipe.set_progress_bar_config(disable=True)
+        folder = ctx.stage_dir / "samples"
+        rows = []
+        for i, prompt in enumerate(prompts):
+            frames = self.sample(pipe, ctx, prompt, torch.Generator().manual_seed(ctx.seed + i))  # type: ignore[misc]
+            pixels = (frames.clip(0, 1) * 255).round().astype("uint8")
+            write_mp4(folder / f"sample-{i}.mp4", pixels, ctx.config.data.fps)
+            rows.append(pixels)
+        contact_sheet(folder / "contact_sheet.png", rows, scale=4)
+        (folder / "prompts.txt").write_text("\n".join(f"sample-{i}.mp4: {p}" for i, p in enumerate(prompts)) + "\n")
+        return folder
+
+
+class FreshSamples:
+    """Preprocessed clips with their captions, encoded during training (no extract stage)."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"frames": self.data[i]["frames"], "caption": self.data.meta(i)["caption"]}
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    import torch
+
+    shapes = {tuple(s["latents"].shape if "latents" in s else s["frames"].shape) for s in samples}
+    if len(shapes) > 1:
+        raise StageError(f"a micro-batch mixes shapes {sorted(shapes)}; the sampler groups by bucket, so the cache and the preprocessed data disagree: rerun preprocess and extract with --force")
+    batch: dict[str, Any] = {"num_loss_tokens": len(samples)}  # the loss is per sample
+    if "latents" in samples[0]:
+        batch["latents"] = torch.stack([s["latents"] for s in samples])
+        batch["text"] = torch.stack([s["text"] for s in samples])
+    else:
+        batch["frames"] = [s["frames"] for s in samples]
+        batch["captions"] = [s["caption"] for s in samples]
+    return batch
+
+
+__all__ = ["DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate"]

@@ -1,0 +1,86 @@
+"""Wan2.1 / Wan2.2 text-to-video as the diffusion kit sees it: the denoiser and pipeline classes,
+the frozen VAE and UMT5 used exactly as ``WanPipeline`` uses them, the denoiser's call. The kit
+(:mod:`mmcore.kits.diffusion`) does preprocessing, extract, flow-matching training and export.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmcore.context import StageContext
+from mmcore.kits.diffusion import DiffusionFamily
+
+from mm_pack_wan.adapter import ADAPTER
+from mm_pack_wan.demo import write_demo_dataset
+
+FREEZE_GROUPS = {
+    "blocks": ["blocks.*"],
+    "embeddings": ["patch_embedding.*", "condition_embedder.*"],
+    "head": ["proj_out.*", "norm_out.*", "scale_shift_table"],
+}
+
+
+class Encoders:
+    """The frozen VAE and UMT5 of a Wan checkpoint, used exactly as ``WanPipeline`` uses them."""
+
+    def __init__(self, model_dir: Path, max_sequence_length: int) -> None:
+        import torch
+        from diffusers import WanPipeline
+
+        self.pipe = WanPipeline.from_pretrained(model_dir, transformer=None)
+        self.pipe.vae.eval()
+        self.pipe.text_encoder.eval()
+        self.max_sequence_length = max_sequence_length
+        cfg = self.pipe.vae.config
+        self.mean = torch.tensor(cfg.latents_mean).view(1, -1, 1, 1, 1)
+        self.std = torch.tensor(cfg.latents_std).view(1, -1, 1, 1, 1)
+
+    def latents(self, frames: Any) -> Any:
+        """uint8 (F, H, W, 3) -> normalised latents (16, F', H', W'), as the pipeline expects them."""
+        import torch
+
+        with torch.no_grad():
+            video = frames.permute(3, 0, 1, 2)[None].float() / 127.5 - 1.0
+            z = self.pipe.vae.encode(video).latent_dist.mode()
+            return ((z - self.mean) / self.std)[0]
+
+    def text(self, caption: str) -> Any:
+        import torch
+
+        with torch.no_grad():
+            embeds, _ = self.pipe.encode_prompt(caption, do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length, device=torch.device("cpu"))
+            return embeds[0]
+
+
+def predict(model: Any, noisy: Any, sigma: Any, text: Any) -> Any:
+    return model(hidden_states=noisy, timestep=sigma * 1000, encoder_hidden_states=text, return_dict=False)[0]
+
+
+def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
+    """One small denoiser call's inputs (random latents and text states)."""
+    import torch
+
+    return {"hidden_states": torch.randn(1, 16, 3, 4, 4, generator=generator), "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_dim, generator=generator)}
+
+
+def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
+    height, width, frames = ctx.config.data.buckets[0]
+    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
+                guidance_scale=ctx.config.export.guidance_scale, max_sequence_length=ctx.config.data.max_sequence_length,
+                generator=generator, output_type="np").frames[0]
+
+
+FAMILY = DiffusionFamily(
+    transformer_class="WanTransformer3DModel",
+    pipeline_class="WanPipeline",
+    adapter=ADAPTER,
+    encoders=Encoders,
+    predict=predict,
+    probe=probe,
+    sample=sample,
+    freeze_groups=FREEZE_GROUPS,
+    shard_layers=("blocks",),
+    demo=write_demo_dataset,
+)
