@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.0"
+SDK_VERSION = "1.1"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
