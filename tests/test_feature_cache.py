@@ -1,0 +1,55 @@
+"""The feature cache every extract stage writes: content-keyed, chunked, resumable after a kill."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmcore.data.feature_cache import CachedSamples, FeatureCache, FeatureCacheWriter
+from mmcore.data.shards import ShardDataset, ShardWriter
+from mmcore.errors import StageError
+
+
+def outputs(n: int) -> dict[str, torch.Tensor]:
+    return {f"k{i}": torch.full((2, 3), float(i)) for i in range(n)}
+
+
+def test_a_writer_reopened_after_a_kill_keeps_finished_chunks_and_encodes_the_rest(tmp_path: Path) -> None:
+    items = outputs(10)
+    first = FeatureCacheWriter(tmp_path, chunk_items=4)
+    for key in list(items)[:6]:
+        first.add(key, lambda k=key: items[k])
+    # killed here: one chunk of 4 written, 2 outputs pending, and a chunk caught mid-write
+    (tmp_path / ".chunk-00001.safetensors.tmp").write_bytes(b"partial")
+    again = FeatureCacheWriter(tmp_path, chunk_items=4)
+    calls = []
+    for key in items:
+        again.add(key, lambda k=key: calls.append(k) or items[k])
+        again.add_sample({"x": [key]})
+    assert again.close() == 10
+    assert calls == [f"k{i}" for i in range(4, 10)] and again.reused == 4 and again.encoded == 6
+    assert not list(tmp_path.glob(".chunk-*"))
+    cache = FeatureCache(tmp_path)
+    assert all(torch.equal(cache.get(k), v) for k, v in items.items())
+
+
+def test_cached_samples_replace_the_field_the_cache_stands_in_for(tmp_path: Path) -> None:
+    writer = ShardWriter(tmp_path / "data")
+    for i in range(3):
+        writer.add({"frames": torch.zeros(4), "ids": torch.tensor([i])}, length=1, meta={})
+    writer.close()
+    cache = FeatureCacheWriter(tmp_path / "features")
+    for i in range(3):
+        cache.add_sample({"latents": [cache.add(f"a{i}", lambda i=i: torch.ones(1, 2) * i), cache.add("shared", lambda: torch.zeros(1, 2))]})
+    cache.close()
+    samples = CachedSamples(ShardDataset(tmp_path / "data"), tmp_path / "features", replaces={"latents": "frames"})
+    sample = samples[2]
+    assert set(sample) == {"ids", "latents"} and sample["latents"].tolist() == [[2.0, 2.0], [0.0, 0.0]]
+
+
+def test_a_cache_of_another_format_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "index.json").write_text('{"by_key": {}, "samples_media": []}')
+    with pytest.raises(StageError, match="written by an older mmcore; rerun extract with --force"):
+        FeatureCache(tmp_path)
