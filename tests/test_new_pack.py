@@ -60,7 +60,9 @@ def test_generated_demo_learns_and_its_own_tests_pass(generated) -> None:  # typ
     run = mmcore(env, root, "run", "--pack", "llava", "--preset", "demo")
     assert run.returncode == 0, run.stderr
     export = json.loads((root / "runs/llava-demo/export/manifest.json").read_text())
-    assert export["metrics"]["generate_accuracy"] >= 0.9  # 4 colours: chance is 0.25
+    # 4 colours: chance is 0.25; tools/demo_matrix.py measured >= 0.969 held-out accuracy from
+    # step 40 of 200 on 20 of 20 runs (seeds, CPU math, threads)
+    assert export["metrics"]["generate_accuracy"] >= 0.9
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                            capture_output=True, text=True, cwd=root / "mm-pack-llava", env=env, timeout=900)
     assert tests.returncode == 0, tests.stdout[-3000:]
