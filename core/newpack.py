@@ -61,7 +61,7 @@ def write_pack(name: str, category: str, directory: Path, model_class: str) -> P
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
               help="Where to create mm-pack-NAME/.")
 @click.option("--from-transformers", "from_transformers", metavar="CLASS", help=f"A transformers conversational class (default {DEFAULT_CLASS}).")
-@click.option("--from-diffusers", "from_diffusers", metavar="CLASS", help="A diffusers model class (generative packs).")
+@click.option("--from-diffusers", "from_diffusers", metavar="CLASS", help="A diffusers denoiser class: not yet (the diffusion kit has no generator; start from packs/generative/wan).")
 def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: str | None, from_diffusers: str | None) -> None:
     """Create a pack distribution NAME on mmcore's kits: pyproject, package, presets, tests, README."""
     from mmcore.pack import _PACK_NAME

@@ -165,14 +165,27 @@ def processor_class(class_name: str, model_type: str) -> Any:
     return getattr(transformers, name)
 
 
+def image_processor_class(model_type: str) -> Any:
+    """The family's image processor class, its PIL backend where it has one (no torchvision needed)."""
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    if isinstance(names, dict):
+        name = names.get("pil") or next(iter(names.values()), None)
+    else:
+        name = names[0] if names else None
+    if not name or not hasattr(transformers, name):
+        raise StageError(f"{model_type}: transformers names no image processor for it; the pack needs its own tiny checkpoint builder")
+    return getattr(transformers, name)
+
+
 def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str], chat_template: str = DEFAULT_TEMPLATE,
                     image_token: str = "<image>", sizes: Mapping[str, int] = TINY_SIZES) -> None:
     """Write a random-weight ``class_name`` checkpoint that ``from_pretrained`` and
     ``AutoProcessor`` load: shrunk config, a byte-level tokenizer over ``corpus``, the family's
     processor with its image processor sized to the tiny vision tower, and ``chat_template``."""
     import torch
-    import transformers
-    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
 
     from mmcore.tiny import byte_level_tokenizer
@@ -191,9 +204,7 @@ def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str],
         config.vision_feature_layer = -1  # the default picks a layer of a deep tower; a tiny one has two
     vision = getattr(config, "vision_config", None)
     side = getattr(vision, "image_size", 28)
-    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(config.model_type) or {}
-    image_cls = getattr(transformers, names.get("pil") or next(iter(names.values()), "") if isinstance(names, dict) else names[0])
-    image_processor = image_cls(size={"height": side, "width": side}, crop_size={"height": side, "width": side}, do_center_crop=False)
+    image_processor = image_processor_class(config.model_type)(size={"height": side, "width": side}, crop_size={"height": side, "width": side}, do_center_crop=False)
     processor_cls = processor_class(class_name, config.model_type)
     accepted = inspect.signature(processor_cls.__init__).parameters
     extra = {"patch_size": getattr(vision, "patch_size", None), "image_token": image_token,
