@@ -204,7 +204,7 @@ model:
   source: init:tiny
 data:
   demo_samples: 16
-  cutoff_len: 128
+  cutoff_len: 1024   # room for families whose processor tiles an image into many tokens
 training:
   steps: 4
   lr: 0.001

@@ -81,3 +81,19 @@ def test_bad_requests_are_one_line_errors(tmp_path: Path) -> None:
     diffusion = new_pack("y", "--category", "generative", "--from-diffusers", "FluxTransformer2DModel")
     assert diffusion.returncode == 2 and "error:" in diffusion.stderr
     assert new_pack("Bad Name", "--category", "vlm").returncode == 2
+
+
+@pytest.mark.parametrize("model_class", ["LlavaNextForConditionalGeneration"])
+def test_another_family_runs_from_its_class_alone(model_class: str, tmp_path: Path) -> None:
+    """LLaVA-NeXT tiles images (anyres) and passes ``image_sizes``: the processor and the kit
+    carry that without a line of the pack's own (VipLLaVA was tried by hand the same way)."""
+    made = subprocess.run([sys.executable, "-m", "mmcore", "new-pack", "other", "--category", "vlm", "--from-transformers", model_class,
+                           "--dir", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    pip_install_target([tmp_path / "mm-pack-other"], tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), *(p for p in sys.path if p)])
+    env["MMCORE_HOME"] = str(tmp_path / "home")
+    run = mmcore(env, tmp_path, "run", "--pack", "other", "--preset", "tiny")
+    assert run.returncode == 0, run.stderr
+    assert "reloaded with transformers: logits max |diff| = 0" in run.stdout

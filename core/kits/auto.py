@@ -200,8 +200,14 @@ def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str],
     for name in ("image_token_id", "image_token_index"):
         if hasattr(config, name):
             setattr(config, name, tokenizer.convert_tokens_to_ids(image_token))
-    if isinstance(getattr(config, "vision_feature_layer", None), int):
-        config.vision_feature_layer = -1  # the default picks a layer of a deep tower; a tiny one has two
+    # the defaults pick layers of a deep tower; a tiny one has TINY_SIZES' two (keep how many are picked)
+    depth = getattr(getattr(config, "vision_config", None), "num_hidden_layers", 2)
+    for name in ("vision_feature_layer", "vision_feature_layers"):
+        layer = getattr(config, name, None)
+        if isinstance(layer, int):
+            setattr(config, name, -1)
+        elif isinstance(layer, (list, tuple)):
+            setattr(config, name, [-1 - i % depth for i in range(len(layer))])
     vision = getattr(config, "vision_config", None)
     side = getattr(vision, "image_size", 28)
     image_processor = image_processor_class(config.model_type)(size={"height": side, "width": side}, crop_size={"height": side, "width": side}, do_center_crop=False)
@@ -209,8 +215,10 @@ def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str],
     accepted = inspect.signature(processor_cls.__init__).parameters
     extra = {"patch_size": getattr(vision, "patch_size", None), "image_token": image_token,
              "vision_feature_select_strategy": getattr(config, "vision_feature_select_strategy", None),
-             # a CLIP tower's class token counts in its output (the processor then drops it as the model does)
-             "num_additional_image_tokens": int("clip" in getattr(vision, "model_type", ""))}
+             # a CLIP tower's class token counts in its output; with the "default" strategy the
+             # processor then drops one as the model drops the class token
+             "num_additional_image_tokens": int("clip" in getattr(vision, "model_type", "")
+                                                and getattr(config, "vision_feature_select_strategy", None) == "default")}
     extra = {k: v for k, v in extra.items() if v is not None and k in accepted}
     processor = processor_cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **extra)
     torch.manual_seed(seed)
