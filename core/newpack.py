@@ -215,7 +215,7 @@ model:
   source: init:demo
 data:
   demo_samples: 320
-  cutoff_len: 128
+  cutoff_len: 1024
 training:
   steps: 200
   lr: 0.0015   # 5 seeds x native and AVX2 math x 1 and 2 threads: >= 95% from step 40 on (tools/demo_matrix.py)
