@@ -193,7 +193,9 @@ class Runner:
             if isinstance(exc, ContractError):
                 exc.hint = f"this is a bug in the pack; the traceback is in {log}"
                 raise
-            raise StageError(f"stage {stage!r} of pack {self.pack!r} failed: {type(exc).__name__}: {exc}", hint=f"the traceback is in {log}") from exc
+            # one line: libraries' messages run over several (install instructions, validator reports)
+            message = " ".join(str(exc).split())
+            raise StageError(f"stage {stage!r} of pack {self.pack!r} failed: {type(exc).__name__}: {message}", hint=f"the traceback is in {log}") from exc
         declined = result is None
         result = result or StageResult()
         manifest = Manifest(

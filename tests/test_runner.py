@@ -147,13 +147,14 @@ def test_stage_failure_is_one_line_with_the_traceback_saved(tmp_path: Path) -> N
 
         @hookimpl
         def mmcore_download(self, ctx):
-            raise ZeroDivisionError("the model is empty")
+            raise ZeroDivisionError("the model\n  is empty")  # a library's message over two lines
 
     runner = make_runner(plugins_with(Broken()), "broken", tmp_path / "run")
     with pytest.raises(StageError, match=r"stage 'download' of pack 'broken' failed: ZeroDivisionError: the model is empty") as info:
         runner.run_stage("download")
     log = tmp_path / "run" / "download" / "error.log"
     assert str(log) in info.value.one_line() and "Traceback" in log.read_text()
+    assert "\n" not in info.value.one_line()
     assert runner.run_dir.read_manifest("download") is None
 
 
