@@ -22,7 +22,7 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 # conversations for inference the same way training did.
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>system\n" + DEFAULT_SYSTEM + "<|im_end|>\n{% endif %}"
     "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}"
     "<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' %}"
