@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from mmcore.adapters import Recipe, RenameAdapter, StateDictAdapter, TensorInfo, materialize
 from mmcore.coverage import build_on_meta, coverage_problems, expected_tensors, model_from_config
 from mmcore.errors import StageError
+from mmcore.faults import crash_point
+from mmcore.io import ensure_free_space
 from mmcore.safetensors_io import SAFE_INDEX, SafetensorsFolder, compare_hf, iter_pairs, nbytes, read_header, safetensors_files, write_safetensors_streaming
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
     flat = {MODEL_PREFIX + key: torch.empty(r.info.shape, dtype=r.info.dtype, device="meta") for key, r in plan.items()}
     recipes = {MODEL_PREFIX + key: r for key, r in plan.items()}
     ticker = iter(progress(range(len(flat))) if progress else range(len(flat)))
+    written: list[str] = []
 
     class StreamingPlanner(DefaultSavePlanner):
         """Plans from meta tensors; reads each real tensor only when the writer asks for it."""
@@ -63,10 +66,13 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
             fqn = write_item.index.fqn
             if fqn in recipes:
                 next(ticker, None)
+                crash_point("convert-tensor", len(written) + 1)
+                written.append(fqn)
                 return materialize(recipes[fqn], source.get)
             return super().resolve_data(write_item)
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_free_space(out_dir, sum(nbytes(r.info) for r in plan.values()), "the converted checkpoint")
     # One file per tensor: with a single file per rank, torch's writer keeps a reference to
     # every tensor written to that file until it closes, i.e. the whole model (torch 2.13).
     writer = FileSystemWriter(str(out_dir), single_file_per_rank=False, thread_count=1)
@@ -83,12 +89,13 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
 
 def dcp_index(ckpt_dir: Path, prefix: str = MODEL_PREFIX) -> dict[str, TensorInfo]:
     """Tensors under ``prefix`` in a DCP checkpoint, from its metadata (no tensor read)."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    from mmcore import safe_dcp
+
     try:
-        metadata = FileSystemReader(str(ckpt_dir)).read_metadata()
-    except (OSError, ValueError, EOFError) as exc:
+        metadata = safe_dcp.read_metadata(ckpt_dir)
+    except OSError as exc:
         raise StageError(f"{ckpt_dir}: not a readable torch distributed checkpoint ({exc})") from None
     out = {}
     for key, meta in metadata.state_dict_metadata.items():
@@ -101,11 +108,11 @@ def dcp_index(ckpt_dir: Path, prefix: str = MODEL_PREFIX) -> dict[str, TensorInf
 
 def load_dcp_tensors(ckpt_dir: Path, keys: Iterable[str], index: dict[str, TensorInfo], prefix: str = MODEL_PREFIX) -> dict[str, "torch.Tensor"]:
     import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
+
+    from mmcore import safe_dcp
 
     wanted = {prefix + k: torch.empty(index[k].shape, dtype=index[k].dtype) for k in keys}
-    dcp.load(wanted, storage_reader=FileSystemReader(str(ckpt_dir)), no_dist=True)
+    safe_dcp.load(wanted, ckpt_dir)
     return {k[len(prefix) :]: v for k, v in wanted.items()}
 
 
@@ -143,6 +150,7 @@ def dcp_to_hf(
         plan = {k: Recipe(r.sources, TensorInfo(r.info.shape, dtype if r.info.dtype.is_floating_point else r.info.dtype), r.combine) for k, r in plan.items()}
     groups = _shard_groups(plan, max_shard_bytes)
     out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_free_space(out_dir, sum(nbytes(r.info) for r in plan.values()), "the exported model")
     names = ["model.safetensors"] if len(groups) == 1 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
 
     order = [key for group in groups for key in group]
