@@ -2,7 +2,9 @@
 
 A training checkpoint (``checkpoints/step-N``) holds model and optimizer as DCP (reshardable
 to any world size), the scheduler, the sampler position and every RNG state as JSON (no
-pickle), written completely before ``checkpoints/latest`` points at it.
+pickle), written completely under ``step-N.incomplete`` and renamed into place before
+``checkpoints/latest`` points at it; resuming takes the newest complete checkpoint. Reading
+goes through :mod:`mmcore.safe_dcp`, so a planted checkpoint file cannot run code.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmcore.io import atomic_write_json
+from mmcore.faults import crash_point
+from mmcore.io import atomic_write_json, fsync_dir
 from mmcore.sampler import EpochSampler
 
 if TYPE_CHECKING:
@@ -26,6 +29,9 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+STEP_PREFIX = "step-"
+INCOMPLETE = ".incomplete"
+TRAINER_STATE = "trainer_state.json"
 
 
 def load_converted(model: "nn.Module", ckpt_dir: Path) -> None:
@@ -34,8 +40,7 @@ def load_converted(model: "nn.Module", ckpt_dir: Path) -> None:
     Tied parameters (an output projection sharing the embedding, as hub checkpoints store it
     once) are read under their first name only.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
+    from mmcore import safe_dcp
 
     full = model.state_dict()
     first_name: dict[tuple[int, tuple[int, ...]], str] = {}
@@ -47,7 +52,7 @@ def load_converted(model: "nn.Module", ckpt_dir: Path) -> None:
         else:
             first_name.setdefault(identity, key)
     state = {f"model.{k}": v for k, v in full.items() if k not in alias}
-    dcp.load(state, storage_reader=FileSystemReader(str(ckpt_dir)), no_dist=True)
+    safe_dcp.load(state, ckpt_dir)
     model.load_state_dict({k: state[f"model.{alias.get(k, k)}"] for k in full}, strict=True)
 
 
@@ -85,63 +90,110 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any) -> None:
-    """Write ``root/step-N`` completely, then point ``root/latest`` at it (atomic rename)."""
+def _step_of(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith(STEP_PREFIX) or not name[len(STEP_PREFIX) :].isdigit():
+        return None
+    return int(name[len(STEP_PREFIX) :])
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint directory every rank finished writing: ``trainer_state.json`` is written
+    last, after DCP's ``.metadata`` and every rank's RNG state."""
+    return path.is_dir() and (path / ".metadata").is_file() and (path / TRAINER_STATE).is_file()
+
+
+def newest_complete(root: Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``root`` (``latest`` is only a pointer:
+    a kill between finishing a checkpoint and moving the pointer must not lose it)."""
+    steps = sorted((s, d) for d in root.glob(f"{STEP_PREFIX}*") if (s := _step_of(d)) is not None and is_complete(d))
+    return steps[-1][1] if steps else None
+
+
+def _point_latest(root: Path, target: Path) -> None:
+    link = root / LATEST
+    tmp = root / f".{LATEST}.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(target.name)
+    os.replace(tmp, link)
+    fsync_dir(root)
+
+
+def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *, loss: float | None = None) -> None:
+    """Write ``root/step-N``, then point ``root/latest`` at it.
+
+    The checkpoint is written under ``step-N.incomplete`` and renamed into place only once
+    every rank has finished, so a complete checkpoint is never deleted or overwritten for a
+    new one: if a complete ``step-N`` exists already (a run resumed at its last step, or
+    killed after the rename and before ``latest`` moved), it is the same state and is kept.
+    Only the two newest complete checkpoints are kept.
+    """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    target = root / f"step-{step:08d}"
-    if world.is_local_main and target.exists():
-        shutil.rmtree(target)
+    final = root / f"{STEP_PREFIX}{step:08d}"
+    partial = root / f"{final.name}{INCOMPLETE}"
     if world.distributed:
-        dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(target), no_dist=not world.distributed)
-    extra = {"step": step, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position}
-    atomic_write_json(target / f"rng-rank{world.rank:05d}.json", _rng_state())
+        dist.barrier()  # nobody is still reading: safe to look at the directory
+    if not is_complete(final):
+        if world.is_local_main:
+            shutil.rmtree(partial, ignore_errors=True)
+            if final.exists():  # a directory of that name that never completed (older layout)
+                shutil.rmtree(final)
+        if world.distributed:
+            dist.barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial), no_dist=not world.distributed)
+        crash_point("checkpoint-write", step)
+        atomic_write_json(partial / f"rng-rank{world.rank:05d}.json", _rng_state())
+        if world.distributed:
+            dist.barrier()
+        if world.is_local_main:
+            extra = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position}
+            atomic_write_json(partial / TRAINER_STATE, extra)  # last: the checkpoint is complete
+            os.replace(partial, final)
+            fsync_dir(root)
     if world.is_local_main:
-        atomic_write_json(target / "trainer_state.json", extra)
-    if world.distributed:
-        dist.barrier()
-    if world.is_local_main:
-        link = root / LATEST
-        tmp = root / f".{LATEST}.tmp"
-        if tmp.is_symlink() or tmp.exists():
-            tmp.unlink()
-        tmp.symlink_to(target.name)
-        os.replace(tmp, link)
-        for old in sorted(root.glob("step-*"))[:-2]:  # keep the last two
+        _point_latest(root, final)
+        crash_point("checkpoint-link", step)
+        complete = sorted((s, d) for d in root.glob(f"{STEP_PREFIX}*") if (s := _step_of(d)) is not None and is_complete(d))
+        for _, old in complete[:-2]:  # keep the last two
             shutil.rmtree(old, ignore_errors=True)
+        for stray in root.glob(f"{STEP_PREFIX}*{INCOMPLETE}"):
+            shutil.rmtree(stray, ignore_errors=True)
     if world.distributed:
         dist.barrier()
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any) -> int:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
+def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any) -> dict[str, Any]:
+    """Restore everything :func:`save_checkpoint` wrote; returns its trainer state
+    (``step``, ``loss`` of that step, ...)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    from mmcore import safe_dcp
 
     path = path.resolve()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     # get_state_dict gives a fresh optimizer state for every trainable parameter, but AdamW keeps
     # none for a parameter that has had no gradient yet (a tower no batch used so far), so the
     # checkpoint has none either. Leave those out: they start lazily, as in the unbroken run.
-    saved = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    saved = set(safe_dcp.read_metadata(path).state_dict_metadata)
     for fqn in [f for f in optim_sd.get("state", {}) if not any(k.startswith(f"optim.state.{f}.") for k in saved)]:
         del optim_sd["state"][fqn]
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path), no_dist=not world.distributed)
+    safe_dcp.load(state, path, distributed=world.distributed)
     # strict=False lets those parameters go without state; dcp.load above already required every
     # model tensor and every optimizer state the checkpoint should hold.
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=StateDictOptions(strict=False))
-    extra = json.loads((path / "trainer_state.json").read_text())
+    extra = json.loads((path / TRAINER_STATE).read_text())
     scheduler.load_state_dict(extra["scheduler"])
     sampler.position = extra["sampler_position"]
     rng_file = path / f"rng-rank{world.rank:05d}.json"
     if rng_file.exists():  # absent when resuming on more ranks than saved: those start fresh streams
         _set_rng_state(json.loads(rng_file.read_text()))
-    return int(extra["step"])
+    return extra
 
 
-__all__ = ["CHECKPOINTS", "LATEST", "load_converted", "save_checkpoint", "load_checkpoint", "seed_everything"]
+__all__ = ["CHECKPOINTS", "LATEST", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "seed_everything"]

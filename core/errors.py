@@ -50,3 +50,26 @@ def missing_dependency(module: str, purpose: str, distribution: str | None = Non
     (packs that use that code depend on it; core itself does not)."""
     name = distribution or module
     return MmcoreError(f"{purpose} needs {name}, which is not installed", hint=f"pip install {name}")
+
+
+#: What to do about the file-system faults a user can fix, by errno name.
+_FS_ADVICE = {
+    "ENOSPC": "free disk space or point --run-dir at a larger disk, then rerun: finished work is kept",
+    "EDQUOT": "the disk quota is used up: free space or point --run-dir elsewhere, then rerun",
+    "EROFS": "the file system is read-only: point --run-dir at a writable place",
+    "EACCES": "no permission to write there: fix the permissions or point --run-dir elsewhere",
+    "EPERM": "no permission to write there: fix the permissions or point --run-dir elsewhere",
+}
+
+
+def file_system_error(exc: BaseException, doing: str) -> "MmcoreError | None":
+    """A one-line error for a full, read-only or forbidden file system (None for other errors)."""
+    import errno
+
+    if not isinstance(exc, OSError) or exc.errno is None:
+        return None
+    name = errno.errorcode.get(exc.errno, "")
+    if name not in _FS_ADVICE:
+        return None
+    where = f" ({exc.filename})" if exc.filename else ""
+    return MmcoreError(f"{doing}: {exc.strerror or name}{where}", hint=_FS_ADVICE[name])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,6 +18,16 @@ from mmcore.context import StageContext
 from mmcore.errors import StageError
 from mmcore.io import sha256_file
 from mmcore.pack import StageResult
+
+#: The running stage's ``model.trust_remote_code`` (set by the runner; off by default).
+TRUST_REMOTE_CODE: ContextVar[bool] = ContextVar("mmcore_trust_remote_code", default=False)
+
+
+def remote_code() -> dict[str, bool]:
+    """Keyword arguments for transformers' ``Auto*.from_pretrained``: checkpoint code runs only
+    when the user set ``model.trust_remote_code=true`` for this run."""
+    return {"trust_remote_code": TRUST_REMOTE_CODE.get()}
+
 
 #: ``(preset name, output directory, seed) -> None``: writes a loadable checkpoint folder.
 InitBuilder = Callable[[str, Path, int], None]
@@ -33,7 +44,36 @@ def download_stage(ctx: StageContext, upstream: Mapping[str, Any], *, build_init
     missing = [part for part in subfolders if not (folder / part).is_dir()]
     if missing and ctx.world.is_local_main:
         raise StageError(f"{folder}: missing {', '.join(f'{m}/' for m in missing)}: not a checkpoint of this family (it needs {', '.join(subfolders)})")
+    if ctx.world.is_local_main:
+        check_checkpoint_folder(folder)
     return result
+
+
+def check_checkpoint_folder(folder: Path) -> None:
+    """A downloaded checkpoint is complete and readable before anything converts it: a config
+    (``config.json``, or ``model_index.json`` for a multi-part pipeline), every safetensors
+    file's header consistent with its size (truncation, garbage), every file a sharded
+    index names present and every tensor it maps in that file."""
+    import json
+
+    from mmcore.safetensors_io import SAFE_INDEX, read_header
+
+    if not (folder / "config.json").is_file() and not (folder / "model_index.json").is_file():
+        raise StageError(f"{folder}: no config.json (nor model_index.json): not a complete checkpoint folder")
+    for part in [folder, *(p.parent for p in sorted(folder.glob("*/config.json")))]:
+        headers = {path.name: read_header(path) for path in sorted(part.glob("*.safetensors"))}
+        index_file = part / SAFE_INDEX
+        if not index_file.is_file():
+            continue
+        try:
+            weight_map = json.loads(index_file.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise StageError(f"{index_file}: unreadable index ({type(exc).__name__}: {exc})") from None
+        for tensor, file in weight_map.items():
+            if file not in headers:
+                raise StageError(f"{index_file}: tensor {tensor!r} is in {file}, which is missing from {part}")
+            if tensor not in headers[file]:
+                raise StageError(f"{part / file}: tensor {tensor!r}, listed in {SAFE_INDEX}, is not in the file")
 
 
 def download_model(ctx: StageContext, build_init: InitBuilder, *, default_source: str | None = None) -> StageResult:
@@ -90,4 +130,24 @@ def _from_hub(ctx: StageContext, repo_id: str) -> StageResult:
     except (HfHubHTTPError, OSError) as exc:
         raise StageError(f"{repo_id}: download failed: {exc}", hint="rerun to resume; --offline uses the local cache") from None
     hashes = {str(p.relative_to(path)): sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}
-    return StageResult(outputs={"model": str(path)}, metrics={"source": repo_id, "revision": ctx.config.model.revision, "sha256": hashes})
+    commit = path.name  # the hub cache keeps a snapshot per resolved commit: snapshots/<sha>/
+    notes = [f"{repo_id} at commit {commit}"]
+    if not offline:
+        try:
+            from huggingface_hub import HfApi
+
+            info = HfApi().model_info(repo_id, revision=commit, files_metadata=True)
+        except (HfHubHTTPError, OSError) as exc:
+            notes.append(f"could not fetch the hub's file hashes to compare ({type(exc).__name__}); files are recorded by their local sha256")
+        else:
+            bad = hub_hash_mismatches(hashes, info.siblings or [])
+            if bad:
+                raise StageError(f"{path / bad[0]}: its sha256 differs from the hub's for {repo_id}@{commit}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), hint="delete the file from the hub cache and download again")
+            notes.append("every large file matches the hub's sha256")
+    return StageResult(outputs={"model": str(path)}, metrics={"source": repo_id, "revision": ctx.config.model.revision, "commit": commit, "sha256": hashes}, notes=notes)
+
+
+def hub_hash_mismatches(local: Mapping[str, str], siblings: Sequence[Any]) -> list[str]:
+    """Files whose local sha256 differs from the hub's (``RepoSibling.lfs.sha256``: the hub
+    publishes sha256 for LFS files, the weights; small git files are checked by git's own id)."""
+    return [s.rfilename for s in siblings if s.lfs is not None and s.rfilename in local and local[s.rfilename] != s.lfs.sha256]

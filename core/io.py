@@ -16,7 +16,8 @@ from typing import Any, Iterable
 _CHUNK = 8 << 20
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (best effort: not every file system can)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -27,6 +28,31 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def ensure_free_space(folder: Path, need_bytes: int, what: str) -> None:
+    """Refuse to start writing ``need_bytes`` into ``folder`` when the disk cannot hold them
+    (``MMCORE_MIN_FREE_BYTES`` more are kept free; a full disk mid-write costs the work done)."""
+    import shutil
+
+    from mmcore.errors import StageError
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    reserve = int(os.environ.get("MMCORE_MIN_FREE_BYTES", str(256 << 20)))
+    if free < need_bytes + reserve:
+        raise StageError(
+            f"{what} needs about {need_bytes / 2**30:.2f} GiB in {folder}, and only {free / 2**30:.2f} GiB are free",
+            hint="free disk space or point --run-dir at a larger disk",
+        )
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file another library wrote (safetensors' ``save_file``) to disk before renaming it."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -45,7 +71,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -18,12 +18,14 @@ from mmcore._version import __version__
 from mmcore.config import RunConfig
 from mmcore.console import say
 from mmcore.context import StageContext, WorldInfo
-from mmcore.errors import MmcoreError, StageError, UsageError
+from mmcore.errors import MmcoreError, StageError, UsageError, file_system_error
+from mmcore.faults import crash_point
+from mmcore.hub import TRUST_REMOTE_CODE
 from mmcore.io import sha256_json
 from mmcore.pack import STAGES, StageResult
 from mmcore.plugins import Plugins
 from mmcore.stages import ContractError, check_result
-from mmcore.rundir import Manifest, RunDir, changed_inputs, hash_inputs, missing_outputs
+from mmcore.rundir import Manifest, RunDir, changed_inputs, hash_inputs, hash_outputs, missing_outputs, output_problems
 from mmcore.versions import version_record
 
 #: ``no``: start the stage afresh; ``auto``: continue interrupted work if its plan is the
@@ -60,6 +62,12 @@ class Runner:
                     hint=f"run `mmcore {earlier} --pack {self.pack} --run-dir {self.run_dir.root}` or `mmcore run`",
                 )
             if manifest.status == "finished":
+                problems = output_problems(manifest)
+                if problems:
+                    raise StageError(
+                        f"the output of stage {earlier!r} changed after it finished: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                        hint=f"nothing read it; rerun `mmcore {earlier} --force` (or `mmcore run`) to rebuild it, `mmcore verify` checks every file",
+                    )
                 found[earlier] = manifest
         return found
 
@@ -80,16 +88,19 @@ class Runner:
         manifest = self.run_dir.read_manifest(stage)
         if manifest is None:
             return False, "not finished yet" if self.run_dir.read_started(stage) else "not run yet"
-        if manifest.status != "finished":
-            return False, "declined last time; asking the pack again"
         if manifest.plan != plan:
             return False, "its config slice or an earlier stage changed"
+        if manifest.status != "finished":  # same config, same upstream: the pack would decline again
+            return True, f"declined by the {self.pack} pack for this config"
         changed = changed_inputs(manifest)
         if changed:
             return False, f"input changed: {changed[0]}" + (f" (+{len(changed) - 1} more)" if len(changed) > 1 else "")
         missing = missing_outputs(manifest)
         if missing:
             return False, f"output missing: {missing[0]}"
+        damaged = output_problems(manifest)
+        if damaged:
+            return False, f"output changed: {damaged[0]}"
         when = datetime.fromtimestamp(manifest.finished_at).strftime("%Y-%m-%d %H:%M:%S")
         return True, f"up to date (finished {when})"
 
@@ -141,9 +152,9 @@ class Runner:
                 hint="run it without --resume to start it afresh",
             )
         resuming = resume != "no" and same_plan
-        self.run_dir.drop_manifest(stage)
         if not resuming:
-            self.run_dir.wipe_stage(stage)
+            self.run_dir.start_afresh(stage)
+        self.run_dir.drop_manifest(stage)
         self.run_dir.mark_started(stage, plan)
         return resuming
 
@@ -181,15 +192,28 @@ class Runner:
         hook = self.plugins.pm.hook
         hook.mmcore_stage_started(ctx=ctx)
         started_at = time.time()
+        TRUST_REMOTE_CODE.set(bool(self.config.model.trust_remote_code))
         try:
+            crash_point(f"{stage}-start")
             result = self.plugins.stage_caller(self.pack, stage)(ctx=ctx, upstream=upstream)
             check_result(self.pack, stage, result, stage_dir, check_paths=self.world.is_main)
+            crash_point(f"{stage}-done")  # the work is done, the manifest not yet written
         except BaseException as exc:
             hook.mmcore_stage_finished(ctx=ctx, manifest=None, error=exc)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)) or (isinstance(exc, MmcoreError) and not isinstance(exc, ContractError)):
                 raise
             log = stage_dir / (f"error-rank{self.world.rank}.log" if self.world.distributed else "error.log")
-            log.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+            try:
+                log.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+            except OSError as log_exc:
+                log = None  # type: ignore[assignment]
+                unlogged = f"no traceback saved: writing {stage_dir} failed too ({log_exc.strerror})"
+            fs_error = file_system_error(exc, f"stage {stage!r} of pack {self.pack!r} could not write")
+            if fs_error is not None:
+                fs_error.hint = f"{fs_error.hint}; " + (f"the traceback is in {log}" if log is not None else unlogged)
+                raise fs_error from exc
+            if log is None:
+                raise StageError(f"stage {stage!r} of pack {self.pack!r} failed: {type(exc).__name__}: {' '.join(str(exc).split())}", hint=unlogged) from exc
             if isinstance(exc, ContractError):
                 exc.hint = f"this is a bug in the pack; the traceback is in {log}"
                 raise
@@ -221,9 +245,11 @@ class Runner:
         if self.world.is_local_main:
             manifest.inputs = hash_inputs(ctx.inputs)
             manifest.fingerprint = sha256_json({"plan": plan, "inputs": {p: r["sha256"] for p, r in manifest.inputs.items()}})
+            manifest.output_files = hash_outputs(manifest)
             manifest.finished_at = time.time()
             self.run_dir.write_manifest(manifest)
             self.run_dir.clear_started(stage)
+            self.run_dir.finish_replacing(stage)
         hook.mmcore_stage_finished(ctx=ctx, manifest=manifest, error=None)
         return manifest
 

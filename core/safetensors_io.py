@@ -7,11 +7,14 @@ in memory, whatever the checkpoint's size.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from mmcore.adapters import TensorInfo
 from mmcore.errors import StageError
+from mmcore.faults import crash_point
+from mmcore.io import fsync_dir
 
 if TYPE_CHECKING:
     import torch
@@ -40,16 +43,60 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
+_ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+#: A header larger than this is not a header (safetensors itself refuses beyond 100 MB).
+MAX_HEADER_BYTES = 100 << 20
+
+
 def _read_raw_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The header of a safetensors file, checked against the file: every tensor's byte range
+    lies inside the data section, matches its shape and dtype, and the ranges cover the
+    data section exactly (a truncated or padded file is refused here, naming the tensor)."""
     import struct
 
+    def bad(why: str) -> StageError:
+        return StageError(f"{path}: not a valid safetensors file: {why}")
+
     try:
+        size = path.stat().st_size
         with open(path, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-    except (OSError, ValueError, struct.error) as exc:
-        raise StageError(f"{path}: not a readable safetensors file ({exc})") from None
+            raw = handle.read(8)
+            if len(raw) < 8:
+                raise bad(f"{size} bytes, too short for a header")
+            (length,) = struct.unpack("<Q", raw)
+            if length > min(MAX_HEADER_BYTES, size - 8):
+                raise bad(f"header length {length} exceeds the file ({size} bytes): truncated or not safetensors")
+            header = json.loads(handle.read(length).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise bad(f"header is not JSON ({exc})") from None
+    except OSError as exc:
+        raise StageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
     header.pop("__metadata__", None)
+    data_bytes = size - 8 - length
+    end = 0
+    for key, entry in header.items():
+        try:
+            dtype, shape, (start, stop) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            numel = 1
+            for dim in shape:
+                if not isinstance(dim, int) or dim < 0:
+                    raise TypeError(f"shape {shape}")
+                numel *= dim
+        except (KeyError, TypeError, ValueError) as exc:
+            raise bad(f"tensor {key!r}: malformed entry ({exc})") from None
+        if dtype not in _ITEM_BYTES:
+            raise bad(f"tensor {key!r}: unsupported dtype {dtype}")
+        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop):
+            raise bad(f"tensor {key!r}: bad data_offsets {entry['data_offsets']}")
+        if stop - start != numel * _ITEM_BYTES[dtype]:
+            raise bad(f"tensor {key!r}: {stop - start} bytes for shape {list(shape)} {dtype} ({numel * _ITEM_BYTES[dtype]} expected)")
+        if stop > data_bytes:
+            raise bad(f"tensor {key!r} ends at byte {stop} of a {data_bytes}-byte data section: the file is truncated")
+        end = max(end, stop)
+    if end != data_bytes:
+        raise bad(f"data section is {data_bytes} bytes, its tensors cover {end}")
     return header, 8 + length
 
 
@@ -129,7 +176,11 @@ def write_safetensors_streaming(path: Path, infos: dict[str, TensorInfo], produc
             flat = tensor.view(-1) if tensor.dim() else tensor.reshape(1)
             handle.write(memoryview(flat.view(torch.uint8).numpy()))
             del tensor, flat
+            crash_point("safetensors-tensor")
+        handle.flush()
+        os.fsync(handle.fileno())
     tmp.replace(path)
+    fsync_dir(path.parent)
     return offset
 
 

@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from mmcore.checkpointing import CHECKPOINTS, LATEST, load_checkpoint, load_converted, save_checkpoint, seed_everything
+from mmcore.checkpointing import CHECKPOINTS, LATEST, load_checkpoint, load_converted, newest_complete, save_checkpoint, seed_everything
 from mmcore.context import StageContext
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
+from mmcore.io import ensure_free_space
 from mmcore.optim import clip_grad_norm, freeze, lr_lambda
 from mmcore.pack import StageResult
 from mmcore.plot import plot_training
@@ -104,6 +105,9 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
+    if world.is_local_main:  # a checkpoint: every weight plus AdamW's two moments of the trained ones
+        checkpoint_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(2 * p.numel() * 4 for p in params)
+        ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint")
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
@@ -112,9 +116,15 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     ckpt_root = ctx.stage_dir / CHECKPOINTS
 
     step = 0
-    if ctx.resume and (ckpt_root / LATEST).exists():
-        step = load_checkpoint(ckpt_root / LATEST, model, optimizer, scheduler, sampler, world, backend)
-        ctx.say(f"resumed from step {step}")
+    last_loss = float("nan")
+    resume_from = newest_complete(ckpt_root) if ctx.resume else None
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model, optimizer, scheduler, sampler, world, backend)
+        step = int(state["step"])
+        last_loss = float("nan") if state.get("loss") is None else float(state["loss"])
+        pointed = (ckpt_root / LATEST).resolve() if (ckpt_root / LATEST).is_symlink() else None
+        moved = "" if pointed == resume_from.resolve() else f" ({LATEST} did not point at a complete checkpoint; took the newest complete one, {resume_from.name})"
+        ctx.say(f"resumed from step {step}{moved}")
     model.train()
 
     evals: list[tuple[int, dict[str, float]]] = []
@@ -135,7 +145,6 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
-    last_loss = float("nan")
     bar = ctx.progress(range(step, cfg.steps), total=cfg.steps - step, description="train", unit="step")
     for step in bar:
         # ---- step
@@ -174,13 +183,14 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend)
+            save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish
     final_step = max(cfg.steps, step)
-    save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend)
+    save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss)
+    crash_point("train-end", 1)
     log_eval(final_step)
     if world.is_main:
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import hashlib
 
 from mmcore.errors import StageError
-from mmcore.io import atomic_write_json
+from mmcore.faults import crash_point
+from mmcore.io import atomic_write_json, fsync_file
 
 if TYPE_CHECKING:
     import torch
@@ -51,9 +52,12 @@ class ShardWriter:
 
         if not self._buffer:
             return
-        save_file(self._buffer, str(self.out_dir / f"shard-{self._shards:05d}.safetensors"))
+        path = self.out_dir / f"shard-{self._shards:05d}.safetensors"
+        save_file(self._buffer, str(path))
+        fsync_file(path)
         self._buffer, self._buffer_bytes = {}, 0
         self._shards += 1
+        crash_point("shard-write", self._shards)
 
     def close(self, **extra: Any) -> dict[str, Any]:
         """Write the last shard and then the index (the dataset exists once the index does)."""

@@ -1,0 +1,50 @@
+"""Crash points of every stage on one pack (whisper: it has all six stages and is the quickest):
+a run killed at each in turn, every rerun resuming what the kill left, ends bit-identical to an
+uninterrupted run. ``make crash-matrix`` runs each point separately on every pack."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmcore.testing.crash import crash_chain, declined_stages, differences, points_for, run_args, straight_run, _mmcore
+
+OVERRIDES = ["data.demo_samples=4", "training.steps=4", "training.checkpoint_every=1"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("crash")
+    straight_run(work, "whisper", "tiny", work / "straight", OVERRIDES)
+    return work / "straight"
+
+
+@pytest.mark.compares_runs
+def test_a_run_killed_at_every_crash_point_in_turn_loses_nothing(straight: Path) -> None:
+    from mmcore.plugins import Plugins
+
+    points = points_for(Plugins.load().implemented_stages("whisper"), steps=4, declined=declined_stages(straight))
+    assert len(points) >= 20 and {"checkpoint-write:4", "train-done", "safetensors-tensor", "convert-tensor:2"} <= set(points)
+    resumed = straight.parent / "chain"
+    crash_chain(straight.parent, "whisper", "tiny", resumed, OVERRIDES, points)
+    assert differences(straight, resumed) == []
+    assert json.loads((resumed / "train" / "manifest.json").read_text())["metrics"]["final_loss"] == json.loads((straight / "train" / "manifest.json").read_text())["metrics"]["final_loss"]
+
+
+@pytest.mark.compares_runs
+def test_the_final_checkpoint_is_never_deleted_to_be_rewritten(straight: Path) -> None:
+    """Issue 19's run that could never resume: killed after the final checkpoint, resumed, and
+    killed again while (formerly) that checkpoint was being rewritten."""
+    run = straight.parent / "final"
+    crash_chain(straight.parent, "whisper", "tiny", run, OVERRIDES, ["train-done"], timeout=900)
+    train = json.loads((run / "train" / "manifest.json").read_text())
+    assert train["metrics"]["final_loss"] == json.loads((straight / "train" / "manifest.json").read_text())["metrics"]["final_loss"]
+    # The checkpoint of the last step is complete, so the rerun keeps it: nothing is rewritten.
+    proc = _mmcore(straight.parent, [*run_args("whisper", "tiny", run, OVERRIDES), "--force"], {"MMCORE_TEST_KILL": "train-done"}, 900)
+    assert proc.returncode != 0  # --force retrains from step 0 (a new run), killed before its manifest
+    proc = _mmcore(straight.parent, ["train", "--run-dir", str(run), "--resume"], {"MMCORE_TEST_KILL": "checkpoint-write:4"}, 900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed from step 4" in proc.stdout
+    assert differences(straight, run) == []
