@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -17,7 +18,7 @@ import click
 from mmcore._version import __version__
 from mmcore.cli_inspect import doctor_cmd, info_cmd, list_cmd, load_plugins as _plugins
 from mmcore.newpack import new_pack_cmd
-from mmcore.errors import MmcoreError
+from mmcore.errors import MmcoreError, StageError, UsageError, file_system_error
 from mmcore.pack import STAGES
 
 STAGE_HELP = {
@@ -126,6 +127,8 @@ def _runner(kw: dict[str, Any]):
     plugins = _plugins()
     request = _request(kw)
     session = open_session(plugins, request)
+    if session.config.run.device != "auto":  # a wrong device is found now, not after an hour of preprocessing
+        plugins.registry.accelerator(session.config.run.device)
     session.run_dir.lock()
     record_session(session, request)
     click.echo(f"run directory: {session.run_dir.root}")
@@ -183,6 +186,41 @@ def status_cmd(**kw: Any) -> None:
             blocked_by = stage
 
 
+@cli.command("verify")
+@click.option("--run-dir", required=True, help="The run directory to check.")
+@click.option("--quick", is_flag=True, help="Sizes and small files only (what every stage checks before reading).")
+def verify_cmd(run_dir: str, quick: bool) -> None:
+    """Check every finished stage's outputs against the sizes and sha256 recorded when it
+    finished: truncation, tampering, files gone. Exits 1 if anything changed."""
+    from mmcore.rundir import RunDir, output_problems
+    from mmcore.session import check_run_dir
+
+    root = Path(run_dir)
+    if check_run_dir(root, None) is None:
+        raise UsageError(f"--run-dir {run_dir}: not an mmcore run directory (no run.json)")
+    rd = RunDir(root)
+    bad = 0
+    for stage in STAGES:
+        manifest = rd.read_manifest(stage)
+        if manifest is None:
+            continue
+        if manifest.status != "finished":
+            click.echo(f"  {stage:<11} -      declined")
+            continue
+        if not manifest.output_files:
+            click.echo(f"  {stage:<11} ?      no output hashes recorded (finished by an older mmcore)")
+            continue
+        problems = output_problems(manifest, full=not quick)
+        files = sum(len(f) for f in manifest.output_files.values())
+        if problems:
+            bad += 1
+            click.echo(f"  {stage:<11} FAILED {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        else:
+            click.echo(f"  {stage:<11} ok     {files} file(s) {'sizes and small files' if quick else 'match their sha256'}")
+    if bad:
+        raise StageError(f"{bad} stage(s) of {rd.root} changed after finishing", hint="rerun them with --force (or `mmcore run`)")
+
+
 # ------------------------------------------------------------------------- entry point
 
 
@@ -227,6 +265,15 @@ def main(argv: list[str] | None = None) -> None:
         for line in exc.one_line().splitlines():
             click.echo(f"error: {line}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        fs_error = file_system_error(exc, "cannot write")
+        if debug or fs_error is None:
+            if debug:
+                raise
+            click.echo(f"error: {exc.filename or 'file system'}: {exc.strerror or exc} (rerun with --debug for the traceback)", err=True)
+            sys.exit(1)
+        click.echo(f"error: {fs_error.one_line()}", err=True)
+        sys.exit(1)
     except Exception as exc:  # a bug, in mmcore or a pack
         if debug:
             raise

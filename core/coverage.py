@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from mmcore.adapters import TensorInfo
+from mmcore.hub import remote_code
 
 if TYPE_CHECKING:
     from torch import nn
@@ -81,7 +82,7 @@ def model_from_config(folder: Path) -> "nn.Module | None":
         cls = getattr(transformers, name) if name else None
         if cls is None:
             return None
-        config = AutoConfig.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder, **remote_code())
         return build_on_meta(lambda _: cls(config), folder)
     except (ImportError, AttributeError, ValueError, OSError):
         return None

@@ -56,6 +56,10 @@ def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) 
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(parallel), "-m", "mmcore.worker", *worker_args]
     env = dict(os.environ, **{WORKER_ENV: "1"})
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if parallel.nnodes > 1:
+        from mmcore.console import say
+
+        say(f"{what}: node {parallel.node_rank} of {parallel.nnodes} waiting for the others at {parallel.rdzv_endpoint} (Ctrl-C stops; finished work is kept)")
     proc = subprocess.Popen(cmd, env=env)
     try:
         code = proc.wait()

@@ -1,13 +1,15 @@
 """The run directory: one sub-directory per stage, each finished by an atomic manifest.
 
 ``runs/<name>/``
-    ``run.json``         which pack/preset/config made the run
+    ``run.json``         which pack/preset/config made the run (a run directory belongs to one pack)
     ``config.yaml``      the resolved config the stages read (workers of a distributed stage too)
     ``<stage>/``         the stage's outputs
     ``<stage>/.started.json``  present while the stage runs or after it died
     ``<stage>/manifest.json``  written last, atomically: the stage is finished
 
 A stage without ``manifest.json`` is unfinished; its outputs are never handed to a later stage.
+A finished stage that must run again is moved aside to ``.<stage>.replaced`` until its
+replacement has finished, so a failed or killed rerun loses nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcore.errors import UsageError
-from mmcore.io import atomic_write_json, sha256_tree, stat_key
+from mmcore.io import atomic_write_json, fsync_dir, iter_files, sha256_file, sha256_tree, stat_key
 
 MANIFEST = "manifest.json"
 STARTED = ".started.json"
@@ -42,6 +44,8 @@ class Manifest:
     upstream: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
+    #: output name -> {file relative to the output: [size, sha256]}, recorded when the stage finished
+    output_files: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     versions: dict[str, Any] = field(default_factory=dict)
@@ -98,6 +102,45 @@ def missing_outputs(manifest: Manifest) -> list[str]:
     return [name for name in manifest.outputs if not manifest.output(name).exists()]
 
 
+#: Files up to this size are hashed on every cheap check (configs, indexes, DCP's ``.metadata``).
+SMALL_FILE_BYTES = 1 << 20
+
+
+def _output_root(manifest: Manifest, name: str) -> Path:
+    return manifest.output(name).resolve()  # train's ``checkpoints/latest`` is a link
+
+
+def hash_outputs(manifest: Manifest) -> dict[str, dict[str, list[Any]]]:
+    """Size and sha256 of every file of every output, as the stage left them."""
+    recorded: dict[str, dict[str, list[Any]]] = {}
+    for name in manifest.outputs:
+        root = _output_root(manifest, name)
+        if not root.exists():
+            continue
+        recorded[name] = {(file.relative_to(root).as_posix() if root.is_dir() else "."): [file.stat().st_size, sha256_file(file)] for file in iter_files(root)}
+    return recorded
+
+
+def output_problems(manifest: Manifest, *, full: bool = False) -> list[str]:
+    """Recorded output files that are gone, resized, or (small files; every file with ``full``)
+    whose content changed since the stage finished: truncation and tampering, found before a
+    later stage reads them. Files added since are not looked at: nothing reads them."""
+    problems = []
+    for name, files in manifest.output_files.items():
+        root = _output_root(manifest, name)
+        for rel, (size, digest) in files.items():
+            file = root if rel == "." else root / rel
+            if not file.is_file():
+                problems.append(f"{file}: missing")
+                continue
+            now = file.stat().st_size
+            if now != size:
+                problems.append(f"{file}: {now} bytes, {size} when stage {manifest.stage!r} finished")
+            elif (full or size <= SMALL_FILE_BYTES) and sha256_file(file) != digest:
+                problems.append(f"{file}: content changed since stage {manifest.stage!r} finished")
+    return problems
+
+
 class RunDir:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
@@ -144,9 +187,26 @@ class RunDir:
         except FileNotFoundError:
             pass
 
-    def wipe_stage(self, stage: str) -> None:
-        shutil.rmtree(self.stage_dir(stage), ignore_errors=True)
-        self.stage_dir(stage).mkdir(parents=True, exist_ok=True)
+    def replaced_dir(self, stage: str) -> Path:
+        return self.root / f".{stage}.replaced"
+
+    def start_afresh(self, stage: str) -> None:
+        """Empty the stage's directory for a new attempt without losing finished work: a
+        directory holding a finished (or declined) stage is moved aside to ``.<stage>.replaced``
+        and deleted only once its replacement has finished (:meth:`finish_replacing`); the
+        leftovers of an unfinished attempt are deleted."""
+        folder = self.stage_dir(stage)
+        aside = self.replaced_dir(stage)
+        if (folder / MANIFEST).is_file():
+            shutil.rmtree(aside, ignore_errors=True)  # older than the finished work now set aside
+            os.replace(folder, aside)
+            fsync_dir(self.root)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def finish_replacing(self, stage: str) -> None:
+        shutil.rmtree(self.replaced_dir(stage), ignore_errors=True)
 
     # ---------------------------------------------------------------- run metadata
     @property

@@ -34,7 +34,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.registry": frozenset({"KernelSpec", "BackendSpec"}),
     "mmcore.config": frozenset({"RunConfig", "Section", "ModelSection", "DataSection", "TrainingSection", "ExportSection", "ExtractSection", "ConvertSection"}),
     # engines: the stages a pack binds to its parts
-    "mmcore.hub": frozenset({"download_stage", "download_model", "InitBuilder"}),
+    "mmcore.hub": frozenset({"download_stage", "download_model", "InitBuilder", "remote_code", "check_checkpoint_folder"}),
     "mmcore.convert": frozenset({
         "convert_stage", "StateDictAdapter", "RenameAdapter", "Recipe", "TensorInfo", "SafetensorsFolder", "MODEL_PREFIX",
         "SAFE_INDEX", "hf_to_dcp", "dcp_to_hf", "dcp_index", "load_dcp_tensors", "copy_side_files", "compare_hf", "iter_pairs",
@@ -55,12 +55,12 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate"}),
     "mmcore.data.badsamples": frozenset({"BadSample", "BadSamples"}),
     "mmcore.data.media": frozenset({"MediaError"}),
-    "mmcore.data.video": frozenset({"MediaError", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),
+    "mmcore.data.video": frozenset({"MediaError", "media_limits", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),
     "mmcore.data.audio": frozenset({"MediaError", "load_audio", "write_audio"}),
     "mmcore.data.captions": frozenset({"read_captions"}),
     "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image", "write_shape_questions"}),
     "mmcore.kits.auto": frozenset({"TransformersNames", "ProcessorImages", "auto_family", "tiny_checkpoint", "shrink_config", "TINY_SIZES"}),
-    "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
+    "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadJSON", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
     "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "CHATML_TEMPLATE", "Encoded", "Piece", "Expander"}),
     "mmcore.kits.vlm": frozenset({"VLMFamily", "restarting_positions"}),
     "mmcore.data.chat_template": frozenset({"IGNORE", "PART_TYPES", "ChatTemplateEncoder", "ChatTemplateError", "Encoded", "Piece", "Expander"}),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import inspect
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,9 +73,39 @@ class Session:
     preset: str | None
 
 
+#: Directories that are never a run directory, whatever the user typed.
+SYSTEM_DIRS = frozenset(["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/mnt", "/media"])
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def check_run_dir(path: Path, pack: str | None) -> dict[str, Any] | None:
+    """Refuse a ``--run-dir`` mmcore must not write into; returns its ``run.json`` if it is a run.
+
+    A file, a system or home directory, a non-empty directory that is not an mmcore run, and a
+    run of another pack are refused in one line before anything is written or deleted.
+    """
+    resolved = path.expanduser().resolve()
+    if str(resolved) in SYSTEM_DIRS or resolved == Path.home().resolve():
+        raise UsageError(f"--run-dir {path}: {resolved} is a system directory, not a place for a run", hint="give a new or existing run directory, e.g. runs/my-run")
+    if resolved.exists() and not resolved.is_dir():
+        raise UsageError(f"--run-dir {path}: {resolved} is a file, not a directory")
+    if not resolved.is_dir():
+        return None
+    rd = RunDir(resolved)
+    saved = rd.read_run_json()
+    if saved is None:
+        leftovers = [p.name for p in resolved.iterdir() if p.name not in (".lock", "run.json", "config.yaml")]
+        if leftovers:
+            raise UsageError(f"--run-dir {path}: {resolved} is not empty and is not an mmcore run directory (no run.json; it holds {leftovers[0]!r}" + (f" and {len(leftovers) - 1} more)" if len(leftovers) > 1 else ")"), hint="give an empty or new directory")
+        return None
+    if pack and saved.get("pack") and saved["pack"] != pack:
+        raise UsageError(f"--run-dir {path}: {resolved} is a run of pack {saved['pack']!r}, not {pack!r}; nothing was changed", hint=f"use --pack {saved['pack']}, or another --run-dir for {pack}")
+    return saved
+
+
 def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs") -> Session:
     """Resolve pack, config and run directory; write ``run.json`` and ``config.yaml``."""
-    saved = RunDir(request.run_dir).read_run_json() if request.run_dir else None
+    saved = check_run_dir(Path(request.run_dir), request.pack) if request.run_dir else None
     pack = request.pack or (saved or {}).get("pack")
     if not pack:
         raise UsageError("--pack is required (or --run-dir of an existing run)")
@@ -112,6 +143,10 @@ def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs")
     config = build_config(cls, layers)
 
     name = config.run.name or _default_name(pack, preset, request.config_file)
+    if not _NAME.match(name) or name in (".", ".."):
+        raise ConfigError(f"run.name {name!r} must be a plain name (letters, digits, . _ + -), not a path", hint="use --run-dir for a directory elsewhere")
+    if not request.run_dir:
+        check_run_dir(Path(runs_root) / name, pack)
     run_dir = RunDir(request.run_dir or Path(runs_root) / name)
     return Session(plugins, pack, config, run_dir, preset)
 

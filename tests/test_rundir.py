@@ -69,3 +69,57 @@ def test_hand_edited_manifest_counts_as_unfinished(tmp_path: Path, capsys: pytes
     (tmp_path / "train" / "manifest.json").write_text("{not json")
     assert RunDir(tmp_path).read_manifest("train") is None
     assert "unreadable manifest" in capsys.readouterr().out
+
+
+def test_output_hashes_find_truncation_and_tampering_but_not_a_touch(tmp_path: Path) -> None:
+    import os
+
+    from mmcore.rundir import Manifest, hash_outputs, output_problems
+
+    stage = tmp_path / "convert"
+    (stage / "dcp").mkdir(parents=True)
+    (stage / "dcp" / ".metadata").write_bytes(b"m" * 100)
+    (stage / "dcp" / "big.distcp").write_bytes(b"w" * (2 << 20))
+    manifest = Manifest(pack="p", stage="convert", status="finished", plan="", fingerprint="", outputs={"checkpoint": "dcp"}, stage_dir=stage)
+    manifest.output_files = hash_outputs(manifest)
+    assert set(manifest.output_files["checkpoint"]) == {".metadata", "big.distcp"}
+    os.utime(stage / "dcp" / ".metadata")
+    assert output_problems(manifest) == []
+    (stage / "dcp" / ".metadata").write_bytes(b"M" * 100)  # same size, other bytes: a small file is hashed
+    assert output_problems(manifest) == [f"{stage / 'dcp' / '.metadata'}: content changed since stage 'convert' finished"]
+    (stage / "dcp" / ".metadata").write_bytes(b"m" * 100)
+    with open(stage / "dcp" / "big.distcp", "r+b") as handle:
+        handle.write(b"X")  # a large file is hashed only by the full check
+    assert output_problems(manifest) == [] and len(output_problems(manifest, full=True)) == 1
+    (stage / "dcp" / "big.distcp").write_bytes(b"w" * 10)
+    assert output_problems(manifest) == [f"{stage / 'dcp' / 'big.distcp'}: 10 bytes, {2 << 20} when stage 'convert' finished"]
+
+
+def test_hub_hashes_are_compared_for_lfs_files(tmp_path: Path) -> None:
+    from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
+
+    from mmcore.hub import hub_hash_mismatches
+
+    local = {"model.safetensors": "a" * 64, "config.json": "c" * 64}
+    siblings = [RepoSibling("model.safetensors", lfs=BlobLfsInfo(size=1, sha256="a" * 64, pointer_size=1)), RepoSibling("config.json")]
+    assert hub_hash_mismatches(local, siblings) == []
+    siblings[0] = RepoSibling("model.safetensors", lfs=BlobLfsInfo(size=1, sha256="b" * 64, pointer_size=1))
+    assert hub_hash_mismatches(local, siblings) == ["model.safetensors"]
+
+
+def test_trust_remote_code_reaches_the_loaders_only_when_the_run_asks(tmp_path: Path) -> None:
+    from mmcore import PackSpec, StageResult, hookimpl
+    from mmcore.hub import remote_code
+    from mmcore.testing import make_runner, plugins_with
+
+    class Loads:
+        PACK = PackSpec(name="loads")
+
+        @hookimpl
+        def mmcore_download(self, ctx):
+            return StageResult(outputs={"model": "."}, metrics=remote_code())
+
+    plugins = plugins_with(Loads())
+    assert make_runner(plugins, "loads", tmp_path / "a").run_stage("download").metrics == {"trust_remote_code": False}
+    opted = make_runner(plugins, "loads", tmp_path / "b", overrides=["model.trust_remote_code=true"])
+    assert opted.run_stage("download").metrics == {"trust_remote_code": True}

@@ -177,6 +177,11 @@ def test_declined_stage_is_skipped_visibly_and_downstream_still_runs(tmp_path: P
     assert "[extract] skipped: declined by the declines pack" in out
     assert runner.run_dir.read_manifest("extract").status == "declined"
     assert runner.run_dir.read_manifest("train").metrics == {"ok": 1}
+    # Same config, same upstream: the pack would decline again, so status and reruns say done.
+    upstream = runner.upstream("extract")
+    assert runner.freshness("extract", runner.plan("extract", upstream)) == (True, "declined by the declines pack for this config")
+    runner.run_pipeline()
+    assert "[extract] skipped: declined by the declines pack for this config" in capsys.readouterr().out
 
 
 def test_a_stage_returning_the_wrong_type_is_named(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from mmcore.adapters import Recipe, StateDictAdapter, TensorInfo
 from mmcore.data.chat_template import Piece
 from mmcore.errors import StageError
+from mmcore.hub import remote_code
 from mmcore.kits.vlm import VLMFamily
 
 #: Sizes a tiny model gets wherever its config has the field (every sub-config too).
@@ -117,7 +118,7 @@ def auto_encoder(ctx: Any, model_dir: Path, tokenizer: Any) -> Any:
 
     from mmcore.data.chat_template import ChatTemplateEncoder
 
-    processor = AutoProcessor.from_pretrained(model_dir)
+    processor = AutoProcessor.from_pretrained(model_dir, **remote_code())
     images = ProcessorImages(processor)
     return ChatTemplateEncoder(
         tokenizer, {"<image>": images}, markers={"<image>": images.token},

@@ -261,11 +261,13 @@ class DiffusionFamily:
         metrics: dict[str, Any] = {**stats, "weights_identical": True, "max_abs_diff": diff}
         notes = [f"diffusers pipeline at {out}; weights bit-identical to training, output max |diff| {diff:.2g}"]
         prompts = list(ctx.config.export.sample_prompts)
+        outputs = {"model": "pipeline"}
         if prompts and self.sample is not None:
             written = self._samples(ctx, out, prompts)
             metrics["samples"] = len(prompts)
             notes.append(f"{len(prompts)} sample videos and a contact sheet in {written}")
-        return StageResult(outputs={"model": "pipeline", "samples": "samples"}, metrics=metrics, notes=notes)
+            outputs["samples"] = "samples"  # recorded only when written: a missing output reruns the stage
+        return StageResult(outputs=outputs, metrics=metrics, notes=notes)
 
     def _samples(self, ctx: StageContext, pipeline_dir: Path, prompts: list[str]) -> Path:
         import torch

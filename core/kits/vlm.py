@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.context import StageContext
+from mmcore.hub import remote_code
 from mmcore.kits import blocks_at
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
@@ -107,7 +108,7 @@ class VLMFamily:
         import transformers
 
         config_class = getattr(transformers, self.config_class) if self.config_class else transformers.AutoConfig
-        return config_class.from_pretrained(model_dir)
+        return config_class.from_pretrained(model_dir, **remote_code())
 
     def model_type(self, config: Any) -> Any:
         import transformers
@@ -169,7 +170,7 @@ class VLMFamily:
         from mmcore.data.conversations import preprocess_conversations
 
         model_dir = upstream["download"].output("model")
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, **remote_code())
         return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=self.demo,
                                         tokenizer=str(model_dir), **self.token_ids_of(tokenizer))
 
@@ -233,7 +234,7 @@ class VLMFamily:
             side_files=self.side_files,
         )
         if len(held_out):
-            tokenizer = AutoTokenizer.from_pretrained(done.folder)
+            tokenizer = AutoTokenizer.from_pretrained(done.folder, **remote_code())
             end = tokenizer.convert_tokens_to_ids(self.end_token) if self.end_token else tokenizer.eos_token_id
 
             def prompt_inputs(sample: dict[str, Any], start: int) -> Batch:

@@ -61,6 +61,10 @@ def make_runner(plugins: Plugins, pack: str, run_dir: str | Path, **config_kw: A
     from mmcore.config import dump_config
 
     dump_config(config, rd.config_path)
+    if rd.read_run_json() is None:  # what `mmcore` writes, so the CLI accepts the directory too
+        from mmcore.io import atomic_write_json
+
+        atomic_write_json(rd.run_json_path, {"pack": pack, "preset": config_kw.get("preset"), "config_file": None, "overrides": list(config_kw.get("overrides", [])), "created_at": 0})
     return Runner(plugins, pack, config, rd)
 
 

@@ -56,12 +56,16 @@ def videos(tmp_path: Path) -> Path:
     write_mp4(folder / "x.mp4", moving(9), 8)
     (folder / "x.txt").write_text("a red square moves right\n")
     write_mp4(folder / "y.mp4", moving(9), 8)  # no caption file
+    write_mp4(folder / "z.mp4", moving(9), 8)
+    (folder / "z.txt").write_bytes("un carr\u00e9 rouge".encode("latin-1"))  # not UTF-8
+    write_mp4(folder / "zz.mp4", moving(9), 8)
+    (folder / "zz.txt").write_text("  \n")  # empty
     return root
 
 
 def test_bad_videos_are_reported_with_file_and_reason(wan, videos: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     proc = wan("run", *TINY, "--data", str(videos / "captions.json"), "--data", str(videos / "folder"), "data.on_bad_sample=skip", "training.steps=1", "convert.verify=true")
-    assert "bit-identical" in proc.stdout and "skipped 5 bad sample(s)" in proc.stdout
+    assert "bit-identical" in proc.stdout and "skipped 7 bad sample(s)" in proc.stdout
     run = tmp_path / "runs/wan-tiny"
     bad = [json.loads(line) for line in (run / "preprocess/bad_samples.jsonl").read_text().splitlines()]
     reasons = {(Path(b["file"]).name, b["index"]): b["reason"] for b in bad}
@@ -70,8 +74,10 @@ def test_bad_videos_are_reported_with_file_and_reason(wan, videos: Path, tmp_pat
     assert "unreadable video" in reasons[("captions.json", 5)] or "ended early" in reasons[("captions.json", 5)]
     assert "file not found" in reasons[("captions.json", 6)]
     assert "has no caption file y.txt" in reasons[("folder", 1)]
+    assert "caption z.txt is not UTF-8 text (byte 0xe9 at offset 7)" in reasons[("folder", 2)]
+    assert "caption zz.txt is empty" in reasons[("folder", 3)]
     pre = manifest(run, "preprocess")["metrics"]
-    assert pre["clips"] == 4 and pre["skipped"] == 5
+    assert pre["clips"] == 4 and pre["skipped"] == 7
     extract = manifest(run, "extract")["metrics"]
     assert extract["clips"] == 4  # the two a.mp4 files are two clips: keys are content hashes
     proc = wan("preprocess", *TINY, "--data", str(videos / "captions.json"), "--force", check=False)
@@ -107,6 +113,7 @@ def test_cache_invalidation_and_no_work_when_unchanged(wan, tmp_path: Path) -> N
     wan("run", *common)
     proc = wan("run", *common)
     assert "[extract] skipped: up to date" in proc.stdout  # an unchanged rerun does no work
+    assert "[export] skipped: up to date" in proc.stdout  # (it records only outputs it wrote)
     proc = wan("run", *common, "data.fps=16")  # frame sampling changed
     assert "[preprocess] running" in proc.stdout and "[extract] running" in proc.stdout
     proc = wan("run", *common, "data.fps=16", "--model", "init:demo")  # another VAE / text encoder

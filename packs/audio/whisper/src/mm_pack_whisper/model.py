@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
+from mmcore.hub import remote_code
 from mmcore.data.shards import ShardDataset
 from mmcore.rundir import Manifest
 from mmcore.train import TrainRecipe, load_converted
@@ -30,7 +31,7 @@ def build_model(model_dir: Path, checkpoint: Path | None = None, training: Any =
     config section) switches SpecAugment on."""
     from transformers import AutoConfig, WhisperForConditionalGeneration
 
-    config = AutoConfig.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir, **remote_code())
     config._attn_implementation = "sdpa"
     if training is not None and training.spec_augment:
         config.apply_spec_augment = True

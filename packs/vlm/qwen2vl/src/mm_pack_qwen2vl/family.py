@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
+from mmcore.hub import remote_code
 from mmcore.data.synthetic import write_shape_questions
 from mmcore.kits.vlm import VLMFamily
 from mmcore.rundir import Manifest
@@ -39,7 +40,7 @@ def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
 
     from mm_pack_qwen2vl.data import Encoder
 
-    return Encoder(tokenizer, ctx.config.data, merge_size=AutoConfig.from_pretrained(model_dir).vision_config.spatial_merge_size)
+    return Encoder(tokenizer, ctx.config.data, merge_size=AutoConfig.from_pretrained(model_dir, **remote_code()).vision_config.spatial_merge_size)
 
 
 def token_types(batch: dict[str, Any], samples: list[dict[str, Any]], ids: dict[str, int]) -> None:

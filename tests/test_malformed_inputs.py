@@ -1,0 +1,163 @@
+"""The malformed-input corpus, part 1: command line, config, run directory, file system.
+
+Each case is what a user might type or leave behind; each must end in one ``error:`` line with
+the exact message and exit code below (2: fix the command or config; 1: the work failed), no
+traceback, and nothing earlier lost. The packs' corpora cover checkpoints, datasets and media
+(``packs/*/tests/test_*_malformed.py``); RELIABILITY.md lists them all.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from mmcore_helpers import CLI
+from mmcore import PackSpec, StageResult, hookimpl
+from mmcore.errors import MmcoreError
+from mmcore.testing import make_runner, plugins_with
+
+
+@dataclass
+class Case:
+    name: str
+    args: Callable[[Path, Path], list[str]]  # (tmp_path, line_data) -> command line
+    code: int
+    message: str  # must appear in the single error line
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _foreign_dir(tmp: Path) -> Path:
+    _write(tmp / "notes" / "thesis.tex", "precious")
+    return tmp / "notes"
+
+
+def _other_pack_run(tmp: Path) -> Path:
+    _write(tmp / "other-run" / "run.json", json.dumps({"pack": "qwen2vl", "preset": "demo"}))
+    _write(tmp / "other-run" / "train" / "manifest.json", "{}")
+    return tmp / "other-run"
+
+
+CASES = [
+    Case("unknown pack", lambda t, d: ["run", "--pack", "nosuch"], 2, "unknown pack 'nosuch'; installed packs:"),
+    Case("unknown preset", lambda t, d: ["run", "--pack", "toy", "--preset", "huge"], 2, "pack 'toy' has no preset 'huge'; its presets: tiny"),
+    Case("override without =", lambda t, d: ["run", "--pack", "toy", "training.lr"], 2, "override 'training.lr' is not of the form section.key=value"),
+    Case("misspelt key", lambda t, d: ["run", "--pack", "toy", "training.lrr=1"], 2, "training.lrr: unknown key; did you mean 'training.lr'?"),
+    Case("wrong type", lambda t, d: ["run", "--pack", "toy", "training.steps=many"], 2, "training.steps: Input should be a valid integer"),
+    Case("out of range", lambda t, d: ["run", "--pack", "toy", "training.steps=-1"], 2, "training.steps: Input should be greater than or equal to 0 (got -1)"),
+    Case("config file missing", lambda t, d: ["run", "--pack", "toy", "--config", str(t / "nope.yaml")], 2, "nope.yaml: config file not found"),
+    Case("config not YAML", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "bad.yaml", "training: [1, 2\n"))], 2, "bad.yaml"),
+    Case("config a list", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "list.yaml", "- 1\n- 2\n"))], 2, "list.yaml"),
+    Case("run.name a path", lambda t, d: ["run", "--pack", "toy", "run.name=/etc"], 2, "run.name '/etc' must be a plain name"),
+    Case("run.name climbing", lambda t, d: ["run", "--pack", "toy", "run.name=../../x"], 2, "run.name '../../x' must be a plain name"),
+    Case("unknown device", lambda t, d: ["run", "--pack", "toy", "--device", "tpu"], 2, "unknown device 'tpu'; known devices:"),
+    Case("run dir is a file", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_write(t / "afile", "x"))], 2, "is a file, not a directory"),
+    Case("run dir a system dir", lambda t, d: ["run", "--pack", "toy", "--run-dir", "/usr"], 2, "/usr is a system directory, not a place for a run"),
+    Case("run dir foreign", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_foreign_dir(t))], 2, "is not empty and is not an mmcore run directory (no run.json; it holds 'thesis.tex')"),
+    Case("run dir of another pack", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_other_pack_run(t))], 2, "is a run of pack 'qwen2vl', not 'toy'; nothing was changed"),
+    Case("stage before its upstream", lambda t, d: ["train", "--pack", "toy", "--data", str(d)], 2, "stage 'download' has not finished"),
+    Case("status without a pack", lambda t, d: ["status", "--run-dir", str(t / "nothing")], 2, "--pack is required"),
+    Case("verify a non-run", lambda t, d: ["verify", "--run-dir", str(t)], 2, "not an mmcore run directory"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_command_lines_get_one_line_and_their_exit_code(cli: CLI, line_data: Path, tmp_path: Path, case: Case) -> None:
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    proc = cli(*case.args(tmp_path, line_data), check=False)
+    assert proc.returncode == case.code, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and case.message in errors[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for path, data in before.items():  # nothing the user had was changed or deleted
+        if path.name not in ("run.json", ".lock"):
+            assert path.exists() and path.read_bytes() == data, path
+
+
+def test_another_pack_on_a_finished_run_changes_nothing(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "mine")
+    files = {p: p.read_bytes() for p in (tmp_path / "mine").rglob("*") if p.is_file() and p.name != ".lock"}
+    proc = cli("run", "--pack", "whisper", "--run-dir", "mine", check=False)
+    assert proc.returncode == 2 and "is a run of pack 'toy'" in proc.stderr
+    assert {p: p.read_bytes() for p in (tmp_path / "mine").rglob("*") if p.is_file() and p.name != ".lock"} == files
+
+
+def test_a_rerun_that_fails_keeps_the_finished_stage_until_it_succeeds(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data))
+    run = tmp_path / "runs" / "toy-tiny"
+    finished = (run / "train" / "checkpoint.json").read_bytes()
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "training.steps=9", check=False, TOY_DIE_AT_STEP="2")
+    assert proc.returncode != 0
+    assert (run / ".train.replaced" / "checkpoint.json").read_bytes() == finished  # set aside, not deleted
+    cli("run", "--pack", "toy", "--data", str(line_data), "training.steps=9")
+    assert not (run / ".train.replaced").exists()  # deleted once the replacement finished
+
+
+def test_tampered_output_is_found_before_a_later_stage_reads_it(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data))
+    run = tmp_path / "runs" / "toy-tiny"
+    weights = run / "download" / "weights.json"
+    weights.write_text(weights.read_text().replace("0.0", "9.9", 1).ljust(len(weights.read_text())))
+    proc = cli("verify", "--run-dir", str(run), check=False)
+    assert proc.returncode == 1 and "download    FAILED" in proc.stdout and "content changed since stage 'download' finished" in proc.stdout
+    proc = cli("train", "--pack", "toy", "--data", str(line_data), "--force", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"error: the output of stage 'download' changed after it finished: {weights.resolve()}: content changed" in proc.stderr
+    proc = cli("run", "--pack", "toy", "--data", str(line_data))  # `run` rebuilds what changed
+    assert "[download] running (output changed:" in proc.stdout
+    assert "ok" in cli("verify", "--run-dir", str(run)).stdout
+
+
+class WritesTo:
+    """A stage writing where the test says: a full disk (/dev/full) is a real ENOSPC."""
+
+    PACK = PackSpec(name="writer")
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    @hookimpl
+    def mmcore_download(self, ctx):
+        with open(self.target, "wb") as handle:
+            handle.write(b"weights" * 1000)
+            handle.flush()
+        return StageResult(outputs={"model": "."})
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_full_disk_is_one_line_naming_the_stage_and_what_to_do(tmp_path: Path) -> None:
+    runner = make_runner(plugins_with(WritesTo("/dev/full")), "writer", tmp_path / "run")
+    with pytest.raises(MmcoreError) as info:
+        runner.run_stage("download")
+    line = info.value.one_line()
+    assert line.startswith("stage 'download' of pack 'writer' could not write: No space left on device")
+    assert "free disk space" in line and "the traceback is in" in line and "\n" not in line
+    assert (tmp_path / "run" / "download" / "error.log").read_text().count("Traceback") == 1
+    assert info.value.__cause__ is not None and info.value.__cause__.errno == errno.ENOSPC  # type: ignore[attr-defined]
+
+
+def test_a_stage_that_cannot_write_its_error_log_says_so(tmp_path: Path) -> None:
+    class Breaks:
+        PACK = PackSpec(name="breaks")
+
+        @hookimpl
+        def mmcore_download(self, ctx):
+            shutil.rmtree(ctx.stage_dir)
+            (ctx.stage_dir).write_text("a file where the stage directory was")
+            raise RuntimeError("boom")
+
+    runner = make_runner(plugins_with(Breaks()), "breaks", tmp_path / "run")
+    with pytest.raises(MmcoreError) as info:
+        runner.run_stage("download")
+    assert re.fullmatch(r"stage 'download' of pack 'breaks' failed: RuntimeError: boom \(hint: no traceback saved: writing \S+ failed too \(Not a directory\)\)", info.value.one_line())
