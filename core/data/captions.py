@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from mmcore.data.badsamples import BadSample
-from mmcore.data.mllm import load_records
+from mmcore.data.mllm import BadJSON, load_records
 from mmcore.data.video import IMAGE_SUFFIXES
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm"}
@@ -33,6 +33,9 @@ def read_captions(dataset: Path) -> Iterator[CaptionItem | BadSample]:
         return
     root = dataset.parent.resolve()
     for index, record in enumerate(load_records(dataset)):
+        if isinstance(record, BadJSON):
+            yield BadSample(str(dataset), index, str(record))
+            continue
         if not isinstance(record, dict):
             yield BadSample(str(dataset), index, f"expected an object, got {type(record).__name__}")
             continue
@@ -41,6 +44,9 @@ def read_captions(dataset: Path) -> Iterator[CaptionItem | BadSample]:
             cap = cap[0] if cap else None
         if not isinstance(path, str) or not isinstance(cap, str):
             yield BadSample(str(dataset), index, "needs a string 'path' and a caption 'cap'")
+            continue
+        if "\0" in path:
+            yield BadSample(str(dataset), index, f"path {path!r} contains a NUL byte")
             continue
         media = (root / path).resolve()
         if not media.is_relative_to(root):
@@ -58,4 +64,12 @@ def _folder(folder: Path) -> Iterator[CaptionItem | BadSample]:
         if not caption.is_file():
             yield BadSample(str(folder), index, f"{path.name} has no caption file {caption.name}")
             continue
-        yield CaptionItem(str(folder), index, path, caption.read_text(encoding="utf-8").strip())
+        try:
+            text = caption.read_bytes().decode("utf-8-sig").strip()
+        except UnicodeDecodeError as exc:
+            yield BadSample(str(folder), index, f"caption {caption.name} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})")
+            continue
+        if not text:
+            yield BadSample(str(folder), index, f"caption {caption.name} is empty")
+            continue
+        yield CaptionItem(str(folder), index, path, text)

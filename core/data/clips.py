@@ -16,7 +16,7 @@ from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.captions import read_captions
 from mmcore.data.shards import ShardWriter
-from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
+from mmcore.data.video import MediaError, choose_bucket, media_limits, probe, resize_crop, sample_frames
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
 
@@ -27,6 +27,7 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
     import torch
 
     cfg = ctx.config.data
+    media_limits(cfg)
     datasets = [Path(p) for p in cfg.datasets]
     if cfg.demo_samples and demo is not None:
         datasets.append(demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed))

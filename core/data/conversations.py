@@ -14,6 +14,7 @@ from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.media import MediaError
 from mmcore.data.mllm import read_samples
+from mmcore.data.video import media_limits
 from mmcore.data.shards import ShardWriter, held_out
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
@@ -52,6 +53,7 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
     import torch
 
     cfg = ctx.config.data
+    media_limits(cfg)
     train_files, eval_files = dataset_files(ctx, demo, "MLLM JSON")
 
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")

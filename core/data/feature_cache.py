@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
-from mmcore.io import atomic_write_json
+from mmcore.io import atomic_write_json, fsync_dir, fsync_file
 
 FORMAT = 2
 CHUNK_GLOB = "chunk-*.safetensors"
@@ -42,8 +42,8 @@ class FeatureCacheWriter:
         for chunk in sorted(folder.glob(CHUNK_GLOB)):
             with safe_open(str(chunk), "pt") as handle:
                 self.files.update(dict.fromkeys(handle.keys(), chunk.name))
-        for partial in folder.glob(".chunk-*.tmp"):
-            partial.unlink()  # a chunk a kill interrupted mid-write: its outputs are recomputed
+        for partial in [*folder.glob(".chunk-*.tmp"), *folder.glob(".index.json.*.tmp")]:
+            partial.unlink()  # a chunk (or index) a kill interrupted mid-write: recomputed
         self.chunks = len(list(folder.glob(CHUNK_GLOB)))
         self.pending: dict[str, Any] = {}
         self.samples: list[dict[str, list[str]]] = []
@@ -75,7 +75,9 @@ class FeatureCacheWriter:
         name = f"chunk-{self.chunks:05d}.safetensors"
         partial = self.folder / f".{name}.tmp"
         save_file(self.pending, str(partial))
+        fsync_file(partial)
         partial.replace(self.folder / name)
+        fsync_dir(self.folder)
         self.files.update(dict.fromkeys(self.pending, name))
         self.pending = {}
         self.chunks += 1

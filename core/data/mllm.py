@@ -86,22 +86,59 @@ class Sample:
         return self.media.get("audios", [])
 
 
+class BadJSON:
+    """A JSONL line that does not parse: one bad sample, not a bad file."""
+
+    def __init__(self, line: int, message: str) -> None:
+        self.line, self.message = line, message
+
+    def __str__(self) -> str:
+        return f"line {self.line}: invalid JSON: {self.message}"
+
+
 def load_records(path: Path) -> list[object]:
-    """The records of a JSON list or JSONL file; unreadable files are a one-line error."""
+    """The records of a JSON list or JSONL file. An unreadable, non-UTF-8, malformed or empty
+    file is a one-line error naming it; in JSONL, a line that does not parse is a
+    :class:`BadJSON` record (one bad sample, reported with its line number)."""
     if not path.is_file():
         raise StageError(f"{path}: dataset file not found")
-    text = path.read_text(encoding="utf-8-sig")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as first:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise StageError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); save the dataset as UTF-8") from None
+    except OSError as exc:
+        raise StageError(f"{path}: cannot read the dataset file ({exc.strerror or exc})") from None
+    stripped = text.lstrip()
+    if stripped.startswith("["):
         try:
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StageError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+        if not isinstance(data, list):
+            raise StageError(f"{path}: expected a list of samples, got {type(data).__name__}")
+    else:
+        try:
+            whole: object = json.loads(text)
         except json.JSONDecodeError:
-            raise StageError(f"{path}:{first.lineno}:{first.colno}: invalid JSON: {first.msg}") from None
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list):
-        raise StageError(f"{path}: expected a list of samples, got {type(data).__name__}")
+            whole = BadJSON  # not one JSON document: JSONL
+        if isinstance(whole, dict):
+            data = [whole]  # a single sample
+        elif whole is not BadJSON:
+            raise StageError(f"{path}: expected a list of samples, got {type(whole).__name__}")
+        else:
+            data = []
+            for number, line in enumerate(text.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    data.append(BadJSON(number, exc.msg))
+            if data and all(isinstance(r, BadJSON) for r in data):
+                first = data[0]
+                raise StageError(f"{path}:{first.line}: invalid JSON: {first.message} (neither a JSON list nor JSONL)")  # type: ignore[union-attr]
+    if not data:
+        raise StageError(f"{path}: the dataset holds no samples")
     return data
 
 
@@ -122,6 +159,9 @@ def read_samples(path: Path, section: MLLMDataSection) -> Iterator[Sample | BadS
     root = media_root(path, section)
     roles = {columns.user_tag: "user", columns.assistant_tag: "assistant", columns.system_tag: "system"}
     for index, record in enumerate(records):
+        if isinstance(record, BadJSON):
+            yield BadSample(str(path), index, str(record))
+            continue
         try:
             yield _parse(path, index, record, columns, roles, root)
         except BadRecord as bad:
@@ -134,6 +174,8 @@ class BadRecord(Exception):
 
 def resolve_media(name: str, media_root: Path, kind: str) -> Path:
     """``name`` relative to ``media_root``, which it may not escape, and which must exist."""
+    if "\0" in name:
+        raise BadRecord(f"{kind} path {name!r} contains a NUL byte")
     candidate = (media_root / name).resolve()
     if not candidate.is_relative_to(media_root):
         raise BadRecord(f"{kind} path {name!r} escapes the dataset folder {media_root}")

@@ -39,6 +39,7 @@ def probe(path: Path) -> Probe:
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
+            _check_pixels(path, stream.width, stream.height, "video")
             fps = float(stream.average_rate or stream.guessed_rate or 0) or 0.0
             count = sum(1 for _ in container.decode(stream))
             return Probe(count, fps, stream.height, stream.width)
@@ -46,14 +47,32 @@ def probe(path: Path) -> Probe:
         raise MediaError(f"unreadable video {path}: {exc}") from None
 
 
+#: The largest image or frame (width x height) decoded; preprocess stages set it from
+#: ``data.max_image_pixels`` with :func:`media_limits`.
+MAX_PIXELS = 89_478_485
+
+
+def media_limits(data: Any) -> None:
+    """Apply the data section's size limits to every decoder of this process."""
+    global MAX_PIXELS
+    MAX_PIXELS = int(getattr(data, "max_image_pixels", MAX_PIXELS))
+
+
+def _check_pixels(path: Path, width: int, height: int, what: str) -> None:
+    if width * height > MAX_PIXELS:
+        raise MediaError(f"{what} {path} is {width}x{height} = {width * height} pixels, over the limit data.max_image_pixels={MAX_PIXELS}")
+
+
 def load_image(path: Path) -> Any:
     from PIL import Image, UnidentifiedImageError
 
+    Image.MAX_IMAGE_PIXELS = None  # the limit is ours (MAX_PIXELS), checked on the header below
     try:
-        with Image.open(path) as image:
+        with Image.open(path) as image:  # reads the header only: the size is known before decoding
+            _check_pixels(path, image.width, image.height, "image")
             image.load()
             return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as exc:
         raise MediaError(f"unreadable image {path}: {exc}") from None
 
 

@@ -91,7 +91,19 @@ BAD_CASES = [
     ({"messages": [{"role": "user", "content": "<video>Hi"}, {"role": "assistant", "content": "x"}], "videos": ["cut.mp4"]}, "unreadable video"),
     ({"messages": [{"role": "assistant", "content": "x"}]}, "turn 0 is from assistant, expected user"),
     ({"conversation": []}, "field 'messages' is missing"),
+    ({"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "x"}], "images": ["bomb.png"]}, "is 100000x100000 = 10000000000 pixels, over the limit data.max_image_pixels=89478485"),
+    ({"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "x"}], "images": ["ok\u0000.png"]}, "image path 'ok\\x00.png' contains a NUL byte"),
 ]
+
+
+def write_bomb(path: Path, side: int = 100_000) -> None:
+    """A PNG whose header claims side x side pixels (a decompression bomb's first bytes)."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))  # noqa: E731
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
 
 @pytest.fixture
@@ -100,6 +112,7 @@ def bad_dataset(tmp_path: Path) -> Path:
     write_image(root / "ok.png", (1, 2, 3))
     write_image(tmp_path / "outside.png", (1, 2, 3))
     (root / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    write_bomb(root / "bomb.png")
     write_video(tmp_path / "full.mp4")
     (root / "cut.mp4").write_bytes((tmp_path / "full.mp4").read_bytes()[:300])
     good = {"messages": [{"role": "user", "content": "<image>Fine?"}, {"role": "assistant", "content": "yes"}], "images": ["ok.png"]}

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from mmcore.data.badsamples import BadSample
 from mmcore.data.media import MediaError
-from mmcore.data.mllm import BadRecord, load_records, media_root, read_samples, resolve_media
+from mmcore.data.mllm import BadJSON, BadRecord, load_records, media_root, read_samples, resolve_media
 
 AUDIO_FIELDS = ("audio", "audio_filepath", "path", "file")
 TEXT_FIELDS = ("text", "sentence", "transcript", "transcription")
@@ -43,6 +43,9 @@ def read_utterances(path: Path, cfg: Any) -> Iterator[Utterance | BadSample]:
         return
     root = media_root(path, cfg)
     for index, record in enumerate(records):
+        if isinstance(record, BadJSON):
+            yield BadSample(str(path), index, str(record))
+            continue
         try:
             yield _parse(path, index, record, cfg, root)
         except BadRecord as bad:
