@@ -11,7 +11,7 @@ PACKS := $(wildcard packs/*/*/pyproject.toml)
 PACK_DIRS := $(patsubst %/pyproject.toml,%,$(PACKS))
 EDITABLE_PACKS := $(foreach d,$(PACK_DIRS),-e $(d))
 
-.PHONY: demo test test-matrix test-other-isa install clean
+.PHONY: demo test test-matrix test-other-isa crash-matrix install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ test: $(VENV)/.installed
 test-matrix: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m matrix
 
+# Every pack x every crash point (mmcore.testing.crash): a tiny run killed there, rerun, and
+# compared with an uninterrupted one (export bit-identical, every loss equal). `make test` runs
+# every point once, in turn, on whisper.
+crash-matrix: $(VENV)/.installed
+	$(BIN)/python -m mmcore.testing.crash --work crash-matrix
+
 test-other-isa: $(VENV)/.installed
 	@echo "compares_runs tests again with: $$($(BIN)/python tools/other_isa.py)"
 	$(OTHER_ISA) $(BIN)/python -m pytest -q -m compares_runs
@@ -54,4 +60,4 @@ demo: $(VENV)/.installed
 	$(BIN)/mmcore run --pack qwen2vl --preset demo
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs crash-matrix .pytest_cache

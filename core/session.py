@@ -93,6 +93,8 @@ def check_run_dir(path: Path, pack: str | None) -> dict[str, Any] | None:
         return None
     rd = RunDir(resolved)
     saved = rd.read_run_json()
+    if saved is None and rd.run_json_path.exists():
+        raise UsageError(f"{rd.run_json_path}: unreadable (not the JSON mmcore writes); nothing was changed", hint="restore it, or delete it to adopt the directory afresh")
     if saved is None:
         leftovers = [p.name for p in resolved.iterdir() if p.name not in (".lock", "run.json", "config.yaml")]
         if leftovers:

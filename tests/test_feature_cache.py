@@ -23,6 +23,7 @@ def test_a_writer_reopened_after_a_kill_keeps_finished_chunks_and_encodes_the_re
         first.add(key, lambda k=key: items[k])
     # killed here: one chunk of 4 written, 2 outputs pending, and a chunk caught mid-write
     (tmp_path / ".chunk-00001.safetensors.tmp").write_bytes(b"partial")
+    (tmp_path / ".index.json.abc123.tmp").write_bytes(b"{")  # and an index caught mid-write
     again = FeatureCacheWriter(tmp_path, chunk_items=4)
     calls = []
     for key in items:
@@ -30,7 +31,8 @@ def test_a_writer_reopened_after_a_kill_keeps_finished_chunks_and_encodes_the_re
         again.add_sample({"x": [key]})
     assert again.close() == 10
     assert calls == [f"k{i}" for i in range(4, 10)] and again.reused == 4 and again.encoded == 6
-    assert not list(tmp_path.glob(".chunk-*"))
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert all(chunk.stat().st_size > 16 for chunk in tmp_path.glob("chunk-*"))  # no empty chunk
     cache = FeatureCache(tmp_path)
     assert all(torch.equal(cache.get(k), v) for k, v in items.items())
 

@@ -66,6 +66,8 @@ CASES = [
     Case("run dir a system dir", lambda t, d: ["run", "--pack", "toy", "--run-dir", "/usr"], 2, "/usr is a system directory, not a place for a run"),
     Case("run dir foreign", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_foreign_dir(t))], 2, "is not empty and is not an mmcore run directory (no run.json; it holds 'thesis.tex')"),
     Case("run dir of another pack", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_other_pack_run(t))], 2, "is a run of pack 'qwen2vl', not 'toy'; nothing was changed"),
+    Case("run.json hand-edited", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_write(t / "edited" / "run.json", "{pack: toy").parent)], 2, "run.json: unreadable (not the JSON mmcore writes); nothing was changed"),
+    Case("dataset is a directory", lambda t, d: ["run", "--pack", "toy", "--data", str(t)], 1, "stage 'preprocess' of pack 'toy' failed: IsADirectoryError"),
     Case("stage before its upstream", lambda t, d: ["train", "--pack", "toy", "--data", str(d)], 2, "stage 'download' has not finished"),
     Case("status without a pack", lambda t, d: ["status", "--run-dir", str(t / "nothing")], 2, "--pack is required"),
     Case("verify a non-run", lambda t, d: ["verify", "--run-dir", str(t)], 2, "not an mmcore run directory"),

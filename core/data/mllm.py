@@ -100,6 +100,8 @@ def load_records(path: Path) -> list[object]:
     """The records of a JSON list or JSONL file. An unreadable, non-UTF-8, malformed or empty
     file is a one-line error naming it; in JSONL, a line that does not parse is a
     :class:`BadJSON` record (one bad sample, reported with its line number)."""
+    if path.is_dir():
+        raise StageError(f"{path}: is a directory; this pack reads a dataset file (JSON list or JSONL)")
     if not path.is_file():
         raise StageError(f"{path}: dataset file not found")
     try:

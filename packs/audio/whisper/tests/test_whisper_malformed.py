@@ -10,7 +10,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import pytest
 
@@ -119,15 +119,39 @@ CHECKPOINT_CASES = [
 ]
 
 
+def _in_process_error(run: Path, stages: Sequence[str], *overrides: str) -> str:
+    """The one line the CLI would print after ``error: ``, from the stages run in this process
+    (the CLI prints exactly ``MmcoreError.one_line()``; in-process saves a 5 s start per case)."""
+    from mmcore.errors import MmcoreError
+    from mmcore.plugins import Plugins
+    from mmcore.testing import make_runner
+
+    runner = make_runner(Plugins.load(), "whisper", run, preset="tiny", overrides=list(overrides))
+    with pytest.raises(MmcoreError) as info:
+        for stage in stages:
+            runner.run_stage(stage, resume="auto")
+    line = info.value.one_line()
+    assert "\n" not in line and "internal error" not in line
+    return line
+
+
 @pytest.mark.parametrize("case", CHECKPOINT_CASES, ids=[c.name for c in CHECKPOINT_CASES])
 def test_a_damaged_checkpoint_stops_at_download_or_convert_naming_file_and_tensor(case: CheckpointCase, tiny_whisper: Path, tmp_path: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_whisper, model)
     case.damage(model)
+    line = _in_process_error(tmp_path / "run", ["download", "convert"], f"model.source={model}")
+    assert case.message in line
+    assert not (tmp_path / "run" / "convert" / "manifest.json").exists(), "a damaged checkpoint must not get past convert"
+
+
+def test_a_damaged_checkpoint_through_the_command_line(tiny_whisper: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_whisper, model)
+    truncated(model)
     proc = StageCLI(tmp_path)("run", "--pack", "whisper", "--preset", "tiny", "--model", str(model), "--run-dir", "run", check=False)
-    line = _one_error_line(proc, 1, case.message)
-    assert "[preprocess]" not in proc.stdout, "a damaged checkpoint must not get past convert"
-    assert "internal error" not in line
+    _one_error_line(proc, 1, "model.safetensors: not a valid safetensors file: tensor")
+    assert "[convert]" not in proc.stdout
 
 
 def test_a_model_path_that_is_a_file(tmp_path: Path) -> None:
@@ -232,8 +256,9 @@ DATA_CASES = [
 def test_a_bad_dataset_is_one_line_naming_file_and_sample(case: DataCase, converted: Path, clip: Path, tmp_path: Path) -> None:
     dataset = clip.parent / "train.json"
     dataset.write_bytes(case.content(clip))
-    line = _one_error_line(_preprocess(converted, tmp_path, dataset), 1, case.message)
-    assert str(dataset) in line
+    shutil.copytree(converted, tmp_path / "run")
+    line = _in_process_error(tmp_path / "run", ["preprocess"], f"data.datasets=[{dataset}]")
+    assert case.message in line and line.startswith(str(dataset))
 
 
 def test_a_missing_dataset_file(converted: Path, tmp_path: Path) -> None:
