@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,7 +113,7 @@ def newest_complete(root: Path) -> Path | None:
 
 def _point_latest(root: Path, target: Path) -> None:
     link = root / LATEST
-    tmp = root / f".{LATEST}.tmp"
+    tmp = root / f".{LATEST}.{socket.gethostname()}.{os.getpid()}.tmp"  # nodes sharing the directory never collide
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
     tmp.symlink_to(target.name)
@@ -138,10 +139,12 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
     if world.distributed:
         dist.barrier()  # nobody is still reading: safe to look at the directory
     if not is_complete(final):
+        # Every node's local rank 0 manages the directory: on a shared file system they do the
+        # same thing (each step tolerates the other having done it), on node-local disks each
+        # its own part.
         if world.is_local_main:
             shutil.rmtree(partial, ignore_errors=True)
-            if final.exists():  # a directory of that name that never completed (older layout)
-                shutil.rmtree(final)
+            shutil.rmtree(final, ignore_errors=True)  # a directory of that name that never completed
         if world.distributed:
             dist.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -153,8 +156,16 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         if world.is_local_main:
             extra = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position}
             atomic_write_json(partial / TRAINER_STATE, extra)  # last: the checkpoint is complete
-            os.replace(partial, final)
+        if world.distributed:
+            dist.barrier()
+        if world.is_local_main:
+            try:
+                os.replace(partial, final)
+            except FileNotFoundError:
+                pass  # another node on the same file system moved it already
             fsync_dir(root)
+        if world.distributed:
+            dist.barrier()
     if world.is_local_main:
         _point_latest(root, final)
         crash_point("checkpoint-link", step)

@@ -50,6 +50,7 @@ class DataSection(Section):
     on_bad_sample: Literal["error", "skip"] = Field("error", description="Stop at the first bad sample, or skip, count and list them.")
     num_workers: int = Field(0, ge=0, description="Worker processes for preprocessing (0: in-process).")
     max_image_pixels: int = Field(89_478_485, ge=1, description="An image or video frame larger than this (width x height) is a bad sample, not a decompression bomb (PIL's default limit).")
+    max_media_seconds: float = Field(3600.0, gt=0, description="Audio or video longer than this is a bad sample, found before decoding where the container says its duration.")
 
 
 class ConvertSection(Section):

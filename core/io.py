@@ -30,7 +30,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def ensure_free_space(folder: Path, need_bytes: int, what: str) -> None:
+def ensure_free_space(folder: Path, need_bytes: int, what: str, *, hint: str = "free disk space or point --run-dir at a larger disk") -> None:
     """Refuse to start writing ``need_bytes`` into ``folder`` when the disk cannot hold them
     (``MMCORE_MIN_FREE_BYTES`` more are kept free; a full disk mid-write costs the work done)."""
     import shutil
@@ -45,7 +45,7 @@ def ensure_free_space(folder: Path, need_bytes: int, what: str) -> None:
     if free < need_bytes + reserve:
         raise StageError(
             f"{what} needs about {need_bytes / 2**30:.2f} GiB in {folder}, and only {free / 2**30:.2f} GiB are free",
-            hint="free disk space or point --run-dir at a larger disk",
+            hint=hint,
         )
 
 

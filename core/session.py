@@ -144,9 +144,9 @@ def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs")
         layers.append(overrides_layer(request.overrides))
     config = build_config(cls, layers)
 
+    if config.run.name and (not _NAME.match(config.run.name) or config.run.name in (".", "..")):
+        raise ConfigError(f"run.name {config.run.name!r} must be a plain name (letters, digits, . _ + -), not a path", hint="use --run-dir for a directory elsewhere")
     name = config.run.name or _default_name(pack, preset, request.config_file)
-    if not _NAME.match(name) or name in (".", ".."):
-        raise ConfigError(f"run.name {name!r} must be a plain name (letters, digits, . _ + -), not a path", hint="use --run-dir for a directory elsewhere")
     if not request.run_dir:
         check_run_dir(Path(runs_root) / name, pack)
     run_dir = RunDir(request.run_dir or Path(runs_root) / name)
@@ -175,5 +175,5 @@ def record_session(session: Session, request: Request) -> None:
 
 def _default_name(pack: str, preset: str | None, config_file: str | None) -> str:
     if config_file:
-        return f"{pack}-{Path(config_file).stem}"
+        return f"{pack}-" + re.sub(r"[^A-Za-z0-9._+-]+", "-", Path(config_file).stem).strip("-.")
     return f"{pack}-{preset}" if preset else pack

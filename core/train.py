@@ -29,7 +29,7 @@ from mmcore.io import ensure_free_space
 from mmcore.optim import clip_grad_norm, freeze, lr_lambda
 from mmcore.pack import StageResult
 from mmcore.plot import plot_training
-from mmcore.rundir import Manifest
+from mmcore.rundir import Manifest, RunDir
 from mmcore.sampler import EpochSampler
 
 if TYPE_CHECKING:
@@ -107,7 +107,9 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
     if world.is_local_main:  # a checkpoint: every weight plus AdamW's two moments of the trained ones
         checkpoint_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(2 * p.numel() * 4 for p in params)
-        ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint")
+        previous = RunDir(ctx.run_dir).replaced_dir(ctx.stage)
+        hint = f"free disk space, e.g. delete {previous} (the previous finished training, kept until this one finishes)" if previous.exists() else "free disk space or point --run-dir at a larger disk"
+        ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint", hint=hint)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)

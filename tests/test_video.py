@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mmcore.data.video import probe, resize_crop, sample_frames, write_mp4
 
@@ -50,3 +51,26 @@ def test_decoding_and_resizing_give_the_same_pixels_every_time(tmp_path: Path) -
     assert len(outs) == 1
     frames = np.frombuffer(outs.pop(), dtype=np.uint8).reshape(5, 32, 40, 3)
     assert frames.min() < 100 < frames.max()  # the square survives encoding, sampling and resizing
+
+
+def test_size_limits_make_absurd_media_a_bad_sample_before_decoding(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mmcore.data import media
+    from mmcore.data.video import MediaError, load_image, probe, write_mp4
+
+    write_mp4(tmp_path / "clip.mp4", np.zeros((12, 16, 16, 3), np.uint8), 8)  # 1.5 s
+    from PIL import Image
+
+    Image.new("RGB", (64, 64)).save(tmp_path / "big.png")
+    try:
+        media.media_limits(SimpleNamespace(max_image_pixels=1000, max_media_seconds=1.0))
+        with pytest.raises(MediaError, match=r"video .*clip.mp4 lasts 1.5 s, over the limit data.max_media_seconds=1"):
+            probe(tmp_path / "clip.mp4")
+        with pytest.raises(MediaError, match=r"image .*big.png is 64x64 = 4096 pixels, over the limit data.max_image_pixels=1000"):
+            load_image(tmp_path / "big.png")
+    finally:
+        media.media_limits(SimpleNamespace(max_image_pixels=89_478_485, max_media_seconds=3600.0))
+    assert probe(tmp_path / "clip.mp4").frames == 12

@@ -11,7 +11,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
-from mmcore.data.media import MediaError
+from mmcore.data.media import MediaError, check_seconds
 
 __all__ = ["MediaError", "load_audio", "write_audio"]
 
@@ -31,11 +31,17 @@ def load_audio(path: Path, sampling_rate: int = 16000) -> Any:
             if not container.streams.audio:
                 raise MediaError(f"{path} has no audio stream")
             stream = container.streams.audio[0]
+            if container.duration:
+                check_seconds(path, container.duration / 1e6, "audio")
             # Channels are kept through resampling and averaged here: FFmpeg's own downmix
             # scales each channel by 1/sqrt(2), which changes the level.
             resampler = av.AudioResampler(format="fltp", rate=sampling_rate)
-            for frame in container.decode(stream):
+            decoded = 0
+            for frame in container.decode(stream):  # the header may lie or say nothing
                 chunks += [out.to_ndarray().mean(axis=0) for out in resampler.resample(frame)]
+                decoded += frame.samples
+                if frame.sample_rate and decoded % (frame.sample_rate * 60) < frame.samples:
+                    check_seconds(path, decoded / frame.sample_rate, "audio")
             chunks += [out.to_ndarray().mean(axis=0) for out in resampler.resample(None)]
     except MediaError:
         raise

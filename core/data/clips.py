@@ -16,7 +16,8 @@ from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.captions import read_captions
 from mmcore.data.shards import ShardWriter
-from mmcore.data.video import MediaError, choose_bucket, media_limits, probe, resize_crop, sample_frames
+from mmcore.data.media import media_limits
+from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
 

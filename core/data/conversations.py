@@ -14,7 +14,7 @@ from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.media import MediaError
 from mmcore.data.mllm import read_samples
-from mmcore.data.video import media_limits
+from mmcore.data.media import media_limits
 from mmcore.data.shards import ShardWriter, held_out
 from mmcore.errors import StageError
 from mmcore.pack import StageResult

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from mmcore.data.media import MediaError
+from mmcore.data.media import MediaError, check_pixels, check_seconds
 
 __all__ = ["MediaError", "Probe", "probe", "load_image", "sample_frames", "frames_at", "choose_bucket", "resize_crop", "write_mp4", "contact_sheet"]
 
@@ -39,28 +39,18 @@ def probe(path: Path) -> Probe:
     try:
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
-            _check_pixels(path, stream.width, stream.height, "video")
+            check_pixels(path, stream.width, stream.height, "video")
+            if container.duration:
+                check_seconds(path, container.duration / 1e6, "video")
             fps = float(stream.average_rate or stream.guessed_rate or 0) or 0.0
-            count = sum(1 for _ in container.decode(stream))
+            count = 0
+            for _ in container.decode(stream):  # counted, not trusted from the header
+                count += 1
+                if fps and count % 1024 == 0:
+                    check_seconds(path, count / fps, "video")
             return Probe(count, fps, stream.height, stream.width)
     except (av.error.FFmpegError, IndexError, OSError, ValueError) as exc:
         raise MediaError(f"unreadable video {path}: {exc}") from None
-
-
-#: The largest image or frame (width x height) decoded; preprocess stages set it from
-#: ``data.max_image_pixels`` with :func:`media_limits`.
-MAX_PIXELS = 89_478_485
-
-
-def media_limits(data: Any) -> None:
-    """Apply the data section's size limits to every decoder of this process."""
-    global MAX_PIXELS
-    MAX_PIXELS = int(getattr(data, "max_image_pixels", MAX_PIXELS))
-
-
-def _check_pixels(path: Path, width: int, height: int, what: str) -> None:
-    if width * height > MAX_PIXELS:
-        raise MediaError(f"{what} {path} is {width}x{height} = {width * height} pixels, over the limit data.max_image_pixels={MAX_PIXELS}")
 
 
 def load_image(path: Path) -> Any:
@@ -69,7 +59,7 @@ def load_image(path: Path) -> Any:
     Image.MAX_IMAGE_PIXELS = None  # the limit is ours (MAX_PIXELS), checked on the header below
     try:
         with Image.open(path) as image:  # reads the header only: the size is known before decoding
-            _check_pixels(path, image.width, image.height, "image")
+            check_pixels(path, image.width, image.height, "image")
             image.load()
             return image.convert("RGB")
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as exc:

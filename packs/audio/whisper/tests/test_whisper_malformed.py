@@ -283,3 +283,11 @@ def test_a_disk_too_small_for_the_checkpoint_is_refused_before_writing(tiny_whis
     _one_error_line(proc, 1, "the converted checkpoint needs about")
     assert "GiB are free (hint: free disk space or point --run-dir at a larger disk)" in proc.stderr
     assert not any((tmp_path / "run" / "convert").rglob("*.distcp"))
+
+
+def test_audio_longer_than_the_limit_is_a_bad_sample_found_before_decoding(converted: Path, clip: Path, tmp_path: Path) -> None:
+    dataset = clip.parent / "train.json"
+    dataset.write_text(json.dumps([OK]))
+    shutil.copytree(converted, tmp_path / "run")
+    line = _in_process_error(tmp_path / "run", ["preprocess"], f"data.datasets=[{dataset}]", "data.max_media_seconds=0.2")
+    assert line.startswith(f"{dataset}: sample 0: audio {clip} lasts 0.5 s, over the limit data.max_media_seconds=0.2")

@@ -21,8 +21,10 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
     from mm_pack_whisper.data import Encoder, read_utterances
     from mm_pack_whisper.demo import write_demo_dataset
     from mmcore.data.conversations import dataset_files
+    from mmcore.data.media import media_limits
 
     cfg = ctx.config.data
+    media_limits(cfg)
     model_dir = upstream["download"].output("model")
     encoder = Encoder(model_dir, cfg.task)
     train_files, eval_files = dataset_files(ctx, write_demo_dataset, "transcript JSON/JSONL or MLLM JSON with <audio>")
