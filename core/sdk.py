@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.1"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips
+SDK_VERSION = "1.2"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -67,6 +67,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.conversations": frozenset({"preprocess_conversations", "dataset_files", "DemoWriter"}),
     "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI"}),
     "mmcore.testing.conformance": frozenset({"PackConformance"}),
+    "mmcore.testing.crash": frozenset({"crash_chain", "straight_run", "differences", "points_for", "declined_stages", "losses", "run_args", "run_mmcore"}),
 }
 
 

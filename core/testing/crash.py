@@ -81,7 +81,7 @@ class Attempt:
     tail: str
 
 
-def _mmcore(cwd: Path, args: Sequence[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_mmcore(cwd: Path, args: Sequence[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
     full["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     full.update(env)
@@ -98,12 +98,12 @@ def crash_chain(cwd: Path, pack: str, preset: str, run_dir: Path, overrides: Seq
     attempts = []
     for point in points:
         start = time.perf_counter()
-        proc = _mmcore(cwd, run_args(pack, preset, run_dir, overrides), {"MMCORE_TEST_KILL": point}, timeout)
+        proc = run_mmcore(cwd, run_args(pack, preset, run_dir, overrides), {"MMCORE_TEST_KILL": point}, timeout)
         attempts.append(Attempt(point, proc.returncode, time.perf_counter() - start, (proc.stdout + proc.stderr)[-2000:]))
         if proc.returncode != -signal.SIGKILL:
             raise AssertionError(f"crash point {point}: expected the run to be killed there, it exited {proc.returncode}:\n{attempts[-1].tail}")
     start = time.perf_counter()
-    proc = _mmcore(cwd, run_args(pack, preset, run_dir, overrides), {}, timeout)
+    proc = run_mmcore(cwd, run_args(pack, preset, run_dir, overrides), {}, timeout)
     attempts.append(Attempt("(none)", proc.returncode, time.perf_counter() - start, (proc.stdout + proc.stderr)[-2000:]))
     if proc.returncode != 0:
         raise AssertionError(f"the run after the kills failed ({proc.returncode}):\n{attempts[-1].tail}")
@@ -111,7 +111,7 @@ def crash_chain(cwd: Path, pack: str, preset: str, run_dir: Path, overrides: Seq
 
 
 def straight_run(cwd: Path, pack: str, preset: str, run_dir: Path, overrides: Sequence[str], *, timeout: float = 1800) -> None:
-    proc = _mmcore(cwd, run_args(pack, preset, run_dir, overrides), {}, timeout)
+    proc = run_mmcore(cwd, run_args(pack, preset, run_dir, overrides), {}, timeout)
     if proc.returncode != 0:
         raise AssertionError(f"the uninterrupted run failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
 

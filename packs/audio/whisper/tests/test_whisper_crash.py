@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.testing.crash import crash_chain, declined_stages, differences, losses, points_for, run_args, straight_run, _mmcore
+from mmcore.testing.crash import crash_chain, declined_stages, differences, losses, points_for, run_args, straight_run, run_mmcore
 
 OVERRIDES = ["data.demo_samples=4", "training.steps=4", "training.checkpoint_every=1"]
 
@@ -38,11 +38,11 @@ def test_the_final_checkpoint_is_never_deleted_to_be_rewritten(straight: Path) -
     """Issue 19's run that could never resume: killed after the final checkpoint, resumed, and
     killed again while (formerly) that checkpoint was deleted and rewritten."""
     run = straight.parent / "final"
-    proc = _mmcore(straight.parent, run_args("whisper", "tiny", run, OVERRIDES), {"MMCORE_TEST_KILL": "train-done"}, 900)
+    proc = run_mmcore(straight.parent, run_args("whisper", "tiny", run, OVERRIDES), {"MMCORE_TEST_KILL": "train-done"}, 900)
     assert proc.returncode != 0 and (run / "train" / "checkpoints" / "step-00000004" / "trainer_state.json").is_file()
     # The last step's checkpoint is complete: the resumed run keeps it, so the kill point inside
     # a checkpoint write is never reached, and the final loss is the uninterrupted one.
-    proc = _mmcore(straight.parent, ["train", "--run-dir", str(run), "--resume"], {"MMCORE_TEST_KILL": "checkpoint-write:4"}, 900)
+    proc = run_mmcore(straight.parent, ["train", "--run-dir", str(run), "--resume"], {"MMCORE_TEST_KILL": "checkpoint-write:4"}, 900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resumed from step 4" in proc.stdout
     train = json.loads((run / "train" / "manifest.json").read_text())
