@@ -1,9 +1,9 @@
 """Reading torch distributed checkpoints (DCP) without letting them run code.
 
-torch's ``FileSystemReader`` unpickles a checkpoint's ``.metadata`` with plain ``pickle`` and
-its planner reads non-tensor values (optimizer hyper-parameters) with
-``torch.load(weights_only=False)``: a planted file in a run directory or a shared checkpoint
-would execute code when loaded. Every DCP read in mmcore goes through :func:`reader` and
+torch's ``FileSystemReader`` unpickles a checkpoint's ``.metadata`` with an unrestricted
+unpickler and its planner reads non-tensor values (optimizer hyper-parameters) without
+torch's weights-only guard: a planted file in a run directory or a shared checkpoint would
+execute code when loaded. Every DCP read in mmcore goes through :func:`reader` and
 :func:`planner` instead: the metadata unpickler resolves only the classes DCP's own metadata is
 made of (an allow-list), and non-tensor values load with ``weights_only=True``. Anything else
 is refused with a one-line :class:`UnsafeCheckpoint` naming the file and the global it asked for.
