@@ -111,11 +111,14 @@ def _output_root(manifest: Manifest, name: str) -> Path:
 
 
 def hash_outputs(manifest: Manifest) -> dict[str, dict[str, list[Any]]]:
-    """Size and sha256 of every file of every output, as the stage left them."""
+    """Size and sha256 of every file of every output the stage wrote into the run directory,
+    as it left them. An output elsewhere (download's local model folder or hub snapshot) is
+    not the run's: it is hashed once already, as an input or by the download."""
     recorded: dict[str, dict[str, list[Any]]] = {}
+    own = manifest.stage_dir.resolve() if manifest.stage_dir is not None else None
     for name in manifest.outputs:
         root = _output_root(manifest, name)
-        if not root.exists():
+        if not root.exists() or own is None or not root.is_relative_to(own):
             continue
         recorded[name] = {(file.relative_to(root).as_posix() if root.is_dir() else "."): [file.stat().st_size, sha256_file(file)] for file in iter_files(root)}
     return recorded

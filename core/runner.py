@@ -47,6 +47,7 @@ class Runner:
         self.debug = debug
         self.world = world or WorldInfo()
         self.stages = plugins.implemented_stages(pack)
+        self._intact: set[tuple[str, float]] = set()  # finished stages whose outputs were checked
 
     # ------------------------------------------------------------------ planning
     def upstream(self, stage: str) -> dict[str, Manifest]:
@@ -62,7 +63,7 @@ class Runner:
                     hint=f"run `mmcore {earlier} --pack {self.pack} --run-dir {self.run_dir.root}` or `mmcore run`",
                 )
             if manifest.status == "finished":
-                problems = output_problems(manifest)
+                problems = self._output_problems(manifest)
                 if problems:
                     raise StageError(
                         f"the output of stage {earlier!r} changed after it finished: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
@@ -70,6 +71,17 @@ class Runner:
                     )
                 found[earlier] = manifest
         return found
+
+    def _output_problems(self, manifest: Manifest) -> list[str]:
+        """:func:`output_problems`, once per finished stage and process (a pipeline asks for
+        each upstream stage again at every later stage)."""
+        key = (manifest.stage, manifest.finished_at)
+        if key in self._intact:
+            return []
+        problems = output_problems(manifest)
+        if not problems:
+            self._intact.add(key)
+        return problems
 
     def plan(self, stage: str, upstream: dict[str, Manifest]) -> str:
         return sha256_json(
@@ -98,7 +110,7 @@ class Runner:
         missing = missing_outputs(manifest)
         if missing:
             return False, f"output missing: {missing[0]}"
-        damaged = output_problems(manifest)
+        damaged = self._output_problems(manifest)
         if damaged:
             return False, f"output changed: {damaged[0]}"
         when = datetime.fromtimestamp(manifest.finished_at).strftime("%Y-%m-%d %H:%M:%S")
