@@ -82,6 +82,9 @@ class VLMFamily:
         end_token: where ``generate()`` stops (default: the tokenizer's eos).
         side_files: ``(model dir, export dir) -> None`` for the non-weight files of the export
             (default: copy them).
+        packed_attention: with ``training.packing``, the text decoder's attention runs through
+            the device's ``varlen_attention`` kernel (:mod:`mmcore.attention`, no T x T mask);
+            False for a family whose text mask is not causal.
     """
 
     model_class: str | Callable[[Any], Any]
@@ -101,6 +104,7 @@ class VLMFamily:
     demo: Any = None
     end_token: str | None = None
     side_files: Callable[[Path, Path], None] | None = None
+    packed_attention: bool = True
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -204,6 +208,10 @@ class VLMFamily:
             model = self.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint"))
             if self.prepare_model is not None:
                 self.prepare_model(ctx, model, upstream)
+            if packing and self.packed_attention:
+                from mmcore.attention import use_packed_attention, varlen_attention
+
+                use_packed_attention(model, ctx.kernel("varlen_attention") if ctx.plugins is not None else varlen_attention)
             return model
 
         return TrainRecipe(

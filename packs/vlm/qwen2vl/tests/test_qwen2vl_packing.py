@@ -39,8 +39,18 @@ def batch_parts(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
 
 @pytest.mark.compares_runs
 @pytest.mark.isa_sample
-def test_packed_loss_and_gradients_equal_the_padded_batch(batch_parts) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("attention", ["transformers-mask", "varlen-kernel"])
+def test_packed_loss_and_gradients_equal_the_padded_batch(batch_parts, attention: str) -> None:  # type: ignore[no-untyped-def]
+    """Either attention path of a packed row: transformers' block-diagonal mask, or the core's
+    varlen kernel the kit wires for packed training (no T x T mask)."""
+    import copy
+
+    from mmcore.attention import use_packed_attention, varlen_attention
+
     model, data, ids = batch_parts
+    if attention == "varlen-kernel":
+        model = copy.deepcopy(model)
+        use_packed_attention(model, varlen_attention)
     padded, packed = FAMILY.collate(data, ids), FAMILY.collate(data, ids, pack=True)
     assert packed["input_ids"].shape[0] == 1 and packed["input_ids"].shape[1] == sum(len(d["input_ids"]) for d in data)
     assert packed["num_loss_tokens"] == padded["num_loss_tokens"]
