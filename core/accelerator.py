@@ -6,6 +6,7 @@ without the device (torch_npu installed without CANN even breaks ``import torch`
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -57,9 +58,43 @@ class Accelerator:
         """Peak memory used by this process on the device since the last reset."""
         return 0
 
+    def peak_flops(self) -> float | None:
+        """Peak dense bf16 FLOP/s of one device, for the MFU metric; None where unknown (the
+        CPU). ``MMCORE_PEAK_TFLOPS`` overrides it (a device not in the table, a clock limit)."""
+        override = os.environ.get("MMCORE_PEAK_TFLOPS")
+        if override:
+            return float(override) * 1e12
+        names = self.describe().get("devices") or []
+        return peak_of(str(names[0])) if names else None
+
     def describe(self) -> dict[str, Any]:
         """Facts for ``mmcore doctor`` and manifests: device names, driver/runtime versions."""
         return {"available": self.is_available(), "count": self.device_count()}
 
     def __repr__(self) -> str:
         return f"<Accelerator {self.name}>"
+
+
+#: Dense (no sparsity) bf16 tensor peaks from the vendors' data sheets, by a substring of the
+#: device name torch reports; the first match wins, so longer names come first.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM
+    ("H200", 989e12),
+    ("H20", 148e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("B200", 2250e12),
+    ("Ascend910B2", 376e12),
+    ("Ascend910B", 313e12),  # 910B3/B4
+    ("Ascend910C", 752e12),  # two 910B2-class dies
+)
+
+
+def peak_of(device_name: str) -> float | None:
+    for key, flops in PEAK_BF16_FLOPS:
+        if key.lower().replace(" ", "") in device_name.lower().replace(" ", ""):
+            return flops
+    return None
+

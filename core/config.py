@@ -72,7 +72,9 @@ class TrainingSection(Section):
     micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
     grad_accum_steps: int = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, description="Clip gradients to this norm; null: no clipping.")
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it.")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it. bf16: bf16 compute, fp32 weights, gradient reduction and optimizer state, on any number of processes (the backend's mixed-precision policy).")
+    recompute: Literal["none", "full", "selective"] = Field("none", description="Activation recompute of the pack's blocks: full keeps only block inputs; selective keeps matmul and attention outputs and recomputes the cheap ops.")
+    cpu_offload: bool = Field(False, description="Keep sharded parameters, gradients and optimizer state in host memory between uses (FSDP2's offload policy; needs an accelerator).")
     freeze: list[str] = Field(default_factory=list, description="Parameter-name globs or pack groups to freeze.")
     packing: bool = Field(False, description="Pack each micro-batch into one sequence, attention isolated per sample, no padding (where the pack supports it).")
     checkpoint_every: int = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
@@ -86,6 +88,7 @@ class ParallelSection(Section):
     nnodes: int = Field(1, ge=1)
     node_rank: int = Field(0, ge=0)
     rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous; default: a free local port.")
+    replicate: int = Field(1, ge=1, description="HSDP: replicas of the model, each sharded over world / replicate processes (e.g. the number of nodes: shard within a node, replicate across); 1: shard over every process.")
 
 
 class ExportSection(Section):

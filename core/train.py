@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mmcore.checkpointing import CHECKPOINTS, LATEST, load_checkpoint, load_converted, newest_complete, save_checkpoint, seed_everything
@@ -29,8 +30,10 @@ from mmcore.io import ensure_free_space
 from mmcore.optim import clip_grad_norm, freeze, lr_lambda
 from mmcore.pack import StageResult
 from mmcore.plot import plot_training
+from mmcore.recompute import apply_recompute
 from mmcore.rundir import Manifest, RunDir
 from mmcore.sampler import EpochSampler
+from mmcore.sharded_load import load_weights, materialise, on_meta, parameters_on_meta
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +45,11 @@ class TrainRecipe:
     """What a pack supplies to the train engine.
 
     Attributes:
-        build_model: ``(ctx, upstream) -> nn.Module`` on the CPU in fp32, weights already
-            loaded (e.g. with :func:`load_converted`). Single-device code.
+        build_model: ``(ctx, upstream) -> nn.Module`` in fp32, single-device code. With
+            ``weights`` it builds without loading (the engine calls it with parameters on the
+            meta device, shards, then loads each rank's part); without, it returns the model
+            on the CPU with weights loaded (e.g. with :func:`load_converted`).
+        weights: optional ``(ctx, upstream) -> DCP checkpoint`` to start from (convert's).
         dataset: ``(ctx, upstream) -> Sequence`` of samples (map-style: ``len`` and ``[i]``).
         collate: list of samples -> batch dict; must set ``batch["num_loss_tokens"]`` (int).
         loss: ``(model, batch) -> tensor``: the summed loss of the batch.
@@ -57,6 +63,8 @@ class TrainRecipe:
             (``tokens`` -> ``tokens_per_s``; ``samples`` -> ``samples_per_s``).
         group_of: optional ``sample index -> key``; a micro-batch then only holds samples of
             one key (e.g. one resolution bucket, so latents stack).
+        flops: optional ``(model, batch) -> float``: FLOPs of one forward and backward of the
+            batch (:mod:`mmcore.flops`), for the ``tflops`` and ``mfu`` metrics.
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -68,6 +76,8 @@ class TrainRecipe:
     evaluate: Callable[[StageContext, "nn.Module", int], dict[str, float]] | None = None
     loss_unit: str = "tokens"
     group_of: Callable[[int], Any] | None = None
+    weights: Callable[[StageContext, Mapping[str, Manifest]], Path] | None = None
+    flops: Callable[["nn.Module", dict[str, Any]], float] | None = None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -96,12 +106,31 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     device = accelerator.device(world.local_rank)
     seed_everything(ctx.seed + world.rank)
 
-    # ---- setup
-    model = recipe.build_model(ctx, upstream)
-    frozen = freeze(model, cfg.freeze, recipe.freeze_groups)
+    # ---- setup: build (without memory where the recipe loads through the engine), freeze,
+    # recompute, shard, then materialise and load each rank's shards
     use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and accelerator.device_type != "cpu" and accelerator.supports_bf16())
+    if cfg.cpu_offload and accelerator.device_type == "cpu":
+        raise StageError("training.cpu_offload keeps weights in host memory while an accelerator computes; this run computes on the CPU (run.device: cpu)")
     backend = import_object(ctx.plugins.registry.backend(ctx.config.parallel.backend).factory)() if ctx.plugins else None
-    model = backend.prepare(model, recipe.shard_modules(model), device=device, bf16=use_bf16, world=world) if backend else model.to(device)
+    own_group = _process_group_for_one(backend, world, accelerator, bf16=use_bf16, offload=cfg.cpu_offload)
+    if recipe.weights is not None:
+        with parameters_on_meta():
+            model = recipe.build_model(ctx, upstream)
+    else:
+        model = recipe.build_model(ctx, upstream)
+    frozen = freeze(model, cfg.freeze, recipe.freeze_groups)
+    blocks = recipe.shard_modules(model)
+    apply_recompute(blocks, cfg.recompute)
+    if backend is not None:
+        model = backend.prepare(model, blocks, device=device, bf16=use_bf16, world=world, offload=cfg.cpu_offload, replicate=ctx.config.parallel.replicate)
+    if on_meta(model):
+        materialise(model, torch.device("cpu") if cfg.cpu_offload else device)
+        resuming = ctx.resume and newest_complete(ctx.stage_dir / CHECKPOINTS) is not None
+        if not resuming:  # a resume overwrites every weight
+            assert recipe.weights is not None
+            load_weights(model, recipe.weights(ctx, upstream), distributed=world.distributed)
+    elif backend is None:
+        model = model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
@@ -157,12 +186,17 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             dist.all_reduce(counts)
         global_tokens = max(counts.item(), 1.0)
         loss_sum = torch.zeros((), device=device)
-        for batch in micro:
+        flops = 0.0
+        for i, batch in enumerate(micro):
             batch = _to_device(batch, device)
+            if hasattr(model, "set_requires_gradient_sync"):  # reduce gradients once, after the last micro-batch
+                model.set_requires_gradient_sync(i == len(micro) - 1)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16 and not backend_handles_precision(backend, world)):
                 loss = recipe.loss(model, batch)
             (loss * (world.world_size / global_tokens)).backward()
             loss_sum += loss.detach().float()
+            if recipe.flops is not None:
+                flops += recipe.flops(model, batch)
         grad_norm = clip_grad_norm(model, cfg.max_grad_norm)
         optimizer.step()
         scheduler.step()
@@ -180,6 +214,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             "step_time_s": elapsed,
             "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
         }
+        if recipe.flops is not None:
+            metrics.update(utilisation(flops, elapsed, accelerator))
         history.append({"step": done, **metrics})
         if done % cfg.log_every == 0 or done == cfg.steps:
             ctx.log_metrics(done, metrics)
@@ -205,7 +241,31 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             if name in first:
                 result_metrics[f"eval/{name}@{first_step}"] = first[name]
                 notes.insert(0, f"held-out {name}: {first[name]:.4g} at step {first_step} -> {last[name]:.4g} at step {last_step}")
+    if own_group:
+        dist.destroy_process_group()
     return StageResult(outputs={"checkpoint": f"{CHECKPOINTS}/{LATEST}"}, metrics=result_metrics, notes=notes)
+
+
+def _process_group_for_one(backend: Any, world: Any, accelerator: Any, *, bf16: bool, offload: bool) -> bool:
+    """A one-process group where the backend shards a single process (its precision and offload
+    policies need one); True when this function created it."""
+    import torch.distributed as dist
+
+    wants = getattr(backend, "wants_process_group", None)
+    if world.distributed or dist.is_initialized() or wants is None or not wants(world, bf16=bf16, offload=offload):
+        return False
+    dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def utilisation(flops: float, seconds: float, accelerator: Any) -> dict[str, float]:
+    """Achieved TFLOP/s of this process, and the model FLOPs utilisation where the device's peak is known."""
+    achieved = flops / max(seconds, 1e-9)
+    out = {"tflops": achieved / 1e12}
+    peak = accelerator.peak_flops()
+    if peak:
+        out["mfu"] = achieved / peak
+    return out
 
 
 def backend_handles_precision(backend: Any, world: Any) -> bool:

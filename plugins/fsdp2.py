@@ -1,8 +1,10 @@
 """The FSDP2 distributed backend (torch.distributed ``fully_shard``).
 
-Shards each module the recipe names (decoder layers, vision blocks), then the root; bf16
-parameters with fp32 gradient reduction where the device has bf16. On one process the model
-is only moved to the device: sharding over one rank buys nothing.
+Shards each module the recipe names (decoder layers, vision blocks), then the root. The backend
+owns mixed precision whatever the number of processes (as torchtitan does): with bf16 it shards
+over a one-process group too, so one and N processes compute alike: fp32 parameters and
+optimizer state, bf16 compute, fp32 gradient reduction. With ``parallel.replicate`` > 1 the
+mesh is 2-D (HSDP): replicas across its first dimension, shards within each.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmcore import hookimpl
+from mmcore.errors import StageError
 from mmcore.registry import BackendSpec
 
 
@@ -17,23 +20,40 @@ class FSDP2Backend:
     name = "fsdp2"
 
     def handles_precision(self, world: Any) -> bool:
-        return bool(world.distributed)
+        return True
 
-    def prepare(self, model: Any, shard_modules: list[Any], *, device: Any, bf16: bool, world: Any) -> Any:
+    def wants_process_group(self, world: Any, *, bf16: bool, offload: bool) -> bool:
+        """Whether this process shards (and so needs a process group) for these options."""
+        return bool(world.distributed or bf16 or offload)
+
+    def prepare(self, model: Any, shard_modules: list[Any], *, device: Any, bf16: bool, world: Any,
+                offload: bool = False, replicate: int = 1) -> Any:
         import torch
 
-        model = model.to(device)
-        if not world.distributed:
-            return model
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        if not self.wants_process_group(world, bf16=bf16, offload=offload):
+            return model if _on_meta(model) else model.to(device)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+        if world.world_size % replicate:
+            raise StageError(f"parallel.replicate={replicate} does not divide the {world.world_size} processes")
+        shape = (replicate, world.world_size // replicate) if replicate > 1 else (world.world_size,)
+        names = ("replicate", "shard") if replicate > 1 else ("shard",)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        options = {"mesh": mesh, "mp_policy": policy, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+        if not _on_meta(model) and not offload:
+            model = model.to(device)
         for module in shard_modules:
-            fully_shard(module, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(module, **options)
+        fully_shard(model, **options)
         return model
+
+
+def _on_meta(model: Any) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
 
 
 @hookimpl
 def mmcore_register_backends(register):
-    register(BackendSpec("fsdp2", "mmcore_plugins.fsdp2:FSDP2Backend", summary="PyTorch FSDP2 (fully_shard), reshardable DCP checkpoints"))
+    register(BackendSpec("fsdp2", "mmcore_plugins.fsdp2:FSDP2Backend", summary="PyTorch FSDP2 (fully_shard; HSDP with parallel.replicate), reshardable DCP checkpoints"))

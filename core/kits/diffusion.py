@@ -208,14 +208,16 @@ class DiffusionFamily:
         def loss(model: Any, batch: dict[str, Any]) -> Any:
             import torch
 
-            if encoders is not None:
-                batch = dict(batch, latents=torch.stack([encoders.latents(f) for f in batch["frames"]]),
+            if encoders is not None:  # in place: the step's FLOPs read the latents' shape
+                batch.update(latents=torch.stack([encoders.latents(f) for f in batch["frames"]]),
                              text=torch.stack([encoders.text(c) for c in batch["captions"]]))
             device = next(model.parameters()).device
             return flow_matching_loss(self.predict, model, batch["latents"].to(device), batch["text"].to(device), empty, cfg)
 
         return TrainRecipe(
-            build_model=lambda ctx, upstream: self.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")),
+            build_model=lambda ctx, upstream: self.build_model(upstream["download"].output("model")),
+            weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
+            flops=denoiser_flops(),
             dataset=lambda ctx, upstream: samples,
             collate=collate,
             loss=loss,
@@ -299,6 +301,31 @@ class FreshSamples:
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {"frames": self.data[i]["frames"], "caption": self.data.meta(i)["caption"]}
+
+
+def denoiser_flops() -> Callable[[Any, dict[str, Any]], float]:
+    """``(model, batch) -> FLOPs`` of a diffusion transformer's step on latents [B, C, F, H, W]:
+    its weights on every patch token, self-attention over each sample's tokens, cross-attention
+    to the caption (config: ``patch_size``, ``num_layers``, ``num_attention_heads`` x
+    ``attention_head_dim``, as diffusers' video transformers name them)."""
+    import math
+
+    from mmcore.flops import StepFlops, attention_flops, dense_flops
+
+    seen = StepFlops()
+
+    def flops(model: Any, batch: dict[str, Any]) -> float:
+        config = model.config
+        patch = config.patch_size if isinstance(config.patch_size, (tuple, list)) else (1, config.patch_size, config.patch_size)
+        samples, _, *grid = batch["latents"].shape
+        tokens = math.prod(n // p for n, p in zip(grid, patch[-len(grid):]))
+        width = config.num_attention_heads * config.attention_head_dim
+        caption = batch["text"].shape[1]
+        return (dense_flops(seen.counts("", model), samples * tokens)
+                + attention_flops(config.num_layers, width, [tokens] * samples)
+                + attention_flops(config.num_layers, width, [tokens] * samples, [caption] * samples))
+
+    return flops
 
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:

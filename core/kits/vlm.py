@@ -82,6 +82,8 @@ class VLMFamily:
         end_token: where ``generate()`` stops (default: the tokenizer's eos).
         side_files: ``(model dir, export dir) -> None`` for the non-weight files of the export
             (default: copy them).
+        towers: module path -> ``batch -> tokens`` through it (vision patches, audio frames),
+            for the FLOPs of a step (:mod:`mmcore.flops`); the rest of the model counts text tokens.
         packed_attention: with ``training.packing``, the text decoder's attention runs through
             the device's ``varlen_attention`` kernel (:mod:`mmcore.attention`, no T x T mask);
             False for a family whose text mask is not causal.
@@ -104,6 +106,7 @@ class VLMFamily:
     demo: Any = None
     end_token: str | None = None
     side_files: Callable[[Path, Path], None] | None = None
+    towers: Mapping[str, Callable[[Batch], float]] = field(default_factory=dict)
     packed_attention: bool = True
 
     # -- the model ---------------------------------------------------------------------------
@@ -166,6 +169,28 @@ class VLMFamily:
     def shard_modules(self, model: Any) -> list[Any]:
         return blocks_at(model, self.shard_layers)
 
+    def step_flops(self) -> Callable[[Any, Batch], float]:
+        """``(model, batch) -> FLOPs`` of a forward and backward: towers on their tokens, the
+        rest on the text tokens, the decoder's attention per sample."""
+        from mmcore.flops import StepFlops, attention_flops, dense_flops
+
+        seen = StepFlops()
+
+        def flops(model: Any, batch: Batch) -> float:
+            trained, frozen = seen.counts("", model)
+            total = 0.0
+            for path, tokens in self.towers.items():
+                tower = seen.counts(path, model.get_submodule(path))
+                trained, frozen = trained - tower[0], frozen - tower[1]
+                total += dense_flops(tower, tokens(batch))
+            lengths = batch["segments"] if "segments" in batch else batch["attention_mask"].sum(1)
+            text = model.config.get_text_config()
+            width = text.num_attention_heads * (getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+            total += dense_flops((trained, frozen), float(lengths.sum()))
+            return total + attention_flops(text.num_hidden_layers, width, lengths.tolist())
+
+        return flops
+
     # -- stages ------------------------------------------------------------------------------
 
     def preprocess(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
@@ -204,8 +229,8 @@ class VLMFamily:
                 return CachedSamples(data, upstream["extract"].output("features"), replaces=dict(self.cache_replaces))
             return data
 
-        def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
-            model = self.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint"))
+        def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:  # weights: the engine loads them
+            model = self.build_model(upstream["download"].output("model"))
             if self.prepare_model is not None:
                 self.prepare_model(ctx, model, upstream)
             if packing and self.packed_attention:
@@ -216,6 +241,8 @@ class VLMFamily:
 
         return TrainRecipe(
             build_model=build,
+            weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
+            flops=self.step_flops(),
             dataset=lambda ctx, upstream: load("train"),
             collate=lambda samples: self.collate(samples, ids, pack=packing),
             loss=self.loss_sum,
@@ -255,6 +282,11 @@ class VLMFamily:
         return StageResult(outputs={"model": "hf"}, metrics=done.metrics, notes=done.notes)
 
 
+def rows_of(*fields: str) -> Callable[[Batch], float]:
+    """``batch -> tokens``: the rows of those batch fields (patches of ``pixel_values``)."""
+    return lambda batch: float(sum(batch[f].shape[0] for f in fields if f in batch))
+
+
 def restarting_positions(model: Any, batch: Batch) -> Any:
     """1-D positions restarting at every sample of a packed row ([1, total]); transformers reads
     the restarts to keep the samples' attention apart."""
@@ -263,4 +295,4 @@ def restarting_positions(model: Any, batch: Batch) -> Any:
     return torch.cat([torch.arange(int(n)) for n in batch["segments"]])[None].to(batch["input_ids"].device)
 
 
-__all__ = ["VLMFamily", "restarting_positions"]
+__all__ = ["VLMFamily", "restarting_positions", "rows_of"]

@@ -132,6 +132,28 @@ def evaluate_wer(ctx: StageContext, model: Any, held_out: ShardDataset, tokenize
     return {"wer": errors / max(words, 1)}
 
 
+def step_flops() -> Any:
+    """``(model, batch) -> FLOPs``: the encoder on its frames (half the mel frames; nothing when
+    its outputs come from the cache), the decoder on its tokens, self- and cross-attention."""
+    from mmcore.flops import StepFlops, attention_flops, dense_flops
+
+    seen = StepFlops()
+
+    def flops(model: Any, batch: dict[str, Any]) -> float:
+        config, inner = model.config, model.model
+        rows, text = batch["decoder_input_ids"].shape
+        frames = batch["encoder_states"].shape[1] if "encoder_states" in batch else batch["input_features"].shape[-1] // 2
+        total = dense_flops(seen.counts("decoder", inner.decoder), rows * text)
+        total += attention_flops(config.decoder_layers, config.d_model, [text] * rows)
+        total += attention_flops(config.decoder_layers, config.d_model, [text] * rows, [frames] * rows)
+        if "input_features" in batch:
+            total += dense_flops(seen.counts("encoder", inner.encoder), rows * frames)
+            total += attention_flops(config.encoder_layers, config.d_model, [frames] * rows)
+        return total
+
+    return flops
+
+
 def shard_modules(model: Any) -> list[Any]:
     return [*model.model.encoder.layers, *model.model.decoder.layers]
 
@@ -154,11 +176,13 @@ def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
             return CachedSamples(data, upstream["extract"].output("features"), replaces={"encoder_states": "input_features"})
         return data
 
-    def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
-        return build_model(model_dir, upstream["convert"].output("checkpoint"), ctx.config.training)
+    def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:  # weights: the engine loads them
+        return build_model(model_dir, None, ctx.config.training)
 
     return TrainRecipe(
         build_model=build,
+        weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
+        flops=step_flops(),
         dataset=lambda ctx, upstream: load("train"),
         collate=lambda samples: collate(samples, eos_id),
         loss=loss_sum,

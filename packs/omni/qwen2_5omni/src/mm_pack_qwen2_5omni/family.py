@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
-from mmcore.kits.vlm import VLMFamily
+from mmcore.kits.vlm import VLMFamily, rows_of
 from mmcore.rundir import Manifest
 from mm_qwen_vision import packed_mrope_positions
 
@@ -57,6 +57,11 @@ def audio_inputs(batch: dict[str, Any], samples: list[dict[str, Any]], ids: Mapp
         batch["input_features"] = torch.cat([s["audio_states"] for s in samples if "audio_states" in s])
     else:
         batch["input_features"] = pad_clips([s["input_features"] for s in samples if "input_features" in s], lengths)
+
+
+def audio_frames(batch: dict[str, Any]) -> float:
+    """Frames through the audio tower's layers (its convolutions halve the mel frames)."""
+    return float(batch["feature_attention_mask"].sum()) / 2 if "feature_attention_mask" in batch else 0.0
 
 
 def pad_clips(frames: list[Any], lengths: Any) -> Any:
@@ -131,6 +136,7 @@ FAMILY = VLMFamily(
     collate_extra=audio_inputs,
     prepare_model=prepare_model,
     cache_replaces={"audio_states": "input_features"},
+    towers={"model.visual": rows_of("pixel_values", "pixel_values_videos"), "model.audio_tower": audio_frames},
     demo=write_demo_dataset,
     end_token="<|im_end|>",
     side_files=thinker_side_files,
