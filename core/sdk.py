@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.2"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash
+SDK_VERSION = "1.3"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -52,7 +52,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.feature_cache": frozenset({"FeatureCacheWriter", "FeatureCache", "CachedSamples"}),
     "mmcore.data.clips": frozenset({"preprocess_captioned_videos"}),
     "mmcore.kits": frozenset({"blocks_at"}),
-    "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate"}),
+    "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate", "denoiser_flops"}),
     "mmcore.data.badsamples": frozenset({"BadSample", "BadSamples"}),
     "mmcore.data.media": frozenset({"MediaError", "media_limits", "check_pixels", "check_seconds"}),
     "mmcore.data.video": frozenset({"MediaError", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),
@@ -62,7 +62,9 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.kits.auto": frozenset({"TransformersNames", "ProcessorImages", "auto_family", "tiny_checkpoint", "shrink_config", "TINY_SIZES"}),
     "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadJSON", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
     "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "CHATML_TEMPLATE", "Encoded", "Piece", "Expander"}),
-    "mmcore.kits.vlm": frozenset({"VLMFamily", "restarting_positions"}),
+    "mmcore.kits.vlm": frozenset({"VLMFamily", "restarting_positions", "rows_of"}),
+    "mmcore.flops": frozenset({"parameter_counts", "dense_flops", "attention_flops", "StepFlops"}),
+    "mmcore.attention": frozenset({"varlen_attention", "use_packed_attention", "segment_bounds"}),
     "mmcore.data.chat_template": frozenset({"IGNORE", "PART_TYPES", "ChatTemplateEncoder", "ChatTemplateError", "Encoded", "Piece", "Expander"}),
     "mmcore.data.conversations": frozenset({"preprocess_conversations", "dataset_files", "DemoWriter"}),
     "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI"}),

@@ -233,7 +233,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if world.is_main:
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
     notes = [f"final loss {last_loss:.4f} after {final_step} steps", f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
-    result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": len(frozen), "bf16": use_bf16}
+    result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": len(frozen), "bf16": use_bf16,
+                                      "sharded": _is_sharded(model), "recompute": cfg.recompute}
     if evals:
         (first_step, first), (last_step, last) = evals[0], evals[-1]
         for name in last:
@@ -256,6 +257,14 @@ def _process_group_for_one(backend: Any, world: Any, accelerator: Any, *, bf16: 
         return False
     dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
     return True
+
+
+def _is_sharded(model: Any) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(model, FSDPModule)
 
 
 def utilisation(flops: float, seconds: float, accelerator: Any) -> dict[str, float]:

@@ -34,6 +34,36 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
     assert manifest(tmp_path / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
 
 
+@pytest.mark.slow
+@pytest.mark.compares_runs
+def test_bf16_takes_one_path_on_one_and_two_processes(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """bf16 is FSDP2's mixed-precision policy on one process as on two (not autocast on one):
+    fp32 weights and reduction, bf16 compute; the losses agree to bf16's rounding of a reduction
+    split differently (rel 1e-3 over 5 steps)."""
+    bf16 = ["training.steps=5", "training.precision=bf16", "training.lr=1e-3"]
+    mm("run", *TINY, "--run-dir", "one", *bf16, "training.micro_batch_size=2")
+    mm("run", *TINY, "--run-dir", "two", *bf16, "training.micro_batch_size=1", "--nproc-per-node", "2")
+    for run in ("one", "two"):
+        metrics = manifest(tmp_path / run, "train")["metrics"]
+        assert metrics["bf16"] and metrics["sharded"], (run, metrics)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(one) == list(two) == [1, 2, 3, 4, 5]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-3), (step, one, two)
+
+
+@pytest.mark.compares_runs
+def test_recompute_changes_no_loss(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Selective recompute of the vision blocks and decoder layers on a packed run: the same
+    losses, bit for bit (the same ops on the same inputs), and FLOPs logged beside them."""
+    for mode in ("none", "selective"):
+        mm("run", *TINY, "--run-dir", mode, "training.steps=2", "training.packing=true", f"training.recompute={mode}")
+    assert losses(tmp_path / "selective") == losses(tmp_path / "none")
+    assert manifest(tmp_path / "selective", "train")["metrics"]["recompute"] == "selective"
+    rows = [json.loads(line) for line in (tmp_path / "selective/train/metrics.jsonl").read_text().splitlines()]
+    assert all(r["tflops"] > 0 and "mfu" not in r for r in rows if "loss" in r)  # no peak known for a CPU
+
+
 def test_frozen_vision_tower_does_not_change(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     mm("run", *TINY, "--run-dir", "frozen", "training.steps=2", "training.freeze=[vision]")
     assert manifest(tmp_path / "frozen", "train")["metrics"]["frozen_parameters"] > 0

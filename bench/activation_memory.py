@@ -1,0 +1,101 @@
+"""Activation memory on CPU, each measurement in a fresh process (peak RSS above the process's
+peak after building the model), step time beside it:
+
+* recompute: ``training.recompute`` none / full / selective on a Qwen2-style decoder
+  (hidden 1024, 8 layers, one 4096-token row), forward + backward;
+* packed attention: a packed row of 4k, 8k and 16k tokens (512-token samples) through a 2-layer
+  decoder, transformers' SDPA with its block-diagonal mask vs the varlen kernel path
+  (``mmcore.attention``): the mask is T x T, so that path's memory grows with T^2.
+
+    python bench/activation_memory.py [--only recompute|attention]
+
+Figures go into notes, never tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def decoder(hidden: int, layers: int, max_positions: int) -> object:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=1024, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+                                      num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256), max_position_embeddings=max_positions)
+    config._attn_implementation = "sdpa"
+    return transformers.Qwen2ForCausalLM(config).train()
+
+
+def recompute_case(mode: str, queue: object) -> None:
+    import torch
+
+    from mmcore.recompute import apply_recompute
+
+    torch.set_num_threads(2)
+    model = decoder(1024, 8, 4096)
+    apply_recompute(list(model.model.layers), mode)
+    ids = torch.randint(0, 1024, (1, 4096), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids[:, :64], labels=ids[:, :64], use_cache=False).loss.backward()  # warm-up
+    model.zero_grad(set_to_none=False)
+    base = peak_mib()
+    t0 = time.perf_counter()
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    queue.put({"case": "recompute", "mode": mode, "activation_peak_mib": round(peak_mib() - base), "step_s": round(time.perf_counter() - t0, 2)})
+
+
+def attention_case(path: str, tokens: int, queue: object) -> None:
+    import torch
+
+    from mmcore.attention import use_packed_attention, varlen_attention
+
+    torch.set_num_threads(2)
+    model = decoder(256, 2, tokens)
+    if path == "varlen":
+        use_packed_attention(model, varlen_attention)
+    ids = torch.randint(0, 1024, (1, tokens), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(tokens).remainder(512)[None]
+    base = peak_mib()
+    t0 = time.perf_counter()
+    model(input_ids=ids, position_ids=positions, labels=ids, use_cache=False).loss.backward()
+    queue.put({"case": "packed attention", "path": path, "tokens": tokens, "activation_peak_mib": round(peak_mib() - base), "step_s": round(time.perf_counter() - t0, 2)})
+
+
+def run(target: object, *args: object) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=["recompute", "attention"])
+    args = parser.parse_args()
+    if args.only in (None, "recompute"):
+        rows = {mode: run(recompute_case, mode) for mode in ("none", "full", "selective")}
+        for mode in ("full", "selective"):
+            print(f"recompute {mode}: activation memory {rows[mode]['activation_peak_mib'] / max(rows['none']['activation_peak_mib'], 1):.2f} x none, "
+                  f"step time {rows[mode]['step_s'] / rows['none']['step_s']:.2f} x none")
+    if args.only in (None, "attention"):
+        for path in ("transformers-mask", "varlen"):
+            rows = [run(attention_case, path, tokens) for tokens in (4096, 8192, 16384)]
+            print(f"packed attention, {path}: activation MiB at 4k/8k/16k = " + " / ".join(str(r["activation_peak_mib"]) for r in rows))
+
+
+if __name__ == "__main__":
+    main()

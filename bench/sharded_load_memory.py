@@ -1,0 +1,140 @@
+"""Peak host memory per rank while loading a model for training, and after one step: the engine's
+way (built on meta, sharded, each rank reads its shards) vs the previous way (every rank builds
+the full fp32 model, loads every weight, then shards), on 1 and 2 processes (gloo, CPU).
+
+The model is Qwen2-VL-2B-shaped (real widths and vocabulary, tied embedding) with as many layers as
+let the previous way's one-rank fp32 step (weights, gradients, AdamW) fit in 24 GiB: 6 decoder
+layers, 8 vision blocks. Its checkpoint is written once as convert writes one (DCP, ``model.*``,
+fp32, the tied weight stored once).
+
+    python bench/sharded_load_memory.py [--workdir /tmp/mmcore-bench-load] [--keep]
+
+Goal (issue 13): per-rank load peak <= checkpoint / world + import baseline + 2 x largest tensor.
+Prints one JSON line per measurement and a table; figures go into notes, never tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+SHAPE = dict(
+    text_config=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=6, num_attention_heads=12,
+                     num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
+    vision_config=dict(depth=8, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4),
+    tie_word_embeddings=True,
+)
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build(meta: bool) -> object:
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from mmcore.sharded_load import parameters_on_meta
+
+    config = Qwen2VLConfig(**SHAPE)
+    config._attn_implementation = "sdpa"
+    if meta:
+        with parameters_on_meta():
+            return Qwen2VLForConditionalGeneration(config)
+    return Qwen2VLForConditionalGeneration(config)
+
+
+def write_checkpoint(folder: Path) -> tuple[int, int]:
+    """(checkpoint bytes, largest tensor bytes)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = build(meta=False)
+    state = {f"model.{k}": v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+    sizes = [v.numel() * v.element_size() for v in state.values()]
+    return sum(sizes), max(sizes)
+
+
+def worker(rank: int, world: int, port: int, way: str, folder: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from mmcore.checkpointing import load_converted
+    from mmcore.sharded_load import load_weights, materialise
+
+    import transformers  # noqa: F401  (imports belong to the baseline)
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    baseline = peak_mib()
+    t0 = time.perf_counter()
+    if way == "engine":
+        model = build(meta=True)
+        for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
+            fully_shard(block)
+        fully_shard(model)
+        materialise(model, torch.device("cpu"))
+        load_weights(model, Path(folder), distributed=True)
+    else:
+        model = build(meta=False)
+        load_converted(model, Path(folder))
+        for block in [*model.model.visual.blocks, *model.model.language_model.layers]:
+            fully_shard(block)
+        fully_shard(model)
+    load_s = time.perf_counter() - t0
+    after_load = peak_mib()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=False)
+    ids = torch.randint(0, 151936, (1, 256), generator=torch.Generator().manual_seed(rank))
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    optimizer.step()
+    after_step = peak_mib()
+    with open(out, "a") as handle:
+        handle.write(json.dumps({"way": way, "world": world, "rank": rank, "baseline_mib": round(baseline),
+                                 "load_peak_mib": round(after_load), "step_peak_mib": round(after_step), "load_s": round(load_s, 1)}) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workdir", default="/tmp/mmcore-bench-load")
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    import torch.multiprocessing as mp
+
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    total, largest = write_checkpoint(work / "ckpt")
+    print(json.dumps({"checkpoint_mib": round(total / 2**20), "largest_tensor_mib": round(largest / 2**20)}), flush=True)
+    out = work / "results.jsonl"
+    for way in ("previous", "engine"):
+        for world in (1, 2):
+            mp.start_processes(worker, args=(world, free_port(), way, str(work / "ckpt"), str(out)), nprocs=world, start_method="spawn")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    print(f"{'way':9} {'world':>5} {'rank':>4} {'baseline':>9} {'load peak':>9} {'goal':>7} {'step peak':>9} {'load s':>6}  (MiB)")
+    for r in rows:
+        goal = r["baseline_mib"] + total / r["world"] / 2**20 + 2 * largest / 2**20
+        print(f"{r['way']:9} {r['world']:>5} {r['rank']:>4} {r['baseline_mib']:>9} {r['load_peak_mib']:>9} {goal:>7.0f} {r['step_peak_mib']:>9} {r['load_s']:>6}")
+        print(json.dumps({**r, "goal_mib": round(goal)}), file=sys.stderr)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
