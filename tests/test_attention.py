@@ -127,3 +127,24 @@ def test_no_t_by_t_mask_is_allocated(total: int) -> None:
         largest[packed] = seen.largest
     assert largest[False] >= total * total  # the control: the block-diagonal mask
     assert largest[True] < total * 64 + 1  # the logits [1, T, vocab 64] are the largest
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_device_kernel_matches_the_reference(device: str) -> None:
+    """flash-attn varlen (CUDA), npu_fusion_attention TND (NPU) against the reference, bf16
+    (tolerance: bf16 rounding of a different summation order)."""
+    from mmcore.attention import varlen_attention_example
+    from mmcore.plugins import Plugins
+
+    registry = Plugins.load().registry
+    accelerator = registry.accelerators[device]
+    if not accelerator.is_available():
+        pytest.skip(f"no {device} device here")
+    spec = registry.kernel_spec("varlen_attention", device)
+    if spec.device == "reference":
+        pytest.skip(f"no {device} implementation usable here (needs {', '.join(registry.kernels[('varlen_attention', device)].requires)})")
+    dev = accelerator.device(0)
+    args = varlen_attention_example()
+    want = varlen_attention(*args)
+    got = spec.load()(*(a.to(dev) for a in args))
+    torch.testing.assert_close(got.float().cpu(), want.float(), rtol=2e-2, atol=2e-2)

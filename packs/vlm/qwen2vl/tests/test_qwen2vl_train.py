@@ -1,4 +1,5 @@
-"""Training for real: FSDP2 on 2 processes equals 1, freezing, the demo learns. (Kill -9 and resume, and
+"""Training for real: FSDP2 (and HSDP) on 2 processes equals 1, bf16 takes one path, recompute
+changes nothing, freezing, the demo learns. (Kill -9 and resume, and
 qwen2.5vl through every stage, are the conformance suite's: test_qwen2vl_conformance.py.)"""
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
         assert two[step] == pytest.approx(one[step], rel=1e-5), step
     # The sharded run's final checkpoint exports like any other.
     assert manifest(tmp_path / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+    # HSDP (2 replicas of 1 shard) is the same computation with the reduction split differently.
+    mm("run", *TINY, "--run-dir", "hsdp", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2", "parallel.replicate=2")
+    hsdp = losses(tmp_path / "hsdp")
+    assert list(hsdp) == [1, 2, 3] and all(hsdp[step] == pytest.approx(two[step], rel=1e-5) for step in two), (hsdp, two)
 
 
 @pytest.mark.slow
