@@ -77,6 +77,7 @@ class TrainingSection(Section):
     cpu_offload: bool = Field(False, description="Keep sharded parameters, gradients and optimizer state in host memory between uses (FSDP2's offload policy; needs an accelerator).")
     freeze: list[str] = Field(default_factory=list, description="Parameter-name globs or pack groups to freeze.")
     packing: bool = Field(False, description="Pack each micro-batch into one sequence, attention isolated per sample, no padding (where the pack supports it).")
+    max_tokens: int | None = Field(None, ge=1, description="With packing: fill each micro-batch's row to this many tokens from a length-aware sampler (micro_batch_size is then unused); null: micro_batch_size samples per row.")
     checkpoint_every: int = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0)

@@ -50,4 +50,86 @@ class EpochSampler:
         return span[self.rank * self.batch : (self.rank + 1) * self.batch], epoch
 
 
-__all__ = ["EpochSampler"]
+
+class TokenBudgetSampler:
+    """Micro-batches filled to a token budget (``training.max_tokens``), for packed rows.
+
+    Each epoch shuffles the samples with the seed, then packs them window by window (``window``
+    samples per rank at a time) best-fit decreasing into bins of at most ``budget`` tokens, and
+    deals the bins to the ranks in order, one global micro-batch being ``world`` bins of
+    comparable fill. Bins that do not make a whole global micro-batch at the end of an epoch
+    are left out of it (as :class:`EpochSampler` drops a ragged tail; the next epoch reshuffles). The same
+    seed, lengths and budget give the same bins on every machine; ``position`` (global
+    micro-batches consumed) is all that a checkpoint needs to resume.
+    """
+
+    FULL = 0.98  # a bin filled this far is closed
+
+    def __init__(self, lengths: list[int], budget: int, seed: int, rank: int, world: int, window: int = 64) -> None:
+        self.lengths, self.budget, self.seed, self.rank, self.world = lengths, budget, seed, rank, world
+        self.window = window * world
+        self.position = 0
+        self._epoch_cache: tuple[int, list[list[list[int]]]] | None = None
+        too_long = [n for n in lengths if n > budget]
+        if too_long:
+            raise StageError(f"{len(too_long)} of {len(lengths)} samples are longer than training.max_tokens={budget} "
+                             f"(longest {max(too_long)} tokens): raise training.max_tokens above the longest sample (data.cutoff_len caps them where the pack has it)")
+        if not self._plan(0):
+            raise StageError(f"the dataset's {sum(lengths)} tokens fill fewer than one global micro-batch ({world} ranks x {budget} tokens)")
+
+    def bins(self, epoch: int) -> list[list[int]]:
+        """The epoch's bins (sample indices), in the order they are dealt.
+
+        Best-fit decreasing, window by window; a bin less than ``FULL`` filled stays open for
+        the next window's samples, so small samples late in the epoch top up earlier bins.
+        """
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        order = list(range(len(self.lengths)))
+        rng.shuffle(order)
+        done: list[list[int]] = []
+        packed: list[list[int]] = []
+        free: list[int] = []
+        for start in range(0, len(order), self.window):
+            for i in sorted(order[start : start + self.window], key=lambda i: -self.lengths[i]):
+                need = self.lengths[i]
+                fits = [b for b, room in enumerate(free) if room >= need]
+                if fits:
+                    best = min(fits, key=lambda b: free[b])
+                    packed[best].append(i)
+                    free[best] -= need
+                else:
+                    packed.append([i])
+                    free.append(self.budget - need)
+            full = [b for b, room in enumerate(free) if room <= (1 - self.FULL) * self.budget]
+            done += [packed[b] for b in full]
+            packed = [p for b, p in enumerate(packed) if b not in full]
+            free = [room for b, room in enumerate(free) if b not in full]
+        # the epoch's last, emptier bins in order of fill, so the ranks sharing a step get alike ones
+        return done + sorted(packed, key=lambda b: -sum(self.lengths[i] for i in b))
+
+    def _plan(self, epoch: int) -> list[list[list[int]]]:
+        if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
+            return self._epoch_cache[1]
+        bins = self.bins(epoch)
+        steps = []
+        for start in range(0, len(bins) - self.world + 1, self.world):
+            group = sorted(bins[start : start + self.world], key=lambda b: -sum(self.lengths[i] for i in b))
+            steps.append(group)
+        self._epoch_cache = (epoch, steps)
+        return steps
+
+    def next_batch(self) -> tuple[list[int], int]:
+        per_epoch = len(self._plan(0))
+        epoch, index = divmod(self.position, per_epoch)
+        group = self._plan(epoch)[index]
+        self.position += 1
+        return group[self.rank], epoch
+
+    def fill(self, epoch: int = 0) -> float:
+        """Real tokens / (bins x budget) over the epoch's dealt bins."""
+        steps = self._plan(epoch)
+        real = sum(self.lengths[i] for group in steps for b in group for i in b)
+        return real / max(1, sum(len(group) for group in steps) * self.budget)
+
+
+__all__ = ["EpochSampler", "TokenBudgetSampler"]

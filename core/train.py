@@ -32,7 +32,7 @@ from mmcore.pack import StageResult
 from mmcore.plot import plot_training
 from mmcore.recompute import apply_recompute
 from mmcore.rundir import Manifest, RunDir
-from mmcore.sampler import EpochSampler
+from mmcore.sampler import EpochSampler, TokenBudgetSampler
 from mmcore.sharded_load import load_weights, materialise, on_meta, parameters_on_meta
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ class TrainRecipe:
             (``tokens`` -> ``tokens_per_s``; ``samples`` -> ``samples_per_s``).
         group_of: optional ``sample index -> key``; a micro-batch then only holds samples of
             one key (e.g. one resolution bucket, so latents stack).
+        length_of: optional ``sample index -> tokens``, for ``training.max_tokens`` (packed
+            rows filled to a token budget); recipes that pack provide it.
         flops: optional ``(model, batch) -> float``: FLOPs of one forward and backward of the
             batch (:mod:`mmcore.flops`), for the ``tflops`` and ``mfu`` metrics.
     """
@@ -78,6 +80,7 @@ class TrainRecipe:
     group_of: Callable[[int], Any] | None = None
     weights: Callable[[StageContext, Mapping[str, Manifest]], Path] | None = None
     flops: Callable[["nn.Module", dict[str, Any]], float] | None = None
+    length_of: Callable[[int], int] | None = None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -142,8 +145,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
-    groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
-    sampler = EpochSampler(len(data), ctx.seed, world.rank, world.world_size, cfg.micro_batch_size, groups)
+    sampler = _sampler(ctx, recipe, data)
     ckpt_root = ctx.stage_dir / CHECKPOINTS
 
     step = 0
@@ -245,6 +247,17 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if own_group:
         dist.destroy_process_group()
     return StageResult(outputs={"checkpoint": f"{CHECKPOINTS}/{LATEST}"}, metrics=result_metrics, notes=notes)
+
+
+def _sampler(ctx: StageContext, recipe: TrainRecipe, data: Sequence[Any]) -> Any:
+    cfg, world = ctx.config.training, ctx.world
+    if cfg.max_tokens is None:
+        groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
+        return EpochSampler(len(data), ctx.seed, world.rank, world.world_size, cfg.micro_batch_size, groups)
+    if not cfg.packing or recipe.length_of is None:
+        why = "set training.packing: true" if recipe.length_of is not None else f"pack {ctx.pack!r} does not pack rows"
+        raise StageError(f"training.max_tokens fills packed rows to a token budget: {why}")
+    return TokenBudgetSampler([recipe.length_of(i) for i in range(len(data))], cfg.max_tokens, ctx.seed, world.rank, world.world_size)
 
 
 def _process_group_for_one(backend: Any, world: Any, accelerator: Any, *, bf16: bool, offload: bool) -> bool:

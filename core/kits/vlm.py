@@ -229,6 +229,8 @@ class VLMFamily:
                 return CachedSamples(data, upstream["extract"].output("features"), replaces=dict(self.cache_replaces))
             return data
 
+        train = load("train")
+
         def build(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:  # weights: the engine loads them
             model = self.build_model(upstream["download"].output("model"))
             if self.prepare_model is not None:
@@ -243,7 +245,8 @@ class VLMFamily:
             build_model=build,
             weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
             flops=self.step_flops(),
-            dataset=lambda ctx, upstream: load("train"),
+            dataset=lambda ctx, upstream: train,
+            length_of=train.length,
             collate=lambda samples: self.collate(samples, ids, pack=packing),
             loss=self.loss_sum,
             shard_modules=self.shard_modules,

@@ -79,9 +79,23 @@ def test_without_isolation_the_samples_would_see_each_other(batch_parts) -> None
         assert abs(FAMILY.loss_sum(model, leaky).item() - isolated) > 1e-3
 
 
-def test_training_with_packing_runs_the_pipeline(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    mm("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=24", "training.steps=2", "training.packing=true")
+@pytest.mark.compares_runs
+def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """training.max_tokens: rows filled to 512 tokens by the length-aware sampler, through the
+    varlen attention path; killed after step 2 and resumed, the losses equal the straight run's."""
     import json
 
-    rows = [json.loads(x) for x in (tmp_path / "runs/qwen2vl-tiny/train/metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    args = ["--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "training.steps=4",
+            "training.packing=true", "training.max_tokens=512", "training.checkpoint_every=1"]
+
+    def losses(run: str) -> dict[int, float]:
+        rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    mm("run", *args, "--run-dir", "straight")
+    assert list(losses("straight")) == [1, 2, 3, 4]
+    assert mm("run", *args, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
+    mm("run", *args, "--run-dir", "killed")
+    assert losses("killed") == losses("straight")
+    refused = mm("train", *args[:-3], "training.max_tokens=512", "--run-dir", "straight", check=False)
+    assert refused.returncode == 1 and "error: training.max_tokens fills packed rows to a token budget: set training.packing: true" in refused.stderr
