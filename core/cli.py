@@ -129,8 +129,20 @@ def _runner(kw: dict[str, Any]):
     session = open_session(plugins, request)
     if session.config.run.device != "auto":  # a wrong device is found now, not after an hour of preprocessing
         plugins.registry.accelerator(session.config.run.device)
-    session.run_dir.lock()
-    record_session(session, request)
+    parallel = session.config.parallel
+    if parallel.nnodes > 1 and parallel.node_rank > 0:
+        # a following node: node 0 owns the run directory (lock, run.json, config.yaml), this one joins it
+        from mmcore.nodes import await_node0, check_config
+
+        await_node0(session.run_dir.root, parallel, click.echo)
+        check_config(session.run_dir.root, session.config.model_dump(mode="json"), parallel.node_rank)
+    else:
+        session.run_dir.lock()
+        record_session(session, request)
+        if parallel.nnodes > 1:
+            from mmcore.nodes import announce
+
+            announce(session.run_dir.root, parallel)
     click.echo(f"run directory: {session.run_dir.root}")
     return Runner(plugins, session.pack, session.config, session.run_dir, debug=kw["debug"])
 

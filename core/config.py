@@ -89,6 +89,7 @@ class ParallelSection(Section):
     nnodes: int = Field(1, ge=1)
     node_rank: int = Field(0, ge=0)
     rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous; default: a free local port.")
+    rdzv_timeout_s: int = Field(900, ge=1, description="How long a node waits for the others: node 0's announcement in the shared run directory, and torchrun's rendezvous.")
     replicate: int = Field(1, ge=1, description="HSDP: replicas of the model, each sharded over world / replicate processes (e.g. the number of nodes: shard within a node, replicate across); 1: shard over every process.")
 
 
@@ -114,6 +115,7 @@ class RunConfig(Section):
         ``sections`` are section names or dotted paths to single fields (``training.freeze``).
         """
         data = self.model_dump(mode="json")
+        data["parallel"].pop("node_rank", None)  # which node reads the slice, not what the stage does
         out: dict[str, Any] = {}
         for path in sections:
             value: Any = data

@@ -48,6 +48,7 @@ def torchrun_args(parallel: ParallelSection) -> list[str]:
         "--rdzv-endpoint", parallel.rdzv_endpoint,
         "--master-addr", parallel.rdzv_endpoint.rsplit(":", 1)[0],
         "--master-port", parallel.rdzv_endpoint.rsplit(":", 1)[1],
+        "--rdzv-conf", f"join_timeout={parallel.rdzv_timeout_s}",
     ]
 
 
@@ -59,7 +60,8 @@ def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) 
     if parallel.nnodes > 1:
         from mmcore.console import say
 
-        say(f"{what}: node {parallel.node_rank} of {parallel.nnodes} waiting for the others at {parallel.rdzv_endpoint} (Ctrl-C stops; finished work is kept)")
+        say(f"{what}: node {parallel.node_rank} of {parallel.nnodes} waiting for the others at {parallel.rdzv_endpoint} "
+            f"(up to parallel.rdzv_timeout_s={parallel.rdzv_timeout_s} s; Ctrl-C stops; finished work is kept)")
     proc = subprocess.Popen(cmd, env=env)
     try:
         code = proc.wait()
@@ -72,4 +74,5 @@ def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) 
             proc.wait()
         raise
     if code != 0:
-        raise StageError(f"{what} failed on {parallel.nproc_per_node * parallel.nnodes} processes (torchrun exit code {code}); see the workers' messages above")
+        hint = f"a node that never joined ends the rendezvous after parallel.rdzv_timeout_s={parallel.rdzv_timeout_s} s" if parallel.nnodes > 1 else None
+        raise StageError(f"{what} failed on {parallel.nproc_per_node * parallel.nnodes} processes (torchrun exit code {code}); see the workers' messages above", hint=hint)

@@ -181,8 +181,8 @@ class RunDir:
         except (FileNotFoundError, ValueError):
             return None
 
-    def mark_started(self, stage: str, plan: str) -> None:
-        atomic_write_json(self.stage_dir(stage) / STARTED, {"plan": plan, "started_at": time.time(), "pid": os.getpid()})
+    def mark_started(self, stage: str, plan: str, resuming: bool = False) -> None:
+        atomic_write_json(self.stage_dir(stage) / STARTED, {"plan": plan, "started_at": time.time(), "pid": os.getpid(), "resuming": resuming})
 
     def clear_started(self, stage: str) -> None:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import traceback
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from mmcore._version import __version__
 from mmcore.config import RunConfig
@@ -140,6 +140,8 @@ class Runner:
         """Run one stage unless it is up to date; returns its manifest (None if declined)."""
         if stage not in self.stages:
             raise UsageError(f"the {self.pack} pack has no {stage} stage (it has: {', '.join(self.stages)})")
+        if self.follows:
+            return self._follow(stage)
         upstream = self.upstream(stage)
         plan = self.plan(stage, upstream)
         fresh, why = self.freshness(stage, plan)
@@ -167,8 +169,43 @@ class Runner:
         if not resuming:
             self.run_dir.start_afresh(stage)
         self.run_dir.drop_manifest(stage)
-        self.run_dir.mark_started(stage, plan)
+        self.run_dir.mark_started(stage, plan, resuming)
         return resuming
+
+    @property
+    def follows(self) -> bool:
+        """A node other than node 0 of a multi-node run: node 0 runs the stages, this one joins
+        the distributed ones (:mod:`mmcore.nodes`)."""
+        parallel = self.config.parallel
+        return parallel.nnodes > 1 and parallel.node_rank > 0 and not self.world.distributed
+
+    def _follow(self, stage: str) -> Manifest | None:
+        """Wait for node 0's manifest of ``stage``; join it under torchrun if it is distributed."""
+        from mmcore.nodes import wait_until
+
+        distributed = stage in self.spec.distributed_stages and self.config.world_size > 1
+        say(f"[{stage}] node {self.config.parallel.node_rank}: waiting for node 0 to " + ("start it" if distributed else "run it"))
+
+        def ready() -> tuple[str, Any] | None:
+            try:
+                upstream = self.upstream(stage)
+            except UsageError:
+                return None  # node 0 is still on an earlier stage
+            plan = self.plan(stage, upstream)
+            manifest = self.run_dir.read_manifest(stage)
+            if manifest is not None and manifest.plan == plan:
+                return ("done", manifest)
+            started = self.run_dir.read_started(stage)
+            if distributed and started is not None and started.get("plan") == plan:
+                return ("join", (plan, bool(started.get("resuming"))))
+            return None
+
+        what, value = wait_until(ready, timeout=None, poll=2.0)  # type: ignore[misc]
+        if what == "join":
+            plan, resuming = value
+            return self._launch(stage, plan, resuming)
+        say(f"[{stage}] done by node 0")
+        return value if value.status == "finished" else None
 
     def _launch(self, stage: str, plan: str, resuming: bool) -> Manifest:
         from mmcore.launch import launch
@@ -254,7 +291,7 @@ class Runner:
             import torch.distributed as dist
 
             dist.barrier()  # every rank finished its part before the stage counts as finished
-        if self.world.is_local_main:
+        if self.world.is_main:  # several nodes share one run directory: one writer
             manifest.inputs = hash_inputs(ctx.inputs)
             manifest.fingerprint = sha256_json({"plan": plan, "inputs": {p: r["sha256"] for p, r in manifest.inputs.items()}})
             manifest.output_files = hash_outputs(manifest)

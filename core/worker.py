@@ -40,11 +40,19 @@ def main(argv: list[str] | None = None) -> int:
         accelerator = plugins.registry.accelerator(config.run.device)
         accelerator.set_device(world.local_rank)
         dist.init_process_group(backend=accelerator.dist_backend)
+        resume = args.resume
+        if world.world_size > world.local_world_size:  # several nodes: one shared run directory, node 0's decision to resume
+            from mmcore.nodes import check_shared
+
+            check_shared(run_dir.root, world)
+            box = [resume]
+            dist.broadcast_object_list(box, src=0)
+            resume = bool(box[0])
         upstream = runner.upstream(args.stage)
         plan = runner.plan(args.stage, upstream)
         if plan != args.plan:
             raise MmcoreError(f"rank {world.rank}: the run directory changed while stage {args.stage!r} was starting")
-        runner.execute(args.stage, plan, upstream, resume=args.resume)
+        runner.execute(args.stage, plan, upstream, resume=resume)
         code = 0
     except MmcoreError as exc:
         print(f"error (rank {world.rank}): {exc.one_line()}", file=sys.stderr)

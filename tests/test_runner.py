@@ -115,30 +115,38 @@ def test_two_processes_through_torchrun_match_one(cli: CLI, line_data: Path, tmp
 
 @pytest.mark.slow
 @pytest.mark.compares_runs
-def test_two_nodes_on_loopback(cli: CLI, line_data: Path, tmp_path: Path) -> None:
-    """Two `mmcore train` commands, one per simulated node, meet at one rendezvous."""
+def test_two_nodes_on_loopback_share_one_run_directory(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    """The README's way: the same `mmcore run` on each node, one shared run directory. Node 0
+    runs the single-process stages and exports; node 1 waits for them and joins training; the
+    losses are a 2-process single-node run's. (Node 1 is started first: it waits for node 0.)"""
     import subprocess
     import sys
 
     from mmcore.launch import free_port
 
-    cli("download", "--pack", "toy", "--data", str(line_data), "--run-dir", "n0")
-    cli("preprocess", "--pack", "toy", "--data", str(line_data), "--run-dir", "n0")
     endpoint = f"127.0.0.1:{free_port()}"
-    import shutil
-
-    shutil.copytree(tmp_path / "n0", tmp_path / "n1")
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "mmcore", "train", "--pack", "toy", "--data", str(line_data), "--run-dir", f"n{rank}", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
+            [sys.executable, "-m", "mmcore", "run", "--pack", "toy", "--data", str(line_data), "--run-dir", "shared", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
             cwd=tmp_path, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        for rank in (0, 1)
+        for rank in (1, 0)
     ]
-    outs = [p.communicate(timeout=240) for p in procs]
+    outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    for rank in (0, 1):
-        assert RunDir(tmp_path / f"n{rank}").read_manifest("train").world_size == 2
+    follower = outs[0][0]
+    assert "[preprocess] done by node 0" in follower and "[export] done by node 0" in follower, follower
+    run = RunDir(tmp_path / "shared")
+    assert run.read_manifest("train").world_size == 2 and run.read_manifest("export") is not None
+    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "two", "--nproc-per-node", "2")
+    assert losses(tmp_path / "shared") == pytest.approx(losses(tmp_path / "two"), rel=1e-12, abs=0)
+
+
+def test_a_node_that_does_not_see_node_0s_directory_stops_with_the_fix(cli: CLI, line_data: Path) -> None:
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "elsewhere", "--nnodes", "2", "--node-rank", "1",
+               "--rdzv-endpoint", "127.0.0.1:29999", "parallel.rdzv_timeout_s=2", check=False)
+    assert proc.returncode == 2
+    assert "error: node 1: no sign of node 0 in" in proc.stderr and "a file system all nodes share" in proc.stderr, proc.stderr
 
 
 def test_stage_failure_is_one_line_with_the_traceback_saved(tmp_path: Path) -> None:

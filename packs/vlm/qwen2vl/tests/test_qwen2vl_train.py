@@ -5,6 +5,7 @@ qwen2.5vl through every stage, are the conformance suite's: test_qwen2vl_conform
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,22 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
     mm("run", *TINY, "--run-dir", "hsdp", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2", "parallel.replicate=2")
     hsdp = losses(tmp_path / "hsdp")
     assert list(hsdp) == [1, 2, 3] and all(hsdp[step] == pytest.approx(two[step], rel=1e-5) for step in two), (hsdp, two)
+    # Two simulated nodes on loopback, one shared run directory, the same command on each: the
+    # whole pipeline, node 0 exporting, the same losses as one node with two processes.
+    import subprocess
+    import sys
+
+    from mmcore.launch import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen([sys.executable, "-m", "mmcore", "run", *TINY, "--run-dir", "nodes", "training.steps=3", "training.micro_batch_size=1",
+                               "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
+                              cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    assert losses(tmp_path / "nodes") == two
+    assert manifest(tmp_path / "nodes", "export")["metrics"]["logits_max_abs_diff"] == 0.0
 
 
 @pytest.mark.slow
