@@ -52,7 +52,7 @@ def test_device_kernel_matches_reference(kernel: str, device: str) -> None:
     assert torch.allclose(got.float(), want.float(), atol=2e-3, rtol=2e-3), f"{kernel} on {device} ({spec.impl})"
 
 
-def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir) -> None:  # type: ignore[no-untyped-def]
+def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from mm_pack_qwen2vl.kernels import KERNELS
     from mm_pack_qwen2vl.family import FAMILY, apply_kernels
     from mmcore.registry import KernelSpec, Registry
@@ -70,3 +70,13 @@ def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir) -> None:  # type
     assert len(changed) == 2 * model.config.text_config.num_hidden_layers + 1  # two per layer + the final norm
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, want)
+    # rotary: swapped in the modeling module (restored after the test by monkeypatch)
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    monkeypatch.setattr(modeling_qwen2_vl, "apply_rotary_pos_emb", modeling_qwen2_vl.apply_rotary_pos_emb)
+    original = modeling_qwen2_vl.apply_rotary_pos_emb
+    registry.add_kernel(KernelSpec("qwen2vl.rotary", "cpu", "mm_pack_qwen2vl.ops:apply_rotary"), "test")
+    assert "transformers.models.qwen2_vl.modeling_qwen2_vl.apply_rotary_pos_emb" in apply_kernels(model, registry, "cpu")
+    assert modeling_qwen2_vl.apply_rotary_pos_emb is not original
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, want)  # the reference is transformers' arithmetic

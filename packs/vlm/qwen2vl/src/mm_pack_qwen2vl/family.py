@@ -6,6 +6,7 @@ positions for packed rows, the fused RMSNorm, the frozen-vision cache. The kit
 from __future__ import annotations
 
 import functools
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -59,20 +60,35 @@ def packed_positions(model: Any, batch: dict[str, Any]) -> Any:
 
 
 def apply_kernels(model: Any, registry: Any, device: str) -> list[str]:
-    """Route the model's RMSNorms through this device's fused kernel, if it has one.
+    """Route the model's RMSNorms and the text attention's rotary embedding through this
+    device's fused kernels, where it has them.
 
-    Returns the names of the modules changed (none where the reference is what runs: the
-    transformers implementation is then used as is, and the parity tests hold them equal).
+    Returns the names changed (none where the reference is what runs: the transformers
+    implementation is then used as is, and the parity tests hold them equal). The rotary
+    function is swapped in the transformers modeling module (its attention looks it up there
+    at each call, with no per-model hook), so it holds for every model of that module in this
+    process, which all run on this device.
     """
-    spec = registry.kernel_spec("qwen2vl.rms_norm", device)
-    if spec.device == "reference":
-        return []
-    kernel = spec.load()
     changed = []
-    for name, module in model.named_modules():
-        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
-            module.forward = functools.partial(lambda m, x: kernel(x, m.weight, m.variance_epsilon), module)
-            changed.append(name)
+    norm = registry.kernel_spec("qwen2vl.rms_norm", device)
+    if norm.device != "reference":
+        kernel = norm.load()
+        for name, module in model.named_modules():
+            if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+                module.forward = functools.partial(lambda m, x: kernel(x, m.weight, m.variance_epsilon), module)
+                changed.append(name)
+    rotary = registry.kernel_spec("qwen2vl.rotary", device)
+    if rotary.device != "reference":
+        rotate = rotary.load()
+
+        def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: int = 1) -> tuple[Any, Any]:
+            cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+
+        modeling = {sys.modules[type(m).__module__] for m in model.modules() if type(m).__name__.endswith("Attention")}
+        for module in sorted((m for m in modeling if hasattr(m, "apply_rotary_pos_emb")), key=lambda m: m.__name__):
+            module.apply_rotary_pos_emb = apply_rotary_pos_emb
+            changed.append(f"{module.__name__}.apply_rotary_pos_emb")
     return changed
 
 

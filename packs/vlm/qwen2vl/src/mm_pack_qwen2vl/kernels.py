@@ -4,10 +4,9 @@ Each kernel has a portable reference (plain torch, runs everywhere, the ground t
 parity tests) and device versions: NPU through torch_npu's fused ops (imported only where
 torch_npu is importable).
 
-``rms_norm`` is wired into the model (``family.apply_kernels``); ``rotary`` is registered and
-parity-tested but not called (``mmcore info`` says so): transformers applies M-RoPE inside its
-attention module, with no hook to swap the function per model. Packed attention is the core's
-``varlen_attention`` kernel (:mod:`mmcore.attention`), wired by the VLM kit.
+``rms_norm`` and ``rotary`` are wired into the model (``family.apply_kernels``) where the
+device has its own; packed attention is the core's ``varlen_attention`` kernel
+(:mod:`mmcore.attention`), wired by the VLM kit.
 """
 
 from mmcore.registry import KernelSpec
@@ -15,6 +14,6 @@ from mmcore.registry import KernelSpec
 KERNELS = [
     KernelSpec("qwen2vl.rms_norm", "reference", "mm_pack_qwen2vl.ops:rms_norm", summary="RMSNorm in fp32, cast back", example="mm_pack_qwen2vl.ops:rms_norm_example"),
     KernelSpec("qwen2vl.rms_norm", "npu", "mm_pack_qwen2vl.ops:rms_norm_npu", requires=("torch_npu",), summary="torch_npu.npu_rms_norm"),
-    KernelSpec("qwen2vl.rotary", "reference", "mm_pack_qwen2vl.ops:apply_rotary", summary="rotate-half rotary embedding", example="mm_pack_qwen2vl.ops:rotary_example", wired=False),
-    KernelSpec("qwen2vl.rotary", "npu", "mm_pack_qwen2vl.ops:apply_rotary_npu", requires=("torch_npu",), summary="torch_npu.npu_rotary_mul", wired=False),
+    KernelSpec("qwen2vl.rotary", "reference", "mm_pack_qwen2vl.ops:apply_rotary", summary="rotate-half rotary embedding", example="mm_pack_qwen2vl.ops:rotary_example"),
+    KernelSpec("qwen2vl.rotary", "npu", "mm_pack_qwen2vl.ops:apply_rotary_npu", requires=("torch_npu",), summary="torch_npu.npu_rotary_mul"),
 ]
