@@ -19,20 +19,6 @@ import random
 import time
 
 
-def mix(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    kinds = [(0.45, 20, 200), (0.35, 200, 700), (0.15, 700, 2000), (0.05, 2000, 6000)]
-    out = []
-    for _ in range(n):
-        r, acc = rng.random(), 0.0
-        for share, low, high in kinds:
-            acc += share
-            if r <= acc:
-                out.append(rng.randint(low, high))
-                break
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget", type=int, default=8192)
@@ -43,10 +29,11 @@ def main() -> None:
     import transformers
 
     from mmcore.attention import use_packed_attention, varlen_attention
+    from mmcore.data.synthetic import vlm_mix_lengths
     from mmcore.sampler import TokenBudgetSampler
 
     torch.set_num_threads(2)
-    lengths = mix(2000)
+    lengths = vlm_mix_lengths(2000)
     sampler = TokenBudgetSampler(lengths, args.budget, seed=0, rank=0, world=1)
     order = list(range(len(lengths)))
     random.Random(0).shuffle(order)

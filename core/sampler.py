@@ -8,7 +8,30 @@ from typing import Any
 from mmcore.errors import StageError
 
 
-class EpochSampler:
+class PlannedSampler:
+    """Micro-batches planned per epoch (global steps, each a list of per-rank index lists),
+    resumable at any ``position`` (global micro-batches consumed since the start)."""
+
+    rank: int
+    position: int = 0
+    _epoch_cache: tuple[int, list[list[list[int]]]] | None = None
+
+    def steps(self, epoch: int) -> list[list[list[int]]]:
+        raise NotImplementedError
+
+    def _plan(self, epoch: int) -> list[list[list[int]]]:
+        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
+            self._epoch_cache = (epoch, self.steps(epoch))
+        return self._epoch_cache[1]
+
+    def next_batch(self) -> tuple[list[int], int]:
+        """This rank's sample indices of the next micro-batch, and its epoch."""
+        epoch, index = divmod(self.position, len(self._plan(0)))
+        self.position += 1
+        return self._plan(epoch)[index][self.rank], epoch
+
+
+class EpochSampler(PlannedSampler):
     """Deterministic shuffled micro-batches, sharded across ranks, resumable at any position.
 
     With ``groups`` (one key per sample) every global micro-batch holds one group's samples;
@@ -19,15 +42,12 @@ class EpochSampler:
     def __init__(self, size: int, seed: int, rank: int, world: int, batch: int, groups: list[Any] | None = None) -> None:
         self.seed, self.rank, self.world, self.batch = seed, rank, world, batch
         self.groups = groups if groups is not None else [0] * size
-        self.position = 0  # global micro-batches consumed since the start
-        self._epoch_cache: tuple[int, list[list[int]]] | None = None
+        self.position = 0
         if not self._plan(0):
             biggest = max(self.groups.count(g) for g in set(self.groups)) if size else 0
             raise StageError(f"the dataset has {size} samples (largest group {biggest}), fewer than one global micro-batch ({world} ranks x {batch})")
 
-    def _plan(self, epoch: int) -> list[list[int]]:
-        if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
-            return self._epoch_cache[1]
+    def steps(self, epoch: int) -> list[list[list[int]]]:
         rng = random.Random(self.seed * 1_000_003 + epoch)
         by_group: dict[Any, list[int]] = {}
         for index, key in enumerate(self.groups):
@@ -39,27 +59,18 @@ class EpochSampler:
             rng.shuffle(members)
             batches += [members[i : i + span] for i in range(0, len(members) - span + 1, span)]
         rng.shuffle(batches)
-        self._epoch_cache = (epoch, batches)
-        return batches
-
-    def next_batch(self) -> tuple[list[int], int]:
-        per_epoch = len(self._plan(0))
-        epoch, index = divmod(self.position, per_epoch)
-        span = self._plan(epoch)[index]
-        self.position += 1
-        return span[self.rank * self.batch : (self.rank + 1) * self.batch], epoch
+        return [[batch[r * self.batch : (r + 1) * self.batch] for r in range(self.world)] for batch in batches]
 
 
-
-class TokenBudgetSampler:
+class TokenBudgetSampler(PlannedSampler):
     """Micro-batches filled to a token budget (``training.max_tokens``), for packed rows.
 
     Each epoch shuffles the samples with the seed, then packs them window by window (``window``
     samples per rank at a time) best-fit decreasing into bins of at most ``budget`` tokens, and
     deals the bins to the ranks in order, one global micro-batch being ``world`` bins of
     comparable fill. Bins that do not make a whole global micro-batch at the end of an epoch
-    are left out of it (as :class:`EpochSampler` drops a ragged tail; the next epoch reshuffles). The same
-    seed, lengths and budget give the same bins on every machine; ``position`` (global
+    are left out of it (as :class:`EpochSampler` drops a ragged tail; the next epoch
+    reshuffles). The same seed, lengths and budget give the same bins on every machine; ``position`` (global
     micro-batches consumed) is all that a checkpoint needs to resume.
     """
 
@@ -69,7 +80,6 @@ class TokenBudgetSampler:
         self.lengths, self.budget, self.seed, self.rank, self.world = lengths, budget, seed, rank, world
         self.window = window * world
         self.position = 0
-        self._epoch_cache: tuple[int, list[list[list[int]]]] | None = None
         too_long = [n for n in lengths if n > budget]
         if too_long:
             raise StageError(f"{len(too_long)} of {len(lengths)} samples are longer than training.max_tokens={budget} "
@@ -107,23 +117,10 @@ class TokenBudgetSampler:
         # the epoch's last, emptier bins in order of fill, so the ranks sharing a step get alike ones
         return done + sorted(packed, key=lambda b: -sum(self.lengths[i] for i in b))
 
-    def _plan(self, epoch: int) -> list[list[list[int]]]:
-        if self._epoch_cache is not None and self._epoch_cache[0] == epoch:
-            return self._epoch_cache[1]
+    def steps(self, epoch: int) -> list[list[list[int]]]:
         bins = self.bins(epoch)
-        steps = []
-        for start in range(0, len(bins) - self.world + 1, self.world):
-            group = sorted(bins[start : start + self.world], key=lambda b: -sum(self.lengths[i] for i in b))
-            steps.append(group)
-        self._epoch_cache = (epoch, steps)
-        return steps
-
-    def next_batch(self) -> tuple[list[int], int]:
-        per_epoch = len(self._plan(0))
-        epoch, index = divmod(self.position, per_epoch)
-        group = self._plan(epoch)[index]
-        self.position += 1
-        return group[self.rank], epoch
+        return [sorted(bins[start : start + self.world], key=lambda b: -sum(self.lengths[i] for i in b))
+                for start in range(0, len(bins) - self.world + 1, self.world)]
 
     def fill(self, epoch: int = 0) -> float:
         """Real tokens / (bins x budget) over the epoch's dealt bins."""
@@ -132,4 +129,4 @@ class TokenBudgetSampler:
         return real / max(1, sum(len(group) for group in steps) * self.budget)
 
 
-__all__ = ["EpochSampler", "TokenBudgetSampler"]
+__all__ = ["PlannedSampler", "EpochSampler", "TokenBudgetSampler"]

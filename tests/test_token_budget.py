@@ -7,25 +7,9 @@ import random
 
 import pytest
 
+from mmcore.data.synthetic import vlm_mix_lengths as long_tailed_mix
 from mmcore.errors import StageError
 from mmcore.sampler import TokenBudgetSampler
-
-
-def long_tailed_mix(n: int = 2000, seed: int = 0) -> list[int]:
-    """Text-only turns, one image, several images, a video: token counts of a VLM mix."""
-    rng = random.Random(seed)
-    kinds = [(0.45, 20, 200), (0.35, 200, 700), (0.15, 700, 2000), (0.05, 2000, 6000)]
-    out = []
-    for _ in range(n):
-        r, acc = rng.random(), 0.0
-        for share, low, high in kinds:
-            acc += share
-            if r <= acc:
-                out.append(rng.randint(low, high))
-                break
-        else:
-            out.append(rng.randint(20, 200))
-    return out
 
 
 def test_bins_fit_the_budget_use_each_sample_once_and_fill_it() -> None:

@@ -55,3 +55,26 @@ def write_shape_questions(folder: Path, samples: int, seed: int, eval_fraction: 
     train.write_text(json.dumps(records[:cut], indent=1))
     held_out.write_text(json.dumps(records[cut:], indent=1))
     return train, held_out
+
+
+#: token counts of a long-tailed VLM mix: (share, fewest, most) for text-only turns, one
+#: image, several images, a video
+VLM_MIX = ((0.45, 20, 200), (0.35, 200, 700), (0.15, 700, 2000), (0.05, 2000, 6000))
+
+
+def vlm_mix_lengths(n: int = 2000, seed: int = 0) -> list[int]:
+    """``n`` sample lengths drawn from :data:`VLM_MIX` (for packing tests and benchmarks)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        r, acc = rng.random(), 0.0
+        for share, low, high in VLM_MIX:
+            acc += share
+            if r <= acc:
+                out.append(rng.randint(low, high))
+                break
+        else:
+            low, high = VLM_MIX[0][1:]
+            out.append(rng.randint(low, high))
+    return out
+
