@@ -140,9 +140,10 @@ def _runner(kw: dict[str, Any]):
         session.run_dir.lock()
         record_session(session, request)
         if parallel.nnodes > 1:
-            from mmcore.nodes import announce
+            from mmcore.nodes import announce, keep_alive
 
             announce(session.run_dir.root, parallel)
+            keep_alive(session.run_dir.root, 0)
     click.echo(f"run directory: {session.run_dir.root}")
     return Runner(plugins, session.pack, session.config, session.run_dir, debug=kw["debug"])
 

@@ -39,6 +39,40 @@ def announce(run_root: Path, parallel: Any) -> str:
     return token
 
 
+HEARTBEAT_S = 20.0
+
+
+def keep_alive(run_root: Path, node_rank: int) -> None:
+    """Touch ``.nodes/node-R.alive`` every :data:`HEARTBEAT_S` seconds from a daemon thread, so the
+    other nodes can tell a busy node from a dead one."""
+    import threading
+
+    path = run_root / NODES / f"node-{node_rank}.alive"
+
+    def beat() -> None:
+        while True:
+            try:
+                path.touch()
+            except OSError:
+                pass
+            time.sleep(HEARTBEAT_S)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    threading.Thread(target=beat, name="mmcore-heartbeat", daemon=True).start()
+
+
+def node0_silent_for(run_root: Path, node_rank: int) -> float:
+    """Seconds since node 0's last heartbeat, by the shared file system's own clock (this node
+    touches its own heartbeat file and compares the two modification times: no clock skew)."""
+    mine = run_root / NODES / f"node-{node_rank}.alive"
+    mine.touch()
+    try:
+        return max(0.0, mine.stat().st_mtime - (run_root / NODES / "node-0.alive").stat().st_mtime)
+    except FileNotFoundError:
+        return 0.0  # node 0 has not started beating yet (an older mmcore, or just started)
+
+
 def read_token(run_root: Path) -> str | None:
     try:
         return str(json.loads(marker(run_root).read_text(encoding="utf-8"))["token"])
@@ -106,4 +140,4 @@ def check_shared(run_root: Path, world: Any) -> None:
                          "is missing or differs); put --run-dir on a file system every node shares")
 
 
-__all__ = ["NODES", "announce", "await_node0", "check_config", "check_shared", "read_token", "wait_until"]
+__all__ = ["NODES", "announce", "await_node0", "check_config", "check_shared", "keep_alive", "node0_silent_for", "read_token", "wait_until"]

@@ -181,9 +181,10 @@ class Runner:
 
     def _follow(self, stage: str) -> Manifest | None:
         """Wait for node 0's manifest of ``stage``; join it under torchrun if it is distributed."""
-        from mmcore.nodes import wait_until
+        from mmcore.nodes import node0_silent_for, wait_until
 
         distributed = stage in self.spec.distributed_stages and self.config.world_size > 1
+        parallel = self.config.parallel
         say(f"[{stage}] node {self.config.parallel.node_rank}: waiting for node 0 to " + ("start it" if distributed else "run it"))
 
         def ready() -> tuple[str, Any] | None:
@@ -198,6 +199,10 @@ class Runner:
             started = self.run_dir.read_started(stage)
             if distributed and started is not None and started.get("plan") == plan:
                 return ("join", (plan, bool(started.get("resuming"))))
+            silent = node0_silent_for(self.run_dir.root, parallel.node_rank)
+            if silent > parallel.rdzv_timeout_s:
+                raise StageError(f"node 0 has given no sign of life in {self.run_dir.root} for {silent:.0f} s (parallel.rdzv_timeout_s={parallel.rdzv_timeout_s}) "
+                                 f"while this node waited for its {stage!r} stage", hint="node 0 died or was stopped: start the run again on every node (finished work is kept)")
             return None
 
         what, value = wait_until(ready, timeout=None, poll=2.0)  # type: ignore[misc]

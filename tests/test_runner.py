@@ -132,7 +132,11 @@ def test_two_nodes_on_loopback_share_one_run_directory(cli: CLI, line_data: Path
         )
         for rank in (1, 0)
     ]
-    outs = [p.communicate(timeout=300) for p in procs]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:  # a node left waiting must not outlive a failed test
+            p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
     follower = outs[0][0]
     assert "[preprocess] done by node 0" in follower and "[export] done by node 0" in follower, follower
@@ -140,6 +144,29 @@ def test_two_nodes_on_loopback_share_one_run_directory(cli: CLI, line_data: Path
     assert run.read_manifest("train").world_size == 2 and run.read_manifest("export") is not None
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "two", "--nproc-per-node", "2")
     assert losses(tmp_path / "shared") == pytest.approx(losses(tmp_path / "two"), rel=1e-12, abs=0)
+
+
+def test_a_following_node_stops_when_node_0_goes_silent(tmp_path: Path) -> None:
+    """Node 0's heartbeat, read by the shared file system's clock: a follower waiting for a
+    stage does not wait forever for a node 0 that died."""
+    import os
+
+    class Slow:
+        PACK = PackSpec(name="slow")
+
+        @hookimpl
+        def mmcore_download(self, ctx):
+            return StageResult(outputs={"model": "."})
+
+    overrides = ["parallel.nnodes=2", "parallel.node_rank=1", "parallel.rdzv_endpoint=127.0.0.1:29999", "parallel.rdzv_timeout_s=5"]
+    runner = make_runner(plugins_with(Slow()), "slow", tmp_path / "run", overrides=overrides)
+    alive = tmp_path / "run/.nodes/node-0.alive"
+    alive.parent.mkdir(parents=True)
+    alive.touch()
+    past = alive.stat().st_mtime - 60
+    os.utime(alive, (past, past))  # its last beat a minute ago
+    with pytest.raises(StageError, match=r"node 0 has given no sign of life in .* for 6\d s \(parallel.rdzv_timeout_s=5\) while this node waited for its 'download' stage"):
+        runner.run_stage("download")
 
 
 def test_a_node_that_does_not_see_node_0s_directory_stops_with_the_fix(cli: CLI, line_data: Path) -> None:

@@ -50,7 +50,11 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
                                "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
                               cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    outs = [p.communicate(timeout=600) for p in nodes]
+    try:
+        outs = [p.communicate(timeout=600) for p in nodes]
+    finally:
+        for p in nodes:  # a node left waiting must not outlive a failed test
+            p.kill()
     assert [p.returncode for p in nodes] == [0, 0], outs
     assert losses(tmp_path / "nodes") == two
     assert manifest(tmp_path / "nodes", "export")["metrics"]["logits_max_abs_diff"] == 0.0
