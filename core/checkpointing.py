@@ -39,22 +39,11 @@ def load_converted(model: "nn.Module", ckpt_dir: Path) -> None:
     """Load a checkpoint written by :func:`mmcore.convert.hf_to_dcp` into an unsharded model.
 
     Tied parameters (an output projection sharing the embedding, as hub checkpoints store it
-    once) are read under their first name only.
+    once) are read under their first name only (:func:`mmcore.sharded_load.load_weights`).
     """
-    from mmcore import safe_dcp
+    from mmcore.sharded_load import load_weights
 
-    full = model.state_dict()
-    first_name: dict[tuple[int, tuple[int, ...]], str] = {}
-    alias: dict[str, str] = {}
-    for key, tensor in full.items():
-        identity = (tensor.data_ptr(), tuple(tensor.shape))
-        if tensor.numel() and identity in first_name:
-            alias[key] = first_name[identity]
-        else:
-            first_name.setdefault(identity, key)
-    state = {f"model.{k}": v for k, v in full.items() if k not in alias}
-    safe_dcp.load(state, ckpt_dir)
-    model.load_state_dict({k: state[f"model.{alias.get(k, k)}"] for k in full}, strict=True)
+    load_weights(model, ckpt_dir, distributed=False)
 
 
 def _rng_state() -> dict[str, Any]:

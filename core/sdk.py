@@ -67,7 +67,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.attention": frozenset({"varlen_attention", "use_packed_attention", "segment_bounds"}),
     "mmcore.data.chat_template": frozenset({"IGNORE", "PART_TYPES", "ChatTemplateEncoder", "ChatTemplateError", "Encoded", "Piece", "Expander"}),
     "mmcore.data.conversations": frozenset({"preprocess_conversations", "dataset_files", "DemoWriter"}),
-    "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI"}),
+    "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"}),
     "mmcore.testing.conformance": frozenset({"PackConformance"}),
     "mmcore.testing.crash": frozenset({"crash_chain", "straight_run", "differences", "points_for", "declined_stages", "losses", "run_args", "run_mmcore"}),
 }

@@ -14,6 +14,7 @@ from typing import Any
 from mmcore import hookimpl
 from mmcore.errors import StageError
 from mmcore.registry import BackendSpec
+from mmcore.sharded_load import on_meta
 
 
 class FSDP2Backend:
@@ -31,7 +32,7 @@ class FSDP2Backend:
         import torch
 
         if not self.wants_process_group(world, bf16=bf16, offload=offload):
-            return model if _on_meta(model) else model.to(device)
+            return model if on_meta(model) else model.to(device)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -42,16 +43,12 @@ class FSDP2Backend:
         mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
         options = {"mesh": mesh, "mp_policy": policy, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
-        if not _on_meta(model) and not offload:
+        if not on_meta(model) and not offload:
             model = model.to(device)
         for module in shard_modules:
             fully_shard(module, **options)
         fully_shard(model, **options)
         return model
-
-
-def _on_meta(model: Any) -> bool:
-    return any(p.device.type == "meta" for p in model.parameters())
 
 
 @hookimpl

@@ -119,27 +119,11 @@ def test_two_nodes_on_loopback_share_one_run_directory(cli: CLI, line_data: Path
     """The README's way: the same `mmcore run` on each node, one shared run directory. Node 0
     runs the single-process stages and exports; node 1 waits for them and joins training; the
     losses are a 2-process single-node run's. (Node 1 is started first: it waits for node 0.)"""
-    import subprocess
-    import sys
+    from mmcore.testing import run_nodes
 
-    from mmcore.launch import free_port
-
-    endpoint = f"127.0.0.1:{free_port()}"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "mmcore", "run", "--pack", "toy", "--data", str(line_data), "--run-dir", "shared", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
-            cwd=tmp_path, env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for rank in (1, 0)
-    ]
-    try:
-        outs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:  # a node left waiting must not outlive a failed test
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
-    follower = outs[0][0]
-    assert "[preprocess] done by node 0" in follower and "[export] done by node 0" in follower, follower
+    leader, follower = run_nodes(tmp_path, ["run", "--pack", "toy", "--data", str(line_data), "--run-dir", "shared"], order=(1, 0), timeout=300, env=cli.env())
+    assert [leader.returncode, follower.returncode] == [0, 0], (leader, follower)
+    assert "[preprocess] done by node 0" in follower.stdout and "[export] done by node 0" in follower.stdout, follower.stdout
     run = RunDir(tmp_path / "shared")
     assert run.read_manifest("train").world_size == 2 and run.read_manifest("export") is not None
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "two", "--nproc-per-node", "2")

@@ -8,7 +8,7 @@ the fixtures without importing anything. Pack authors subclass
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 from mmcore.config import Layer, RunConfig, build_config, overrides_layer
 from mmcore.plugins import Plugins
@@ -92,4 +92,29 @@ class StageCLI:
         return proc
 
 
-__all__ = ["plugins_with", "make_config", "make_runner", "StageCLI"]
+def run_nodes(cwd: Path, args: Sequence[str], nnodes: int = 2, *, order: Sequence[int] | None = None, timeout: float = 600,
+              env: Mapping[str, str] | None = None) -> list[Any]:
+    """``python -m mmcore ARGS`` as ``nnodes`` simulated nodes on loopback (one process each,
+    started in ``order``, one rendezvous); returns their completed processes in node order.
+    A node still running when the others fail or ``timeout`` passes is killed. ``env``: the
+    processes' environment (default: this one without ``MMCORE_*`` variables)."""
+    import os
+    import subprocess
+    import sys
+
+    from mmcore.launch import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = dict(env) if env is not None else {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+    procs = {rank: subprocess.Popen([sys.executable, "-m", "mmcore", *args, "--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
+                                    cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (order if order is not None else range(nnodes))}
+    try:
+        outs = {rank: proc.communicate(timeout=timeout) for rank, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    return [subprocess.CompletedProcess(procs[r].args, procs[r].returncode, *outs[r]) for r in sorted(procs)]
+
+
+__all__ = ["plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]

@@ -5,7 +5,6 @@ qwen2.5vl through every stage, are the conformance suite's: test_qwen2vl_conform
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -40,22 +39,10 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
     assert list(hsdp) == [1, 2, 3] and all(hsdp[step] == pytest.approx(two[step], rel=1e-5) for step in two), (hsdp, two)
     # Two simulated nodes on loopback, one shared run directory, the same command on each: the
     # whole pipeline, node 0 exporting, the same losses as one node with two processes.
-    import subprocess
-    import sys
+    from mmcore.testing import run_nodes
 
-    from mmcore.launch import free_port
-
-    endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [subprocess.Popen([sys.executable, "-m", "mmcore", "run", *TINY, "--run-dir", "nodes", "training.steps=3", "training.micro_batch_size=1",
-                               "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
-                              cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    try:
-        outs = [p.communicate(timeout=600) for p in nodes]
-    finally:
-        for p in nodes:  # a node left waiting must not outlive a failed test
-            p.kill()
-    assert [p.returncode for p in nodes] == [0, 0], outs
+    nodes = run_nodes(tmp_path, ["run", *TINY, "--run-dir", "nodes", "training.steps=3", "training.micro_batch_size=1"])
+    assert [p.returncode for p in nodes] == [0, 0], nodes
     assert losses(tmp_path / "nodes") == two
     assert manifest(tmp_path / "nodes", "export")["metrics"]["logits_max_abs_diff"] == 0.0
 
