@@ -2,9 +2,15 @@
 
 * HF -> DCP plans every output tensor from the safetensors headers alone (meta tensors), then
   lets ``torch.distributed.checkpoint.save`` pull each tensor through the pack's adapter only
-  when it writes it: memory holds about one tensor, not a file, not the model.
-* DCP -> HF reads one output shard's tensors at a time (``max_shard_bytes``) and writes
-  safetensors shards plus ``model.safetensors.index.json``.
+  when it writes it: memory holds about one tensor per writer thread, not a file, not the model.
+  Two threads read, build and write tensors side by side; files are flushed to disk once, at
+  the end, instead of one ``fsync`` per tensor; and torch's per-record CRC32 is not computed
+  (the stage's manifest already records every output file's sha256). Together: 12.6 s -> 5.0 s
+  for a 4.1 GiB Qwen2-VL-2B checkpoint on 2 cores (``bench/convert_speed.py``).
+* DCP -> HF writes safetensors shards (``max_shard_bytes``) plus ``model.safetensors.index.json``
+  tensor by tensor: a tensor stored whole in its own file (convert's output) is memory-mapped,
+  the others (training checkpoints' shards) are read ``read_bytes`` at a time through
+  ``dcp.load``. Peak memory for a 4.1 GiB checkpoint: 717 MiB, was 1425 (bench/convert_speed.py).
 * The DCP output reshards at load: FSDP2 at any world size loads it with ``dcp.load``.
 * The convert stage checks key coverage: the converted tensors are exactly the training
   model's (tied weights once), with its shapes, before anything trains.
@@ -44,11 +50,30 @@ MODEL_PREFIX = "model."
 
 # --------------------------------------------------------------------------- HF -> DCP
 
+#: Threads that read, build and write tensors at once: each holds about one tensor in memory.
+WRITER_THREADS = 2
+
+
+def fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder`` and the folder itself to disk: one pass at the end,
+    while the kernel has written most pages back in the background already."""
+    import os
+
+    for path in [*sorted(p for p in folder.rglob("*") if p.is_file()), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
 
 def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> dict[str, Any]:
     """Convert a folder of HF safetensors into a DCP checkpoint at ``out_dir``; returns stats."""
+    import threading
+
     import torch
     import torch.distributed.checkpoint as dcp
+    import torch.utils.serialization
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
@@ -58,6 +83,7 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
     recipes = {MODEL_PREFIX + key: r for key, r in plan.items()}
     ticker = iter(progress(range(len(flat))) if progress else range(len(flat)))
     written: list[str] = []
+    lock = threading.Lock()  # the writer threads share the progress bar and the crash-point count
 
     class StreamingPlanner(DefaultSavePlanner):
         """Plans from meta tensors; reads each real tensor only when the writer asks for it."""
@@ -65,9 +91,10 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
         def resolve_data(self, write_item):  # type: ignore[no-untyped-def]
             fqn = write_item.index.fqn
             if fqn in recipes:
-                next(ticker, None)
-                crash_point("convert-tensor", len(written) + 1)
-                written.append(fqn)
+                with lock:
+                    next(ticker, None)
+                    crash_point("convert-tensor", len(written) + 1)
+                    written.append(fqn)
                 return materialize(recipes[fqn], source.get)
             return super().resolve_data(write_item)
 
@@ -75,8 +102,10 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
     ensure_free_space(out_dir, sum(nbytes(r.info) for r in plan.values()), "the converted checkpoint")
     # One file per tensor: with a single file per rank, torch's writer keeps a reference to
     # every tensor written to that file until it closes, i.e. the whole model (torch 2.13).
-    writer = FileSystemWriter(str(out_dir), single_file_per_rank=False, thread_count=1)
-    dcp.save(flat, storage_writer=writer, planner=StreamingPlanner(flatten_state_dict=False), no_dist=True)
+    writer = FileSystemWriter(str(out_dir), single_file_per_rank=False, thread_count=WRITER_THREADS, sync_files=False)
+    with torch.utils.serialization.config.patch({"save.compute_crc32": False}):
+        dcp.save(flat, storage_writer=writer, planner=StreamingPlanner(flatten_state_dict=False), no_dist=True)
+    fsync_tree(out_dir)
     for _ in ticker:
         pass
     source.close()
@@ -104,6 +133,42 @@ def dcp_index(ckpt_dir: Path, prefix: str = MODEL_PREFIX) -> dict[str, TensorInf
     if not out:
         raise StageError(f"{ckpt_dir}: no model tensors (keys starting {prefix!r}) in the checkpoint")
     return out
+
+
+def whole_tensor_files(ckpt_dir: Path, prefix: str = MODEL_PREFIX) -> dict[str, Path]:
+    """Tensors under ``prefix`` that the checkpoint stores whole, alone in a file (as
+    :func:`hf_to_dcp` writes them): key (without prefix) -> that file, a ``torch.save`` archive
+    :func:`read_whole_tensor` maps into memory instead of reading through ``dcp.load``, which
+    holds each tensor two or three times (a read buffer, the loaded tensor, its copy)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from mmcore import safe_dcp
+
+    metadata = safe_dcp.read_metadata(ckpt_dir)
+    stored = {}
+    for index, info in metadata.storage_data.items():
+        stored.setdefault(index.fqn, []).append(info)
+    out = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if not key.startswith(prefix) or not isinstance(meta, TensorStorageMetadata) or len(meta.chunks) != 1 or len(stored.get(key, [])) != 1:
+            continue
+        chunk, info = meta.chunks[0], stored[key][0]
+        path = ckpt_dir / info.relative_path
+        whole = tuple(chunk.sizes) == tuple(meta.size) and not any(chunk.offsets)
+        if whole and info.offset == 0 and not info.transform_descriptors and path.is_file() and path.stat().st_size == info.length:
+            out[key[len(prefix) :]] = path
+    return out
+
+
+def read_whole_tensor(path: Path, info: TensorInfo) -> "torch.Tensor":
+    """A tensor :func:`whole_tensor_files` found, memory-mapped (pages come from the page cache
+    as the tensor is read, and go back to it after)."""
+    import torch
+
+    tensor = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != info.shape or tensor.dtype != info.dtype:
+        raise StageError(f"{path}: not the {info.shape} {info.dtype} tensor the checkpoint's metadata records")
+    return tensor
 
 
 def load_dcp_tensors(ckpt_dir: Path, keys: Iterable[str], index: dict[str, TensorInfo], prefix: str = MODEL_PREFIX) -> dict[str, "torch.Tensor"]:
@@ -156,16 +221,24 @@ def dcp_to_hf(
     order = [key for group in groups for key in group]
     position = {key: i for i, key in enumerate(order)}
     loaded: dict[str, "torch.Tensor"] = {}
+    whole = whole_tensor_files(ckpt_dir)
 
     def produce(key: str) -> "torch.Tensor":
-        # Read the sources of the next few tensors in one dcp.load (each call re-reads the
-        # checkpoint's metadata), up to read_bytes; a tensor larger than that is read alone.
+        # Tensors stored whole in their own file are mapped; the others are read a few at a
+        # time in one dcp.load (each call re-reads the checkpoint's metadata), up to
+        # read_bytes; a tensor larger than that is read alone.
         recipe = plan[key]
+        if all(src in whole for src in recipe.sources):
+            sources = [read_whole_tensor(whole[src], mm_index[src]) for src in recipe.sources]
+            tensor = recipe.combine(*sources) if recipe.combine else sources[0]
+            return tensor.to(recipe.info.dtype)
         if any(src not in loaded for src in recipe.sources):
             loaded.clear()
             wanted: list[str] = []
             size = 0
             for upcoming in order[position[key] :]:
+                if all(src in whole for src in plan[upcoming].sources):
+                    continue
                 sources = [s for s in plan[upcoming].sources if s not in wanted]
                 extra = sum(nbytes(mm_index[s]) for s in sources)
                 if wanted and size + extra > read_bytes:
