@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.captions import read_captions
 from mmcore.data.shards import ShardWriter
+from mmcore.data.workers import Failed, map_in_order
 from mmcore.data.media import media_limits
 from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
 from mmcore.errors import StageError
@@ -37,24 +38,28 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")
     buckets: Counter[str] = Counter()
+    def encode(item: Any) -> tuple[tuple[int, int, int], Any]:
+        info = probe(item.media)
+        bucket = choose_bucket(info, cfg.buckets, cfg.fps)
+        if bucket is None:
+            raise MediaError(f"video {item.media} is too short: {info.frames} frame(s) at {info.fps:g} fps give fewer than the {min(b[2] for b in cfg.buckets)} frames at {cfg.fps:g} fps any bucket needs")
+        height, width, frames = bucket
+        images = sample_frames(item.media, info, fps=cfg.fps, count=frames)
+        return bucket, torch.from_numpy(resize_crop(images, height, width))
+
     for dataset in datasets:
         ctx.record_input(dataset)
         items = list(read_captions(dataset))
-        for item in ctx.progress(items, description=f"preprocess {dataset.name}", unit="video"):
+        encoded = map_in_order(encode, items, cfg.num_workers, errors=(MediaError,), passes=lambda item: isinstance(item, BadSample))
+        for item, result in ctx.progress(encoded, total=len(items), description=f"preprocess {dataset.name}", unit="video"):
             if isinstance(item, BadSample):
                 bad.report(item)
                 continue
-            try:
-                info = probe(item.media)
-                bucket = choose_bucket(info, cfg.buckets, cfg.fps)
-                if bucket is None:
-                    raise MediaError(f"video {item.media} is too short: {info.frames} frame(s) at {info.fps:g} fps give fewer than the {min(b[2] for b in cfg.buckets)} frames at {cfg.fps:g} fps any bucket needs")
-                height, width, frames = bucket
-                images = sample_frames(item.media, info, fps=cfg.fps, count=frames)
-            except MediaError as exc:
-                bad.report(BadSample(item.file, item.index, str(exc)))
+            if isinstance(result, Failed):
+                bad.report(BadSample(item.file, item.index, str(result)))
                 continue
-            pixels = torch.from_numpy(resize_crop(images, height, width))
+            bucket, pixels = result
+            height, width, frames = bucket
             writer.add({"frames": pixels}, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media)})
             buckets[f"{height}x{width}x{frames}"] += 1
     skipped = bad.close()

@@ -16,6 +16,7 @@ from mmcore.data.media import MediaError
 from mmcore.data.mllm import read_samples
 from mmcore.data.media import media_limits
 from mmcore.data.shards import ShardWriter, held_out
+from mmcore.data.workers import Failed, map_in_order
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
 
@@ -59,19 +60,18 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")
     counts = {"train": 0, "eval": 0}
+    def encode(item: Any) -> Any:
+        return encoder.truncate(encoder.encode(item), cfg.cutoff_len)
+
     for path, split in [(p, "train") for p in train_files] + [(p, "eval") for p in eval_files]:
         samples = list(read_samples(path, cfg))
-        for item in ctx.progress(samples, description=f"preprocess {path.name}", unit="sample"):
+        encoded = map_in_order(encode, samples, cfg.num_workers, errors=(MediaError,), passes=lambda item: isinstance(item, BadSample))
+        for item, result in ctx.progress(encoded, total=len(samples), description=f"preprocess {path.name}", unit="sample"):
             if isinstance(item, BadSample):
                 bad.report(item)
                 continue
-            try:
-                result = encoder.truncate(encoder.encode(item), cfg.cutoff_len)
-            except MediaError as exc:
-                bad.report(BadSample(item.file, item.index, str(exc)))
-                continue
-            if isinstance(result, str):
-                bad.report(BadSample(item.file, item.index, result))
+            if isinstance(result, (str, Failed)):  # a MediaError, or the reason truncation gave up
+                bad.report(BadSample(item.file, item.index, str(result)))
                 continue
             this_split = split
             if split == "train" and cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction):

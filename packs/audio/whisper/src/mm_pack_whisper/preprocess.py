@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.media import MediaError
 from mmcore.data.mllm import BadRecord
 from mmcore.data.shards import ShardWriter, held_out
+from mmcore.data.workers import Failed, map_in_order
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
@@ -33,27 +34,31 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
     writer = ShardWriter(ctx.stage_dir / "dataset")
     counts = {"train": 0, "eval": 0}
     seconds = 0.0
+    def encode(item: Any) -> tuple[int, list[int], Any]:
+        samples = encoder.audio(item.audio)
+        labels = encoder.labels(item.text, item.language)
+        return len(samples), labels, encoder.input_features(samples)
+
     for path, split in [(p, "train") for p in train_files] + [(p, "eval") for p in eval_files]:
         items = list(read_utterances(path, cfg))
-        for item in ctx.progress(items, description=f"preprocess {path.name}", unit="clip"):
+        encoded = map_in_order(encode, items, cfg.num_workers, errors=(MediaError, BadRecord), passes=lambda item: isinstance(item, BadSample))
+        for item, result in ctx.progress(encoded, total=len(items), description=f"preprocess {path.name}", unit="clip"):
             if isinstance(item, BadSample):
                 bad.report(item)
                 continue
-            try:
-                samples = encoder.audio(item.audio)
-                labels = encoder.labels(item.text, item.language)
-            except (MediaError, BadRecord) as exc:
-                bad.report(BadSample(item.file, item.index, str(exc)))
+            if isinstance(result, Failed):
+                bad.report(BadSample(item.file, item.index, str(result)))
                 continue
+            n_samples, labels, features = result
             this_split = split
             if split == "train" and cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction):
                 this_split = "eval"
-            tensors = {"input_features": encoder.input_features(samples), "labels": torch.tensor(labels)}
+            tensors = {"input_features": features, "labels": torch.tensor(labels)}
             meta = {"split": this_split, "source": f"{Path(item.file).name}:{item.index}", "audio": str(item.audio),
                     "text": item.text, "language": item.language, "prefix": encoder.prefix_length(labels)}
             writer.add(tensors, length=len(labels), meta=meta)
             counts[this_split] += 1
-            seconds += len(samples) / encoder.features.sampling_rate
+            seconds += n_samples / encoder.features.sampling_rate
     skipped = bad.close()
     if counts["train"] == 0:
         raise StageError("no usable training clips" + (f" ({skipped})" if skipped else ""))
