@@ -183,6 +183,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         # ---- step
         t0 = time.perf_counter()
         micro = [recipe.collate([data[i] for i in sampler.next_batch()[0]]) for _ in range(cfg.grad_accum_steps)]
+        data_time = time.perf_counter() - t0  # the loop waits for its batches: read + collate
         counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro))], device=device)
         if world.distributed:
             dist.all_reduce(counts)
@@ -199,7 +200,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             loss_sum += loss.detach().float()
             if recipe.flops is not None:
                 flops += recipe.flops(model, batch)
-        grad_norm = clip_grad_norm(model, cfg.max_grad_norm)
+        grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -214,6 +215,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             "grad_norm": grad_norm,
             f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
             "step_time_s": elapsed,
+            "data_time_s": data_time,
             "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
         }
         if recipe.flops is not None:

@@ -170,3 +170,4 @@ def test_several_buckets_train_with_micro_batches_of_one_bucket(wan, tmp_path: P
     assert len(losses(tmp_path / "runs/wan-tiny")) == 4
     rows = [json.loads(x) for x in (tmp_path / "runs/wan-tiny/train/metrics.jsonl").read_text().splitlines()]
     assert "samples_per_s" in rows[0]
+    assert all(0 <= r["data_time_s"] <= r["step_time_s"] for r in rows if "loss" in r)  # the wait for the batch is part of the step
