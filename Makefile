@@ -11,7 +11,7 @@ PACKS := $(wildcard packs/*/*/pyproject.toml)
 PACK_DIRS := $(patsubst %/pyproject.toml,%,$(PACKS))
 EDITABLE_PACKS := $(foreach d,$(PACK_DIRS),-e $(d))
 
-.PHONY: demo test test-matrix test-other-isa crash-matrix install clean
+.PHONY: demo test test-matrix test-other-isa crash-matrix bench bench-quick install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,14 @@ crash-matrix: $(VENV)/.installed
 test-other-isa: $(VENV)/.installed
 	@echo "compares_runs tests again with: $$($(BIN)/python tools/other_isa.py)"
 	$(OTHER_ISA) $(BIN)/python -m pytest -q -m compares_runs
+
+# Benchmarks (bench/suite.py): every figure a ratio against a baseline run in the same session,
+# written to BENCHMARKS.md and bench/results.json. Never part of `make test`.
+bench: $(VENV)/.installed
+	$(BIN)/python bench/suite.py
+
+bench-quick: $(VENV)/.installed
+	$(BIN)/python bench/suite.py --quick
 
 demo: $(VENV)/.installed
 	$(BIN)/mmcore run --pack qwen2vl --preset demo

@@ -7,23 +7,22 @@ let the previous way's one-rank fp32 step (weights, gradients, AdamW) fit in 24 
 layers, 8 vision blocks. Its checkpoint is written once as convert writes one (DCP, ``model.*``,
 fp32, the tied weight stored once).
 
-    python bench/sharded_load_memory.py [--workdir /tmp/mmcore-bench-load] [--keep]
+    python bench/sharded_load_memory.py [--workdir DIR]
 
 Goal (issue 13): per-rank load peak <= checkpoint / world + import baseline + 2 x largest tensor.
-Prints one JSON line per measurement and a table; figures go into notes, never tests.
+Prints its figures for bench/suite.py; figures go into BENCHMARKS.md and notes, never tests.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
-import shutil
 import socket
-import sys
 import time
 from pathlib import Path
+
+from common import emit, figure, parser
 
 SHAPE = dict(
     text_config=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=6, num_attention_heads=12,
@@ -115,29 +114,36 @@ def free_port() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workdir", default="/tmp/mmcore-bench-load")
-    parser.add_argument("--keep", action="store_true")
-    args = parser.parse_args()
+    args = parser(__doc__).parse_args()
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    work = Path(args.workdir)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    total, largest = write_checkpoint(work / "ckpt")
-    print(json.dumps({"checkpoint_mib": round(total / 2**20), "largest_tensor_mib": round(largest / 2**20)}), flush=True)
-    out = work / "results.jsonl"
-    for way in ("previous", "engine"):
-        for world in (1, 2):
-            mp.start_processes(worker, args=(world, free_port(), way, str(work / "ckpt"), str(out)), nprocs=world, start_method="spawn")
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    print(f"{'way':9} {'world':>5} {'rank':>4} {'baseline':>9} {'load peak':>9} {'goal':>7} {'step peak':>9} {'load s':>6}  (MiB)")
-    for r in rows:
-        goal = r["baseline_mib"] + total / r["world"] / 2**20 + 2 * largest / 2**20
-        print(f"{r['way']:9} {r['world']:>5} {r['rank']:>4} {r['baseline_mib']:>9} {r['load_peak_mib']:>9} {goal:>7.0f} {r['step_peak_mib']:>9} {r['load_s']:>6}")
-        print(json.dumps({**r, "goal_mib": round(goal)}), file=sys.stderr)
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        work = Path(tmp)
+        total, largest = write_checkpoint(work / "ckpt")
+        out = work / "results.jsonl"
+        for way in ("previous", "engine"):
+            for world in (1, 2):
+                mp.start_processes(worker, args=(world, free_port(), way, str(work / "ckpt"), str(out)), nprocs=world, start_method="spawn")
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+
+    def worst(way: str, world: int, key: str) -> dict:
+        return max((r for r in rows if r["way"] == way and r["world"] == world), key=lambda r: r[key])
+
+    how = (f"Qwen2-VL-2B widths, 6 decoder layers, 8 vision blocks, fp32 checkpoint {total / 2**20:.0f} MiB (largest tensor {largest / 2**20:.0f} MiB), "
+           "gloo on CPU, each rank a fresh process, peak RSS of the worst rank; one measurement (memory is deterministic)")
+    for world in (1, 2):
+        engine, previous = worst("engine", world, "load_peak_mib"), worst("previous", world, "load_peak_mib")
+        bound = engine["baseline_mib"] + total / world / 2**20 + 2 * largest / 2**20
+        emit(figure(f"sharded_load/{world}-rank-peak-vs-bound", f"load peak per rank, {world} rank(s), against imports + checkpoint/world + 2 x largest tensor",
+                    "MiB", [engine["load_peak_mib"]], [bound], baseline_name="the bound", goal=("<=", 1.0), how=how, load_s=engine["load_s"]))
+        emit(figure(f"sharded_load/{world}-rank-peak-vs-previous", f"load peak per rank, {world} rank(s): meta build + shard-wise load vs full build + load + shard",
+                    "MiB", [engine["load_peak_mib"]], [previous["load_peak_mib"]], baseline_name="full model on every rank", how=how,
+                    load_s=engine["load_s"], previous_load_s=previous["load_s"]))
+    one, two = worst("engine", 1, "load_peak_mib"), worst("engine", 2, "load_peak_mib")
+    emit(figure("sharded_load/2-vs-1-rank-above-imports", "load peak above imports per rank: 2 ranks vs 1 (ideal 0.5 plus a tensor or two)", "MiB",
+                [two["load_peak_mib"] - two["baseline_mib"]], [one["load_peak_mib"] - one["baseline_mib"]], baseline_name="1 rank", how=how))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""Feature caches: train step time from the extract stage's cache vs running the frozen part
+every step, on each pack's demo (``mmcore run --pack P --preset demo``), same session.
+
+* wan: VAE latents and text embeddings cached vs encoded every step;
+* whisper: the frozen encoder's outputs (``training.freeze=[encoder]``);
+* qwen2vl: the frozen vision tower's features (``training.freeze=[vision]``);
+* qwen2.5omni: the frozen audio and vision towers' outputs (``training.freeze=[audio,vision]``).
+
+Each pack runs twice in a scratch folder (same config but ``extract.enabled``), ``--steps``
+steps each; the steady-state steps (first ``--warmup`` dropped) are split into ``--reps``
+consecutive blocks, and the figure is the median over blocks of live / cached mean step time
+(goal >= 3). The two runs' losses are compared too (they compute the same thing).
+
+Step times at the demo sizes understate what a cache saves at real sizes, where the frozen
+part is most of the compute: ``bench/whisper_encoder_cache.py`` measures whisper-base.
+
+    python bench/caches.py [--quick] [--packs wan,whisper,qwen2vl,qwen2.5omni] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import emit, figure, parser, pin_threads, reps_of
+
+PACKS = {  # pack: (overrides both runs share, what the cache replaces)
+    "wan": ([], "VAE + text encoder"),
+    "whisper": (["training.freeze=[encoder]"], "frozen audio encoder"),
+    "qwen2vl": (["training.freeze=[vision]"], "frozen vision tower"),
+    "qwen2.5omni": (["training.freeze=[audio,vision]"], "frozen audio + vision towers"),
+}
+
+
+STAGES = ("download", "convert", "preprocess", "extract", "train")
+
+
+def run(folder: Path, pack: str, name: str, steps: int, overrides: list[str], until: str = "train") -> Path:
+    """The pack's stages up to ``until``, as a user runs them one by one (export is not timed)."""
+    for stage in STAGES[: STAGES.index(until) + 1]:
+        cmd = [sys.executable, "-m", "mmcore", stage, "--pack", pack, "--preset", "demo", "--run-dir", name,
+               f"training.steps={steps}", "training.eval_every=0", "training.checkpoint_every=0", "training.log_every=1", *overrides]
+        proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{pack} {name} {stage} failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+    return folder / name
+
+
+def steps_of(run_dir: Path) -> tuple[list[float], list[float]]:
+    rows = [json.loads(x) for x in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    return [r["step_time_s"] for r in rows], [r["loss"] for r in rows]
+
+
+def blocks(values: list[float], n: int) -> list[float]:
+    size = len(values) // n
+    return [sum(values[i * size : (i + 1) * size]) / size for i in range(n)]
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--packs", default=",".join(PACKS))
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 40, quick 16)")
+    p.add_argument("--warmup", type=int, default=3)
+    args = p.parse_args()
+    pin_threads(args.threads)
+    reps = reps_of(args)
+    steps = args.steps or (16 if args.quick else 40)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        for pack in args.packs.split(","):
+            overrides, replaced = PACKS[pack]
+            cached = run(Path(tmp), pack, f"{pack}-cached", steps, overrides)
+            live = run(Path(tmp), pack, f"{pack}-live", steps, [*overrides, "extract.enabled=false"])
+            (tc, lc), (tl, ll) = steps_of(cached), steps_of(live)
+            extract_s = json.loads((cached / "extract/manifest.json").read_text())["duration_s"]
+            emit(figure(f"caches/{pack}", f"{pack} demo train step: {replaced} from the cache vs run every step", "s/step",
+                        blocks(tc[args.warmup :], reps), blocks(tl[args.warmup :], reps), baseline_name=f"{replaced} every step",
+                        ratio_is="baseline/mmcore", goal=(">=", 3.0),
+                        how=f"{steps} steps per run, first {args.warmup} dropped, {reps} consecutive blocks, {args.threads} threads, demo preset sizes",
+                        extract_once_s=round(extract_s, 2), max_loss_rel_diff=max(abs(a - b) / abs(b) for a, b in zip(lc, ll))))
+
+
+if __name__ == "__main__":
+    main()

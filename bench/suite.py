@@ -1,0 +1,153 @@
+"""The benchmark suite: runs every benchmark in ``bench/`` in turn, each in its own process with
+the same thread count, and writes ``bench/results.json`` (every figure, the machine, the
+commit) and ``BENCHMARKS.md`` (the table a person reads).
+
+    make bench          # everything at full size (~35 min on 2 cores)
+    make bench-quick    # smaller sizes, fewer repetitions (~5 min): a smoke run, not the record
+    python bench/suite.py [--quick] [--only engine_overhead,convert_speed] [--threads 2]
+
+A benchmark that fails is a row saying so (the suite carries on and exits non-zero at the end).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import FIGURE_PREFIX, THREAD_VARIABLES, machine, parser
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+# (script, what it covers, arguments in quick mode, or None: skipped there, too big for ~5 min)
+BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
+    ("engine_overhead", "1. engine overhead vs a bare PyTorch loop", ["--cases", "qwen2vl,wan"]),
+    ("convert_speed", "2. conversion speed and memory vs cp", []),
+    ("packing", "3. packing vs pad-to-longest", []),
+    ("caches", "4. feature caches vs live encoders (demo sizes)", ["--packs", "wan"]),
+    ("whisper_encoder_cache", "4. whisper encoder cache at real size", []),
+    ("data_path", "5. data path: preprocess rate, batch wait share", ["--packs", "qwen2vl"]),
+    ("startup", "6. start-up and environment creation", []),
+    ("sharded_load_memory", "7. sharded loading memory, 1 vs 2 ranks", None),
+    ("activation_memory", "7. recompute and packed-attention memory", ["--only", "attention"]),
+]
+
+
+def run_one(script: str, extra: list[str], threads: int, quick: bool, timeout: float) -> tuple[list[dict[str, Any]], str | None, float]:
+    env = {**os.environ, **{name: str(threads) for name in THREAD_VARIABLES}, "MMCORE_BENCH_THREADS": str(threads)}
+    cmd = [sys.executable, str(HERE / f"{script}.py"), "--threads", str(threads), *(["--quick"] if quick else []), *extra]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [], f"timed out after {timeout:.0f} s", time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    figures = [json.loads(line[len(FIGURE_PREFIX) :]) for line in proc.stdout.splitlines() if line.startswith(FIGURE_PREFIX)]
+    for line in proc.stderr.splitlines():
+        if line.startswith("# "):
+            print(f"  {line[2:]}", flush=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+        return figures, f"exit {proc.returncode}: {tail[:300]}", seconds
+    return figures, None, seconds
+
+
+def commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return (proc.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+
+
+def number(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value == 0 or 0.01 <= abs(value) < 10000:
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `{'make bench-quick' if results['quick'] else 'make bench'}` (`bench/suite.py`) on {results['date']} at commit `{results['commit']}` "
+        f"in {results['duration_s'] / 60:.1f} min; every figure also in `bench/results.json`.",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} dispatching to **{m['torch_isa']}**, {results['threads']} threads on both sides, Python {m['python']}"
+        + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU") + ".",
+        "",
+        "Each figure is a ratio against a baseline measured in the same run: each repetition measures both sides (alternating, after warm-up);",
+        "**ratio** is the median of the repetitions' ratios, with their interquartile range. mmcore and baseline columns are medians.",
+        "Speed figures on a 2-core virtual machine move by 10–20 % from run to run (disk and neighbours); read the ratios, not the seconds.",
+        "",
+        "| figure | what | mmcore | baseline | ratio (IQR) | goal | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in results["figures"]:
+        ratio = "–" if f["ratio"] is None else f"{number(f['ratio'])}" + ("" if not f["iqr"] or f["iqr"][0] == f["iqr"][1] else f" ({number(f['iqr'][0])}–{number(f['iqr'][1])})")
+        ratio_is = "" if f["ratio"] is None else f" {f['ratio_is']}"
+        goal = "–" if not f["goal"] else f"{'value' if f.get('goal_of') == 'mmcore' else 'ratio'} {f['goal'][0]} {f['goal'][1]:g}"
+        met = {True: "met", False: "**missed**", None: ""}[f["met"]]
+        base = "–" if f["baseline"] is None else f"{number(f['baseline'])} {f['unit']} ({f['baseline_name']})"
+        lines.append(f"| `{f['id']}` | {f['what']} | {number(f['mmcore'])} {f['unit']} | {base} | {ratio}{ratio_is} | {goal} | {met} |")
+    for failure in results["failures"]:
+        lines.append(f"| `{failure['benchmark']}` | {failure['covers']} | not measured | | | | **failed**: {failure['error']} |")
+    for skipped in results["skipped"]:
+        lines.append(f"| `{skipped['benchmark']}` | {skipped['covers']} | not run: {skipped['why']} | | | | |")
+    lines += ["", "## How each figure was measured", ""]
+    for f in results["figures"]:
+        extra = "; ".join(f"{k} = {v}" for k, v in f.get("extra", {}).items())
+        lines.append(f"- `{f['id']}`: {f['how']}" + (f" ({extra})" if extra else "") + ".")
+    lines += ["", "The scripts' docstrings say what each side runs; `python bench/<name>.py --help` runs one alone.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--only", default="", help="comma-separated benchmark names (default: all)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark may take")
+    p.add_argument("--markdown", default=str(REPO / "BENCHMARKS.md"))
+    p.add_argument("--json", default=str(HERE / "results.json"))
+    args = p.parse_args()
+    only = [name for name in args.only.split(",") if name]
+    unknown = [name for name in only if name not in {b for b, _, _ in BENCHMARKS}]
+    if unknown:
+        raise SystemExit(f"--only: no benchmark named {', '.join(unknown)} (have: {', '.join(b for b, _, _ in BENCHMARKS)})")
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(), "quick": args.quick,
+        "threads": args.threads, "machine": machine(args.threads), "figures": [], "failures": [], "skipped": [], "seconds": {},
+    }
+    for script, covers, quick_args in BENCHMARKS:
+        if only and script not in only:
+            continue
+        if args.quick and quick_args is None:
+            results["skipped"].append({"benchmark": script, "covers": covers, "why": "too big for bench-quick (make bench runs it)"})
+            continue
+        print(f"[bench] {script}: {covers}", flush=True)
+        figures, error, seconds = run_one(script, quick_args if args.quick else [], args.threads, args.quick, args.timeout)
+        results["figures"] += figures
+        results["seconds"][script] = round(seconds, 1)
+        if error:
+            print(f"  FAILED: {error}", flush=True)
+            results["failures"].append({"benchmark": script, "covers": covers, "error": error})
+    if not results["machine"]["cuda"]:  # bench/gpu_step.py records its own figures where a GPU is lent
+        results["skipped"].append({"benchmark": "gpu_step", "covers": "8. one-GPU step: tokens/s, MFU, peak memory vs transformers + FSDP2",
+                                   "why": "no CUDA device on this machine (run bench/gpu_step.py on one)"})
+    results["duration_s"] = round(time.perf_counter() - started, 1)
+    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    Path(args.markdown).write_text(markdown(results))
+    missed = [f["id"] for f in results["figures"] if f["met"] is False]
+    print(f"[bench] {len(results['figures'])} figures, {len(missed)} goals missed{': ' + ', '.join(missed) if missed else ''}, "
+          f"{len(results['failures'])} failed; {args.markdown}, {args.json} ({results['duration_s'] / 60:.1f} min)", flush=True)
+    sys.exit(1 if results["failures"] else 0)
+
+
+if __name__ == "__main__":
+    main()
