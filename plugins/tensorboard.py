@@ -8,6 +8,14 @@ from typing import Any
 from mmcore import hookimpl
 
 _writers: dict[str, Any] = {}
+_installed: bool | None = None  # looked up once: find_spec walks sys.path on every call
+
+
+def _tensorboard_installed() -> bool:
+    global _installed
+    if _installed is None:
+        _installed = importlib.util.find_spec("tensorboard") is not None
+    return _installed
 
 
 def _writer(ctx: Any) -> Any:
@@ -15,19 +23,20 @@ def _writer(ctx: Any) -> Any:
     if key not in _writers:
         from torch.utils.tensorboard import SummaryWriter
 
-        _writers[key] = SummaryWriter(log_dir=str(ctx.stage_dir / "tensorboard"))
+        # its own thread writes every 10 s and at close; flushing after every step costs the
+        # train loop a write per step (metrics.jsonl is the record a crash must not lose)
+        _writers[key] = SummaryWriter(log_dir=str(ctx.stage_dir / "tensorboard"), flush_secs=10)
     return _writers[key]
 
 
 @hookimpl
 def mmcore_log_metrics(ctx, step, metrics):
-    if importlib.util.find_spec("tensorboard") is None:
+    if not _tensorboard_installed():
         return
     writer = _writer(ctx)
     for name, value in metrics.items():
         if isinstance(value, (int, float)):
             writer.add_scalar(f"{ctx.stage}/{name}", value, step)
-    writer.flush()
 
 
 @hookimpl
