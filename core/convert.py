@@ -251,11 +251,23 @@ def dcp_to_hf(
             loaded.pop(src, None)  # single-use: release as soon as it is written
         return tensor.to(recipe.info.dtype)
 
-    weight_map: dict[str, str] = {}
-    total = 0
-    for name, group in zip(names, progress(groups) if progress else groups):
-        total += write_safetensors_streaming(out_dir / name, {key: plan[key].info for key in group}, produce)
-        weight_map.update({key: name for key in group})
+    def write(name: str, group: list[str]) -> int:
+        return write_safetensors_streaming(out_dir / name, {key: plan[key].info for key in group}, produce)
+
+    weight_map = {key: name for name, group in zip(names, groups) for key in group}
+    ticks = iter(progress(groups) if progress else groups)
+    if len(groups) > 1 and all(src in whole for recipe in plan.values() for src in recipe.sources):
+        # every source is mapped, nothing shared between shards: write WRITER_THREADS shards at once
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(WRITER_THREADS) as pool:
+            futures = [pool.submit(write, name, group) for name, group in zip(names, groups)]
+            total = 0
+            for future in futures:
+                total += future.result()
+                next(ticks, None)
+    else:
+        total = sum(write(name, group) for name, group, _ in zip(names, groups, ticks))
     if len(names) > 1:
         (out_dir / SAFE_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return {"tensors": len(plan), "bytes": total, "shards": len(names)}
