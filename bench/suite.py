@@ -48,7 +48,7 @@ def run_one(script: str, extra: list[str], threads: int, quick: bool, timeout: f
     except subprocess.TimeoutExpired:
         return [], f"timed out after {timeout:.0f} s", time.perf_counter() - start
     seconds = time.perf_counter() - start
-    figures = [json.loads(line[len(FIGURE_PREFIX) :]) for line in proc.stdout.splitlines() if line.startswith(FIGURE_PREFIX)]
+    figures = [{**json.loads(line[len(FIGURE_PREFIX) :]), "benchmark": script} for line in proc.stdout.splitlines() if line.startswith(FIGURE_PREFIX)]
     for line in proc.stderr.splitlines():
         if line.startswith("# "):
             print(f"  {line[2:]}", flush=True)
@@ -81,6 +81,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"in {results['duration_s'] / 60:.1f} min; every figure also in `bench/results.json`.",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} dispatching to **{m['torch_isa']}**, {results['threads']} threads on both sides, Python {m['python']}"
         + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU") + ".",
+        *[f"Rerun since: {', '.join(r['benchmarks'])} on {r['date']} at `{r['commit']}`." for r in results.get("reruns", [])],
         "",
         "Each figure is a ratio against a baseline measured in the same run: each repetition measures both sides (alternating, after warm-up);",
         "**ratio** is the median of the repetitions' ratios, with their interquartile range. mmcore and baseline columns are medians.",
@@ -120,10 +121,22 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--only: no benchmark named {', '.join(unknown)} (have: {', '.join(b for b, _, _ in BENCHMARKS)})")
     started = time.perf_counter()
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     results: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(), "quick": args.quick,
-        "threads": args.threads, "machine": machine(args.threads), "figures": [], "failures": [], "skipped": [], "seconds": {},
+        "date": now, "commit": commit(), "quick": args.quick,
+        "threads": args.threads, "machine": machine(args.threads), "figures": [], "failures": [], "skipped": [], "seconds": {}, "reruns": [],
     }
+    previous = Path(args.json)
+    if only and previous.exists():
+        # a partial rerun replaces those benchmarks' rows in the last results and says so
+        old = json.loads(previous.read_text())
+        if old.get("quick") == args.quick and old.get("machine", {}).get("cpu") == results["machine"]["cpu"]:
+            results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns") if k in old})
+            results["figures"] = [f for f in results["figures"] if f.get("benchmark") not in only]
+            results["failures"] = [f for f in results["failures"] if f["benchmark"] not in only]
+            results["skipped"] = [f for f in results["skipped"] if f["benchmark"] not in only and f["benchmark"] != "gpu_step"]
+            results["reruns"] = [*results.get("reruns", []), {"benchmarks": only, "date": now, "commit": commit()}]
+            results["previous_duration_s"] = old.get("duration_s", 0)
     for script, covers, quick_args in BENCHMARKS:
         if only and script not in only:
             continue
@@ -137,10 +150,12 @@ def main() -> None:
         if error:
             print(f"  FAILED: {error}", flush=True)
             results["failures"].append({"benchmark": script, "covers": covers, "error": error})
+    order = {name: i for i, (name, _, _) in enumerate(BENCHMARKS)}
+    results["figures"].sort(key=lambda f: order.get(f.get("benchmark", ""), len(order)))  # stable: a benchmark's rows keep their order
     if not results["machine"]["cuda"]:  # bench/gpu_step.py records its own figures where a GPU is lent
         results["skipped"].append({"benchmark": "gpu_step", "covers": "8. one-GPU step: tokens/s, MFU, peak memory vs transformers + FSDP2",
                                    "why": "no CUDA device on this machine (run bench/gpu_step.py on one)"})
-    results["duration_s"] = round(time.perf_counter() - started, 1)
+    results["duration_s"] = round(time.perf_counter() - started + results.pop("previous_duration_s", 0), 1)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     Path(args.markdown).write_text(markdown(results))
     missed = [f["id"] for f in results["figures"] if f["met"] is False]
