@@ -19,11 +19,13 @@ part is most of the compute: ``bench/whisper_encoder_cache.py`` measures whisper
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 from common import emit, figure, parser, pin_threads, reps_of
 
@@ -60,15 +62,19 @@ def blocks(values: list[float], n: int) -> list[float]:
     return [sum(values[i * size : (i + 1) * size]) / size for i in range(n)]
 
 
-def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--packs", default=",".join(PACKS))
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 40, quick 16)")
-    p.add_argument("--warmup", type=int, default=3)
+def demo_run_options(doc: str | None, packs: Sequence[str], steps: int, quick_steps: int, warmup: int) -> tuple[argparse.Namespace, int, int]:
+    """(options, repetitions, train steps) of a benchmark that runs packs' demos; threads pinned."""
+    p = parser(doc)
+    p.add_argument("--packs", default=",".join(packs))
+    p.add_argument("--steps", type=int, default=None, help=f"train steps per run (default {steps}, quick {quick_steps})")
+    p.add_argument("--warmup", type=int, default=warmup, help="first steps dropped")
     args = p.parse_args()
     pin_threads(args.threads)
-    reps = reps_of(args)
-    steps = args.steps or (16 if args.quick else 40)
+    return args, reps_of(args), args.steps or (quick_steps if args.quick else steps)
+
+
+def main() -> None:
+    args, reps, steps = demo_run_options(__doc__, list(PACKS), steps=40, quick_steps=16, warmup=3)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for pack in args.packs.split(","):
             overrides, replaced = PACKS[pack]

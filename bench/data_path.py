@@ -18,21 +18,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from caches import blocks, run
-from common import emit, figure, parser, pin_threads, reps_of
+from caches import blocks, demo_run_options, run
+from common import emit, figure
 
 PACKS = ("qwen2vl", "wan", "whisper", "qwen2.5omni")
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--packs", default=",".join(PACKS))
-    p.add_argument("--steps", type=int, default=None, help="train steps (default 30, quick 12)")
-    p.add_argument("--warmup", type=int, default=2)
-    args = p.parse_args()
-    pin_threads(args.threads)
-    reps = reps_of(args)
-    steps = args.steps or (12 if args.quick else 30)
+    args, reps, steps = demo_run_options(__doc__, PACKS, steps=30, quick_steps=12, warmup=2)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for pack in args.packs.split(","):
             run_dir = run(Path(tmp), pack, pack, steps, ["data.num_workers=0"])
