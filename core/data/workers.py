@@ -77,6 +77,8 @@ def map_in_order(fn: Callable[[T], Any], items: Iterable[T], num_workers: int, *
     try:
         with multiprocessing.get_context("fork").Pool(num_workers, initializer=_start_worker) as pool:
             for item, result in zip(items, pool.imap(_encode, items, chunksize=4)):
+                # bytes this process's own forked worker pickled, read from the pool's pipe (which
+                # unpickles every result anyway); nothing from a file or another machine
                 yield item, pickle.loads(result)
     finally:
         _TASK = None
