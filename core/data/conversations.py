@@ -85,6 +85,8 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
     index = writer.close(**index_extra)
     lengths = [s["length"] for s in index["samples"]]
     notes = [f"{counts['train']} train / {counts['eval']} eval samples, {sum(lengths)} tokens (longest {max(lengths)})"]
+    if cfg.num_workers:
+        notes.append(f"encoded in {cfg.num_workers} worker processes (data.num_workers)")
     if skipped:
         notes.append(skipped)
     return StageResult(
