@@ -90,19 +90,17 @@ def answer_span(sample: dict[str, Any]) -> tuple[int, list[int]]:
 
 def generate_accuracy(model: Any, held_out: Any, prompt_inputs: Callable[[dict[str, Any], int], dict[str, Any]],
                       end_id: int, pad_id: int, limit: int = 64) -> float:
-    """Greedy ``generate()`` on each held-out prompt; correct when it reproduces the first answer.
+    """Greedy ``generate()`` on each held-out prompt, one at a time; correct when it reproduces the
+    first answer. (The evaluate stage decodes in batches: :func:`mmcore.generation.generate_tokens`,
+    which this calls with batches of one.)
 
     ``prompt_inputs(sample, start)`` builds the model inputs of the sample's tokens before
     ``start`` (where its first answer begins), media included.
     """
-    import torch
+    from mmcore.generation import generate_tokens
 
-    correct = total = 0
-    for i in range(min(limit, len(held_out))):
-        sample = held_out[i]
-        start, answer = answer_span(sample)
-        with torch.no_grad():
-            generated = model.generate(**prompt_inputs(sample, start), max_new_tokens=len(answer) + 2, do_sample=False, eos_token_id=end_id, pad_token_id=pad_id)
-        correct += int(generated[0, start : start + len(answer)].tolist() == answer)
-        total += 1
-    return correct / max(total, 1)
+    items = [(held_out[i], *answer_span(held_out[i])) for i in range(min(limit, len(held_out)))]
+    tokens = generate_tokens(model, items, lambda chosen: prompt_inputs(chosen[0][0], chosen[0][1]), length=lambda item: item[1],
+                             end_ids=[end_id], pad_id=pad_id, max_new_tokens=lambda item: len(item[2]) + 2, batch_size=1)
+    answers = [answer[:-1] if answer and answer[-1] == end_id else answer for _, _, answer in items]
+    return sum(t == a for t, a in zip(tokens, answers)) / max(len(items), 1)

@@ -7,6 +7,7 @@ Errors the user can fix print as ``error: ...`` lines with a non-zero exit; ``--
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -28,6 +29,7 @@ STAGE_HELP = {
     "extract": "Cache frozen-encoder outputs (VAE, text/vision/audio encoders).",
     "train": "Train (one process, or many through torchrun).",
     "export": "Write the trained model in the layout transformers/diffusers load.",
+    "evaluate": "Measure the export on held-out data by generating (accuracy, WER, sample videos).",
 }
 
 
@@ -174,6 +176,77 @@ def run_cmd(**kw: Any) -> None:
     click.echo(f"done: {runner.run_dir.root}")
 
 
+@cli.command("eval")
+@_stage_options
+def eval_cmd(**kw: Any) -> None:
+    """Run the evaluate stage alone (after export): generate for the held-out items and score them.
+
+    --data FILE evaluates on FILE (the training data's format) instead of the held-out split
+    preprocess made; it does not change the training data. Writes results.jsonl, metrics.json
+    and report.html in the run's evaluate/ folder.
+    """
+    data = [str(Path(p).absolute()) for p in kw["data"]]
+    kw = dict(kw, data=(), overrides=(*kw["overrides"], *([f"evaluate.datasets={json.dumps(data)}"] if data else [])))
+    runner = _runner(kw)
+    manifest = runner.run_stage("evaluate", resume="no", force=kw["force"])
+    if manifest is not None and "results" in manifest.outputs:
+        click.echo(f"results: {manifest.output('results')}")
+
+
+_GENERATION_FLAGS = (("max_new_tokens", int), ("temperature", float), ("top_p", float), ("num_inference_steps", int),
+                     ("guidance_scale", float), ("seed", int), ("batch_size", int))
+
+
+@cli.command("infer")
+@click.option("--pack", "-p", default=None, help="The pack (default: the run's).")
+@click.option("--run-dir", required=True, help="The run whose model to use.")
+@click.option("--checkpoint", default="latest", show_default=True, help="latest (the train stage's newest checkpoint), export, or a path (DCP checkpoint or model folder).")
+@click.option("--prompt", default=None, help="What to ask, caption to generate, or prompt for a transcript.")
+@click.option("--image", "images", multiple=True, help="An image file (repeatable; one <image> in the prompt each, or none).")
+@click.option("--video", "videos", multiple=True, help="A video file (repeatable).")
+@click.option("--audio", "audios", multiple=True, help="An audio file (repeatable).")
+@click.option("--input", "input_file", default=None, help="JSONL of requests: prompt or messages, images/videos/audios.")
+@click.option("--output", default=None, help="Write results as JSONL here (with --input; default: print them).")
+@click.option("--max-new-tokens", type=int, default=None)
+@click.option("--temperature", type=float, default=None, help="0: greedy (default); > 0: sample.")
+@click.option("--top-p", type=float, default=None)
+@click.option("--num-inference-steps", type=int, default=None, help="Denoising steps (video and image packs).")
+@click.option("--guidance-scale", type=float, default=None, help="Classifier-free guidance (video and image packs).")
+@click.option("--seed", type=int, default=None)
+@click.option("--batch-size", type=int, default=None, help="Requests generated together.")
+@click.option("--device", default=None, help="auto, cpu, cuda, npu, ...")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@click.argument("overrides", nargs=-1)
+def infer_cmd(**kw: Any) -> None:
+    """Answer a prompt (VLM, omni), transcribe audio (whisper) or generate a video (wan) with a
+    run's trained model. Exits 1 if any request failed; the others still run.
+
+    OVERRIDES are dotted config values, e.g. generation.max_new_tokens=32.
+    """
+    from mmcore.generation import read_requests, request_from_flags
+    from mmcore.infer import run_infer, show
+    from mmcore.session import Request as SessionRequest
+    from mmcore.session import check_run_dir, open_session
+
+    if (kw["input_file"] is None) == (kw["prompt"] is None and not (kw["images"] or kw["videos"] or kw["audios"])):
+        raise UsageError("give a request: --prompt (with any --image/--video/--audio), or --input FILE.jsonl, not both")
+    if kw["output"] and not kw["input_file"]:
+        raise UsageError("--output goes with --input (a single request's answer is printed)")
+    if check_run_dir(Path(kw["run_dir"]), kw["pack"]) is None:
+        raise UsageError(f"--run-dir {kw['run_dir']}: not an mmcore run directory (no run.json)", hint="give the run directory `mmcore run` made")
+    overrides = [*kw["overrides"], *(f"generation.{name}={kw[name]}" for name, _ in _GENERATION_FLAGS if kw.get(name) is not None)]
+    plugins = _plugins()
+    session = open_session(plugins, SessionRequest(pack=kw["pack"], run_dir=kw["run_dir"], device=kw["device"], overrides=overrides))
+    if kw["input_file"]:
+        requests = read_requests(Path(kw["input_file"]))
+    else:
+        requests = [request_from_flags(kw["prompt"], kw["images"], kw["videos"], kw["audios"])]
+    results = run_infer(plugins, session, kw["checkpoint"], requests, debug=kw["debug"], echo=lambda line: click.echo(line, err=True))
+    failed = show(requests, results, Path(kw["output"]) if kw["output"] else None, click.echo, lambda line: click.echo(line, err=True))
+    if failed:
+        raise click.exceptions.Exit(1)
+
+
 @cli.command("status")
 @_stage_options
 def status_cmd(**kw: Any) -> None:
@@ -237,7 +310,7 @@ def verify_cmd(run_dir: str, quick: bool) -> None:
 # ------------------------------------------------------------------------- entry point
 
 
-ENV_DISPATCHED = (*STAGES, "run", "status", "info", "doctor")
+ENV_DISPATCHED = (*STAGES, "run", "status", "info", "doctor", "infer", "eval")
 
 
 def _dispatch_to_env(args: list[str]) -> int | None:
@@ -260,7 +333,9 @@ def main(argv: list[str] | None = None) -> None:
         code = _dispatch_to_env(args)
         if code is not None:
             sys.exit(code)
-        cli.main(args=args, prog_name="mmcore", standalone_mode=False)
+        code = cli.main(args=args, prog_name="mmcore", standalone_mode=False)
+        if isinstance(code, int) and code:  # a command's click.exceptions.Exit(code), returned by click in this mode
+            sys.exit(code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

@@ -97,6 +97,25 @@ class ExportSection(Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
 
 
+class EvaluateSection(Section):
+    enabled: bool = Field(True, description="Run the evaluate stage when the pack offers it.")
+    datasets: list[str] = Field(default_factory=list, description="Held-out files in the training data's format (default: the held-out split preprocess made).")
+    limit: int = Field(256, ge=1, description="Evaluate at most this many held-out items (the first ones).")
+
+
+class GenerationSection(Section):
+    """How ``mmcore infer`` and the evaluate stage generate. Greedy by default, so that a result
+    can be reproduced and compared; ``temperature`` > 0 samples."""
+
+    max_new_tokens: int = Field(64, ge=1, description="Tokens to generate at most per answer or transcript.")
+    temperature: float = Field(0.0, ge=0, description="0: greedy decoding; > 0: sample at this temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens with this much probability (when sampling).")
+    batch_size: int = Field(16, ge=1, description="Requests generated together (left-padded, with the KV cache).")
+    num_inference_steps: int | None = Field(None, ge=1, description="Denoising steps of a generated image or video (default: the pack's).")
+    guidance_scale: float | None = Field(None, ge=1.0, description="Classifier-free guidance of a generated image or video (default: the pack's).")
+    seed: int | None = Field(None, description="Seed of sampling and of generated videos' noise (default: run.seed).")
+
+
 class RunConfig(Section):
     """The whole configuration of a run. Packs subclass it to add their own fields."""
 
@@ -108,6 +127,8 @@ class RunConfig(Section):
     training: TrainingSection = Field(default_factory=TrainingSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     export: ExportSection = Field(default_factory=ExportSection)
+    evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
+    generation: GenerationSection = Field(default_factory=GenerationSection)
 
     def slice(self, sections: tuple[str, ...]) -> dict[str, Any]:
         """The parts of the config a stage reads (recorded in its manifest), plus the seed.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
-__all__ = ["sharded_sums", "word_errors", "normalize_words"]
+__all__ = ["sharded_sums", "word_errors", "char_errors", "normalize_words"]
 
 
 def sharded_sums(ctx: Any, count: int, measure: Callable[[int], Sequence[float]], width: int) -> list[float]:
@@ -54,9 +54,18 @@ def normalize_words(text: str) -> list[str]:
     return _PUNCTUATION.sub(" ", text.casefold()).split()
 
 
-def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
-    """(substitutions + deletions + insertions, reference words) after :func:`normalize_words`."""
-    ref, hyp = normalize_words(reference), normalize_words(hypothesis)
+def word_errors(reference: str, hypothesis: str, normalize: Callable[[str], list[str]] = normalize_words) -> tuple[int, int]:
+    """(substitutions + deletions + insertions, reference words) after ``normalize``."""
+    return edit_distance(normalize(reference), normalize(hypothesis))
+
+
+def char_errors(reference: str, hypothesis: str, normalize: Callable[[str], list[str]] = normalize_words) -> tuple[int, int]:
+    """(character edits, reference characters) of the normalised words joined by single spaces."""
+    return edit_distance(list(" ".join(normalize(reference))), list(" ".join(normalize(hypothesis))))
+
+
+def edit_distance(ref: Sequence[str], hyp: Sequence[str]) -> tuple[int, int]:
+    """(Levenshtein distance, len(ref))."""
     previous = list(range(len(hyp) + 1))
     for i, word in enumerate(ref, 1):
         current = [i]

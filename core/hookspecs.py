@@ -7,7 +7,7 @@ implementation even unmarked, so a misspelled hook name is an error, not silentl
 
 Three kinds of hooks:
 
-* **Stage hooks** (``mmcore_download`` ... ``mmcore_export``) are called only on the pack the
+* **Stage hooks** (``mmcore_download`` ... ``mmcore_evaluate``, and ``mmcore_infer``) are called only on the pack the
   user chose, plus any plugin that implements them with ``wrapper=True`` (timing, profiling).
   They are ``firstresult``: the pack's result is the stage's result. A pack usually declares
   its stages in ``PackSpec.stages`` instead of implementing these (:mod:`mmcore.stages` turns
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # imported for annotations only; keeps `import mmcore` light
 
     from mmcore.accelerator import Accelerator
     from mmcore.context import StageContext
+    from mmcore.generation import ModelSource, Request
     from mmcore.pack import StageResult
     from mmcore.registry import BackendSpec, KernelSpec
     from mmcore.rundir import Manifest
@@ -116,6 +117,39 @@ def mmcore_export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageR
     """
 
 
+@hookspec(firstresult=True)
+def mmcore_evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult | None:
+    """Measure the exported model on held-out data, by generating as a user would.
+
+    :param ctx: See :func:`mmcore_download`. ``ctx.config.evaluate`` says which data (the
+        preprocess stage's held-out split, or ``evaluate.datasets``) and how many items;
+        ``ctx.config.generation`` how to generate (greedy unless it says otherwise).
+    :param upstream: Finished manifests of earlier stages; ``upstream["export"]`` holds the
+        model to measure.
+    :return: What the stage produced, with output ``results`` (:data:`mmcore.pack.RESULTS`):
+        per-item results, one JSON object per line; its metrics (accuracy, WER, ...) also go
+        to ``metrics.json`` in the stage directory. Or None to decline.
+    """
+
+
+@hookspec(firstresult=True)
+def mmcore_infer(ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSource, requests: list[Request]) -> list[dict[str, Any]] | None:
+    """Answer requests with a trained model (``mmcore infer``): on request, outside the pipeline.
+
+    :param ctx: A context for the ``infer`` command: ``ctx.stage_dir`` is where files it
+        makes go (videos, images), ``ctx.config.generation`` the generation options the user
+        gave (flags or config).
+    :param upstream: Finished manifests of the run's stages (``download``, ``preprocess``,
+        ``train``, ``export``, ... as far as they got).
+    :param model: Which weights to use: the train stage's latest checkpoint, the export, or
+        a folder in the ecosystem's layout (:class:`mmcore.generation.ModelSource`).
+    :param requests: The requests, media already checked to exist (:class:`mmcore.generation.Request`).
+    :return: One dict per request, in order: ``{"text": ...}`` for an answer or transcript,
+        ``{"video": path, "contact_sheet": path}`` for a generated video, or
+        ``{"error": "one line"}`` for a request that could not be answered (the rest still run).
+    """
+
+
 STAGE_HOOKS = {
     "download": "mmcore_download",
     "convert": "mmcore_convert",
@@ -123,6 +157,8 @@ STAGE_HOOKS = {
     "extract": "mmcore_extract",
     "train": "mmcore_train",
     "export": "mmcore_export",
+    "evaluate": "mmcore_evaluate",
+    "infer": "mmcore_infer",
 }
 
 

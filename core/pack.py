@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 #: The pipeline, in order. Every run directory has one sub-directory per stage.
-STAGES: tuple[str, ...] = ("download", "convert", "preprocess", "extract", "train", "export")
+STAGES: tuple[str, ...] = ("download", "convert", "preprocess", "extract", "train", "export", "evaluate")
+
+#: What a pack may declare besides the pipeline's stages: run on request (``mmcore infer``),
+#: never by ``mmcore run``, and leaving no manifest.
+ON_DEMAND: tuple[str, ...] = ("infer",)
 
 #: Stages a pack may run on several processes (through torchrun) when the config asks for it.
 DISTRIBUTABLE_STAGES: frozenset[str] = frozenset({"preprocess", "extract", "train"})
@@ -27,6 +31,8 @@ DEFAULT_STAGE_SECTIONS: Mapping[str, tuple[str, ...]] = {
     "extract": ("extract",),
     "train": ("training", "parallel"),
     "export": ("export",),
+    "evaluate": ("evaluate", "generation"),
+    "infer": ("generation",),
 }
 
 #: The outputs each stage must record (``StageResult.outputs``), by the names the engines and
@@ -36,6 +42,7 @@ MODEL = "model"  # download: the checkpoint folder; export: the folder the ecosy
 CHECKPOINT = "checkpoint"  # convert and train: a DCP checkpoint of the training model
 DATASET = "dataset"  # preprocess: the shard folder (mmcore.data.shards)
 FEATURES = "features"  # extract: the feature cache folder (mmcore.data.feature_cache)
+RESULTS = "results"  # evaluate: the per-sample results (JSONL, one object per held-out item)
 STAGE_OUTPUTS: Mapping[str, tuple[str, ...]] = {
     "download": (MODEL,),
     "convert": (CHECKPOINT,),
@@ -43,6 +50,7 @@ STAGE_OUTPUTS: Mapping[str, tuple[str, ...]] = {
     "extract": (FEATURES,),
     "train": (CHECKPOINT,),
     "export": (MODEL,),
+    "evaluate": (RESULTS,),
 }
 
 _PACK_NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
@@ -95,8 +103,8 @@ class PackSpec:
         stages: Stage name -> :class:`Stage` (or its function's ``"module:attr"`` alone):
             the stages the pack runs, declared as data. A pack may instead (or also, for
             other stages) implement the ``mmcore_<stage>`` hooks itself; one stage cannot be
-            both. Stages added to the pipeline later (``infer``, ``evaluate``) go in the same
-            table.
+            both. ``infer`` (``mmcore infer``, on request, outside the pipeline) goes in the
+            same table.
         sdk: The mmcore SDK version the pack was written against (``"1.0"``); see
             :mod:`mmcore.sdk`. A pack whose SDK major differs from the core's, or whose minor
             is newer, is listed as broken with the reason.
@@ -116,8 +124,8 @@ class PackSpec:
     def __post_init__(self) -> None:
         problems = []
         for stage, declared in self.stages.items():
-            if stage not in STAGES:
-                problems.append(f"stages: {stage!r} is not a stage (stages: {', '.join(STAGES)})")
+            if stage not in STAGES and stage not in ON_DEMAND:
+                problems.append(f"stages: {stage!r} is not a stage (stages: {', '.join(STAGES + ON_DEMAND)})")
             elif not isinstance(declared, (Stage, str)):
                 problems.append(f"stages[{stage!r}] is a {type(declared).__name__}, not mmcore.Stage or 'module:attr'")
             else:

@@ -125,7 +125,7 @@ class Runner:
                 self._skipped(stage, f"the {self.pack} pack has no {stage} stage")
                 continue
             if self._disabled(stage):
-                self._skipped(stage, "disabled by extract.enabled=false")
+                self._skipped(stage, f"disabled by {stage}.enabled=false")
                 continue
             manifest = self.run_stage(stage, resume=resume, force=force)
             if manifest is not None:
@@ -134,7 +134,7 @@ class Runner:
 
     def _disabled(self, stage: str) -> bool:
         """A stage the config switched off: skipped by ``run``, and no later stage waits for it."""
-        return stage == "extract" and not self.config.extract.enabled
+        return (stage == "extract" and not self.config.extract.enabled) or (stage == "evaluate" and not self.config.evaluate.enabled)
 
     def run_stage(self, stage: str, *, resume: ResumeMode = "no", force: bool = False) -> Manifest | None:
         """Run one stage unless it is up to date; returns its manifest (None if declined)."""

@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.4"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers)
+SDK_VERSION = "1.5"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors)
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -27,12 +27,12 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "RunConfig", "KernelSpec", "BackendSpec", "Manifest", "MmcoreError", "ConfigError", "UsageError",
         "PackError", "StageError",
     }),
-    "mmcore.pack": frozenset({"STAGES", "PackSpec", "Stage", "StageResult", "STAGE_OUTPUTS", "MODEL", "CHECKPOINT", "DATASET", "FEATURES"}),
+    "mmcore.pack": frozenset({"STAGES", "PackSpec", "Stage", "StageResult", "STAGE_OUTPUTS", "ON_DEMAND", "MODEL", "CHECKPOINT", "DATASET", "FEATURES", "RESULTS"}),
     "mmcore.errors": frozenset({"MmcoreError", "ConfigError", "UsageError", "PackError", "StageError", "missing_dependency"}),
     "mmcore.context": frozenset({"StageContext", "WorldInfo"}),
     "mmcore.rundir": frozenset({"Manifest"}),
     "mmcore.registry": frozenset({"KernelSpec", "BackendSpec"}),
-    "mmcore.config": frozenset({"RunConfig", "Section", "ModelSection", "DataSection", "TrainingSection", "ExportSection", "ExtractSection", "ConvertSection"}),
+    "mmcore.config": frozenset({"RunConfig", "Section", "ModelSection", "DataSection", "TrainingSection", "ExportSection", "ExtractSection", "ConvertSection", "EvaluateSection", "GenerationSection"}),
     # engines: the stages a pack binds to its parts
     "mmcore.hub": frozenset({"download_stage", "download_model", "InitBuilder", "remote_code", "check_checkpoint_folder"}),
     "mmcore.convert": frozenset({
@@ -43,7 +43,11 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.train": frozenset({"train_stage", "run_training", "TrainRecipe", "load_converted", "EpochSampler", "freeze", "lr_lambda"}),
     "mmcore.export": frozenset({"export_checked"}),
     "mmcore.causal_lm": frozenset({"count_loss_tokens", "evaluate_accuracy", "generate_accuracy", "next_token_loss_sum", "packed_rows", "padded_rows"}),
-    "mmcore.evaluation": frozenset({"word_errors", "sharded_sums", "normalize_words"}),
+    "mmcore.evaluation": frozenset({"word_errors", "char_errors", "sharded_sums", "normalize_words"}),
+    "mmcore.generation": frozenset({
+        "Request", "ModelSource", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "batches", "exact_match", "generate_tokens", "left_padded",
+        "media_problem", "normalize_answer", "sampling_options", "token_f1", "write_results",
+    }),
     "mmcore.tiny": frozenset({"train_byte_level_bpe", "byte_level_tokenizer", "pick_preset"}),
     "mmcore.io": frozenset({"atomic_write_json", "sha256_file", "sha256_json"}),
     "mmcore.faults": frozenset({"crash_point"}),

@@ -42,7 +42,7 @@ def declared_stages(spec: PackSpec) -> object:
 def _stage_hook(spec: PackSpec, stage: str) -> Any:
     declared = spec.declared(stage)
 
-    def run(self: Any, ctx: Any, upstream: Mapping[str, Any]) -> Any:
+    def bound() -> Any:
         from mmcore.registry import import_object
 
         try:
@@ -50,10 +50,18 @@ def _stage_hook(spec: PackSpec, stage: str) -> Any:
             parts = {name: import_object(path) for name, path in declared.parts.items()}
         except (ImportError, AttributeError) as exc:
             raise ContractError(spec.name, stage, "declared stage imports", f"cannot import {declared.function} or its parts: {type(exc).__name__}: {exc}") from exc
-        return function(ctx, upstream, **parts, **declared.options)
+        return lambda *args, **kwargs: function(*args, **parts, **declared.options, **kwargs)
 
-    run.__name__ = f"mmcore_{stage}"
-    return run
+    # pluggy hands a hook the parameters its signature names, so each kind has its own
+    def run(self: Any, ctx: Any, upstream: Mapping[str, Any]) -> Any:
+        return bound()(ctx, upstream)
+
+    def infer(self: Any, ctx: Any, upstream: Mapping[str, Any], model: Any, requests: list[Any]) -> Any:
+        return bound()(ctx, upstream, model=model, requests=requests)
+
+    hook = infer if stage == "infer" else run
+    hook.__name__ = f"mmcore_{stage}"
+    return hook
 
 
 def check_result(pack: str, stage: str, result: Any, stage_dir: Path, *, check_paths: bool = True) -> None:

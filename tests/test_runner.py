@@ -33,7 +33,7 @@ def test_pipeline_writes_manifests_and_skips_absent_stages_visibly(cli: CLI, lin
     assert pre.config["data"]["datasets"] == [str(line_data)]
     assert run.read_manifest("train").upstream == {"download": run.read_manifest("download").fingerprint, "preprocess": pre.fingerprint}
     events = [json.loads(line)["event"] for line in (run.root / "events.jsonl").read_text().splitlines()]
-    assert events.count("finished") == 4 and events.count("skipped") == 2
+    assert events.count("finished") == 4 and events.count("skipped") == 3  # convert, extract, evaluate
     metrics = (run.stage_dir("train") / "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 6  # one line per step from ctx.log_metrics, through the events plugin
 

@@ -188,6 +188,14 @@ class ChatTemplateEncoder:
     def encode(self, sample: Sample) -> Encoded:
         messages = self.messages(sample)
         text, spans = self.supervised_spans(messages)
+        return self._encode_rendered(text, spans, sample)
+
+    def encode_prompt(self, sample: Sample) -> Encoded:
+        """The sample's turns (ending with the user's) and the assistant's generation prompt:
+        what a model answers from, as training formatted it. Nothing is supervised."""
+        return self._encode_rendered(self.render(self.messages(sample), add_generation_prompt=True), [], sample)
+
+    def _encode_rendered(self, text: str, spans: list[tuple[int, int]], sample: Sample) -> Encoded:
         media = {p: list(sample.media.get(self._kinds.get(p, p.strip("<>") + "s"), [])) for p in self.expanders}
         pieces = self._markers.split(text) if self._markers else [text]
         found = {p: sum(1 for piece in pieces if self._marker_of.get(piece) == p) for p in self.expanders}

@@ -1,0 +1,87 @@
+"""What `mmcore infer` and the evaluate stage share: requests and their one-line errors, the
+answer metrics, and batched left-padded decoding that answers as one-by-one decoding does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmcore.evaluation import char_errors, word_errors
+from mmcore.generation import answer_scores, generate_tokens, left_padded, normalize_answer, read_requests, request_from_flags, token_f1
+
+
+def test_requests_from_a_jsonl_file_each_line_on_its_own(tmp_path: Path) -> None:
+    (tmp_path / "a.png").write_bytes(b"\x89PNG")
+    lines = [
+        {"prompt": "<image>What is it?", "images": ["a.png"]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<image>Colour?"}, {"role": "assistant", "content": "red"}], "images": "a.png"},
+        {"conversations": [{"from": "human", "value": "Hi"}]},
+        {"prompt": "<image><image>Two?", "images": ["a.png"]},
+        {"prompt": "<image>x", "images": ["gone.png"]},
+        {"messages": [{"role": "assistant", "content": "alone"}]},
+        ["not", "an", "object"],
+        {"text": "no prompt"},
+        {"prompt": "x", "videos": [1]},
+    ]
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n\n{broken\n")
+    requests = read_requests(tmp_path / "r.jsonl")
+    assert [r.where for r in requests] == [f"r.jsonl:{i}" for i in range(1, 10)] + ["r.jsonl:11"]
+    first, second, third = requests[:3]
+    assert first.error is None and first.prompt == "<image>What is it?" and first.media == {"images": [tmp_path / "a.png"]}
+    assert second.turns == [("system", "Be brief."), ("user", "<image>Colour?")] and second.reference == "red" and second.error is None
+    assert third.turns == [("user", "Hi")] and third.error is None
+    assert [r.error for r in requests[3:]] == [
+        "the prompt has 2 <image> but 1 image(s) were given",
+        f"image file not found: {tmp_path / 'gone.png'}",
+        "no user turn to answer",
+        "expected a JSON object, got list",
+        "no 'prompt' string, no 'messages' list and no media",
+        "field 'videos' must be a list of paths",
+        "invalid JSON: Expecting property name enclosed in double quotes (column 2)",
+    ]
+
+
+def test_requests_from_flags_and_unusable_files(tmp_path: Path) -> None:
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    assert request_from_flags(None, [], [], [str(tmp_path / "a.wav")]).error is None  # a transcription needs no prompt
+    assert request_from_flags("<video>What happens?", [], [], []).error == "the prompt has 1 <video> but 0 video(s) were given"
+    with pytest.raises(Exception, match="no requests"):
+        (tmp_path / "empty.jsonl").write_text("\n")
+        read_requests(tmp_path / "empty.jsonl")
+    with pytest.raises(Exception, match="cannot read it"):
+        read_requests(tmp_path / "absent.jsonl")
+
+
+def test_answer_metrics() -> None:
+    assert normalize_answer("The  Red, square!") == "red square"
+    assert answer_scores("a red square.", "Red square") == {"exact_match": 1.0, "token_f1": 1.0}
+    assert token_f1("red circle", "red square") == pytest.approx(0.5)  # precision 1/2, recall 1/2
+    assert token_f1("red", "red square") == pytest.approx(2 / 3)  # precision 1, recall 1/2
+    assert token_f1("", "") == 1.0 and token_f1("blue", "") == 0.0
+    assert word_errors("seven one zero", "seven zero") == (1, 3)
+    assert char_errors("seven one", "seven on") == (1, 9)
+
+
+def test_batched_left_padded_decoding_answers_as_one_by_one() -> None:
+    """A tiny random GPT-2: the same greedy tokens for prompts of different lengths, whether
+    decoded 3 at a time (left-padded, KV cache) or alone."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.5, bos_token_id=None, eos_token_id=None)).eval()
+    prompts = [torch.randint(1, 64, (n,)) for n in (3, 9, 5, 12, 1, 7)]
+
+    def inputs_of(chosen: list) -> dict:  # type: ignore[type-arg]
+        ids, mask = left_padded([p.tolist() for p in chosen], pad_id=0)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def decode(batch_size: int) -> list[list[int]]:
+        return generate_tokens(model, prompts, inputs_of, length=len, end_ids=[63], pad_id=0, max_new_tokens=10, batch_size=batch_size)
+
+    alone, together = decode(1), decode(3)
+    assert together == alone and sum(map(len, alone)) > 30, alone  # most run to max_new_tokens; some end early
+    ids, mask = left_padded([[5, 6], [7]], pad_id=0)
+    assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
