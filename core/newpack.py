@@ -93,7 +93,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "mm-pack-{name}"
 version = "0.1.0"
-description = "mmcore pack for {cls}: download, convert, preprocess, train, export."
+description = "mmcore pack for {cls}: download, convert, preprocess, train, export, evaluate, infer."
 requires-python = ">=3.10"
 dependencies = [
     "{mmcore_pin}",
@@ -142,6 +142,8 @@ from mmcore import PackSpec, Stage
         "preprocess": "{module}.family:FAMILY.preprocess",
         "train": Stage("mmcore.train:train_stage", parts={{"recipe": "{module}.family:FAMILY.recipe"}}),
         "export": "{module}.family:FAMILY.export",
+        "evaluate": "{module}.family:FAMILY.evaluate",
+        "infer": "{module}.family:FAMILY.infer",
     }},
 )
 ''',

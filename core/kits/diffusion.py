@@ -15,6 +15,8 @@ methods are the stage functions and parts its declared stages bind::
         "extract": "mm_pack_x.family:FAMILY.extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_x.family:FAMILY.recipe"}),
         "export": "mm_pack_x.family:FAMILY.export",
+        "evaluate": "mm_pack_x.family:FAMILY.evaluate",
+        "infer": "mm_pack_x.family:FAMILY.infer",
     }
 
 What the kit does with it:
@@ -30,8 +32,10 @@ What the kit does with it:
   ``training.caption_dropout`` for classifier-free guidance; from the cache, or encoding each
   batch afresh without an extract stage (the same numbers either way).
 * **export**: the trained denoiser into a copy of the downloaded pipeline folder under
-  diffusers' names; reloaded, every weight must be bit-identical and its output equal; then
-  sample videos (mp4) and a contact sheet from the pipeline for ``export.sample_prompts``.
+  diffusers' names; reloaded, every weight must be bit-identical and its output equal.
+* **evaluate**: sample videos (mp4) of the export and a contact sheet for the held-out captions
+  (``evaluate.datasets``, else ``export.sample_prompts``), with a report page.
+* **infer**: ``mmcore infer --prompt`` writes a video and its frames to the run's ``infer/``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from pydantic import Field
 from mmcore.config import DataSection, ExportSection, TrainingSection
 from mmcore.context import StageContext
 from mmcore.errors import StageError
+from mmcore.generation import ModelSource, Request
 from mmcore.kits import blocks_at
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
@@ -68,7 +73,7 @@ class FlowMatchingTraining(TrainingSection):
 
 
 class SampleExport(ExportSection):
-    sample_prompts: list[str] = Field(default_factory=list, description="Captions to generate samples for after export.")
+    sample_prompts: list[str] = Field(default_factory=list, description="Captions the evaluate stage generates samples for (unless evaluate.datasets gives some).")
     sample_steps: int = Field(20, ge=1)
     guidance_scale: float = Field(4.0, ge=1.0)
 
@@ -262,32 +267,100 @@ class DiffusionFamily:
             raise StageError(f"the exported denoiser computes differently from the trained one (max |diff| {diff:.3g})")
         metrics: dict[str, Any] = {**stats, "weights_identical": True, "max_abs_diff": diff}
         notes = [f"diffusers pipeline at {out}; weights bit-identical to training, output max |diff| {diff:.2g}"]
-        prompts = list(ctx.config.export.sample_prompts)
-        outputs = {"model": "pipeline"}
-        if prompts and self.sample is not None:
-            written = self._samples(ctx, out, prompts)
-            metrics["samples"] = len(prompts)
-            notes.append(f"{len(prompts)} sample videos and a contact sheet in {written}")
-            outputs["samples"] = "samples"  # recorded only when written: a missing output reruns the stage
-        return StageResult(outputs=outputs, metrics=metrics, notes=notes)
+        return StageResult(outputs={"model": "pipeline"}, metrics=metrics, notes=notes)
 
-    def _samples(self, ctx: StageContext, pipeline_dir: Path, prompts: list[str]) -> Path:
+    # -- generation: infer and evaluate -------------------------------------------------------
+
+    def pipeline(self, ctx: StageContext, upstream: Mapping[str, Manifest], source: ModelSource) -> Any:
+        """The diffusers pipeline of ``source``: a training checkpoint's denoiser in the downloaded
+        pipeline, or a pipeline folder (the export's, or any)."""
+        if source.kind == "train":
+            denoiser = self.build_model(upstream["download"].output("model"), source.path).eval()
+            pipe = self._class(self.pipeline_class).from_pretrained(upstream["download"].output("model"), transformer=denoiser)
+        else:
+            pipe = self._class(self.pipeline_class).from_pretrained(source.path)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe.to(ctx.accelerator.device())
+
+    def render(self, ctx: StageContext, pipe: Any, prompts: list[str], folder: Path, names: list[str]) -> list[dict[str, str]]:
+        """One video per prompt (``<name>.mp4`` and its frames as ``<name>.png``), seeded by
+        ``generation.seed`` (default ``run.seed``) plus the prompt's position; steps and guidance
+        from ``generation`` where set, else ``export.sample_steps`` / ``export.guidance_scale``."""
+        import dataclasses
+
         import torch
 
         from mmcore.data.video import contact_sheet, write_mp4
 
-        pipe = self._class(self.pipeline_class).from_pretrained(pipeline_dir)
-        pipe.set_progress_bar_config(disable=True)
-        folder = ctx.stage_dir / "samples"
-        rows = []
-        for i, prompt in enumerate(prompts):
-            frames = self.sample(pipe, ctx, prompt, torch.Generator().manual_seed(ctx.seed + i))  # type: ignore[misc]
+        gen, export = ctx.config.generation, ctx.config.export
+        chosen = export.model_copy(update={"sample_steps": gen.num_inference_steps or export.sample_steps,
+                                           "guidance_scale": gen.guidance_scale or export.guidance_scale})
+        sampling = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"export": chosen}))
+        seed = gen.seed if gen.seed is not None else ctx.seed
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for i, (prompt, name) in enumerate(ctx.progress(list(zip(prompts, names)), description=ctx.stage, unit="video")):
+            frames = self.sample(pipe, sampling, prompt, torch.Generator().manual_seed(seed + i))  # type: ignore[misc]
             pixels = (frames.clip(0, 1) * 255).round().astype("uint8")
-            write_mp4(folder / f"sample-{i}.mp4", pixels, ctx.config.data.fps)
-            rows.append(pixels)
-        contact_sheet(folder / "contact_sheet.png", rows, scale=4)
-        (folder / "prompts.txt").write_text("\n".join(f"sample-{i}.mp4: {p}" for i, p in enumerate(prompts)) + "\n")
-        return folder
+            write_mp4(folder / f"{name}.mp4", pixels, ctx.config.data.fps)
+            contact_sheet(folder / f"{name}.png", [pixels], scale=4)
+            written.append({"video": str(folder / f"{name}.mp4"), "contact_sheet": str(folder / f"{name}.png"), "pixels": pixels})
+        return written
+
+    def infer(self, ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:
+        """A video for each request's prompt, written to ``infer/`` under a new number."""
+        if self.sample is None:
+            return [{"error": f"the {ctx.pack} pack cannot generate samples"} for _ in requests]
+        pipe = self.pipeline(ctx, upstream, model)
+        answers: list[dict[str, Any]] = [{} for _ in requests]
+        runnable = [i for i, r in enumerate(requests) if not r.media and r.prompt]
+        for i, request in enumerate(requests):
+            if i not in runnable:
+                answers[i] = {"error": "give a caption (--prompt) and no media: this pack generates video from text"}
+        first = 1 + max((int(p.stem) for p in ctx.stage_dir.glob("[0-9]*.mp4") if p.stem.isdigit()), default=0)
+        names = [f"{first + k:04d}" for k in range(len(runnable))]
+        for i, done in zip(runnable, self.render(ctx, pipe, [requests[i].prompt for i in runnable], ctx.stage_dir, names)):
+            answers[i] = {"video": done["video"], "contact_sheet": done["contact_sheet"]}
+        return answers
+
+    def evaluate(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        """Sample videos of the export for the held-out captions (``evaluate.datasets``, else
+        ``export.sample_prompts``) and one contact sheet of them all; no number stands for quality."""
+        from mmcore.data.video import contact_sheet
+        from mmcore.generation import ModelSource, empty_evaluation, write_results
+
+        captions = self.held_out_captions(ctx)
+        if not captions or self.sample is None:
+            return empty_evaluation(ctx)
+        pipe = self.pipeline(ctx, upstream, ModelSource("export", upstream["export"].output("model")))
+        folder = ctx.stage_dir / "samples"
+        written = self.render(ctx, pipe, captions, folder, [f"sample-{i}" for i in range(len(captions))])
+        contact_sheet(folder / "contact_sheet.png", [w.pop("pixels") for w in written], scale=4)
+        rows = [{"item": i, "caption": c, "video": str(Path(w["video"]).relative_to(ctx.stage_dir))} for i, (c, w) in enumerate(zip(captions, written))]
+        metrics = {"items": len(rows), "samples": len(rows)}
+        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: samples of the export", columns=("item", "caption", "video"),
+                      images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))])
+        note = f"{len(rows)} sample video(s) of the export and a contact sheet in {folder} (no metric: look at them, report.html)"
+        return StageResult(outputs={"results": "results.jsonl", "samples": "samples", "report": "report.html"}, metrics=metrics, notes=[note])
+
+    def held_out_captions(self, ctx: StageContext) -> list[str]:
+        """Captions from ``evaluate.datasets`` (JSON/JSONL records with ``cap``, ``caption`` or
+        ``prompt``; videos beside them are not needed), else ``export.sample_prompts``; at most
+        ``evaluate.limit``."""
+        from mmcore.data.mllm import BadJSON, load_records
+
+        if not ctx.config.evaluate.datasets:
+            return list(ctx.config.export.sample_prompts)[: ctx.config.evaluate.limit]
+        captions = []
+        for path in map(Path, ctx.config.evaluate.datasets):
+            ctx.record_input(path)
+            for index, record in enumerate(load_records(path)):
+                text = next((record.get(k) for k in ("cap", "caption", "prompt") if isinstance(record, dict) and k in record), None) if not isinstance(record, BadJSON) else None
+                text = text[0] if isinstance(text, list) and text else text
+                if not isinstance(text, str) or not text.strip():
+                    raise StageError(f"{path}: record {index}: no caption (a 'cap', 'caption' or 'prompt' string)")
+                captions.append(text.strip())
+        return captions[: ctx.config.evaluate.limit]
 
 
 class FreshSamples:

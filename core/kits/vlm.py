@@ -13,6 +13,8 @@ the stage functions and parts its declared stages bind::
         "preprocess": "mm_pack_x.family:FAMILY.preprocess",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_x.family:FAMILY.recipe"}),
         "export": "mm_pack_x.family:FAMILY.export",
+        "evaluate": "mm_pack_x.family:FAMILY.evaluate",
+        "infer": "mm_pack_x.family:FAMILY.infer",
     }
 
 What the kit does with it:
@@ -28,7 +30,10 @@ What the kit does with it:
   stage the samples read its feature cache (``cache_replaces``) and ``prepare_model`` switches
   the frozen towers to cached inputs.
 * **export**: the trained checkpoint as a ``from_pretrained`` folder, reloaded by the model
-  class and compared logit for logit, then greedy ``generate()`` on the held-out prompts.
+  class and compared logit for logit.
+* **evaluate**: the export's greedy answers to the held-out prompts (batched, left-padded,
+  KV cache), scored by exact match and token F1; per-item results and a report.
+* **infer**: ``mmcore infer`` requests encoded as training encoded them, then generated.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.context import StageContext
+from mmcore.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation
 from mmcore.hub import remote_code
 from mmcore.kits import blocks_at
 from mmcore.pack import StageResult
@@ -255,34 +261,178 @@ class VLMFamily:
         )
 
     def export(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
-        """Write the export, prove it reproduces the trained logits, then answer the held-out prompts."""
-        from transformers import AutoTokenizer
-
-        from mmcore.causal_lm import generate_accuracy
+        """Write the export and prove it reproduces the trained logits (the evaluate stage then
+        answers the held-out prompts with it)."""
         from mmcore.data.shards import ShardDataset
         from mmcore.export import export_checked
 
         data = ShardDataset(upstream["preprocess"].output("dataset"))
         held_out = data.split("eval")
         probe = held_out if len(held_out) else data
-        ids = self.token_ids(data)
         done = export_checked(
             ctx, upstream, self.adapter, build_trained=self.build_model, load_exported=self.load_exported,
-            probe=self.collate([probe[i] for i in range(min(4, len(probe)))], ids), logits=self.forward_logits,
+            probe=self.collate([probe[i] for i in range(min(4, len(probe)))], self.token_ids(data)), logits=self.forward_logits,
             side_files=self.side_files,
         )
-        if len(held_out):
-            tokenizer = AutoTokenizer.from_pretrained(done.folder, **remote_code())
-            end = tokenizer.convert_tokens_to_ids(self.end_token) if self.end_token else tokenizer.eos_token_id
-
-            def prompt_inputs(sample: dict[str, Any], start: int) -> Batch:
-                prompt = dict(sample, input_ids=sample["input_ids"][:start], labels=sample["labels"][:start])
-                return {k: v for k, v in self.collate([prompt], ids).items() if k not in ("labels", "num_loss_tokens")}
-
-            accuracy = generate_accuracy(done.loaded, held_out, prompt_inputs, end, ids["pad_id"])
-            done.metrics["generate_accuracy"] = accuracy
-            done.notes.append(f"held-out accuracy of the export with transformers generate(): {accuracy:.1%}")
         return StageResult(outputs={"model": "hf"}, metrics=done.metrics, notes=done.notes)
+
+    # -- generation: infer and evaluate -------------------------------------------------------
+
+    def generation_model(self, ctx: StageContext, upstream: Mapping[str, Manifest], source: ModelSource) -> tuple[Any, Path]:
+        """(the model in eval mode on the run's device, the folder with its tokenizer and config)."""
+        if source.kind == "train":
+            folder = upstream["download"].output("model")
+            model = self.build_model(folder, source.path)
+        else:
+            folder = source.path
+            model = self.load_exported(folder)
+        return model.eval().to(ctx.accelerator.device()), folder
+
+    def generation_inputs(self, model: Any, prompts: list[dict[str, Any]], ids: Mapping[str, int]) -> Batch:
+        """``generate()`` inputs of prompts (``input_ids`` and media fields): ids left-padded,
+        media concatenated in order, the family's own fields added as collation adds them."""
+        import torch
+
+        from mmcore.generation import left_padded
+
+        input_ids, mask = left_padded([p["input_ids"].tolist() for p in prompts], ids["pad_id"])
+        batch: Batch = {"input_ids": input_ids, "attention_mask": mask}
+        for name in self.media_fields:
+            parts = [p[name] for p in prompts if name in p]
+            if parts:
+                batch[name] = torch.cat(parts)
+        if self.collate_extra is not None:
+            self.collate_extra(batch, prompts, ids)
+        device = next(model.parameters()).device
+        return {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields)}
+
+    def generate(self, ctx: StageContext, model: Any, folder: Path, prompts: list[dict[str, Any]], *, what: str) -> tuple[list[list[int]], Any, dict[str, int]]:
+        """(generated tokens per prompt, the tokenizer, its token ids), batched as ``generation`` says."""
+        from transformers import AutoTokenizer
+
+        from mmcore.generation import generate_tokens, sampling_options
+
+        tokenizer = AutoTokenizer.from_pretrained(folder, **remote_code())
+        ids = self.token_ids_of(tokenizer)
+        end = tokenizer.convert_tokens_to_ids(self.end_token) if self.end_token else tokenizer.eos_token_id
+        cfg = ctx.config.generation
+        tokens = generate_tokens(
+            model, prompts, lambda chosen: self.generation_inputs(model, chosen, ids), length=lambda p: len(p["input_ids"]),
+            end_ids=sorted({end, tokenizer.eos_token_id} - {None}), pad_id=ids["pad_id"], max_new_tokens=cfg.max_new_tokens,
+            batch_size=cfg.batch_size, options=sampling_options(cfg, ctx.seed),
+            progress=lambda groups, total: ctx.progress(groups, total=total, description=what, unit="batch"),
+        )
+        return tokens, tokenizer, ids
+
+    def infer(self, ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:
+        """Answer each request: its turns encoded as training encoded them, up to the assistant's
+        turn, then generated."""
+        from transformers import AutoTokenizer
+
+        from mmcore.data.media import MediaError
+        from mmcore.data.mllm import Sample, Turn
+
+        network, folder = self.generation_model(ctx, upstream, model)
+        encoder = self.encoder(ctx, folder, AutoTokenizer.from_pretrained(folder, **remote_code()))
+        prompts: list[dict[str, Any]] = []
+        answers: list[dict[str, Any]] = [{} for _ in requests]
+        where: list[int] = []
+        for i, request in enumerate(requests):
+            turns = [Turn(role, text) for role, text in request.turns] or [Turn("user", "")]  # type: ignore[arg-type]
+            if not any(p in "".join(t.content for t in turns) for p in PLACEHOLDERS.values()):
+                turns[-1] = Turn("user", "".join(PLACEHOLDERS[k] * len(v) for k, v in request.media.items()) + turns[-1].content)
+            try:
+                encoded = encoder.encode_prompt(Sample(request.where, i, turns, dict(request.media)))
+            except (MediaError, ValueError) as exc:
+                answers[i] = {"error": " ".join(str(exc).split())}
+                continue
+            prompts.append({"input_ids": torch_tensor(encoded.input_ids), **encoded.tensors})
+            where.append(i)
+        if prompts:
+            tokens, tokenizer, _ = self.generate(ctx, network, folder, prompts, what="infer")
+            for i, generated in zip(where, tokens):
+                answers[i] = {"text": tokenizer.decode(generated, skip_special_tokens=True).strip()}
+        return answers
+
+    def evaluate(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        """Greedy answers of the export to the held-out prompts, scored against the references:
+        ``accuracy`` (normalised exact match), ``token_f1``, and ``token_accuracy`` (the answer's
+        tokens reproduced exactly, what teacher-forced accuracy measures without teacher forcing)."""
+        from mmcore.causal_lm import answer_span
+        from mmcore.generation import ModelSource, answer_scores, write_results
+
+        items, skipped = self.held_out(ctx, upstream)
+        if not items:
+            return empty_evaluation(ctx, skipped)
+        source = ModelSource("export", upstream["export"].output("model"))
+        network, folder = self.generation_model(ctx, upstream, source)
+        prompts, references = [], []
+        for _, sample in items:
+            start, answer = answer_span(sample)
+            prompts.append({k: v for k, v in sample.items() if k != "labels"} | {"input_ids": sample["input_ids"][:start]})
+            references.append(answer)
+        tokens, tokenizer, _ = self.generate(ctx, network, folder, prompts, what="evaluate")
+        ends = set(tokenizer.convert_tokens_to_ids([self.end_token]) if self.end_token else []) | {tokenizer.eos_token_id}
+        rows = []
+        for (name, _), prompt, answer, generated in zip(items, prompts, references, tokens):
+            while answer and answer[-1] in ends:
+                answer = answer[:-1]
+            reference = tokenizer.decode(answer, skip_special_tokens=True).strip()
+            prediction = tokenizer.decode(generated, skip_special_tokens=True).strip()
+            rows.append({"item": name, "prompt": tokenizer.decode(prompt["input_ids"], skip_special_tokens=True).strip()[-300:],
+                         "reference": reference, "prediction": prediction, **answer_scores(prediction, reference),
+                         "token_match": float(generated == answer)})
+        n = len(rows)
+        metrics = {"items": n, "skipped": skipped, "accuracy": sum(r["exact_match"] for r in rows) / n,
+                   "token_f1": sum(r["token_f1"] for r in rows) / n, "token_accuracy": sum(r["token_match"] for r in rows) / n}
+        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: evaluation of {folder}",
+                      columns=("item", "prompt", "reference", "prediction", "exact_match", "token_f1"))
+        note = (f"{n} held-out item(s), greedy generate() on the export: accuracy {metrics['accuracy']:.1%} "
+                f"(exact tokens {metrics['token_accuracy']:.1%}), token F1 {metrics['token_f1']:.3f}; report in {ctx.stage_dir / 'report.html'}")
+        return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])
+
+    def held_out(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+        """(name, encoded sample) of the held-out items, at most ``evaluate.limit``, and how many
+        of ``evaluate.datasets`` were bad samples (skipped and counted when the data section says
+        ``on_bad_sample: skip``)."""
+        import torch
+        from transformers import AutoTokenizer
+
+        from mmcore.data.badsamples import BadSample, BadSamples
+        from mmcore.data.media import MediaError
+        from mmcore.data.mllm import read_samples
+        from mmcore.data.shards import ShardDataset
+
+        cfg = ctx.config.evaluate
+        if not cfg.datasets:
+            data = ShardDataset(upstream["preprocess"].output("dataset")).split("eval")
+            return [(data.meta(i).get("source", str(i)), data[i]) for i in range(min(cfg.limit, len(data)))], 0
+        folder = upstream["download"].output("model")
+        encoder = self.encoder(ctx, folder, AutoTokenizer.from_pretrained(folder, **remote_code()))
+        bad = BadSamples(ctx.config.data.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
+        items: list[tuple[str, dict[str, Any]]] = []
+        for path in map(Path, cfg.datasets):
+            ctx.record_input(path)
+            for sample in read_samples(path, ctx.config.data):
+                if len(items) >= cfg.limit:
+                    break
+                if isinstance(sample, BadSample):
+                    bad.report(sample)
+                    continue
+                try:
+                    encoded = encoder.encode(sample)
+                except (MediaError, ValueError) as exc:
+                    bad.report(BadSample(sample.file, sample.index, str(exc)))
+                    continue
+                items.append((f"{path.name}:{sample.index}", {"input_ids": torch.tensor(encoded.input_ids), "labels": torch.tensor(encoded.labels), **encoded.tensors}))
+        bad.close()
+        return items, len(bad.found)
+
+
+def torch_tensor(values: list[int]) -> Any:
+    import torch
+
+    return torch.tensor(values, dtype=torch.long)
 
 
 def rows_of(*fields: str) -> Callable[[Batch], float]:

@@ -80,6 +80,9 @@ class PackConformance:
     kill_step: ClassVar[int] = 2
     #: Steps of the shared run (more than ``kill_step``).
     steps: ClassVar[int] = 3
+    #: One ``mmcore infer`` request (a line of ``--input``) for the trained run, where the pack
+    #: has ``infer``; ``images``/``videos``/``audios`` are counts of media files the suite writes.
+    infer_request: ClassVar[dict[str, Any]] = {"prompt": "<image>What colour is it?", "images": 1}
 
     # ------------------------------------------------------------------ shared runs
     # Runs happen in this process (torch and the pack imported once), except the one that is
@@ -268,6 +271,52 @@ class PackConformance:
                 _fail("bad input", "mmcore_preprocess", f"expected a one-line error naming {bad.name}" + (" (the stage crashed instead: see its error.log)" if crashed else "") + f", got: {line}")
             return
         _fail("bad input", "mmcore_preprocess", f"{bad.name} holds no valid sample, yet preprocess finished")
+
+    # ------------------------------------------------------------------ evaluate and infer
+    def test_evaluate_writes_one_result_per_item(self, plugins, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        if "evaluate" not in plugins.implemented_stages(self.pack_name):
+            pytest.skip("the pack has no evaluate stage")
+        manifest = self._manifest(tiny_run, "evaluate")
+        if manifest.get("status") != "finished":
+            return  # declined: nothing to check
+        results = tiny_run / "evaluate" / manifest["outputs"]["results"]
+        rows = [json.loads(line) for line in results.read_text().splitlines()]
+        if len(rows) != manifest["metrics"].get("items", len(rows)):
+            _fail("evaluate", "mmcore_evaluate", f"metrics say {manifest['metrics'].get('items')} items, {results.name} holds {len(rows)}")
+
+    def test_infer_answers_from_the_training_checkpoint_and_the_export(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        import copy
+
+        from mmcore.testing.media import write_audio, write_image, write_video
+
+        entry = plugins.pack(self.pack_name)
+        if "mmcore_infer" not in {c.name for p in (entry.plugin, entry.stages_plugin) if p is not None for c in plugins.pm.get_hookcallers(p) or []}:
+            pytest.skip("the pack has no infer")
+        request = copy.deepcopy(self.infer_request)
+        media = work / "infer-media"
+        writers = {"images": (lambda path: write_image(path, (200, 40, 40)), "png"), "videos": (write_video, "mp4"), "audios": (write_audio, "wav")}
+        for kind, (write, suffix) in writers.items():
+            if kind in request:
+                names = [f"{kind}-{i}.{suffix}" for i in range(int(request[kind]))]
+                for name in names:
+                    write(media / name)
+                request[kind] = names
+        media.mkdir(parents=True, exist_ok=True)
+        missing = {k: ["missing." + writers[k][1]] for k in writers if k in request} or {"images": ["missing.png"]}
+        (media / "requests.jsonl").write_text(json.dumps(request) + "\n" + json.dumps({**request, **missing}) + "\n")
+        answers = {}
+        for which in ("latest", "export"):
+            out = media / f"{which}.jsonl"
+            proc = _Cli(work)("infer", "--run-dir", str(tiny_run), "--checkpoint", which, "--input", str(media / "requests.jsonl"), "--output", str(out),
+                              "generation.max_new_tokens=4", "generation.num_inference_steps=2")
+            rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+            if len(rows) != 2 or "error" in rows[0]:
+                _fail("infer", "mmcore_infer", f"--checkpoint {which}: expected an answer and an error, got {rows or proc.stderr.strip()[-300:]}")
+            if proc.returncode != 1 or "not found" not in rows[1].get("error", ""):
+                _fail("infer", "mmcore_infer", f"a request with a missing file must be its own one-line error and exit 1; got exit {proc.returncode}, {rows[1]}")
+            answers[which] = rows[0]
+        if "text" in answers["latest"] and answers["latest"]["text"] != answers["export"].get("text"):
+            _fail("infer", "mmcore_infer", f"greedy answers differ between the training checkpoint and the export: {answers}")
 
     # ------------------------------------------------------------------ resume
     @pytest.mark.compares_runs

@@ -25,6 +25,13 @@ def write_video(path: Path, frames: int = 8, fps: int = 4, size: int = 56) -> No
     write_mp4(path, video, fps)
 
 
+def write_audio(path: Path, seconds: float = 1.0, hz: float = 440.0, rate: int = 16000) -> None:
+    """A 16-bit mono wav of a sine tone."""
+    from mmcore.data.audio import write_audio as write
+
+    write(path, tone(seconds, hz, rate), rate)
+
+
 def tone(seconds: float, hz: float = 440.0, rate: int = 16000, amplitude: float = 0.4) -> Any:
     """A sine of ``seconds`` at ``rate`` samples per second (numpy float64)."""
     import numpy as np
