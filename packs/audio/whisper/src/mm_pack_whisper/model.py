@@ -1,4 +1,4 @@
-"""Whisper's side of training: build the model, batch -> summed loss, greedy decoding and WER.
+"""Whisper's side of training: build the model, batch -> summed loss, held-out WER.
 
 The decoder reads ``labels[:-1]`` and predicts ``labels[1:]``: every token after
 ``<|startoftranscript|>`` is supervised (language, task, text, end). With the extract stage's
@@ -79,30 +79,9 @@ def loss_sum(model: Any, batch: dict[str, Any]) -> Any:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1), ignore_index=IGNORE, reduction="sum")
 
 
-def greedy_decode(model: Any, batch: dict[str, Any], prefix: int, steps: int, eos_id: int) -> list[list[int]]:
-    """Greedy transcripts after the forced ``prefix`` tokens, each cut at its end token.
-
-    Always runs exactly ``steps`` decoder passes (no early stop, no cache): under FSDP every
-    rank must call the model equally often.
-    """
-    import torch
-
-    ids = batch["decoder_input_ids"][:, :prefix]
-    out = forward(model, {**batch, "decoder_input_ids": ids})
-    encoded = {"encoder_states": out.encoder_last_hidden_state, "decoder_input_ids": ids}
-    logits = out.logits
-    for _ in range(steps):
-        ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        encoded["decoder_input_ids"] = ids
-        logits = forward(model, encoded).logits
-    results = []
-    for row in ids[:, prefix:].tolist():
-        results.append(row[: row.index(eos_id)] if eos_id in row else row)
-    return results
-
-
 def evaluate_wer(ctx: StageContext, model: Any, held_out: ShardDataset, tokenizer: Any, eos_id: int) -> dict[str, float]:
     """Word error rate of greedy transcripts of the held-out split (the work split across ranks)."""
+    from mm_pack_whisper.generate import greedy_decode
     from mmcore.evaluation import sharded_sums, word_errors
 
     if len(held_out) == 0:
@@ -121,7 +100,8 @@ def evaluate_wer(ctx: StageContext, model: Any, held_out: ShardDataset, tokenize
     def measure(b: int) -> list[float]:
         members = batches[b]
         batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in collate([held_out[i] for i in members], eos_id).items()}
-        decoded = greedy_decode(model, batch, held_out.meta(members[0])["prefix"], steps, eos_id)
+        prefix = held_out.meta(members[0])["prefix"]
+        decoded = greedy_decode(model, batch, batch["decoder_input_ids"][:, :prefix], steps, eos_id, fixed_steps=True)
         errors = words = 0
         for i, tokens in zip(members, decoded):
             e, n = word_errors(held_out.meta(i)["text"], tokenizer.decode(tokens, skip_special_tokens=True))

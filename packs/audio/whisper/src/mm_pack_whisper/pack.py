@@ -11,7 +11,7 @@ whisper = PackSpec(
     name="whisper",
     category="audio",
     summary="Whisper (tiny to large-v3) speech recognition and translation",
-    sdk="1.4",
+    sdk="1.5",
     config_class="mm_pack_whisper.config:WhisperConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -25,5 +25,7 @@ whisper = PackSpec(
         "extract": "mm_pack_whisper.extract:extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_whisper.model:recipe"}),
         "export": "mm_pack_whisper.export:export",
+        "evaluate": "mm_pack_whisper.generate:evaluate",
+        "infer": "mm_pack_whisper.generate:infer",
     },
 )
