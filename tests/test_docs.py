@@ -26,7 +26,7 @@ def test_the_documented_declaration_is_a_valid_pack_spec(doc: str) -> None:
         namespace: dict = {}  # type: ignore[type-arg]
         exec(compile(block, doc, "exec"), namespace)
         spec = namespace["pack"]
-        assert isinstance(spec, PackSpec) and set(spec.stages) == {"download", "convert", "preprocess", "train", "export"}
+        assert isinstance(spec, PackSpec) and set(spec.stages) == {"download", "convert", "preprocess", "train", "export", "evaluate", "infer"}
         assert spec.declared("convert").function == "mmcore.convert:convert_stage"
 
 

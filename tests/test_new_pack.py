@@ -52,8 +52,8 @@ def test_generated_pack_lists_and_runs_every_stage(generated) -> None:  # type: 
     run = mmcore(env, root, "run", "--pack", "llava", "--preset", "tiny")
     assert run.returncode == 0, run.stderr
     assert "reloaded with transformers: logits max |diff| = 0" in run.stdout
-    manifest = json.loads((root / "runs/llava-tiny/export/manifest.json").read_text())
-    assert manifest["status"] == "finished" and "generate_accuracy" in manifest["metrics"]
+    manifest = json.loads((root / "runs/llava-tiny/evaluate/manifest.json").read_text())
+    assert manifest["status"] == "finished" and "accuracy" in manifest["metrics"]
 
 
 @pytest.mark.compares_runs
@@ -61,10 +61,10 @@ def test_generated_demo_learns_and_its_own_tests_pass(generated) -> None:  # typ
     root, env = generated
     run = mmcore(env, root, "run", "--pack", "llava", "--preset", "demo")
     assert run.returncode == 0, run.stderr
-    export = json.loads((root / "runs/llava-demo/export/manifest.json").read_text())
+    evaluate = json.loads((root / "runs/llava-demo/evaluate/manifest.json").read_text())
     # 4 colours: chance is 0.25; tools/demo_matrix.py measured >= 0.969 held-out accuracy from
     # step 40 of 200 on 20 of 20 runs (seeds, CPU math, threads)
-    assert export["metrics"]["generate_accuracy"] >= 0.9
+    assert evaluate["metrics"]["accuracy"] >= 0.9
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                            capture_output=True, text=True, cwd=root / "mm-pack-llava", env=env, timeout=900)
     assert tests.returncode == 0, tests.stdout[-3000:]

@@ -6,3 +6,4 @@ from mmcore.testing.conformance import PackConformance
 class TestWhisperConformance(PackConformance):
     pack_name = "whisper"
     overrides = ("data.demo_samples=8",)
+    infer_request = {"audios": 1}  # a transcript: no prompt

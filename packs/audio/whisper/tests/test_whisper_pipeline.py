@@ -77,3 +77,15 @@ def test_the_demo_learns_to_transcribe(whisper_cli, tmp_path: Path) -> None:  # 
     assert metrics["eval/wer"] <= 0.1, metrics
     export = manifest(tmp_path / "demo", "export")["metrics"]
     assert export["pipeline_wer"] <= 0.1 and export["pipeline_agreement"] >= 0.9
+    # the evaluate stage: the export's batched, KV-cached greedy transcripts score as the pipeline's did
+    evaluate = manifest(tmp_path / "demo", "evaluate")["metrics"]
+    assert evaluate["wer"] <= 0.1 and evaluate["cer"] <= evaluate["wer"] + 0.05 and evaluate["normaliser"] == "basic", evaluate
+    results = [json.loads(line) for line in (tmp_path / "demo/evaluate/results.jsonl").read_text().splitlines()]
+    assert len(results) == evaluate["items"] > 0 and sum(r["word_errors"] for r in results) / sum(r["words"] for r in results) == evaluate["wer"]
+    # `mmcore infer` transcribes a held-out file, the same from the training checkpoint and the export
+    demo = tmp_path / "demo/preprocess/demo-data"
+    clip = json.loads((demo / "eval.jsonl").read_text().splitlines()[0])
+    texts = [whisper_cli("infer", "--run-dir", "demo", "--checkpoint", which, "--audio", str(demo / clip["audio"])).stdout.strip() for which in ("latest", "export")]
+    assert texts[0] == texts[1] and texts[0] == next(r["prediction"] for r in results if r["item"] == "eval.jsonl:0")
+    proc = whisper_cli("infer", "--run-dir", "demo", "--audio", str(demo / "missing.wav"), check=False)
+    assert proc.returncode == 1 and f"audio file not found: {demo / 'missing.wav'}" in proc.stderr

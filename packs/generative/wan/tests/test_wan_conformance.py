@@ -6,3 +6,4 @@ from mmcore.testing.conformance import PackConformance
 class TestWanConformance(PackConformance):
     pack_name = "wan"
     overrides = ("data.demo_samples=4",)
+    infer_request = {"prompt": "a red square moves right"}

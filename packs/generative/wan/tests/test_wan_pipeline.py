@@ -141,9 +141,10 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
     run = tmp_path / "runs/wan-demo"
     curve = list(losses(run).values())
     assert np.mean(curve[-10:]) < 0.6 * np.mean(curve[:10]), (curve[:10], curve[-10:])
-    export = manifest(run, "export")["metrics"]
-    assert export["weights_identical"] and export["samples"] == 2
-    assert (run / "export/samples/contact_sheet.png").stat().st_size > 1000
+    assert manifest(run, "export")["metrics"]["weights_identical"]
+    evaluate = manifest(run, "evaluate")["metrics"]
+    assert evaluate["samples"] == 2 and (run / "evaluate/samples/contact_sheet.png").stat().st_size > 1000
+    assert "samples/contact_sheet.png" in (run / "evaluate/report.html").read_text()
     import torch
     from diffusers import WanPipeline
 
@@ -152,8 +153,21 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
     assert frames.shape == (9, 32, 32, 3)
     import av
 
-    with av.open(str(run / "export/samples/sample-0.mp4")) as video:
+    with av.open(str(run / "evaluate/samples/sample-0.mp4")) as video:
         assert sum(1 for _ in video.decode(video=0)) == 9
+    # `mmcore infer`: the same video from the training checkpoint and from the export (same seed)
+    videos = []
+    for which in ("latest", "export"):
+        proc = wan("infer", "--run-dir", str(run), "--checkpoint", which, "--prompt", "a red square moves left", "--num-inference-steps", "3")
+        path = Path(proc.stdout.split("video: ")[1].split(",")[0])
+        assert path.parent == run / "infer" and path.with_suffix(".png").is_file()
+        with av.open(str(path)) as video:
+            videos.append(np.stack([f.to_ndarray(format="rgb24") for f in video.decode(video=0)]))
+    # Same weights bit for bit; CPU kernels may still round differently with the buffers' alignment
+    # (the export check's tolerance), so two uint8 levels of the lossy video may differ.
+    assert videos[0].shape == (9, 32, 32, 3) and np.abs(videos[0].astype(int) - videos[1]).max() <= 2
+    proc = wan("infer", "--run-dir", str(run), "--prompt", "a square", "--image", str(run / "evaluate/samples/sample-0.png"), check=False)
+    assert proc.returncode == 1 and "error: command line: give a caption (--prompt) and no media" in proc.stderr
 
 
 def test_several_buckets_train_with_micro_batches_of_one_bucket(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

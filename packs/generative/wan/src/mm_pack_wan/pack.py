@@ -11,7 +11,7 @@ wan = PackSpec(
     name="wan",
     category="generative",
     summary="Wan2.1 / Wan2.2 text-to-video (diffusers), cached VAE and UMT5 features",
-    sdk="1.1",
+    sdk="1.5",
     config_class="mm_pack_wan.config:WanConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -26,5 +26,7 @@ wan = PackSpec(
         "extract": "mm_pack_wan.family:FAMILY.extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_wan.family:FAMILY.recipe"}),
         "export": "mm_pack_wan.family:FAMILY.export",
+        "evaluate": "mm_pack_wan.family:FAMILY.evaluate",
+        "infer": "mm_pack_wan.family:FAMILY.infer",
     },
 )

@@ -11,7 +11,7 @@ qwen25omni = PackSpec(
     name="qwen2.5omni",
     category="omni",
     summary="Qwen2.5-Omni (3B/7B) thinker: audio, image, video and text in one conversation",
-    sdk="1.3",
+    sdk="1.5",
     config_class="mm_pack_qwen2_5omni.config:OmniConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -25,5 +25,7 @@ qwen25omni = PackSpec(
         "extract": "mm_pack_qwen2_5omni.extract:extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2_5omni.family:FAMILY.recipe"}),
         "export": "mm_pack_qwen2_5omni.family:FAMILY.export",
+        "evaluate": "mm_pack_qwen2_5omni.family:FAMILY.evaluate",
+        "infer": "mm_pack_qwen2_5omni.family:FAMILY.infer",
     },
 )

@@ -16,6 +16,8 @@ STAGES = {
     "extract": "mm_pack_qwen2vl.extract:extract",
     "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2vl.family:FAMILY.recipe"}),
     "export": "mm_pack_qwen2vl.family:FAMILY.export",
+    "evaluate": "mm_pack_qwen2vl.family:FAMILY.evaluate",
+    "infer": "mm_pack_qwen2vl.family:FAMILY.infer",
 }
 
 
@@ -38,7 +40,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.3",
+        sdk="1.5",
         config_class="mm_pack_qwen2vl.config:Qwen2VLConfig",
         presets=presets,
         default_preset=default_preset,

@@ -1,0 +1,104 @@
+"""`mmcore infer` and the evaluate stage on a trained run: the same answers from the training
+checkpoint and the export, batched and one by one; bad requests reported per line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+# The demo, trained part of the way: answers are right or wrong (not noise), so comparing them means something.
+DEMO = ["--pack", "qwen2vl", "--preset", "demo", "convert.verify=false", "training.steps=30", "training.eval_every=0"]
+
+
+def rows(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    from mmcore.testing import StageCLI
+
+    root = tmp_path_factory.mktemp("infer")
+    cli = StageCLI(root)
+    cli("run", *DEMO, "--run-dir", "r")
+    return root, cli
+
+
+def test_infer_answers_the_same_from_the_train_checkpoint_and_the_export(trained) -> None:  # type: ignore[no-untyped-def]
+    root, mm = trained
+    demo = root / "r/preprocess/demo-data"
+    held_out = json.loads((demo / "eval.json").read_text())[:6]
+    lines = [json.dumps(record) for record in held_out]  # conversations with their answers, as in training data
+    lines.append(json.dumps({"prompt": "What colour is the square?", "images": [held_out[0]["images"][0]]}))  # no placeholder: one is added
+    lines.append(json.dumps({"prompt": "<image><image>Two?", "images": [held_out[0]["images"][0]]}))
+    lines.append(json.dumps({"prompt": "<image>Where?", "images": ["images/missing.png"]}))
+    lines.append("{not json")
+    (demo / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    answers = {}
+    for which in ("latest", "export"):
+        proc = mm("infer", "--run-dir", "r", "--checkpoint", which, "--input", str(demo / "requests.jsonl"),
+                  "--output", f"{which}.jsonl", "generation.max_new_tokens=8", "--batch-size", "4", check=False)
+        assert proc.returncode == 1, proc.stderr  # some requests failed; the others were answered
+        answers[which] = rows(root / f"{which}.jsonl")
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [
+            "error: requests.jsonl:8: the prompt has 2 <image> but 1 image(s) were given",
+            f"error: requests.jsonl:9: image file not found: {demo / 'images/missing.png'}",
+            "error: requests.jsonl:10: invalid JSON: Expecting property name enclosed in double quotes (column 2)",
+        ], proc.stderr
+    latest, export = answers["latest"], answers["export"]
+    assert len(latest) == 10 and all("text" in r for r in latest[:7])
+    assert [r.get("text") for r in latest] == [r.get("text") for r in export]  # greedy: identical tokens, either weights
+    assert latest[0]["reference"] == held_out[0]["messages"][1]["content"]
+    # one request on the command line prints just its answer (request 7 with its placeholder written out)
+    image = demo / held_out[0]["images"][0]
+    proc = mm("infer", "--run-dir", "r", "--prompt", "<image>What colour is the square?", "--image", str(image), "--max-new-tokens", "8")
+    assert proc.stdout.strip() == latest[6]["text"]
+
+
+def test_evaluate_batched_equals_one_by_one_and_reruns_only_when_asked(trained) -> None:  # type: ignore[no-untyped-def]
+    root, mm = trained
+    run = root / "r"
+    batched = rows(run / "evaluate/results.jsonl")
+    metrics = json.loads((run / "evaluate/metrics.json").read_text())
+    assert metrics["items"] == len(batched) > 0 and (run / "evaluate/report.html").stat().st_size > 500
+    proc = mm("run", "--run-dir", "r")
+    assert "[evaluate] skipped: up to date" in proc.stdout
+    mm("eval", "--run-dir", "r", "generation.batch_size=1")
+    single = rows(run / "evaluate/results.jsonl")
+    assert [r["prediction"] for r in single] == [r["prediction"] for r in batched]
+    assert json.loads((run / "evaluate/metrics.json").read_text())["token_accuracy"] == metrics["token_accuracy"]
+    # ... and is what the export stage's one-by-one generate() check printed before the evaluate stage
+    from transformers import AutoTokenizer
+
+    from mm_pack_qwen2vl.family import FAMILY
+    from mmcore.causal_lm import generate_accuracy
+    from mmcore.data.shards import ShardDataset
+
+    data = ShardDataset(run / "preprocess/dataset")
+    ids = FAMILY.token_ids(data)
+
+    def prompt_inputs(sample: dict, start: int) -> dict:  # type: ignore[type-arg]  # the former export check's inputs
+        prompt = dict(sample, input_ids=sample["input_ids"][:start], labels=sample["labels"][:start])
+        return {k: v for k, v in FAMILY.collate([prompt], ids).items() if k not in ("labels", "num_loss_tokens")}
+
+    end = AutoTokenizer.from_pretrained(run / "export/hf").convert_tokens_to_ids("<|im_end|>")
+    model = FAMILY.load_exported(run / "export/hf").eval()
+    assert metrics["token_accuracy"] > 0.3  # answers, not noise: the comparison can fail
+    assert generate_accuracy(model, data.split("eval"), prompt_inputs, end, ids["pad_id"], limit=256) == metrics["token_accuracy"]
+
+
+def test_eval_on_a_file_of_held_out_conversations(trained) -> None:  # type: ignore[no-untyped-def]
+    root, mm = trained
+    demo = root / "r/preprocess/demo-data"
+    records = json.loads((demo / "eval.json").read_text())[:5]
+    records.append({"messages": [{"role": "user", "content": "<image>Colour?"}, {"role": "assistant", "content": "red"}], "images": ["images/gone.png"]})
+    (demo / "mine.json").write_text(json.dumps(records))
+    proc = mm("eval", "--run-dir", "r", "--data", str(demo / "mine.json"), check=False)
+    assert proc.returncode == 1 and "mine.json: sample 5: image file not found" in proc.stderr.strip().splitlines()[-1]
+    mm("eval", "--run-dir", "r", "--data", str(demo / "mine.json"), "data.on_bad_sample=skip")
+    metrics = json.loads((root / "r/evaluate/metrics.json").read_text())
+    assert metrics["items"] == 5 and metrics["skipped"] == 1
+    assert [r["item"] for r in rows(root / "r/evaluate/results.jsonl")] == [f"mine.json:{i}" for i in range(5)]
