@@ -37,7 +37,7 @@ PACKS = {  # pack: (overrides both runs share, what the cache replaces)
 }
 
 
-STAGES = ("download", "convert", "preprocess", "extract", "train")
+STAGES = ("download", "convert", "preprocess", "extract", "train", "export")
 
 
 def run(folder: Path, pack: str, name: str, steps: int, overrides: list[str], until: str = "train") -> Path:

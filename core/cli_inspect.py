@@ -80,7 +80,8 @@ def info_cmd(pack: str, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(f"{pack} ({entry.distribution} {entry.version}) [{spec.category}] {spec.summary}")
-    click.echo(f"  stages:       {', '.join(data['stages'])} (distributed: {', '.join(spec.distributed_stages) or 'none'})")
+    click.echo(f"  stages:       {', '.join(data['stages'])} (distributed: {', '.join(spec.distributed_stages) or 'none'})"
+               + ("; mmcore infer" if plugins.has_infer(pack) else ""))
     click.echo(f"  presets:      {', '.join(data['presets']) or 'none'}" + (f" (default: {spec.default_preset})" if spec.default_preset else ""))
     click.echo(f"  config:       {spec.config_class}")
     click.echo(f"  sdk:          {spec.sdk}")

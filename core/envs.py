@@ -275,9 +275,22 @@ def run_in_env(record: EnvRecord, argv: list[str]) -> int:
 
 
 def pack_from_argv(argv: list[str]) -> str | None:
+    """The pack a command line names: ``--pack``, else the pack of the run ``--run-dir`` names
+    (``mmcore infer --run-dir R`` runs in that pack's env too)."""
+    run_dir = None
     for i, arg in enumerate(argv):
         if arg in ("--pack", "-p") and i + 1 < len(argv):
             return argv[i + 1]
         if arg.startswith("--pack="):
             return arg.split("=", 1)[1]
+        if arg == "--run-dir" and i + 1 < len(argv):
+            run_dir = argv[i + 1]
+        elif arg.startswith("--run-dir="):
+            run_dir = arg.split("=", 1)[1]
+    if run_dir is not None:
+        try:
+            pack = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8")).get("pack")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return pack if isinstance(pack, str) else None
     return None

@@ -57,7 +57,7 @@ def run_infer(plugins: Any, session: Any, which: str, requests: Sequence[Request
     from mmcore.hub import TRUST_REMOTE_CODE
 
     pack, run_dir = session.pack, session.run_dir
-    if "mmcore_infer" not in {c.name for p in _pack_plugins(plugins, pack) for c in plugins.pm.get_hookcallers(p) or []}:
+    if not plugins.has_infer(pack):
         raise UsageError(f"the {pack} pack has no infer (its stages: {', '.join(plugins.implemented_stages(pack))})")
     manifests = finished_manifests(run_dir)
     if "download" not in manifests:
@@ -102,11 +102,6 @@ def _quiet_libraries() -> None:
         diffusers_logging.set_verbosity_error()
     except ImportError:
         pass
-
-
-def _pack_plugins(plugins: Any, pack: str) -> list[Any]:
-    entry = plugins.pack(pack)
-    return [p for p in (entry.plugin, entry.stages_plugin) if p is not None]
 
 
 def show(requests: Sequence[Request], results: Sequence[dict[str, Any]], output: Path | None, echo: Callable[[str], None],

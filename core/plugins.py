@@ -247,6 +247,11 @@ class Plugins:
         callers = {c.name for p in (entry.plugin, entry.stages_plugin) if p is not None for c in self.pm.get_hookcallers(p) or []}
         return [stage for stage in STAGES if hookspecs.STAGE_HOOKS[stage] in callers]
 
+    def has_infer(self, name: str) -> bool:
+        """Whether pack ``name`` answers ``mmcore infer`` (declared or as a hook)."""
+        entry = self.pack(name)
+        return any(c.name == "mmcore_infer" for p in (entry.plugin, entry.stages_plugin) if p is not None for c in self.pm.get_hookcallers(p) or [])
+
     def stage_caller(self, name: str, stage: str) -> pluggy.HookCaller:
         """The stage hook of pack ``name`` alone (plus infrastructure wrappers)."""
         others = [p for n, e in self.packs.items() if n != name and e.ok for p in (e.plugin, e.stages_plugin) if p is not None]

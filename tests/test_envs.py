@@ -183,3 +183,15 @@ def test_a_local_library_the_pack_needs_comes_from_the_host_or_from_the_packs_so
         (folder / "pyproject.toml").write_text(text)
     assert local_dependencies(pack, tmp_path / "scratch") == [str(shared)]  # numpy: the host's is from an index
     assert local_dependencies(tmp_path / "packs/vlm/none", tmp_path / "scratch") == []
+
+
+def test_the_pack_of_a_command_line_is_its_flag_or_its_run_directorys(tmp_path: Path) -> None:
+    """`mmcore infer --run-dir R` has no --pack, yet must run in the pack's env."""
+    from mmcore.envs import pack_from_argv
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r/run.json").write_text(json.dumps({"pack": "wan"}))
+    assert pack_from_argv(["train", "--pack", "whisper", "--run-dir", str(tmp_path / "r")]) == "whisper"
+    assert pack_from_argv(["infer", "--run-dir", str(tmp_path / "r"), "--prompt", "x"]) == "wan"
+    assert pack_from_argv(["infer", f"--run-dir={tmp_path / 'r'}"]) == "wan"
+    assert pack_from_argv(["infer", "--run-dir", str(tmp_path / "absent")]) is None

@@ -289,8 +289,7 @@ class PackConformance:
 
         from mmcore.testing.media import write_audio, write_image, write_video
 
-        entry = plugins.pack(self.pack_name)
-        if "mmcore_infer" not in {c.name for p in (entry.plugin, entry.stages_plugin) if p is not None for c in plugins.pm.get_hookcallers(p) or []}:
+        if not plugins.has_infer(self.pack_name):
             pytest.skip("the pack has no infer")
         request = copy.deepcopy(self.infer_request)
         media = work / "infer-media"

@@ -33,6 +33,19 @@ def test_tiny_run_round_trips_exactly_and_exports_for_the_asr_pipeline(whisper_c
     assert set(out.index) == set(hub.index) and "proj_out.weight" not in out.index
     for name in ("generation_config.json", "preprocessor_config.json", "tokenizer.json"):
         assert (run / "export/hf" / name).is_file()
+    # `mmcore eval --data`: other held-out clips in a transcript file, a bad one counted and skipped
+    demo = run / "preprocess/demo-data"
+    lines = (demo / "train.jsonl").read_text().splitlines()[:3] + [json.dumps({"audio": "clips/gone.wav", "text": "one"})]
+    (demo / "mine.jsonl").write_text("\n".join(lines) + "\n")
+    whisper_cli("eval", "--run-dir", "r", "--data", str(demo / "mine.jsonl"), "data.on_bad_sample=skip")
+    evaluate = manifest(run, "evaluate")["metrics"]
+    assert evaluate["items"] == 3 and evaluate["skipped"] == 1 and 0 <= evaluate["cer"] and 0 <= evaluate["wer"]
+    # `mmcore infer --input`: media alone is a transcription request; an image is refused on its line
+    (demo / "requests.jsonl").write_text(json.dumps({"audios": [json.loads(lines[0])["audio"]]}) + "\n"
+                                         + json.dumps({"prompt": "x", "images": [json.loads(lines[0])["audio"]]}) + "\n")
+    proc = whisper_cli("infer", "--run-dir", "r", "--checkpoint", "export", "--input", str(demo / "requests.jsonl"), "--output", "out.jsonl", check=False)
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert proc.returncode == 1 and "text" in out[0] and out[1]["error"].startswith("whisper transcribes one --audio file per request")
 
 
 @pytest.mark.compares_runs

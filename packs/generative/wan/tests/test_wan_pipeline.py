@@ -168,6 +168,14 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
     assert videos[0].shape == (9, 32, 32, 3) and np.abs(videos[0].astype(int) - videos[1]).max() <= 2
     proc = wan("infer", "--run-dir", str(run), "--prompt", "a square", "--image", str(run / "evaluate/samples/sample-0.png"), check=False)
     assert proc.returncode == 1 and "error: command line: give a caption (--prompt) and no media" in proc.stderr
+    # `mmcore eval --data`: held-out captions from a file (no videos needed); a record without one is named
+    (tmp_path / "captions.jsonl").write_text(json.dumps({"cap": "a green square moves up"}) + "\n")
+    wan("eval", "--run-dir", str(run), "--data", str(tmp_path / "captions.jsonl"), "generation.num_inference_steps=2")
+    assert manifest(run, "evaluate")["metrics"]["samples"] == 1
+    assert [json.loads(x)["caption"] for x in (run / "evaluate/results.jsonl").read_text().splitlines()] == ["a green square moves up"]
+    (tmp_path / "captions.jsonl").write_text(json.dumps({"path": "x.mp4"}) + "\n")
+    proc = wan("eval", "--run-dir", str(run), "--data", str(tmp_path / "captions.jsonl"), check=False)
+    assert proc.returncode == 1 and f"{tmp_path / 'captions.jsonl'}: record 0: no caption" in proc.stderr
 
 
 def test_several_buckets_train_with_micro_batches_of_one_bucket(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

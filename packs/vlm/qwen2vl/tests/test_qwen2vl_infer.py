@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # The demo, trained part of the way: answers are right or wrong (not noise), so comparing them means something.
-DEMO = ["--pack", "qwen2vl", "--preset", "demo", "convert.verify=false", "training.steps=30", "training.eval_every=0"]
+DEMO = ["--pack", "qwen2vl", "--preset", "demo", "convert.verify=false", "training.steps=40", "training.eval_every=0"]
 
 
 def rows(path: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -37,11 +37,11 @@ def test_infer_answers_the_same_from_the_train_checkpoint_and_the_export(trained
     lines.append("{not json")
     (demo / "requests.jsonl").write_text("\n".join(lines) + "\n")
     answers = {}
-    for which in ("latest", "export"):
+    for name, which in (("latest", "latest"), ("export", "export"), ("folder", str(root / "r/export/hf"))):
         proc = mm("infer", "--run-dir", "r", "--checkpoint", which, "--input", str(demo / "requests.jsonl"),
-                  "--output", f"{which}.jsonl", "generation.max_new_tokens=8", "--batch-size", "4", check=False)
+                  "--output", f"{name}.jsonl", "generation.max_new_tokens=8", "--batch-size", "4", check=False)
         assert proc.returncode == 1, proc.stderr  # some requests failed; the others were answered
-        answers[which] = rows(root / f"{which}.jsonl")
+        answers[name] = rows(root / f"{name}.jsonl")
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
         assert errors == [
             "error: requests.jsonl:8: the prompt has 2 <image> but 1 image(s) were given",
@@ -51,6 +51,8 @@ def test_infer_answers_the_same_from_the_train_checkpoint_and_the_export(trained
     latest, export = answers["latest"], answers["export"]
     assert len(latest) == 10 and all("text" in r for r in latest[:7])
     assert [r.get("text") for r in latest] == [r.get("text") for r in export]  # greedy: identical tokens, either weights
+    assert [r.get("text") for r in answers["folder"]] == [r.get("text") for r in export]  # any HF folder: here the export's
+    assert sum(r["text"] == r["reference"] for r in latest[:6]) >= 3  # the model was trained: mostly right
     assert latest[0]["reference"] == held_out[0]["messages"][1]["content"]
     # one request on the command line prints just its answer (request 7 with its placeholder written out)
     image = demo / held_out[0]["images"][0]
