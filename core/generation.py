@@ -296,6 +296,40 @@ def write_results(folder: Path, rows: Sequence[Mapping[str, Any]], metrics: Mapp
     atomic_write_text(folder / "report.html", "\n".join(page) + "\n")
 
 
+def read_held_out(ctx: Any, read: Callable[[Path], Iterable[Any]], encode: Callable[[Any], Any],
+                  errors: tuple[type[BaseException], ...]) -> tuple[list[tuple[str, Any]], int]:
+    """The items of ``evaluate.datasets``, at most ``evaluate.limit``: ``(file:index, encode(item))``,
+    and how many were bad samples (skipped, counted and listed in ``bad_samples.jsonl`` when
+    ``data.on_bad_sample`` is ``skip``; otherwise the first stops the stage in one line).
+
+    Args:
+        ctx: the evaluate stage's context; each file is recorded as its input.
+        read: a dataset file -> its items (with ``file`` and ``index``) or ``BadSample`` records, as
+            the pack's preprocess reads them.
+        encode: an item -> what the evaluation needs (token ids, features, ...).
+        errors: what ``encode`` raises for a bad item (unreadable media, a bad record).
+    """
+    from mmcore.data.badsamples import BadSample, BadSamples
+
+    cfg = ctx.config.evaluate
+    bad = BadSamples(ctx.config.data.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
+    items: list[tuple[str, Any]] = []
+    for path in map(Path, cfg.datasets):
+        ctx.record_input(path)
+        for item in read(path):
+            if len(items) >= cfg.limit:
+                break
+            if isinstance(item, BadSample):
+                bad.report(item)
+                continue
+            try:
+                items.append((f"{path.name}:{item.index}", encode(item)))
+            except errors as exc:
+                bad.report(BadSample(item.file, item.index, str(exc)))
+    bad.close()
+    return items, len(bad.found)
+
+
 def empty_evaluation(ctx: Any, skipped: int = 0) -> Any:
     """The evaluate stage's result when there is nothing held out: empty results, and why."""
     from mmcore.pack import StageResult
@@ -310,7 +344,7 @@ def _shown(value: Any) -> str:
 
 
 __all__ = [
-    "ModelSource", "Request", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "batches", "exact_match", "generate_tokens",
+    "ModelSource", "Request", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "read_held_out", "batches", "exact_match", "generate_tokens",
     "left_padded", "media_problem", "normalize_answer", "read_requests", "request_from_flags", "sampling_options", "token_f1",
     "write_results",
 ]

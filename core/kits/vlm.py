@@ -398,10 +398,10 @@ class VLMFamily:
         import torch
         from transformers import AutoTokenizer
 
-        from mmcore.data.badsamples import BadSample, BadSamples
         from mmcore.data.media import MediaError
         from mmcore.data.mllm import read_samples
         from mmcore.data.shards import ShardDataset
+        from mmcore.generation import read_held_out
 
         cfg = ctx.config.evaluate
         if not cfg.datasets:
@@ -409,24 +409,12 @@ class VLMFamily:
             return [(data.meta(i).get("source", str(i)), data[i]) for i in range(min(cfg.limit, len(data)))], 0
         folder = upstream["download"].output("model")
         encoder = self.encoder(ctx, folder, AutoTokenizer.from_pretrained(folder, **remote_code()))
-        bad = BadSamples(ctx.config.data.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
-        items: list[tuple[str, dict[str, Any]]] = []
-        for path in map(Path, cfg.datasets):
-            ctx.record_input(path)
-            for sample in read_samples(path, ctx.config.data):
-                if len(items) >= cfg.limit:
-                    break
-                if isinstance(sample, BadSample):
-                    bad.report(sample)
-                    continue
-                try:
-                    encoded = encoder.encode(sample)
-                except (MediaError, ValueError) as exc:
-                    bad.report(BadSample(sample.file, sample.index, str(exc)))
-                    continue
-                items.append((f"{path.name}:{sample.index}", {"input_ids": torch.tensor(encoded.input_ids), "labels": torch.tensor(encoded.labels), **encoded.tensors}))
-        bad.close()
-        return items, len(bad.found)
+
+        def encode(sample: Any) -> dict[str, Any]:
+            encoded = encoder.encode(sample)
+            return {"input_ids": torch.tensor(encoded.input_ids), "labels": torch.tensor(encoded.labels), **encoded.tensors}
+
+        return read_held_out(ctx, lambda path: read_samples(path, ctx.config.data), encode, (MediaError, ValueError))
 
 
 def torch_tensor(values: list[int]) -> Any:

@@ -160,32 +160,19 @@ def held_out(ctx: StageContext, upstream: Mapping[str, Manifest], encoder: Any) 
     """(name, features, label ids, transcript) of the held-out clips (``evaluate.datasets``, or
     preprocess's eval split), at most ``evaluate.limit``; and how many bad samples were skipped."""
     from mm_pack_whisper.data import read_utterances
-    from mmcore.data.badsamples import BadSample, BadSamples
     from mmcore.data.media import MediaError
     from mmcore.data.mllm import BadRecord
     from mmcore.data.shards import ShardDataset
+    from mmcore.generation import read_held_out
 
     cfg = ctx.config.evaluate
     if not cfg.datasets:
         data = ShardDataset(upstream["preprocess"].output("dataset")).split("eval")
         picked = range(min(cfg.limit, len(data)))
         return [(data.meta(i)["source"], data[i]["input_features"], data[i]["labels"].tolist(), data.meta(i)["text"]) for i in picked], 0
-    bad = BadSamples(ctx.config.data.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
-    clips: list[tuple[str, Any, list[int], str]] = []
-    for path in map(Path, cfg.datasets):
-        ctx.record_input(path)
-        for item in read_utterances(path, ctx.config.data):
-            if len(clips) >= cfg.limit:
-                break
-            if isinstance(item, BadSample):
-                bad.report(item)
-                continue
-            try:
-                features = encoder.input_features(encoder.audio(item.audio))
-                labels = encoder.labels(item.text, item.language or ctx.config.data.language)
-            except (MediaError, BadRecord) as exc:
-                bad.report(BadSample(item.file, item.index, str(exc)))
-                continue
-            clips.append((f"{path.name}:{item.index}", features, labels, item.text))
-    bad.close()
-    return clips, len(bad.found)
+
+    def encode(item: Any) -> tuple[Any, list[int], str]:
+        return encoder.input_features(encoder.audio(item.audio)), encoder.labels(item.text, item.language or ctx.config.data.language), item.text
+
+    items, skipped = read_held_out(ctx, lambda path: read_utterances(path, ctx.config.data), encode, (MediaError, BadRecord))
+    return [(name, *encoded) for name, encoded in items], skipped
