@@ -64,6 +64,7 @@ def test_answer_metrics() -> None:
     assert char_errors("seven one", "seven on") == (1, 9)
 
 
+@pytest.mark.compares_runs
 def test_batched_left_padded_decoding_answers_as_one_by_one() -> None:
     """A tiny random GPT-2: the same greedy tokens for prompts of different lengths, whether
     decoded 3 at a time (left-padded, KV cache) or alone."""

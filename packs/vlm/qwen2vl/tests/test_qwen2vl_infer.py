@@ -26,6 +26,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
     return root, cli
 
 
+@pytest.mark.compares_runs
 def test_infer_answers_the_same_from_the_train_checkpoint_and_the_export(trained) -> None:  # type: ignore[no-untyped-def]
     root, mm = trained
     demo = root / "r/preprocess/demo-data"
@@ -60,6 +61,7 @@ def test_infer_answers_the_same_from_the_train_checkpoint_and_the_export(trained
     assert proc.stdout.strip() == latest[6]["text"]
 
 
+@pytest.mark.compares_runs
 def test_evaluate_batched_equals_one_by_one_and_reruns_only_when_asked(trained) -> None:  # type: ignore[no-untyped-def]
     root, mm = trained
     run = root / "r"
