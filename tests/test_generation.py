@@ -64,10 +64,9 @@ def test_answer_metrics() -> None:
     assert char_errors("seven one", "seven on") == (1, 9)
 
 
-@pytest.mark.compares_runs
-def test_batched_left_padded_decoding_answers_as_one_by_one() -> None:
-    """A tiny random GPT-2: the same greedy tokens for prompts of different lengths, whether
-    decoded 3 at a time (left-padded, KV cache) or alone."""
+def tiny_lm() -> tuple:  # type: ignore[type-arg]
+    """A tiny random GPT-2 (decisive logits: init range 0.5), six prompts of different lengths,
+    and ``batch_size, options -> tokens`` through :func:`generate_tokens`."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -79,10 +78,31 @@ def test_batched_left_padded_decoding_answers_as_one_by_one() -> None:
         ids, mask = left_padded([p.tolist() for p in chosen], pad_id=0)
         return {"input_ids": ids, "attention_mask": mask}
 
-    def decode(batch_size: int) -> list[list[int]]:
-        return generate_tokens(model, prompts, inputs_of, length=len, end_ids=[63], pad_id=0, max_new_tokens=10, batch_size=batch_size)
+    def decode(batch_size: int, options: dict | None = None) -> list[list[int]]:  # type: ignore[type-arg]
+        return generate_tokens(model, prompts, inputs_of, length=len, end_ids=[63], pad_id=0, max_new_tokens=10, batch_size=batch_size, options=options)
 
+    return decode
+
+
+@pytest.mark.compares_runs
+def test_batched_left_padded_decoding_answers_as_one_by_one() -> None:
+    """The same greedy tokens for prompts of different lengths, whether decoded 3 at a time
+    (left-padded, KV cache) or alone."""
+    decode = tiny_lm()
     alone, together = decode(1), decode(3)
     assert together == alone and sum(map(len, alone)) > 30, alone  # most run to max_new_tokens; some end early
     ids, mask = left_padded([[5, 6], [7]], pad_id=0)
     assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
+
+
+def test_greedy_by_default_and_sampling_is_seeded() -> None:
+    from mmcore.config import GenerationSection
+    from mmcore.generation import sampling_options
+
+    assert sampling_options(GenerationSection(), seed=0) == {"do_sample": False}
+    decode = tiny_lm()
+    greedy = decode(3)
+    hot = GenerationSection(temperature=2.0, seed=7)
+    first, again = decode(3, sampling_options(hot, seed=0)), decode(3, sampling_options(hot, seed=0))
+    assert first == again and first != greedy  # generation.seed makes sampling repeatable; it samples
+    assert decode(3, sampling_options(GenerationSection(temperature=2.0, seed=8), seed=0)) != first
