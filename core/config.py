@@ -114,6 +114,7 @@ class GenerationSection(Section):
     num_inference_steps: int | None = Field(None, ge=1, description="Denoising steps of a generated image or video (default: the pack's).")
     guidance_scale: float | None = Field(None, ge=1.0, description="Classifier-free guidance of a generated image or video (default: the pack's).")
     seed: int | None = Field(None, description="Seed of sampling and of generated videos' noise (default: run.seed).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weights and compute while generating; auto: bfloat16 on an accelerator that supports it, float32 on CPU (where the evaluate stage's figures are exact).")
 
 
 class RunConfig(Section):

@@ -186,6 +186,18 @@ def left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
     return ids, mask
 
 
+def generation_dtype(ctx: Any) -> Any:
+    """The torch dtype ``generation.dtype`` means on this run's device (``auto``: bfloat16 on an
+    accelerator that supports it, float32 on CPU)."""
+    import torch
+
+    chosen = ctx.config.generation.dtype
+    if chosen == "auto":
+        accelerator = ctx.accelerator
+        return torch.bfloat16 if accelerator.device_type != "cpu" and accelerator.supports_bf16() else torch.float32
+    return getattr(torch, chosen)
+
+
 def sampling_options(generation: Any, seed: int) -> dict[str, Any]:
     """``generate()`` keyword arguments of a ``generation`` config section (greedy at temperature 0)."""
     import torch
@@ -344,7 +356,7 @@ def _shown(value: Any) -> str:
 
 
 __all__ = [
-    "ModelSource", "Request", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "read_held_out", "batches", "exact_match", "generate_tokens",
+    "ModelSource", "Request", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "read_held_out", "batches", "exact_match", "generate_tokens", "generation_dtype",
     "left_padded", "media_problem", "normalize_answer", "read_requests", "request_from_flags", "sampling_options", "token_f1",
     "write_results",
 ]

@@ -45,7 +45,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.causal_lm": frozenset({"count_loss_tokens", "evaluate_accuracy", "generate_accuracy", "next_token_loss_sum", "packed_rows", "padded_rows"}),
     "mmcore.evaluation": frozenset({"word_errors", "char_errors", "sharded_sums", "normalize_words"}),
     "mmcore.generation": frozenset({
-        "Request", "ModelSource", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "read_held_out", "batches", "exact_match", "generate_tokens", "left_padded",
+        "Request", "ModelSource", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "read_held_out", "batches", "exact_match", "generate_tokens", "generation_dtype", "left_padded",
         "media_problem", "normalize_answer", "sampling_options", "token_f1", "write_results",
     }),
     "mmcore.tiny": frozenset({"train_byte_level_bpe", "byte_level_tokenizer", "pick_preset"}),

@@ -106,3 +106,21 @@ def test_greedy_by_default_and_sampling_is_seeded() -> None:
     first, again = decode(3, sampling_options(hot, seed=0)), decode(3, sampling_options(hot, seed=0))
     assert first == again and first != greedy  # generation.seed makes sampling repeatable; it samples
     assert decode(3, sampling_options(GenerationSection(temperature=2.0, seed=8), seed=0)) != first
+
+
+def test_generation_dtype_is_bf16_on_an_accelerator_that_has_it_and_fp32_on_cpu() -> None:
+    import types
+
+    import torch
+
+    from mmcore.config import GenerationSection, RunConfig
+    from mmcore.generation import generation_dtype
+
+    def ctx(device_type: str, bf16: bool, dtype: str = "auto") -> object:
+        accelerator = types.SimpleNamespace(device_type=device_type, supports_bf16=lambda: bf16)
+        return types.SimpleNamespace(config=RunConfig(generation=GenerationSection(dtype=dtype)), accelerator=accelerator)
+
+    assert generation_dtype(ctx("cpu", True)) == torch.float32  # CPU: exact figures
+    assert generation_dtype(ctx("cuda", True)) == torch.bfloat16
+    assert generation_dtype(ctx("npu", False)) == torch.float32
+    assert generation_dtype(ctx("cuda", True, "float16")) == torch.float16

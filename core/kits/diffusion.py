@@ -51,7 +51,7 @@ from pydantic import Field
 from mmcore.config import DataSection, ExportSection, TrainingSection
 from mmcore.context import StageContext
 from mmcore.errors import StageError
-from mmcore.generation import ModelSource, Request
+from mmcore.generation import ModelSource, Request, generation_dtype
 from mmcore.kits import blocks_at
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
@@ -280,7 +280,7 @@ class DiffusionFamily:
         else:
             pipe = self._class(self.pipeline_class).from_pretrained(source.path)
         pipe.set_progress_bar_config(disable=True)
-        return pipe.to(ctx.accelerator.device())
+        return pipe.to(ctx.accelerator.device(), generation_dtype(ctx))
 
     def render(self, ctx: StageContext, pipe: Any, prompts: list[str], folder: Path, names: list[str]) -> list[dict[str, str]]:
         """One video per prompt (``<name>.mp4`` and its frames as ``<name>.png``), seeded by

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.context import StageContext
-from mmcore.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation
+from mmcore.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation, generation_dtype
 from mmcore.hub import remote_code
 from mmcore.kits import blocks_at
 from mmcore.pack import StageResult
@@ -286,7 +286,7 @@ class VLMFamily:
         else:
             folder = source.path
             model = self.load_exported(folder)
-        return model.eval().to(ctx.accelerator.device()), folder
+        return model.eval().to(ctx.accelerator.device(), generation_dtype(ctx)), folder
 
     def generation_inputs(self, model: Any, prompts: list[dict[str, Any]], ids: Mapping[str, int]) -> Batch:
         """``generate()`` inputs of prompts (``input_ids`` and media fields): ids left-padded,
@@ -303,8 +303,9 @@ class VLMFamily:
                 batch[name] = torch.cat(parts)
         if self.collate_extra is not None:
             self.collate_extra(batch, prompts, ids)
-        device = next(model.parameters()).device
-        return {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields)}
+        weight = next(model.parameters())
+        return {k: v.to(weight.device, weight.dtype if v.is_floating_point() else None) for k, v in batch.items()
+                if k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields)}
 
     def generate(self, ctx: StageContext, model: Any, folder: Path, prompts: list[dict[str, Any]], *, what: str) -> tuple[list[list[int]], Any, dict[str, int]]:
         """(generated tokens per prompt, the tokenizer, its token ids), batched as ``generation`` says."""

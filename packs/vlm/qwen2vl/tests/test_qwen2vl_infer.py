@@ -59,6 +59,9 @@ def test_infer_answers_the_same_from_the_train_checkpoint_and_the_export(trained
     image = demo / held_out[0]["images"][0]
     proc = mm("infer", "--run-dir", "r", "--prompt", "<image>What colour is the square?", "--image", str(image), "--max-new-tokens", "8")
     assert proc.stdout.strip() == latest[6]["text"]
+    # generation.dtype=bfloat16 (auto picks it on an accelerator with bf16): weights and pixels cast, it answers
+    proc = mm("infer", "--run-dir", "r", "--prompt", "<image>What colour is the square?", "--image", str(image), "--max-new-tokens", "8", "generation.dtype=bfloat16")
+    assert proc.stdout.strip() and "error" not in proc.stderr
 
 
 @pytest.mark.compares_runs

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from mmcore.context import StageContext
-from mmcore.generation import ModelSource, Request
+from mmcore.generation import ModelSource, Request, generation_dtype
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
@@ -57,15 +57,15 @@ def transcribe(model: Any, items: Sequence[tuple[Any, list[int]]], eos_id: int, 
 
     from mmcore.generation import batches
 
-    device = next(model.parameters()).device
+    weight = next(model.parameters())
     out: list[list[int]] = [[] for _ in items]
     groups: list[list[int]] = []
     for length in sorted({len(prefix) for _, prefix in items}):
         same = [i for i, (_, prefix) in enumerate(items) if len(prefix) == length]
         groups += [[same[k] for k in group] for group in batches(same, batch_size, lambda i: 0)]
     for group in (progress(groups, len(groups)) if progress else groups):
-        features = torch.stack([items[i][0] for i in group]).to(device)
-        prefix = torch.tensor([items[i][1] for i in group], device=device)
+        features = torch.stack([items[i][0] for i in group]).to(weight.device, weight.dtype)
+        prefix = torch.tensor([items[i][1] for i in group], device=weight.device)
         for i, tokens in zip(group, greedy_decode(model, {"input_features": features}, prefix, steps, eos_id)):
             out[i] = tokens
     return out
@@ -83,7 +83,7 @@ def load(ctx: StageContext, upstream: Mapping[str, Manifest], source: ModelSourc
     else:
         folder = source.path
         model = WhisperForConditionalGeneration.from_pretrained(folder, attn_implementation="sdpa")
-    return model.eval().to(ctx.accelerator.device()), folder
+    return model.eval().to(ctx.accelerator.device(), generation_dtype(ctx)), folder
 
 
 def infer(ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:
