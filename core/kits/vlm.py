@@ -151,17 +151,22 @@ class VLMFamily:
         keep the samples' lengths. The first token of every sample is never supervised: no
         loss crosses samples.
         """
+        batch = packed_rows(samples, dict(self.packed_counts)) if pack else padded_rows(samples, ids["pad_id"])
+        self.add_media(batch, samples, ids)
+        batch["num_loss_tokens"] = count_loss_tokens(batch["labels"])
+        return batch
+
+    def add_media(self, batch: Batch, samples: list[dict[str, Any]], ids: Mapping[str, int]) -> None:
+        """Every media field of ``samples`` concatenated in sample order (as processors do), then
+        the family's own fields (``collate_extra``), into ``batch``."""
         import torch
 
-        batch = packed_rows(samples, dict(self.packed_counts)) if pack else padded_rows(samples, ids["pad_id"])
         for name in self.media_fields:
             parts = [s[name] for s in samples if name in s]
             if parts:
                 batch[name] = torch.cat(parts)
         if self.collate_extra is not None:
             self.collate_extra(batch, samples, ids)
-        batch["num_loss_tokens"] = count_loss_tokens(batch["labels"])
-        return batch
 
     def forward_logits(self, model: Any, batch: Batch) -> Any:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields) if k in batch}
@@ -291,18 +296,11 @@ class VLMFamily:
     def generation_inputs(self, model: Any, prompts: list[dict[str, Any]], ids: Mapping[str, int]) -> Batch:
         """``generate()`` inputs of prompts (``input_ids`` and media fields): ids left-padded,
         media concatenated in order, the family's own fields added as collation adds them."""
-        import torch
-
         from mmcore.generation import left_padded
 
         input_ids, mask = left_padded([p["input_ids"].tolist() for p in prompts], ids["pad_id"])
         batch: Batch = {"input_ids": input_ids, "attention_mask": mask}
-        for name in self.media_fields:
-            parts = [p[name] for p in prompts if name in p]
-            if parts:
-                batch[name] = torch.cat(parts)
-        if self.collate_extra is not None:
-            self.collate_extra(batch, prompts, ids)
+        self.add_media(batch, prompts, ids)
         weight = next(model.parameters())
         return {k: v.to(weight.device, weight.dtype if v.is_floating_point() else None) for k, v in batch.items()
                 if k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields)}
