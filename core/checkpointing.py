@@ -36,13 +36,22 @@ TRAINER_STATE = "trainer_state.json"
 
 
 def load_converted(model: "nn.Module", ckpt_dir: Path) -> None:
-    """Load a checkpoint written by :func:`mmcore.convert.hf_to_dcp` into an unsharded model.
+    """Load a checkpoint written by :func:`mmcore.convert.hf_to_dcp`, or a training checkpoint,
+    into an unsharded model.
 
     Tied parameters (an output projection sharing the embedding, as hub checkpoints store it
     once) are read under their first name only (:func:`mmcore.sharded_load.load_weights`).
+    A LoRA training checkpoint (``lora.json``) holds only what trained: the model gets its base
+    weights from the base checkpoint the plan names, then the adapters (in place, peft's
+    layers), then the trained weights.
     """
+    from mmcore.lora import LoraPlan, load_trained
     from mmcore.sharded_load import load_weights
 
+    plan = LoraPlan.read(ckpt_dir)
+    if plan is not None:
+        load_trained(model, Path(ckpt_dir), plan)
+        return
     load_weights(model, ckpt_dir, distributed=False)
 
 
@@ -110,7 +119,8 @@ def _point_latest(root: Path, target: Path) -> None:
     fsync_dir(root)
 
 
-def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *, loss: float | None = None) -> None:
+def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,
+                    loss: float | None = None, keep: set[str] | None = None, files: dict[str, Any] | None = None) -> None:
     """Write ``root/step-N``, then point ``root/latest`` at it.
 
     The checkpoint is written under ``step-N.incomplete`` and renamed into place only once
@@ -118,6 +128,9 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
     new one: if a complete ``step-N`` exists already (a run resumed at its last step, or
     killed after the rename and before ``latest`` moved), it is the same state and is kept.
     Only the two newest complete checkpoints are kept.
+
+    ``keep`` limits the model state saved to these keys (LoRA: adapters, not the frozen base);
+    ``files`` are JSON files written into the checkpoint (LoRA: its plan, ``lora.json``).
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -137,12 +150,16 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         if world.distributed:
             dist.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        if keep is not None:
+            model_sd = {k: v for k, v in model_sd.items() if k in keep}
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial), no_dist=not world.distributed)
         crash_point("checkpoint-write", step)
         atomic_write_json(partial / f"rng-rank{world.rank:05d}.json", _rng_state())
         if world.distributed:
             dist.barrier()
         if world.is_local_main:
+            for name, content in (files or {}).items():
+                atomic_write_json(partial / name, content)
             extra = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position}
             atomic_write_json(partial / TRAINER_STATE, extra)  # last: the checkpoint is complete
         if world.distributed:
@@ -167,15 +184,17 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         dist.barrier()
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any) -> dict[str, Any]:
-    """Restore everything :func:`save_checkpoint` wrote; returns its trainer state
-    (``step``, ``loss`` of that step, ...)."""
+def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *, keep: set[str] | None = None) -> dict[str, Any]:
+    """Restore everything :func:`save_checkpoint` wrote (with the same ``keep``); returns its
+    trainer state (``step``, ``loss`` of that step, ...)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     from mmcore import safe_dcp
 
     path = path.resolve()
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    if keep is not None:
+        model_sd = {k: v for k, v in model_sd.items() if k in keep}
     # get_state_dict gives a fresh optimizer state for every trainable parameter, but AdamW keeps
     # none for a parameter that has had no gradient yet (a tower no batch used so far), so the
     # checkpoint has none either. Leave those out: they start lazily, as in the unbroken run.

@@ -62,6 +62,18 @@ class ExtractSection(Section):
     batch_size: int = Field(1, ge=1)
 
 
+class LoraSection(Section):
+    """Low-rank adapters (LoRA, through peft) instead of full fine-tuning: the base weights stay
+    frozen and bit-identical; only the adapters (and ``modules_to_save``) train and are saved."""
+
+    r: int = Field(0, ge=0, description="Rank of the adapters; 0: no LoRA (full fine-tuning).")
+    alpha: float = Field(16.0, gt=0, description="Scaling numerator: the adapter's output is multiplied by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
+    target_modules: list[str] = Field(default_factory=list, description="Module-name globs or pack groups whose linear (and conv/embedding) layers get adapters; empty: the pack's default (its repeated blocks' linear layers).")
+    modules_to_save: list[str] = Field(default_factory=list, description="Module-name globs or pack groups trained in full beside the adapters (e.g. a new output head), saved with them.")
+    init: Literal["default", "gaussian"] = Field("default", description="Adapter A's initialisation (B starts at zero, so training starts at the base model): default = kaiming-uniform as nn.Linear, gaussian = normal with std 1/r.")
+
+
 class TrainingSection(Section):
     steps: int = Field(100, ge=0, description="Optimizer steps.")
     lr: float = Field(1e-4, gt=0)
@@ -81,6 +93,7 @@ class TrainingSection(Section):
     checkpoint_every: int = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0)
+    lora: LoraSection = Field(default_factory=LoraSection)
 
 
 class ParallelSection(Section):
@@ -95,6 +108,7 @@ class ParallelSection(Section):
 
 class ExportSection(Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
+    merge_lora: bool = Field(False, description="After LoRA training, also write the full model with the adapters merged into the base weights (merged in fp32, then cast to export.dtype).")
 
 
 class EvaluateSection(Section):

@@ -5,6 +5,11 @@ Every pack's export writes the weights through its adapter, copies the side file
 transformers and compares logits with the model built from the training checkpoint on a few
 samples: in fp32 they must be identical. Packs then add their family's own check (greedy
 answers, an ASR pipeline, generated videos).
+
+After LoRA training (a checkpoint with ``lora.json``) the export is the adapter folder
+``<stage>/adapter`` that ``PeftModel.from_pretrained(base, folder)`` loads, checked the same
+way (peft's layers on the base, logits identical); ``export.merge_lora`` also writes the
+merged model to ``<stage>/hf`` and checks it against the trained model merged alike.
 """
 
 from __future__ import annotations
@@ -25,6 +30,15 @@ class CheckedExport:
     loaded: Any  # the export, reloaded with transformers (eval mode)
     metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    adapter: Path | None = None  # the LoRA adapter folder, after LoRA training
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """The export stage's outputs: ``model`` (what evaluate and infer load) and ``adapter``."""
+        out = {"model": self.folder.name}
+        if self.adapter is not None:
+            out["adapter"] = self.adapter.name
+        return out
 
 
 def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter: Any, *,
@@ -46,11 +60,16 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
     import torch
 
     from mmcore.convert import copy_side_files, dcp_to_hf
+    from mmcore.lora import LoraPlan
 
     model_dir = upstream["download"].output("model")
     checkpoint = upstream["train"].output("checkpoint").resolve()
-    out = ctx.stage_dir / "hf"
     dtype = None if ctx.config.export.dtype in ("auto", "float32") else getattr(torch, ctx.config.export.dtype)
+    plan = LoraPlan.read(checkpoint)
+    if plan is not None:
+        return _export_adapter(ctx, model_dir, checkpoint, plan, adapter, dtype, build_trained=build_trained, load_exported=load_exported,
+                               probe=probe, logits=logits, side_files=side_files or copy_side_files)
+    out = ctx.stage_dir / "hf"
     stats = dcp_to_hf(checkpoint, out, adapter, dtype=dtype)
     (side_files or copy_side_files)(model_dir, out)
     trained = build_trained(model_dir, checkpoint).eval()
@@ -65,3 +84,59 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
         metrics={**stats, "logits_max_abs_diff": max_diff},
         notes=[f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"],
     )
+
+
+def _compare(a_model: Any, b_model: Any, probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any]) -> float:
+    import torch
+
+    with torch.no_grad():
+        a, b = logits(a_model, probe), logits(b_model, probe)
+    return float((a.float() - b.float()).abs().max())
+
+
+def _export_adapter(ctx: StageContext, model_dir: Path, checkpoint: Path, plan: Any, adapter: Any, dtype: Any, *,
+                    build_trained: Callable[[Path, Path], Any], load_exported: Callable[[Path], Any], probe: dict[str, Any],
+                    logits: Callable[[Any, dict[str, Any]], Any], side_files: Callable[[Path, Path], None]) -> CheckedExport:
+    """The peft adapter folder (and with ``export.merge_lora`` the merged model), each reloaded
+    and compared with the trained model."""
+    import shutil
+    import tempfile
+
+    from mmcore.lora import load_adapter_folder, merged_state, write_peft_adapter
+
+    out = ctx.stage_dir / "adapter"
+    shutil.rmtree(out, ignore_errors=True)
+    trained = build_trained(model_dir, checkpoint).eval()
+    stats = write_peft_adapter(trained, plan, out, base_model=model_dir, dtype=dtype)
+    side_files(model_dir, out)  # tokenizer and processor beside the adapter, as peft's hub repos have them
+    loaded = load_adapter_folder(load_exported, out, base=model_dir).eval()
+    diff = _compare(trained, loaded, probe, logits)
+    if dtype is None and diff != 0.0:
+        raise StageError(f"the exported adapter, loaded with peft, gives other logits than the trained model (max |diff| {diff:.3g})")
+    metrics: dict[str, Any] = {**stats, "logits_max_abs_diff": diff, "lora_r": plan.r}
+    notes = [f"LoRA adapter (peft format) at {out}: {stats['adapter_parameters']:,} parameters; "
+             f"PeftModel.from_pretrained(base, adapter): logits max |diff| = {diff:.3g}"]
+    folder = out
+    if ctx.config.export.merge_lora:
+        import torch.distributed.checkpoint as dcp
+
+        from mmcore.convert import dcp_to_hf
+
+        unmerged = trained
+        trained = build_trained(model_dir, checkpoint).eval()
+        state = merged_state(trained)  # in fp32, in place: ``trained`` now computes with the merged weights
+        folder = ctx.stage_dir / "hf"
+        with tempfile.TemporaryDirectory(dir=ctx.stage_dir) as tmp:
+            dcp.save({f"model.{k}": v for k, v in state.items()}, checkpoint_id=tmp, no_dist=True)
+            written = dcp_to_hf(Path(tmp), folder, adapter, dtype=dtype)
+        side_files(model_dir, folder)
+        loaded = load_exported(folder).eval()
+        merged_diff = _compare(trained, loaded, probe, logits)
+        if dtype is None and merged_diff != 0.0:
+            raise StageError(f"the merged export's logits differ from the trained model merged alike (max |diff| {merged_diff:.3g})")
+        rounding = _compare(unmerged, trained, probe, logits)
+        del unmerged
+        metrics.update(merged_shards=written["shards"], merged_logits_max_abs_diff=merged_diff, merge_rounding_max_abs_diff=rounding)
+        notes.append(f"merged model (fp32 merge, {ctx.config.export.dtype}) at {folder}: reloaded with transformers, logits max |diff| "
+                     f"= {merged_diff:.3g}; merging itself moves logits by at most {rounding:.2g} (rounding of W + BA)")
+    return CheckedExport(folder, trained, loaded, metrics=metrics, notes=notes, adapter=out)

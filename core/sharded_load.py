@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 @contextmanager
@@ -57,9 +57,12 @@ def materialise(model: Any, device: Any) -> None:
             module._parameters[name] = first._parameters[first_name]
 
 
-def load_weights(model: Any, checkpoint: Path, *, distributed: bool) -> None:
+def load_weights(model: Any, checkpoint: Path, *, distributed: bool, names: Callable[[str], str | None] = lambda k: k) -> None:
     """Read ``checkpoint`` (``model.<name>`` keys, as :func:`mmcore.convert.hf_to_dcp` writes)
-    into the model's parameters and buffers in place, each rank its own shards."""
+    into the model's parameters and buffers in place, each rank its own shards.
+
+    ``names`` maps a state key of the model to its key in the checkpoint, or to None for one
+    the checkpoint does not hold (a LoRA adapter over a base checkpoint, initialised apart)."""
     from mmcore import safe_dcp
 
     first: dict[int, str] = {}
@@ -69,10 +72,12 @@ def load_weights(model: Any, checkpoint: Path, *, distributed: bool) -> None:
             alias[name] = first[id(param)]
         else:
             first[id(param)] = name
-    state = {f"model.{k}": v for k, v in model.state_dict().items() if k not in alias}
+    own = {k: v for k, v in model.state_dict().items() if k not in alias and names(k) is not None}
+    state = {f"model.{names(k)}": v for k, v in own.items()}
     safe_dcp.load(state, checkpoint, distributed=distributed)
-    own = {k[len("model."):]: v for k, v in state.items()}
-    model.load_state_dict({k: own[alias.get(k, k)] for k in model.state_dict()}, strict=True)
+    loaded = {k: state[f"model.{names(k)}"] for k in own}
+    held = [k for k in model.state_dict() if names(alias.get(k, k)) is not None]
+    model.load_state_dict({k: loaded[alias.get(k, k)] for k in held}, strict=len(held) == len(model.state_dict()))
 
 
 __all__ = ["parameters_on_meta", "on_meta", "materialise", "load_weights"]

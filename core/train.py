@@ -67,6 +67,8 @@ class TrainRecipe:
             rows filled to a token budget); recipes that pack provide it.
         flops: optional ``(model, batch) -> float``: FLOPs of one forward and backward of the
             batch (:mod:`mmcore.flops`), for the ``tflops`` and ``mfu`` metrics.
+        lora_targets: the default of ``training.lora.target_modules`` (groups or module globs),
+            among the linear layers of ``shard_modules``' blocks; empty: all of those layers.
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -81,6 +83,7 @@ class TrainRecipe:
     weights: Callable[[StageContext, Mapping[str, Manifest]], Path] | None = None
     flops: Callable[["nn.Module", dict[str, Any]], float] | None = None
     length_of: Callable[[int], int] | None = None
+    lora_targets: Sequence[str] = ()
 
 
 # --------------------------------------------------------------------------- the stage
@@ -123,22 +126,31 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         model = recipe.build_model(ctx, upstream)
     frozen = freeze(model, cfg.freeze, recipe.freeze_groups)
     blocks = recipe.shard_modules(model)
+    ckpt_root = ctx.stage_dir / CHECKPOINTS
+    plan = _add_adapters(ctx, upstream, recipe, model, blocks, ckpt_root) if cfg.lora.r else None
+    if plan is not None:
+        frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
     apply_recompute(blocks, cfg.recompute)
     if backend is not None:
         model = backend.prepare(model, blocks, device=device, bf16=use_bf16, world=world, offload=cfg.cpu_offload, replicate=ctx.config.parallel.replicate)
+    resuming = ctx.resume and newest_complete(ckpt_root) is not None
     if on_meta(model):
         materialise(model, torch.device("cpu") if cfg.cpu_offload else device)
-        resuming = ctx.resume and newest_complete(ctx.stage_dir / CHECKPOINTS) is not None
-        if not resuming:  # a resume overwrites every weight
+        if not resuming or plan is not None:  # a resume overwrites every weight it trains
             assert recipe.weights is not None
-            load_weights(model, recipe.weights(ctx, upstream), distributed=world.distributed)
+            load_weights(model, recipe.weights(ctx, upstream), distributed=world.distributed, names=_checkpoint_names(plan))
     elif backend is None:
         model = model.to(device)
+    if plan is not None and not resuming:
+        from mmcore.lora import init_adapters
+
+        init_adapters(model, plan, ctx.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
-    if world.is_local_main:  # a checkpoint: every weight plus AdamW's two moments of the trained ones
-        checkpoint_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(2 * p.numel() * 4 for p in params)
+    if world.is_local_main:  # a checkpoint: every weight (LoRA: the trained ones) plus AdamW's two moments of the trained ones
+        held = params if plan is not None else list(model.parameters())
+        checkpoint_bytes = sum(p.numel() * p.element_size() for p in held) + sum(2 * p.numel() * 4 for p in params)
         previous = RunDir(ctx.run_dir).replaced_dir(ctx.stage)
         hint = f"free disk space, e.g. delete {previous} (the previous finished training, kept until this one finishes)" if previous.exists() else "free disk space or point --run-dir at a larger disk"
         ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint", hint=hint)
@@ -146,13 +158,15 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
     sampler = _sampler(ctx, recipe, data)
-    ckpt_root = ctx.stage_dir / CHECKPOINTS
+    keep, files = _lora_checkpoint(model, plan)
 
     step = 0
     last_loss = float("nan")
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
     if resume_from is not None:
-        state = load_checkpoint(resume_from, model, optimizer, scheduler, sampler, world, backend)
+        if plan is not None:
+            _check_same_adapters(resume_from, plan)
+        state = load_checkpoint(resume_from, model, optimizer, scheduler, sampler, world, backend, keep=keep)
         step = int(state["step"])
         last_loss = float("nan") if state.get("loss") is None else float(state["loss"])
         pointed = (ckpt_root / LATEST).resolve() if (ckpt_root / LATEST).is_symlink() else None
@@ -225,13 +239,13 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss)
+            save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish
     final_step = max(cfg.steps, step)
-    save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss)
+    save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files)
     crash_point("train-end", 1)
     log_eval(final_step)
     if world.is_main:
@@ -239,6 +253,11 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     notes = [f"final loss {last_loss:.4f} after {final_step} steps", f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
     result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": len(frozen), "bf16": use_bf16,
                                       "sharded": _is_sharded(model), "recompute": cfg.recompute}
+    if plan is not None:
+        trained = sum(p.numel() for p in params)
+        result_metrics["lora"] = {"r": plan.r, "alpha": plan.alpha, "targets": len(plan.targets), "modules_to_save": len(plan.modules_to_save),
+                                  "trained_parameters": trained}
+        notes.append(f"LoRA r={plan.r} on {len(plan.targets)} layer(s): {trained:,} trained parameters; the base stays as converted")
     if evals:
         (first_step, first), (last_step, last) = evals[0], evals[-1]
         for name in last:
@@ -249,6 +268,57 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if own_group:
         dist.destroy_process_group()
     return StageResult(outputs={"checkpoint": f"{CHECKPOINTS}/{LATEST}"}, metrics=result_metrics, notes=notes)
+
+
+def _add_adapters(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: TrainRecipe, model: Any, blocks: list[Any], ckpt_root: Path) -> Any:
+    """``training.lora``: plan the adapters against the model and inject them (before sharding)."""
+    from mmcore.lora import base_identity, inject, plan_lora, relative_base
+
+    cfg = ctx.config.training
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise StageError("training.lora trains adapters through peft, which is not installed here: pip install 'mmcore[lora]'") from None
+    if recipe.weights is None:
+        raise StageError(f"training.lora: pack {ctx.pack!r} does not load its weights through the engine, so the base of the adapters is unknown")
+    path, fingerprint = base_identity(recipe.weights(ctx, upstream), upstream)
+    frozen = [g for p in cfg.freeze for g in recipe.freeze_groups.get(p, [p])]
+    plan = plan_lora(model, cfg.lora, groups=recipe.freeze_groups, default_targets=recipe.lora_targets, blocks=blocks,
+                     frozen=frozen, base=(relative_base(path, ckpt_root), fingerprint))
+    inject(model, plan)
+    return plan
+
+
+def _checkpoint_names(plan: Any) -> Callable[[str], str | None]:
+    if plan is None:
+        return lambda key: key
+    from mmcore.lora import base_key
+
+    return base_key
+
+
+def _lora_checkpoint(model: Any, plan: Any) -> tuple[set[str] | None, dict[str, Any]]:
+    """(the model state a checkpoint holds: None for all of it, the plan file it carries)."""
+    if plan is None:
+        return None, {}
+    from dataclasses import asdict
+
+    from mmcore.lora import LORA_FILE, trained_names
+
+    return set(trained_names(model, plan)), {LORA_FILE: asdict(plan)}
+
+
+def _check_same_adapters(checkpoint: Path, plan: Any) -> None:
+    from mmcore.lora import LORA_FILE, LoraPlan
+
+    saved = LoraPlan.read(checkpoint)
+    if saved is None:
+        raise StageError(f"{checkpoint}: a full fine-tuning checkpoint; this run trains LoRA adapters (training.lora.r={plan.r}): start a new run or set training.lora.r=0")
+    if saved.base_fingerprint != plan.base_fingerprint:
+        raise StageError(f"{checkpoint / LORA_FILE}: these adapters were trained on another base checkpoint ({saved.base_fingerprint[:12]}, this run's is {plan.base_fingerprint[:12]}): resuming would put them on the wrong weights")
+    for name in ("r", "alpha", "targets", "modules_to_save"):
+        if getattr(saved, name) != getattr(plan, name):
+            raise StageError(f"{checkpoint / LORA_FILE}: saved with another training.lora ({name} differs): start a new run to change the adapters")
 
 
 def _sampler(ctx: StageContext, recipe: TrainRecipe, data: Sequence[Any]) -> Any:

@@ -57,6 +57,10 @@ from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
 
 
+#: the file diffusers' ``save_lora_weights`` writes and ``load_lora_weights`` reads
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
+
+
 class VideoData(DataSection):
     """Captioned videos (or images: one-frame buckets) sampled into size buckets."""
 
@@ -233,13 +237,27 @@ class DiffusionFamily:
         )
 
     def export(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
-        """The pipeline folder with the trained denoiser, proven equal to training, plus samples."""
+        """The pipeline folder with the trained denoiser, proven equal to training; after LoRA
+        training, the adapter as diffusers' ``load_lora_weights`` reads it (and with
+        ``export.merge_lora`` the pipeline with the adapters merged)."""
+        from mmcore.lora import LoraPlan
+
+        source = upstream["download"].output("model")
+        checkpoint = upstream["train"].output("checkpoint").resolve()
+        plan = LoraPlan.read(checkpoint)
+        if plan is not None:
+            return self._export_lora(ctx, source, checkpoint, plan)
+        trained = self.build_model(source, checkpoint).eval()
+        metrics, notes = self._write_pipeline(ctx, source, checkpoint, trained)
+        return StageResult(outputs={"model": "pipeline"}, metrics=metrics, notes=notes)
+
+    def _write_pipeline(self, ctx: StageContext, source: Path, checkpoint: Path, trained: Any) -> tuple[dict[str, Any], list[str]]:
+        """A copy of the downloaded pipeline with the denoiser of ``checkpoint`` (DCP) in it; every
+        weight reloaded must equal ``trained``'s, and its output too."""
         import torch
 
         from mmcore.convert import dcp_to_hf
 
-        source = upstream["download"].output("model")
-        checkpoint = upstream["train"].output("checkpoint").resolve()
         out = ctx.stage_dir / "pipeline"
         if out.exists():
             shutil.rmtree(out)
@@ -251,12 +269,18 @@ class DiffusionFamily:
         (out / self.subfolder / "model.safetensors").rename(out / self.subfolder / self.weights_name)
 
         # The export must be the trained denoiser exactly: every weight bit-identical once loaded.
-        trained = self.build_model(source, checkpoint).eval()
         loaded = self._class(self.transformer_class).from_pretrained(out / self.subfolder).eval()
         ours, theirs = trained.state_dict(), loaded.state_dict()
         differing = [k for k in ours if k not in theirs or not torch.equal(ours[k], theirs[k])]
         if differing or set(theirs) != set(ours):
             raise StageError(f"the exported denoiser's weights differ from the trained ones: {(differing or sorted(set(theirs) ^ set(ours)))[0]}")
+        diff = self._output_diff(ctx, trained, loaded)
+        metrics: dict[str, Any] = {**stats, "weights_identical": True, "max_abs_diff": diff}
+        return metrics, [f"diffusers pipeline at {out}; weights bit-identical to training, output max |diff| {diff:.2g}"]
+
+    def _output_diff(self, ctx: StageContext, trained: Any, loaded: Any) -> float:
+        import torch
+
         inputs = self.probe(trained, ctx, torch.Generator().manual_seed(0))
         with torch.no_grad():
             a, b = trained(**inputs, return_dict=False)[0], loaded(**inputs, return_dict=False)[0]
@@ -265,9 +289,45 @@ class DiffusionFamily:
         diff = float((a - b).abs().max())
         if diff > 1e-4:
             raise StageError(f"the exported denoiser computes differently from the trained one (max |diff| {diff:.3g})")
-        metrics: dict[str, Any] = {**stats, "weights_identical": True, "max_abs_diff": diff}
-        notes = [f"diffusers pipeline at {out}; weights bit-identical to training, output max |diff| {diff:.2g}"]
-        return StageResult(outputs={"model": "pipeline"}, metrics=metrics, notes=notes)
+        return diff
+
+    def _export_lora(self, ctx: StageContext, source: Path, checkpoint: Path, plan: Any) -> StageResult:
+        import tempfile
+
+        import torch.distributed.checkpoint as dcp
+
+        from mmcore.lora import diffusers_lora_state, merged_state
+
+        trained = self.build_model(source, checkpoint).eval()
+        out = ctx.stage_dir / "lora"
+        shutil.rmtree(out, ignore_errors=True)
+        state = diffusers_lora_state(trained, plan)
+        pipeline_class = self._class(self.pipeline_class)
+        pipeline_class.save_lora_weights(str(out), transformer_lora_layers=state, transformer_lora_adapter_metadata=plan.peft_config().to_dict())
+        pipe = self.lora_pipeline(source, out)
+        diff = self._output_diff(ctx, trained, pipe.transformer.eval())
+        metrics: dict[str, Any] = {"adapter_tensors": len(state), "adapter_parameters": int(sum(t.numel() for t in state.values())),
+                                   "max_abs_diff": diff, "lora_r": plan.r}
+        notes = [f"LoRA adapter for {self.pipeline_class}.load_lora_weights at {out}: {metrics['adapter_parameters']:,} parameters; "
+                 f"loaded into the downloaded pipeline, the denoiser's output max |diff| {diff:.2g}"]
+        outputs = {"model": "lora", "adapter": "lora"}
+        if ctx.config.export.merge_lora:
+            weights = merged_state(self.build_model(source, checkpoint))  # in fp32
+            merged = self.build_model(source).eval()
+            merged.load_state_dict(weights, strict=True)
+            with tempfile.TemporaryDirectory(dir=ctx.stage_dir) as tmp:
+                dcp.save({f"model.{k}": v for k, v in weights.items()}, checkpoint_id=tmp, no_dist=True)
+                more, merged_notes = self._write_pipeline(ctx, source, Path(tmp), merged)
+            metrics.update({f"merged_{k}": v for k, v in more.items()})
+            notes += merged_notes
+            outputs["model"] = "pipeline"
+        return StageResult(outputs=outputs, metrics=metrics, notes=notes)
+
+    def lora_pipeline(self, source: Path, adapter: Path) -> Any:
+        """The downloaded pipeline with a LoRA adapter folder loaded by diffusers."""
+        pipe = self._class(self.pipeline_class).from_pretrained(source)
+        pipe.load_lora_weights(str(adapter))
+        return pipe
 
     # -- generation: infer and evaluate -------------------------------------------------------
 
@@ -277,6 +337,8 @@ class DiffusionFamily:
         if source.kind == "train":
             denoiser = self.build_model(upstream["download"].output("model"), source.path).eval()
             pipe = self._class(self.pipeline_class).from_pretrained(upstream["download"].output("model"), transformer=denoiser)
+        elif (source.path / LORA_WEIGHTS).is_file():  # a LoRA export: the downloaded pipeline plus the adapter
+            pipe = self.lora_pipeline(upstream["download"].output("model"), source.path)
         else:
             pipe = self._class(self.pipeline_class).from_pretrained(source.path)
         pipe.set_progress_bar_config(disable=True)

@@ -93,6 +93,8 @@ class VLMFamily:
         packed_attention: with ``training.packing``, the text decoder's attention runs through
             the device's ``varlen_attention`` kernel (:mod:`mmcore.attention`, no T x T mask);
             False for a family whose text mask is not causal.
+        lora_targets: the default of ``training.lora.target_modules`` (groups or module
+            globs) among the linear layers of ``shard_layers``: the language model's.
     """
 
     model_class: str | Callable[[Any], Any]
@@ -114,6 +116,7 @@ class VLMFamily:
     side_files: Callable[[Path, Path], None] | None = None
     towers: Mapping[str, Callable[[Batch], float]] = field(default_factory=dict)
     packed_attention: bool = True
+    lora_targets: Sequence[str] = ("model.language_model.*",)
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -140,7 +143,10 @@ class VLMFamily:
         return model
 
     def load_exported(self, folder: Path) -> Any:
-        return self.model_type(self.config(folder)).from_pretrained(folder, attn_implementation="sdpa")
+        """An exported model folder, or a LoRA adapter folder on its base (peft's layers, unmerged)."""
+        from mmcore.lora import with_adapters
+
+        return with_adapters(lambda path: self.model_type(self.config(path)).from_pretrained(path, attn_implementation="sdpa"))(folder)
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -262,6 +268,7 @@ class VLMFamily:
             loss=self.loss_sum,
             shard_modules=self.shard_modules,
             freeze_groups=self.freeze_groups,
+            lora_targets=self.lora_targets,
             evaluate=lambda ctx, model, step: evaluate_accuracy(ctx, model, load("eval"), lambda s: self.collate([s], ids), self.forward_logits),
         )
 
@@ -279,7 +286,7 @@ class VLMFamily:
             probe=self.collate([probe[i] for i in range(min(4, len(probe)))], self.token_ids(data)), logits=self.forward_logits,
             side_files=self.side_files,
         )
-        return StageResult(outputs={"model": "hf"}, metrics=done.metrics, notes=done.notes)
+        return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
 
     # -- generation: infer and evaluate -------------------------------------------------------
 

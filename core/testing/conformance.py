@@ -25,6 +25,10 @@ failure starts with ``[rule] hook:``:
   kernel's example input.
 * bad input: a sample that is not a sample fails preprocess with one line naming the file.
 * resume: training killed after step ``kill_step`` resumes to the uninterrupted losses.
+* lora: ``training.lora`` trains adapters only (the checkpoint holds nothing else), a LoRA run
+  killed with SIGKILL resumes to the uninterrupted losses, and the adapter export loads in its
+  library (peft's ``PeftModel.from_pretrained``, or diffusers' ``load_lora_weights``) with the
+  trained tensors, nothing missing.
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ class PackConformance:
     #: One ``mmcore infer`` request (a line of ``--input``) for the trained run, where the pack
     #: has ``infer``; ``images``/``videos``/``audios`` are counts of media files the suite writes.
     infer_request: ClassVar[dict[str, Any]] = {"prompt": "<image>What colour is it?", "images": 1}
+    #: Overrides of the LoRA runs (on top of ``overrides``).
+    lora_overrides: ClassVar[tuple[str, ...]] = ("training.lora.r=4", "training.lr=1e-2", "evaluate.enabled=false")
 
     # ------------------------------------------------------------------ shared runs
     # Runs happen in this process (torch and the pack imported once), except the one that is
@@ -318,25 +324,91 @@ class PackConformance:
             _fail("infer", "mmcore_infer", f"greedy answers differ between the training checkpoint and the export: {answers}")
 
     # ------------------------------------------------------------------ resume
+    def _killed_and_resumed(self, work: Path, tiny_run: Path, name: str, *extra: str) -> Path:
+        """A copy of the shared run whose training (with ``extra``) is killed with SIGKILL after
+        ``kill_step`` by a real ``mmcore train``, then resumed in this process."""
+        killed = work / name
+        shutil.copytree(tiny_run, killed, symlinks=True)
+        for stage in ("train", "export", "evaluate"):
+            shutil.rmtree(killed / stage, ignore_errors=True)
+        args = ["--pack", self.pack_name, "--preset", self.preset, *self._overrides(), *extra]
+        proc = _Cli(work)("train", *args, "--run-dir", name, MMCORE_TEST_KILL=f"train-step:{self.kill_step}")
+        if proc.returncode == 0:
+            _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{self.kill_step} (use mmcore.train's loop)")
+        self._runner(killed, *extra).run_stage("train", resume="required")
+        steps = [json.loads(line)["step"] for line in (killed / "train/metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+        if steps != list(range(1, self.steps + 1)):
+            _fail("resume", "mmcore_train", f"expected steps 1..{self.kill_step} before the kill and the rest after resuming, once each; got {steps}")
+        return killed
+
     @pytest.mark.compares_runs
     def test_training_killed_mid_run_resumes_to_the_same_losses(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
         if "train" not in plugins.implemented_stages(self.pack_name):
             pytest.skip("the pack has no train stage")
-        killed = work / "killed"
-        shutil.copytree(tiny_run, killed, symlinks=True)
-        for stage in ("train", "export"):
-            shutil.rmtree(killed / stage, ignore_errors=True)
-        args = ["--pack", self.pack_name, "--preset", self.preset, *self._overrides()]
-        proc = _Cli(work)("train", *args, "--run-dir", "killed", MMCORE_TEST_KILL=f"train-step:{self.kill_step}")
-        if proc.returncode == 0:
-            _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{self.kill_step} (use mmcore.train's loop)")
-        self._runner(killed).run_stage("train", resume="required")
-        steps = [json.loads(line)["step"] for line in (killed / "train/metrics.jsonl").read_text().splitlines() if '"loss"' in line]
-        if steps != list(range(1, self.steps + 1)):
-            _fail("resume", "mmcore_train", f"expected steps 1..{self.kill_step} before the kill and the rest after resuming, once each; got {steps}")
+        killed = self._killed_and_resumed(work, tiny_run, "killed")
         # Same batches, same kernels, same RNG streams: resumed losses equal the straight run's bits.
         if _losses(killed) != _losses(tiny_run):
             _fail("resume", "mmcore_train", f"resumed losses {_losses(killed)} differ from uninterrupted {_losses(tiny_run)}")
+
+    # ------------------------------------------------------------------ LoRA
+    @pytest.mark.compares_runs
+    def test_lora_trains_only_the_adapters_resumes_and_exports_them(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        from mmcore import safe_dcp
+        from mmcore.errors import MmcoreError
+        from mmcore.lora import is_adapter
+
+        stages = plugins.implemented_stages(self.pack_name)
+        if "train" not in stages or "export" not in stages:
+            pytest.skip("the pack has no train and export stages")
+        straight = work / "lora"
+        shutil.copytree(tiny_run, straight, symlinks=True)
+        for stage in ("train", "export", "evaluate"):
+            shutil.rmtree(straight / stage, ignore_errors=True)
+        try:
+            self._runner(straight, *self.lora_overrides).run_pipeline(resume="no")
+        except MmcoreError as exc:
+            _fail("lora", "mmcore run", f"{' '.join(self.lora_overrides)}: error: {exc.one_line()}")
+        train = self._manifest(straight, "train")
+        checkpoint = (straight / "train" / train["outputs"]["checkpoint"]).resolve()
+        held = [k[len("model."):] for k in safe_dcp.read_metadata(checkpoint).state_dict_metadata if k.startswith("model.")]
+        if not held or not all(is_adapter(k) for k in held):
+            _fail("lora", "mmcore_train", f"a LoRA checkpoint must hold the adapters only, not {[k for k in held if not is_adapter(k)][:3] or 'nothing'} (use mmcore.train's loop)")
+        export = self._manifest(straight, "export")
+        if "adapter" not in export.get("outputs", {}):
+            _fail("lora", "mmcore_export", "records no output 'adapter' after LoRA training (use mmcore.export.export_checked or a kit's export)")
+        tensors = _load_adapter_in_its_library(straight / "download" / self._manifest(straight, "download")["outputs"]["model"], straight / "export" / export["outputs"]["adapter"])
+        if not any(k.endswith("lora_B.weight") and bool(v.abs().sum() > 0) for k, v in tensors.items()):
+            _fail("lora", "mmcore_train", "every lora_B is still zero after training: the adapters did not learn")
+        killed = self._killed_and_resumed(work, tiny_run, "lora-killed", *self.lora_overrides)
+        if _losses(killed) != _losses(straight):
+            _fail("lora", "mmcore_train", f"resumed LoRA losses {_losses(killed)} differ from uninterrupted {_losses(straight)}")
+
+
+def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
+    """Load the adapter folder on ``base`` as its ecosystem does; the adapter tensors the library
+    holds afterwards (peft's saved names), required to equal the files' exactly."""
+    import torch
+    from peft import PeftModel, get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from mmcore.registry import import_object
+
+    base_class = import_object(_named_class(base))
+    if (adapter / "adapter_config.json").is_file():
+        model = PeftModel.from_pretrained(base_class.from_pretrained(base), str(adapter))
+        held = get_peft_model_state_dict(model)
+        saved = load_file(str(adapter / "adapter_model.safetensors"))
+    else:
+        pipe = base_class.from_pretrained(base)
+        pipe.load_lora_weights(str(adapter))
+        held = {f"transformer.{k}": v for k, v in get_peft_model_state_dict(pipe.transformer, adapter_name=pipe.transformer.active_adapters()[0]).items()}
+        saved = load_file(str(adapter / "pytorch_lora_weights.safetensors"))
+    if set(held) != set(saved):
+        _fail("lora", "mmcore_export", f"the library loaded other adapter tensors than the export holds: {sorted(set(held) ^ set(saved))[:3]}")
+    differing = [k for k in saved if not torch.equal(held[k].to(saved[k].dtype), saved[k])]
+    if differing:
+        _fail("lora", "mmcore_export", f"the library holds {differing[0]} other than the export wrote")
+    return saved
 
 
 def _named_class(folder: Path) -> str:

@@ -17,8 +17,6 @@ from mmcore.rundir import Manifest
 
 
 def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
-    from transformers import WhisperForConditionalGeneration
-
     from mm_pack_whisper.adapter import ADAPTER
     from mm_pack_whisper.model import build_model, collate, forward
     from mmcore.data.shards import ShardDataset
@@ -29,22 +27,32 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     probe = held_out if len(held_out) else data
     done = export_checked(
         ctx, upstream, ADAPTER, build_trained=build_model,
-        load_exported=lambda out: WhisperForConditionalGeneration.from_pretrained(out, attn_implementation="sdpa"),
+        load_exported=load_exported,
         probe=collate([probe[i] for i in range(min(4, len(probe)))], int(data.index["eos_id"])),
         logits=lambda model, batch: forward(model, batch).logits,
     )
     if len(held_out):
-        agreement, wer = pipeline_check(ctx, done.folder, done.trained, held_out, data.index)
+        agreement, wer = pipeline_check(ctx, done.folder, done.trained, held_out, data.index, loaded=done.loaded if done.adapter == done.folder else None)
         done.metrics.update(pipeline_agreement=agreement, pipeline_wer=wer)
         done.notes.append(f"pipeline('automatic-speech-recognition') on the held-out audio files: WER {wer:.1%}, "
                           f"same text as the trained model's generate() for {agreement:.0%} of clips")
-    return StageResult(outputs={"model": "hf"}, metrics=done.metrics, notes=done.notes)
+    return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
 
 
-def pipeline_check(ctx: StageContext, folder: Path, trained: Any, held_out: Any, index: dict[str, Any], limit: int = 32) -> tuple[float, float]:
+def load_exported(folder: Path) -> Any:
+    """The export (or a LoRA adapter folder on its base) with transformers."""
+    from transformers import WhisperForConditionalGeneration
+
+    from mmcore.lora import with_adapters
+
+    return with_adapters(lambda path: WhisperForConditionalGeneration.from_pretrained(path, attn_implementation="sdpa"))(folder)
+
+
+def pipeline_check(ctx: StageContext, folder: Path, trained: Any, held_out: Any, index: dict[str, Any], limit: int = 32, loaded: Any = None) -> tuple[float, float]:
     """(share of clips where the pipeline's text equals the trained model's ``generate()``, the
     pipeline's WER). The pipeline reads the audio files itself; the trained model gets the
-    preprocessed features."""
+    preprocessed features. The pipeline loads ``folder``, or takes ``loaded`` (an adapter on
+    its base) with the folder's tokenizer and feature extractor."""
     import torch
     from transformers import GenerationConfig, WhisperTokenizer, pipeline
     from transformers.utils import logging as hf_logging
@@ -53,7 +61,13 @@ def pipeline_check(ctx: StageContext, folder: Path, trained: Any, held_out: Any,
     from mmcore.evaluation import word_errors
 
     hf_logging.set_verbosity_error()  # generate() warns about every config it merges: noise here
-    asr = pipeline("automatic-speech-recognition", model=str(folder), device="cpu")
+    if loaded is None:
+        asr = pipeline("automatic-speech-recognition", model=str(folder), device="cpu")
+    else:
+        from transformers import WhisperFeatureExtractor
+
+        asr = pipeline("automatic-speech-recognition", model=loaded, tokenizer=WhisperTokenizer.from_pretrained(folder),
+                       feature_extractor=WhisperFeatureExtractor.from_pretrained(folder), device="cpu")
     tokenizer = WhisperTokenizer.from_pretrained(folder)
     trained.generation_config = GenerationConfig.from_pretrained(folder)
     rate, task = int(index["sampling_rate"]), index["task"]

@@ -73,8 +73,7 @@ def transcribe(model: Any, items: Sequence[tuple[Any, list[int]]], eos_id: int, 
 
 def load(ctx: StageContext, upstream: Mapping[str, Manifest], source: ModelSource) -> tuple[Any, Path]:
     """(the model in eval mode on the run's device, the folder with its tokenizer and feature extractor)."""
-    from transformers import WhisperForConditionalGeneration
-
+    from mm_pack_whisper.export import load_exported
     from mm_pack_whisper.model import build_model
 
     if source.kind == "train":
@@ -82,7 +81,7 @@ def load(ctx: StageContext, upstream: Mapping[str, Manifest], source: ModelSourc
         model = build_model(folder, source.path)
     else:
         folder = source.path
-        model = WhisperForConditionalGeneration.from_pretrained(folder, attn_implementation="sdpa")
+        model = load_exported(folder)
     return model.eval().to(ctx.accelerator.device(), generation_dtype(ctx)), folder
 
 

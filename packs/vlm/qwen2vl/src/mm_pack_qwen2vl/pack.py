@@ -40,7 +40,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.5",
+        sdk="1.6",
         config_class="mm_pack_qwen2vl.config:Qwen2VLConfig",
         presets=presets,
         default_preset=default_preset,
@@ -51,5 +51,5 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
     )
 
 
-qwen2vl = Qwen2VLPack(_spec("qwen2vl", "Qwen2-VL (2B/7B/72B) vision-language models", {"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"}, "demo"))
+qwen2vl = Qwen2VLPack(_spec("qwen2vl", "Qwen2-VL (2B/7B/72B) vision-language models", {"demo": "presets/demo.yaml", "lora": "presets/lora.yaml", "tiny": "presets/tiny.yaml"}, "demo"))
 qwen25vl = Qwen2VLPack(_spec("qwen2.5vl", "Qwen2.5-VL (3B/7B/32B/72B) vision-language models", {"tiny": "presets/tiny-2.5.yaml"}, "tiny"))
