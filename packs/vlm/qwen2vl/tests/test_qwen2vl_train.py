@@ -108,3 +108,45 @@ def test_demo_learns_and_the_export_answers_the_same(mm, tmp_path: Path) -> None
     held_out = manifest(run, "preprocess")["metrics"]["eval_samples"]
     assert evaluate["accuracy"] == evaluate["token_accuracy"] == 1.0 and evaluate["items"] == min(held_out, 256), evaluate
     assert "held-out accuracy" in proc.stdout and (run / "train/train.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.compares_runs
+def test_lora_demo_learns_with_the_base_untouched_and_two_processes_match_one(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from safetensors.torch import load_file
+
+    proc = mm("run", "--pack", "qwen2vl", "--preset", "lora", "evaluate.enabled=false")
+    run = tmp_path / "runs/qwen2vl-lora"
+    train = manifest(run, "train")["metrics"]
+    # The demo's task by adapters alone (chance 0.25); 100% from step 40 of 120 here.
+    assert train["eval/accuracy@0"] <= 0.5 and train["eval/accuracy"] >= 0.9, train
+    assert train["lora"]["targets"] == 14 and "LoRA r=16" in proc.stdout  # 2 layers x q k v o gate up down
+    export = manifest(run, "export")
+    assert export["outputs"] == {"model": "hf", "adapter": "adapter"} and export["metrics"]["logits_max_abs_diff"] == 0.0
+    assert export["metrics"]["merged_logits_max_abs_diff"] == 0.0
+    # Merged: the base's tensors where no adapter sat are the downloaded ones, bit for bit;
+    # every adapted projection moved.
+    base = load_file(str(run / "download/model/model.safetensors"))
+    merged = load_file(str(run / "export/hf/model.safetensors"))
+    assert set(base) == set(merged)
+    adapted = {k for k in base if ".layers." in k and k.endswith("_proj.weight") and "visual" not in k}
+    assert len(adapted) == 14
+    assert all(not torch_equal(base[k], merged[k]) for k in adapted)
+    assert all(torch_equal(base[k], merged[k]) for k in set(base) - adapted)
+
+    # FSDP2 over two processes trains the same adapters (they start alike on every rank).
+    lora = ["training.steps=3", "training.lora.r=4", "training.lr=1e-2", "evaluate.enabled=false"]
+    mm("run", *TINY, "--run-dir", "one", *lora, "training.micro_batch_size=2")
+    mm("run", *TINY, "--run-dir", "two", *lora, "training.micro_batch_size=1", "--nproc-per-node", "2")
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(one) == list(two) == [1, 2, 3]
+    for step in one:  # fp32, same global batch and seed; only the reduction order differs
+        assert two[step] == pytest.approx(one[step], rel=1e-5), step
+    assert one[3] < one[1]
+    assert manifest(tmp_path / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+
+
+def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
+    import torch
+
+    return bool(torch.equal(a, b))
