@@ -145,12 +145,27 @@ def plan_lora(model: "nn.Module", cfg: Any, *, groups: Mapping[str, Sequence[str
         if not hit:
             raise StageError(f"training.lora.modules_to_save: {entry!r} matches no module with parameters")
         save.extend(hit)
-    save = list(dict.fromkeys(save))
+    save = _with_tied_partners(model, list(dict.fromkeys(save)))
     both = sorted(set(save) & set(targets))
     if both:
         raise StageError(f"training.lora: {both[0]!r} is both a LoRA target and in modules_to_save; it can only be one")
     return LoraPlan(r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, init=cfg.init, targets=targets, modules_to_save=save,
                     base=base[0], base_fingerprint=base[1])
+
+
+def _with_tied_partners(model: "nn.Module", modules: list[str]) -> list[str]:
+    """``modules`` plus every module sharing a parameter with one of them (an output layer
+    tied to the embedding): peft saves and loads each module to save as its own copy, so the
+    partner must be saved too, or the loaded model would keep its old weights there."""
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(name)
+    out = list(modules)
+    for name in modules:
+        for param in model.get_submodule(name).parameters(recurse=False):
+            out.extend(n for n in owners[id(param)] if n not in out)
+    return out
 
 
 # --------------------------------------------------------------------------- the model
@@ -290,7 +305,7 @@ def adapter_tensors(model: "nn.Module", plan: LoraPlan) -> dict[str, "torch.Tens
     out = {}
     for key in trained_names(model, plan):
         name = key.replace(f".{ADAPTER}.", ".") if is_adapter(key) else (base_key(key) or key)
-        out[name] = state[key].detach().to("cpu").contiguous()
+        out[name] = state[key].detach().to("cpu").clone()  # a copy: tied weights saved under both names
     return out
 
 

@@ -21,12 +21,12 @@ from mmcore.lora import (  # noqa: E402
 GROUPS = {"attention": ["model.layers.*.self_attn.*"], "head": ["lm_head"]}
 
 
-def tiny_lm(seed: int = 0):  # type: ignore[no-untyped-def]
+def tiny_lm(seed: int = 0, tied: bool = False):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
     return Qwen2ForCausalLM(config).eval()
 
 
@@ -74,9 +74,9 @@ def test_adapters_start_at_the_base_model_the_same_way_for_a_seed() -> None:
     assert {base_key(k) for k in sa if not is_adapter(k)} == set(base.state_dict())
 
 
-def trained_copy(the_plan: LoraPlan):  # type: ignore[no-untyped-def]
+def trained_copy(the_plan: LoraPlan, tied: bool = False):  # type: ignore[no-untyped-def]
     """The base with adapters whose B is no longer zero (as after training)."""
-    model = tiny_lm()
+    model = tiny_lm(tied=tied)
     inject(model, the_plan)
     init_adapters(model, the_plan, 0)
     with torch.no_grad():
@@ -105,6 +105,23 @@ def test_peft_adapter_export_loads_in_peft_and_transformers_with_identical_logit
         # transformers' own adapter loading (from_pretrained on the adapter folder) agrees
         direct = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()
         assert torch.equal(direct(ids).logits, want)
+
+
+def test_a_tied_module_to_save_is_saved_with_its_partner_and_loads_equal(tmp_path: Path) -> None:
+    """peft loads each module to save as its own copy: an embedding tied to the output layer
+    must bring the output layer along, or the loaded model keeps the old output weights."""
+    base_dir = tmp_path / "base"
+    tiny_lm(tied=True).save_pretrained(base_dir)
+    the_plan = plan(tiny_lm(tied=True), modules_to_save=["model.embed_tokens"])
+    assert the_plan.modules_to_save == ["model.embed_tokens", "lm_head"]
+    trained = trained_copy(the_plan, tied=True)
+    with torch.no_grad():
+        trained.model.embed_tokens.weight.mul_(1.5)  # the tied pair trains as one
+    write_peft_adapter(trained, the_plan, tmp_path / "adapter", base_model=base_dir)
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.no_grad():
+        loaded = load_adapter_folder(transformers.AutoModelForCausalLM.from_pretrained, tmp_path / "adapter").eval()
+        assert torch.equal(loaded(ids).logits, trained(ids).logits)
 
 
 def test_merging_adds_the_scaled_product_to_the_targets_and_nothing_else() -> None:

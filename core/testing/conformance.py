@@ -26,9 +26,9 @@ failure starts with ``[rule] hook:``:
 * bad input: a sample that is not a sample fails preprocess with one line naming the file.
 * resume: training killed after step ``kill_step`` resumes to the uninterrupted losses.
 * lora: ``training.lora`` trains adapters only (the checkpoint holds nothing else), a LoRA run
-  killed with SIGKILL resumes to the uninterrupted losses, and the adapter export loads in its
+  killed with SIGKILL resumes to the uninterrupted losses, the adapter export loads in its
   library (peft's ``PeftModel.from_pretrained``, or diffusers' ``load_lora_weights``) with the
-  trained tensors, nothing missing.
+  trained tensors, nothing missing, and ``mmcore infer`` answers from its checkpoint and export.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ class PackConformance:
     #: One ``mmcore infer`` request (a line of ``--input``) for the trained run, where the pack
     #: has ``infer``; ``images``/``videos``/``audios`` are counts of media files the suite writes.
     infer_request: ClassVar[dict[str, Any]] = {"prompt": "<image>What colour is it?", "images": 1}
-    #: Overrides of the LoRA runs (on top of ``overrides``).
-    lora_overrides: ClassVar[tuple[str, ...]] = ("training.lora.r=4", "training.lr=1e-2", "evaluate.enabled=false")
+    #: Overrides of the LoRA runs (on top of ``overrides``): long enough for the loss to fall.
+    lora_overrides: ClassVar[tuple[str, ...]] = ("training.lora.r=8", "training.lr=1e-2", "training.steps=6", "evaluate.enabled=false")
 
     # ------------------------------------------------------------------ shared runs
     # Runs happen in this process (torch and the pack imported once), except the one that is
@@ -291,12 +291,17 @@ class PackConformance:
             _fail("evaluate", "mmcore_evaluate", f"metrics say {manifest['metrics'].get('items')} items, {results.name} holds {len(rows)}")
 
     def test_infer_answers_from_the_training_checkpoint_and_the_export(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        if not plugins.has_infer(self.pack_name):
+            pytest.skip("the pack has no infer")
+        self._infer_from_checkpoint_and_export(work, tiny_run)
+
+    def _infer_from_checkpoint_and_export(self, work: Path, run: Path) -> None:
+        """``mmcore infer`` on ``run``: one request answered from the training checkpoint and from
+        the export, with equal greedy text; a request with a missing file its own error, exit 1."""
         import copy
 
         from mmcore.testing.media import write_audio, write_image, write_video
 
-        if not plugins.has_infer(self.pack_name):
-            pytest.skip("the pack has no infer")
         request = copy.deepcopy(self.infer_request)
         media = work / "infer-media"
         writers = {"images": (lambda path: write_image(path, (200, 40, 40)), "png"), "videos": (write_video, "mp4"), "audios": (write_audio, "wav")}
@@ -304,24 +309,25 @@ class PackConformance:
             if kind in request:
                 names = [f"{kind}-{i}.{suffix}" for i in range(int(request[kind]))]
                 for name in names:
-                    write(media / name)
+                    if not (media / name).exists():
+                        write(media / name)
                 request[kind] = names
         media.mkdir(parents=True, exist_ok=True)
         missing = {k: ["missing." + writers[k][1]] for k in writers if k in request} or {"images": ["missing.png"]}
         (media / "requests.jsonl").write_text(json.dumps(request) + "\n" + json.dumps({**request, **missing}) + "\n")
         answers = {}
         for which in ("latest", "export"):
-            out = media / f"{which}.jsonl"
-            proc = _Cli(work)("infer", "--run-dir", str(tiny_run), "--checkpoint", which, "--input", str(media / "requests.jsonl"), "--output", str(out),
+            out = media / f"{run.name}-{which}.jsonl"
+            proc = _Cli(work)("infer", "--run-dir", str(run), "--checkpoint", which, "--input", str(media / "requests.jsonl"), "--output", str(out),
                               "generation.max_new_tokens=4", "generation.num_inference_steps=2")
             rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
             if len(rows) != 2 or "error" in rows[0]:
-                _fail("infer", "mmcore_infer", f"--checkpoint {which}: expected an answer and an error, got {rows or proc.stderr.strip()[-300:]}")
+                _fail("infer", "mmcore_infer", f"{run.name}, --checkpoint {which}: expected an answer and an error, got {rows or proc.stderr.strip()[-300:]}")
             if proc.returncode != 1 or "not found" not in rows[1].get("error", ""):
                 _fail("infer", "mmcore_infer", f"a request with a missing file must be its own one-line error and exit 1; got exit {proc.returncode}, {rows[1]}")
             answers[which] = rows[0]
         if "text" in answers["latest"] and answers["latest"]["text"] != answers["export"].get("text"):
-            _fail("infer", "mmcore_infer", f"greedy answers differ between the training checkpoint and the export: {answers}")
+            _fail("infer", "mmcore_infer", f"{run.name}: greedy answers differ between the training checkpoint and the export: {answers}")
 
     # ------------------------------------------------------------------ resume
     def _killed_and_resumed(self, work: Path, tiny_run: Path, name: str, *extra: str) -> Path:
@@ -337,7 +343,7 @@ class PackConformance:
             _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{self.kill_step} (use mmcore.train's loop)")
         self._runner(killed, *extra).run_stage("train", resume="required")
         steps = [json.loads(line)["step"] for line in (killed / "train/metrics.jsonl").read_text().splitlines() if '"loss"' in line]
-        if steps != list(range(1, self.steps + 1)):
+        if steps != list(range(1, self._runner(killed, *extra).config.training.steps + 1)):
             _fail("resume", "mmcore_train", f"expected steps 1..{self.kill_step} before the kill and the rest after resuming, once each; got {steps}")
         return killed
 
@@ -369,6 +375,9 @@ class PackConformance:
         except MmcoreError as exc:
             _fail("lora", "mmcore run", f"{' '.join(self.lora_overrides)}: error: {exc.one_line()}")
         train = self._manifest(straight, "train")
+        losses = list(_losses(straight).values())
+        if not sum(losses[-2:]) < sum(losses[:2]):
+            _fail("lora", "mmcore_train", f"the loss did not fall with the adapters training ({' '.join(self.lora_overrides)}): {losses}")
         checkpoint = (straight / "train" / train["outputs"]["checkpoint"]).resolve()
         held = [k[len("model."):] for k in safe_dcp.read_metadata(checkpoint).state_dict_metadata if k.startswith("model.")]
         if not held or not all(is_adapter(k) for k in held):
@@ -379,6 +388,8 @@ class PackConformance:
         tensors = _load_adapter_in_its_library(straight / "download" / self._manifest(straight, "download")["outputs"]["model"], straight / "export" / export["outputs"]["adapter"])
         if not any(k.endswith("lora_B.weight") and bool(v.abs().sum() > 0) for k, v in tensors.items()):
             _fail("lora", "mmcore_train", "every lora_B is still zero after training: the adapters did not learn")
+        if plugins.has_infer(self.pack_name):  # the adapters on their base, from the checkpoint and from the export
+            self._infer_from_checkpoint_and_export(work, straight)
         killed = self._killed_and_resumed(work, tiny_run, "lora-killed", *self.lora_overrides)
         if _losses(killed) != _losses(straight):
             _fail("lora", "mmcore_train", f"resumed LoRA losses {_losses(killed)} differ from uninterrupted {_losses(straight)}")
