@@ -74,7 +74,16 @@ class LoraSection(Section):
     init: Literal["default", "gaussian"] = Field("default", description="Adapter A's initialisation (B starts at zero, so training starts at the base model): default = kaiming-uniform as nn.Linear, gaussian = normal with std 1/r.")
 
 
+class DpoSection(Section):
+    """Direct preference optimisation (``training.method: dpo``) on preference pairs."""
+
+    beta: float = Field(0.1, gt=0, description="Strength of the KL tie to the reference (DPO's beta; the diffusion kit scales it as Diffusion-DPO does, see its docs).")
+    sft_weight: float = Field(0.0, ge=0, description="Add this times the chosen answer's mean token NLL to each pair's loss (LLaMA-Factory's pref_ftx).")
+    reference: Literal["auto", "precomputed", "adapters_off"] = Field("auto", description="The frozen starting weights, never a second copy: adapters_off = the base with the LoRA adapters switched off, precomputed = every pair's reference log-probabilities computed once before the first step; auto = adapters_off with LoRA, else precomputed.")
+
+
 class TrainingSection(Section):
+    method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
     steps: int = Field(100, ge=0, description="Optimizer steps.")
     lr: float = Field(1e-4, gt=0)
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
@@ -94,6 +103,7 @@ class TrainingSection(Section):
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0)
     lora: LoraSection = Field(default_factory=LoraSection)
+    dpo: DpoSection = Field(default_factory=DpoSection)
 
 
 class ParallelSection(Section):

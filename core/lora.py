@@ -29,7 +29,8 @@ import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from mmcore.errors import StageError
 
@@ -198,6 +199,23 @@ def inject(model: "nn.Module", plan: LoraPlan) -> "nn.Module":
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter(name) or _under(name, plan.modules_to_save))
     return model
+
+
+@contextmanager
+def adapters_disabled(model: "nn.Module") -> Iterator[None]:
+    """Inside the block the model computes as its base: every LoRA layer's adapters are off."""
+    from peft.tuners.lora import LoraLayer
+
+    # peft's enable_adapters also flips requires_grad, which a sharded model must not see mid-run;
+    # the flag the layers' forward reads is enough for a forward without gradients.
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer._disable_adapters = False
 
 
 def _under(param_name: str, modules: Sequence[str]) -> bool:
@@ -373,6 +391,6 @@ def with_adapters(load: Any) -> Any:
     return load_any
 
 
-__all__ = ["LORA_FILE", "LoraPlan", "plan_lora", "inject", "init_adapters", "trained_names", "base_key", "is_adapter",
+__all__ = ["LORA_FILE", "LoraPlan", "plan_lora", "inject", "adapters_disabled", "init_adapters", "trained_names", "base_key", "is_adapter",
            "base_identity", "load_trained", "write_peft_adapter", "diffusers_lora_state", "merged_state",
            "load_adapter_folder", "is_adapter_folder", "with_adapters", "relative_base"]

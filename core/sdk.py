@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.6"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora)
+SDK_VERSION = "1.6"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences)
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -32,7 +32,8 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.context": frozenset({"StageContext", "WorldInfo"}),
     "mmcore.rundir": frozenset({"Manifest"}),
     "mmcore.registry": frozenset({"KernelSpec", "BackendSpec"}),
-    "mmcore.config": frozenset({"RunConfig", "Section", "ModelSection", "DataSection", "TrainingSection", "ExportSection", "ExtractSection", "ConvertSection", "EvaluateSection", "GenerationSection", "LoraSection"}),
+    "mmcore.config": frozenset({"RunConfig", "Section", "ModelSection", "DataSection", "TrainingSection", "ExportSection", "ExtractSection", "ConvertSection", "EvaluateSection", "GenerationSection", "LoraSection", "DpoSection"}),
+    "mmcore.preference": frozenset({"Pair", "read_pairs", "sequence_logps", "dpo_terms", "reward_sums", "ReferenceLogps", "reference_mode"}),
     "mmcore.lora": frozenset({"LoraPlan", "with_adapters", "load_adapter_folder", "is_adapter_folder", "merged_state", "write_peft_adapter", "diffusers_lora_state", "is_adapter"}),
     # engines: the stages a pack binds to its parts
     "mmcore.hub": frozenset({"download_stage", "download_model", "InitBuilder", "remote_code", "check_checkpoint_folder"}),
@@ -64,7 +65,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.video": frozenset({"MediaError", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),
     "mmcore.data.audio": frozenset({"MediaError", "load_audio", "write_audio"}),
     "mmcore.data.captions": frozenset({"read_captions"}),
-    "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image", "write_shape_questions"}),
+    "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image", "write_shape_questions", "write_shape_preferences"}),
     "mmcore.kits.auto": frozenset({"TransformersNames", "ProcessorImages", "auto_family", "tiny_checkpoint", "shrink_config", "TINY_SIZES"}),
     "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadJSON", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
     "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "CHATML_TEMPLATE", "Encoded", "Piece", "Expander"}),

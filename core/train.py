@@ -69,6 +69,13 @@ class TrainRecipe:
             batch (:mod:`mmcore.flops`), for the ``tflops`` and ``mfu`` metrics.
         lora_targets: the default of ``training.lora.target_modules`` (groups or module globs),
             among the linear layers of ``shard_modules``' blocks; empty: all of those layers.
+        prepare: optional ``(ctx, model) -> None``, called once on every rank when the model is
+            ready (weights loaded, or resumed) and before the first step, without gradients, in
+            eval mode: what a loss needs from the starting weights (DPO's reference
+            log-probabilities, :mod:`mmcore.preference`).
+        step_metrics: optional ``() -> {name: tensor}``: sums over the step's loss units of
+            what the loss measured besides itself (DPO's rewards), read and reset after every
+            step; the engine sums them over processes and divides by the step's loss units.
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -84,6 +91,8 @@ class TrainRecipe:
     flops: Callable[["nn.Module", dict[str, Any]], float] | None = None
     length_of: Callable[[int], int] | None = None
     lora_targets: Sequence[str] = ()
+    prepare: Callable[[StageContext, "nn.Module"], None] | None = None
+    step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -172,6 +181,10 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         pointed = (ckpt_root / LATEST).resolve() if (ckpt_root / LATEST).is_symlink() else None
         moved = "" if pointed == resume_from.resolve() else f" ({LATEST} did not point at a complete checkpoint; took the newest complete one, {resume_from.name})"
         ctx.say(f"resumed from step {step}{moved}")
+    if recipe.prepare is not None:
+        model.eval()
+        with torch.no_grad():
+            recipe.prepare(ctx, model)
     model.train()
 
     evals: list[tuple[int, dict[str, float]]] = []
@@ -218,6 +231,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        extra = _step_metrics(recipe, device, world)
         if world.distributed:
             dist.all_reduce(loss_sum)
         last_loss = loss_sum.item() / global_tokens
@@ -232,6 +246,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             "data_time_s": data_time,
             "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
         }
+        metrics.update({name: value / global_tokens for name, value in extra.items()})
         if recipe.flops is not None:
             metrics.update(utilisation(flops, elapsed, accelerator))
         history.append({"step": done, **metrics})
@@ -319,6 +334,23 @@ def _check_same_adapters(checkpoint: Path, plan: Any) -> None:
     for name in ("r", "alpha", "targets", "modules_to_save"):
         if getattr(saved, name) != getattr(plan, name):
             raise StageError(f"{checkpoint / LORA_FILE}: saved with another training.lora ({name} differs): start a new run to change the adapters")
+
+
+def _step_metrics(recipe: TrainRecipe, device: Any, world: Any) -> dict[str, float]:
+    """The recipe's sums of this step, summed over processes (one reduction for all)."""
+    if recipe.step_metrics is None:
+        return {}
+    import torch
+    import torch.distributed as dist
+
+    sums = recipe.step_metrics()
+    if not sums:
+        return {}
+    names = sorted(sums)
+    values = torch.stack([sums[n].detach().float().to(device) for n in names])
+    if world.distributed:
+        dist.all_reduce(values)
+    return dict(zip(names, values.tolist()))
 
 
 def _sampler(ctx: StageContext, recipe: TrainRecipe, data: Sequence[Any]) -> Any:

@@ -17,3 +17,4 @@ class TestToyConformance(PackConformance):
     pack_name = "toy"
     overrides = (f"data.datasets=[{LINE}]",)
     export_class = "mm_pack_toy.kernels:load_export"
+    supports_lora = False  # its own train loop, no engine

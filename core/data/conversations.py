@@ -40,6 +40,18 @@ def dataset_files(ctx: StageContext, demo: DemoWriter | None, what: str) -> tupl
     return train_files, eval_files
 
 
+def encode_pair(encoder: Any, pair: Any, limit: int) -> Any:
+    """(chosen, rejected) encoded, each cut to ``limit``; or the reason the pair cannot train."""
+    chosen = encoder.truncate(encoder.encode(pair.chosen), limit)
+    rejected = encoder.truncate(encoder.encode(pair.rejected), limit)
+    for name, enc in (("chosen", chosen), ("rejected", rejected)):
+        if isinstance(enc, str):
+            return f"the {name} answer: {enc}"
+    if chosen.input_ids == rejected.input_ids:
+        return "chosen and rejected encode to the same tokens"
+    return chosen, rejected
+
+
 def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWriter | None = None, **index_extra: Any) -> StageResult:
     """Encode ``data.datasets`` (train, less ``data.eval_fraction``) and ``data.eval_datasets``.
 
@@ -60,11 +72,20 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")
     counts = {"train": 0, "eval": 0}
+    ranking = getattr(cfg, "ranking", False)
+
     def encode(item: Any) -> Any:
+        if ranking:
+            return encode_pair(encoder, item, cfg.cutoff_len)
         return encoder.truncate(encoder.encode(item), cfg.cutoff_len)
 
     for path, split in [(p, "train") for p in train_files] + [(p, "eval") for p in eval_files]:
-        samples = list(read_samples(path, cfg))
+        if ranking:
+            from mmcore.preference import read_pairs
+
+            samples: list[Any] = list(read_pairs(path, cfg))
+        else:
+            samples = list(read_samples(path, cfg))
         encoded = map_in_order(encode, samples, cfg.num_workers, errors=(MediaError,), passes=lambda item: isinstance(item, BadSample))
         for item, result in ctx.progress(encoded, total=len(samples), description=f"preprocess {path.name}", unit="sample"):
             if isinstance(item, BadSample):
@@ -76,15 +97,23 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
             this_split = split
             if split == "train" and cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction):
                 this_split = "eval"
-            tensors = {"input_ids": torch.tensor(result.input_ids), "labels": torch.tensor(result.labels), **result.tensors}
-            writer.add(tensors, length=len(result.input_ids), meta={"split": this_split, "source": f"{Path(item.file).name}:{item.index}"})
+            if ranking:
+                chosen, rejected = result
+                tensors = {"chosen_input_ids": torch.tensor(chosen.input_ids), "chosen_labels": torch.tensor(chosen.labels),
+                           "rejected_input_ids": torch.tensor(rejected.input_ids), "rejected_labels": torch.tensor(rejected.labels), **chosen.tensors}
+                length = len(chosen.input_ids) + len(rejected.input_ids)  # the two rows of a pair train together
+            else:
+                tensors = {"input_ids": torch.tensor(result.input_ids), "labels": torch.tensor(result.labels), **result.tensors}
+                length = len(result.input_ids)
+            writer.add(tensors, length=length, meta={"split": this_split, "source": f"{Path(item.file).name}:{item.index}"})
             counts[this_split] += 1
     skipped = bad.close()
     if counts["train"] == 0:
         raise StageError("no usable training samples" + (f" ({skipped})" if skipped else ""))
-    index = writer.close(**index_extra)
+    index = writer.close(**index_extra, ranking=ranking)
     lengths = [s["length"] for s in index["samples"]]
-    notes = [f"{counts['train']} train / {counts['eval']} eval samples, {sum(lengths)} tokens (longest {max(lengths)})"]
+    what = "preference pairs" if ranking else "samples"
+    notes = [f"{counts['train']} train / {counts['eval']} eval {what}, {sum(lengths)} tokens (longest {max(lengths)})"]
     if cfg.num_workers:
         notes.append(f"encoded in {cfg.num_workers} worker processes (data.num_workers)")
     if skipped:

@@ -58,6 +58,7 @@ class MLLMDataSection(DataSection):
     # read by mmcore.data.conversations, so declared here rather than by every pack
     eval_datasets: list[str] = Field(default_factory=list, description="Held-out datasets (MLLM JSON) for evaluation.")
     demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic demo dataset with this many samples (0: use data.datasets).")
+    ranking: bool = Field(False, description="The datasets are preference pairs (a prompt with chosen and rejected answers; LLaMA-Factory's ranking: true), for training.method: dpo.")
 
 
 @dataclass

@@ -57,6 +57,28 @@ def write_shape_questions(folder: Path, samples: int, seed: int, eval_fraction: 
     return train, held_out
 
 
+def write_shape_preferences(folder: Path, samples: int, seed: int, eval_fraction: float = 0.2) -> tuple[Path, Path]:
+    """The VLM DPO demo's data: "What colour is the <shape>?" over generated PNGs, the right
+    colour chosen and another rejected, in LLaMA-Factory's ranking format (ShareGPT
+    ``conversations`` + ``chosen``/``rejected`` messages). Returns the train and held-out files."""
+    rng = random.Random(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(samples):
+        shape, colour = rng.choice(SHAPES), rng.choice(sorted(COLOURS))
+        wrong = rng.choice([c for c in sorted(COLOURS) if c != colour])
+        name = f"images/{i:05d}.png"
+        shape_image(shape, COLOURS[colour], rng).save(folder / name)
+        records.append({"conversations": [{"from": "human", "value": f"<image>What colour is the {shape}?"}],
+                        "chosen": {"from": "gpt", "value": f"The {shape} is {colour}."},
+                        "rejected": {"from": "gpt", "value": f"The {shape} is {wrong}."}, "images": [name]})
+    cut = int(len(records) * (1 - eval_fraction))
+    train, held_out = folder / "train.json", folder / "eval.json"
+    train.write_text(json.dumps(records[:cut], indent=1))
+    held_out.write_text(json.dumps(records[cut:], indent=1))
+    return train, held_out
+
+
 #: token counts of a long-tailed VLM mix: (share, fewest, most) for text-only turns, one
 #: image, several images, a video
 VLM_MIX = ((0.45, 20, 200), (0.35, 200, 700), (0.15, 700, 2000), (0.05, 2000, 6000))

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.context import StageContext
+from mmcore.errors import StageError
 from mmcore.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation, generation_dtype
 from mmcore.hub import remote_code
 from mmcore.kits import blocks_at
@@ -95,6 +96,8 @@ class VLMFamily:
             False for a family whose text mask is not causal.
         lora_targets: the default of ``training.lora.target_modules`` (groups or module
             globs) among the linear layers of ``shard_layers``: the language model's.
+        preference_demo: writes the pack's synthetic preference pairs (``data.demo_samples``
+            with ``data.ranking``), for its DPO demo.
     """
 
     model_class: str | Callable[[Any], Any]
@@ -117,6 +120,7 @@ class VLMFamily:
     towers: Mapping[str, Callable[[Batch], float]] = field(default_factory=dict)
     packed_attention: bool = True
     lora_targets: Sequence[str] = ("model.language_model.*",)
+    preference_demo: Any = None
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -217,7 +221,8 @@ class VLMFamily:
 
         model_dir = upstream["download"].output("model")
         tokenizer = AutoTokenizer.from_pretrained(model_dir, **remote_code())
-        return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=self.demo,
+        demo = self.preference_demo if getattr(ctx.config.data, "ranking", False) else self.demo
+        return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=demo,
                                         tokenizer=str(model_dir), **self.token_ids_of(tokenizer))
 
     def token_ids_of(self, tokenizer: Any) -> dict[str, int]:
@@ -229,11 +234,22 @@ class VLMFamily:
         return {key: int(data.index[key]) for key in ("pad_id", *self.tokens)}
 
     def recipe(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+        """The train engine's recipe for ``training.method``: SFT (:meth:`sft_recipe`) or DPO on
+        preference pairs (:func:`mmcore.kits.vlm_dpo.dpo_recipe`)."""
+        if ctx.config.training.method == "dpo":
+            from mmcore.kits.vlm_dpo import dpo_recipe
+
+            return dpo_recipe(self, ctx, upstream)
+        return self.sft_recipe(ctx, upstream)
+
+    def sft_recipe(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
         """The train engine's recipe; with a finished extract stage, samples read its feature cache."""
         from mmcore.data.shards import ShardDataset
         from mmcore.train import TrainRecipe
 
         dataset_dir = upstream["preprocess"].output("dataset")
+        if ShardDataset(dataset_dir).index.get("ranking") and ctx.config.training.method != "dpo":
+            raise StageError("the dataset holds preference pairs (data.ranking): train them with training.method: dpo")
         ids = self.token_ids(ShardDataset(dataset_dir))
         packing = ctx.config.training.packing
         cached = "extract" in upstream
@@ -278,12 +294,14 @@ class VLMFamily:
         from mmcore.data.shards import ShardDataset
         from mmcore.export import export_checked
 
+        from mmcore.kits.vlm_dpo import chosen_view
+
         data = ShardDataset(upstream["preprocess"].output("dataset"))
         held_out = data.split("eval")
         probe = held_out if len(held_out) else data
         done = export_checked(
             ctx, upstream, self.adapter, build_trained=self.build_model, load_exported=self.load_exported,
-            probe=self.collate([probe[i] for i in range(min(4, len(probe)))], self.token_ids(data)), logits=self.forward_logits,
+            probe=self.collate([chosen_view(probe[i]) for i in range(min(4, len(probe)))], self.token_ids(data)), logits=self.forward_logits,
             side_files=self.side_files,
         )
         return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
@@ -411,8 +429,10 @@ class VLMFamily:
 
         cfg = ctx.config.evaluate
         if not cfg.datasets:
-            data = ShardDataset(upstream["preprocess"].output("dataset")).split("eval")
-            return [(data.meta(i).get("source", str(i)), data[i]) for i in range(min(cfg.limit, len(data)))], 0
+            from mmcore.kits.vlm_dpo import chosen_view
+
+            data = ShardDataset(upstream["preprocess"].output("dataset")).split("eval")  # pairs: their chosen answers
+            return [(data.meta(i).get("source", str(i)), chosen_view(data[i])) for i in range(min(cfg.limit, len(data)))], 0
         folder = upstream["download"].output("model")
         encoder = self.encoder(ctx, folder, AutoTokenizer.from_pretrained(folder, **remote_code()))
 

@@ -87,6 +87,9 @@ class PackConformance:
     #: One ``mmcore infer`` request (a line of ``--input``) for the trained run, where the pack
     #: has ``infer``; ``images``/``videos``/``audios`` are counts of media files the suite writes.
     infer_request: ClassVar[dict[str, Any]] = {"prompt": "<image>What colour is it?", "images": 1}
+    #: Whether the pack trains LoRA adapters (``training.lora``): every pack on mmcore's train
+    #: engine does; a pack with a train loop of its own may say it does not.
+    supports_lora: ClassVar[bool] = True
     #: Overrides of the LoRA runs (on top of ``overrides``): long enough for the loss to fall.
     lora_overrides: ClassVar[tuple[str, ...]] = ("training.lora.r=8", "training.lr=1e-2", "training.steps=6", "evaluate.enabled=false")
 
@@ -364,8 +367,8 @@ class PackConformance:
         from mmcore.lora import is_adapter
 
         stages = plugins.implemented_stages(self.pack_name)
-        if "train" not in stages or "export" not in stages:
-            pytest.skip("the pack has no train and export stages")
+        if "train" not in stages or "export" not in stages or not self.supports_lora:
+            pytest.skip("the pack has no train and export stages, or trains no LoRA (supports_lora)")
         straight = work / "lora"
         shutil.copytree(tiny_run, straight, symlinks=True)
         for stage in ("train", "export", "evaluate"):
@@ -375,6 +378,8 @@ class PackConformance:
         except MmcoreError as exc:
             _fail("lora", "mmcore run", f"{' '.join(self.lora_overrides)}: error: {exc.one_line()}")
         train = self._manifest(straight, "train")
+        if "lora" not in train.get("metrics", {}):
+            _fail("lora", "mmcore_train", "the train stage ignored training.lora (use mmcore.train's loop, or set supports_lora = False)")
         losses = list(_losses(straight).values())
         if not sum(losses[-2:]) < sum(losses[:2]):
             _fail("lora", "mmcore_train", f"the loss did not fall with the adapters training ({' '.join(self.lora_overrides)}): {losses}")

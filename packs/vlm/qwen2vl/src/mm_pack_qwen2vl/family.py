@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from mmcore.context import StageContext
 from mmcore.hub import remote_code
-from mmcore.data.synthetic import write_shape_questions
+from mmcore.data.synthetic import write_shape_preferences, write_shape_questions
 from mmcore.kits.vlm import VLMFamily, rows_of
 from mmcore.rundir import Manifest
 from mm_qwen_vision import packed_mrope_positions
@@ -122,5 +122,6 @@ FAMILY = VLMFamily(
     prepare_model=prepare_model,
     towers={"model.visual": rows_of("pixel_values", "pixel_values_videos")},
     demo=write_shape_questions,
+    preference_demo=write_shape_preferences,
     end_token="<|im_end|>",
 )
