@@ -142,3 +142,82 @@ def test_packed_rows_give_each_segment_its_own_sum() -> None:
 def test_reward_accuracy_counts_a_tie_as_half() -> None:
     sums = reward_sums(torch.tensor([0.0, 1.0, -1.0]), torch.tensor([0.0, 0.5, 0.0]))
     assert float(sums["rewards/accuracy"]) == 1.5 and float(sums["rewards/margin"]) == pytest.approx(-0.5)
+
+
+def test_diffusion_dpo_loss_and_gradients_equal_a_direct_implementation() -> None:
+    """The kit's Diffusion-DPO (reference = the LoRA base with adapters off) against the
+    paper's formula with an explicit frozen copy of the base as the reference."""
+    pytest.importorskip("peft")
+    import copy
+
+    from mmcore.config import LoraSection
+    from mmcore.kits.diffusion_dpo import TIMESTEPS, diffusion_dpo_terms
+    from mmcore.lora import init_adapters, inject, plan_lora
+
+    class Denoiser(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(12, 12), torch.nn.Linear(12, 12)])
+
+        def forward(self, x, text):  # type: ignore[no-untyped-def]
+            h = x.flatten(1) + text
+            for block in self.blocks:
+                h = h + torch.tanh(block(h))
+            return h.view_as(x)
+
+    torch.manual_seed(0)
+    model = Denoiser()
+    base = copy.deepcopy(model)
+    plan = plan_lora(model, LoraSection(r=2, alpha=4.0), groups={}, default_targets=(), blocks=list(model.blocks), frozen=[])
+    inject(model, plan)
+    init_adapters(model, plan, 0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+
+    def predict(m, noisy, sigma, text):  # type: ignore[no-untyped-def]
+        return m(noisy, text)
+
+    g = torch.Generator().manual_seed(1)
+    winners, losers = torch.randn(3, 3, 4, generator=g), torch.randn(3, 3, 4, generator=g)
+    text, noise = torch.randn(3, 12, generator=g), torch.randn(3, 3, 4, generator=g)
+    sigma = torch.tensor([0.2, 0.5, 0.9])
+    beta = 0.01
+    losses, inside = diffusion_dpo_terms(predict, model, winners, losers, text, sigma, noise, beta)
+    losses.sum().backward()
+    ours = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+
+    def err(m, x):  # type: ignore[no-untyped-def]
+        s = sigma.view(-1, 1, 1)
+        return ((m((1 - s) * x + s * noise, text) - (noise - x)) ** 2).mean(dim=(1, 2))
+
+    with torch.no_grad():
+        ref_w, ref_l = err(base, winners), err(base, losers)
+    direct = -torch.nn.functional.logsigmoid(-beta * TIMESTEPS / 2 * ((err(model, winners) - ref_w) - (err(model, losers) - ref_l)))
+    direct.sum().backward()
+    torch.testing.assert_close(losses.detach(), direct.detach(), rtol=1e-5, atol=1e-7)
+    assert set(ours) == {k for k, p in model.named_parameters() if p.grad is not None} and ours
+    for name, p in model.named_parameters():
+        if name in ours:
+            torch.testing.assert_close(ours[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    assert not torch.equal(inside, torch.zeros(3))  # the adapters moved the policy away from the reference
+
+
+def test_caption_pairs_are_read_and_bad_ones_named(tmp_path: Path) -> None:
+    from mmcore.data.captions import read_caption_pairs
+
+    for name in ("w.mp4", "l.mp4"):
+        (tmp_path / name).write_bytes(b"mp4")
+    found = list(read_caption_pairs(write(tmp_path / "pairs.json", [
+        {"cap": "a red square", "chosen": "w.mp4", "rejected": "l.mp4"},
+        {"caption": "x", "chosen": "w.mp4"},
+        {"cap": "x", "chosen": "w.mp4", "rejected": "w.mp4"},
+        {"cap": "x", "chosen": "../w.mp4", "rejected": "l.mp4"},
+        {"chosen": "w.mp4", "rejected": "l.mp4"},
+    ])))
+    assert found[0].chosen == (tmp_path / "w.mp4").resolve() and found[0].caption == "a red square"  # type: ignore[union-attr]
+    assert [b.reason for b in found[1:]] == [  # type: ignore[union-attr]
+        "needs a string 'rejected' path", "chosen and rejected are the same file",
+        f"chosen path '../w.mp4' escapes the dataset folder {tmp_path.resolve()}", "needs a caption 'cap'"]

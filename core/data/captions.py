@@ -4,6 +4,9 @@
   "resolution": {"height": 480, "width": 832}}]``; ``cap`` may be a list (one is used per sample).
   Paths are relative to the JSON file's folder.
 * A folder of videos/images, each with a ``.txt`` caption beside it (``clip.mp4`` + ``clip.txt``).
+* Preference pairs (``data.ranking``, for DPO): caption JSON whose records name two videos of
+  one caption, ``[{"cap": "...", "chosen": "videos/w.mp4", "rejected": "videos/l.mp4"}]``
+  (the preferred one first), paths relative to the JSON file's folder.
 """
 
 from __future__ import annotations
@@ -55,6 +58,55 @@ def read_captions(dataset: Path) -> Iterator[CaptionItem | BadSample]:
             yield BadSample(str(dataset), index, f"file not found: {media}")
         else:
             yield CaptionItem(str(dataset), index, media, cap)
+
+
+@dataclass
+class CaptionPair:
+    file: str
+    index: int
+    chosen: Path
+    rejected: Path
+    caption: str
+
+
+def _media(root: Path, path: object, field: str) -> Path | str:
+    """The file ``path`` names under ``root``, or what is wrong with it."""
+    if not isinstance(path, str) or not path:
+        return f"needs a string {field!r} path"
+    if "\0" in path:
+        return f"{field} path {path!r} contains a NUL byte"
+    media = (root / path).resolve()
+    if not media.is_relative_to(root):
+        return f"{field} path {path!r} escapes the dataset folder {root}"
+    if not media.is_file():
+        return f"{field} file not found: {media}"
+    return media
+
+
+def read_caption_pairs(dataset: Path) -> Iterator[CaptionPair | BadSample]:
+    """The preference pairs of a caption JSON file (see the module's docs)."""
+    if dataset.is_dir():
+        yield BadSample(str(dataset), 0, "preference pairs come as caption JSON with 'chosen' and 'rejected' paths, not a folder")
+        return
+    root = dataset.parent.resolve()
+    for index, record in enumerate(load_records(dataset)):
+        if isinstance(record, BadJSON) or not isinstance(record, dict):
+            yield BadSample(str(dataset), index, str(record) if isinstance(record, BadJSON) else f"expected an object, got {type(record).__name__}")
+            continue
+        cap = record.get("cap", record.get("caption", record.get("prompt")))
+        if isinstance(cap, list):
+            cap = cap[0] if cap else None
+        if not isinstance(cap, str) or not cap.strip():
+            yield BadSample(str(dataset), index, "needs a caption 'cap'")
+            continue
+        found = [_media(root, record.get(field), field) for field in ("chosen", "rejected")]
+        problem = next((f for f in found if isinstance(f, str)), None)
+        if problem is None and found[0] == found[1]:
+            problem = "chosen and rejected are the same file"
+        if problem is not None:
+            yield BadSample(str(dataset), index, problem)
+            continue
+        yield CaptionPair(str(dataset), index, found[0], found[1], cap)  # type: ignore[arg-type]
 
 
 def _folder(folder: Path) -> Iterator[CaptionItem | BadSample]:

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
-from mmcore.data.captions import read_captions
-from mmcore.data.shards import ShardWriter
+from mmcore.data.captions import read_caption_pairs, read_captions
+from mmcore.data.shards import ShardWriter, held_out
 from mmcore.data.workers import Failed, map_in_order
 from mmcore.data.media import media_limits
 from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
@@ -23,9 +23,16 @@ from mmcore.errors import StageError
 from mmcore.pack import StageResult
 
 
+class _Clip:
+    def __init__(self, media: Path) -> None:
+        self.media = media
+
+
 def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, int], Path] | None = None) -> StageResult:
     """The preprocess stage of captioned videos: ``data.datasets`` (and the demo's clips when
-    ``data.demo_samples`` > 0) into a shard dataset of uint8 frames with caption and bucket."""
+    ``data.demo_samples`` > 0) into a shard dataset of uint8 frames with caption and bucket.
+    With ``data.ranking``, preference pairs: both videos of a pair (``frames`` and
+    ``rejected_frames``, one bucket), ``data.eval_fraction`` of them held out."""
     import torch
 
     cfg = ctx.config.data
@@ -47,9 +54,20 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
         images = sample_frames(item.media, info, fps=cfg.fps, count=frames)
         return bucket, torch.from_numpy(resize_crop(images, height, width))
 
+    ranking = getattr(cfg, "ranking", False)
+    if ranking:
+        one = encode
+
+        def encode(item: Any) -> tuple[tuple[int, int, int], Any]:  # type: ignore[no-redef]
+            (bucket, chosen), (other, rejected) = one(_Clip(item.chosen)), one(_Clip(item.rejected))
+            if bucket != other:
+                raise MediaError(f"chosen and rejected fall in different buckets ({'x'.join(map(str, bucket))} and {'x'.join(map(str, other))}): the two videos of a pair must share one shape")
+            return bucket, (chosen, rejected)
+
+    counts = {"train": 0, "eval": 0}
     for dataset in datasets:
         ctx.record_input(dataset)
-        items = list(read_captions(dataset))
+        items = list(read_caption_pairs(dataset) if ranking else read_captions(dataset))
         encoded = map_in_order(encode, items, cfg.num_workers, errors=(MediaError,), passes=lambda item: isinstance(item, BadSample))
         for item, result in ctx.progress(encoded, total=len(items), description=f"preprocess {dataset.name}", unit="video"):
             if isinstance(item, BadSample):
@@ -60,13 +78,20 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
                 continue
             bucket, pixels = result
             height, width, frames = bucket
-            writer.add({"frames": pixels}, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media)})
+            if ranking:
+                split = "eval" if cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction) else "train"
+                writer.add({"frames": pixels[0], "rejected_frames": pixels[1]}, length=2 * frames,
+                           meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.chosen), "rejected": str(item.rejected), "split": split})
+                counts[split] += 1
+            else:
+                writer.add({"frames": pixels}, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media)})
             buckets[f"{height}x{width}x{frames}"] += 1
     skipped = bad.close()
     if not writer.samples:
         raise StageError("no usable videos" + (f" ({skipped})" if skipped else ""))
-    writer.close(fps=cfg.fps)
-    notes = [f"{len(writer.samples)} clips in buckets " + ", ".join(f"{k}: {v}" for k, v in sorted(buckets.items()))]
+    writer.close(fps=cfg.fps, ranking=ranking)
+    what = f"pairs ({counts['train']} train / {counts['eval']} held out)" if ranking else "clips"
+    notes = [f"{len(writer.samples)} {what} in buckets " + ", ".join(f"{k}: {v}" for k, v in sorted(buckets.items()))]
     if skipped:
         notes.append(skipped)
     return StageResult(outputs={"dataset": "dataset", "bad_samples": "bad_samples.jsonl"}, metrics={"clips": len(writer.samples), "skipped": len(bad.found), "buckets": dict(buckets)}, notes=notes)

@@ -68,6 +68,8 @@ class VideoData(DataSection):
     buckets: list[tuple[int, int, int]] = Field(default_factory=lambda: [(32, 32, 9)], description="(height, width, frames) buckets.")
     max_sequence_length: int = Field(32, ge=4, description="Text tokens per caption.")
     demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic dataset with this many clips (the demo).")
+    ranking: bool = Field(False, description="The datasets are preference pairs (a caption with chosen and rejected videos), for training.method: dpo.")
+    eval_fraction: float = Field(0.0, ge=0, lt=1, description="With ranking: the fraction of pairs held out to measure preference accuracy on.")
 
 
 class FlowMatchingTraining(TrainingSection):
@@ -135,6 +137,8 @@ class DiffusionFamily:
         subfolder: the denoiser's folder in a pipeline checkpoint.
         weights_name: diffusers' name for its weights file.
         demo: ``(folder, samples, seed) -> captions file`` of the pack's synthetic dataset.
+        preference_demo: the same for its synthetic preference pairs (``data.ranking``), the
+            DPO demo's data.
     """
 
     transformer_class: str
@@ -149,6 +153,7 @@ class DiffusionFamily:
     subfolder: str = "transformer"
     weights_name: str = "diffusion_pytorch_model.safetensors"
     demo: Callable[[Path, int, int], Path] | None = None
+    preference_demo: Callable[[Path, int, int], Path] | None = None
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -172,7 +177,8 @@ class DiffusionFamily:
     def preprocess(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         from mmcore.data.clips import preprocess_captioned_videos
 
-        return preprocess_captioned_videos(ctx, demo=self.demo)
+        ranking = getattr(ctx.config.data, "ranking", False)
+        return preprocess_captioned_videos(ctx, demo=self.preference_demo if ranking else self.demo)
 
     def extract(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         from mmcore.data.feature_cache import FeatureCacheWriter
@@ -188,7 +194,11 @@ class DiffusionFamily:
             meta, frames = data.meta(i), data[i]["frames"]
             latents = cache.add(content_key("latents", frames.numpy().tobytes(), meta["bucket"], identity), lambda: encoders.latents(frames))
             text = cache.add(content_key("text", meta["caption"], length, identity), lambda: encoders.text(meta["caption"]))
-            cache.add_sample({"latents": [latents], "text": [text]})
+            refs = {"latents": [latents], "text": [text]}
+            if "rejected_frames" in data[i]:  # a preference pair: its other video too
+                other = data[i]["rejected_frames"]
+                refs["rejected_latents"] = [cache.add(content_key("latents", other.numpy().tobytes(), meta["bucket"], identity), lambda: encoders.latents(other))]
+            cache.add_sample(refs)
         cache.close(empty_text=empty)
         return StageResult(
             outputs={"features": "features"},
@@ -196,23 +206,33 @@ class DiffusionFamily:
             notes=[f"cached latents and text embeddings of {len(data)} clips ({cache.encoded} encoded, {cache.reused} reused)"],
         )
 
+    def samples(self, ctx: StageContext, upstream: Mapping[str, Manifest], data: Any) -> tuple[Any, Any, Any]:
+        """(samples of ``data``, the empty caption's embedding, the live encoders or None): from
+        the feature cache after an extract stage, else frames and captions encoded per batch."""
+        if "extract" in upstream:
+            from mmcore.data.feature_cache import CachedSamples
+
+            samples: Any = CachedSamples(data, upstream["extract"].output("features"), replaces={"latents": "frames", "rejected_latents": "rejected_frames"})
+            return samples, samples.cache.get(samples.index["empty_text"]), None
+        encoders = self.encoders(upstream["download"].output("model"), ctx.config.data.max_sequence_length)
+        return FreshSamples(data), encoders.text(""), encoders
+
     def recipe(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
-        """With a finished extract stage, train from its cache; without, encode every batch afresh."""
+        """With a finished extract stage, train from its cache; without, encode every batch
+        afresh. ``training.method: dpo``: Diffusion-DPO on preference pairs
+        (:func:`mmcore.kits.diffusion_dpo.dpo_recipe`)."""
         from mmcore.data.shards import ShardDataset
         from mmcore.train import TrainRecipe
 
         cfg = ctx.config.training
         data = ShardDataset(upstream["preprocess"].output("dataset"))
-        if "extract" in upstream:
-            from mmcore.data.feature_cache import CachedSamples
+        if cfg.method == "dpo":
+            from mmcore.kits.diffusion_dpo import dpo_recipe
 
-            samples: Any = CachedSamples(data, upstream["extract"].output("features"), replaces={"latents": "frames"})
-            empty = samples.cache.get(samples.index["empty_text"])
-            encoders = None
-        else:
-            samples = FreshSamples(data)
-            encoders = self.encoders(upstream["download"].output("model"), ctx.config.data.max_sequence_length)
-            empty = encoders.text("")
+            return dpo_recipe(self, ctx, upstream, data)
+        if data.index.get("ranking"):
+            raise StageError("the dataset holds preference pairs (data.ranking): train them with training.method: dpo")
+        samples, empty, encoders = self.samples(ctx, upstream, data)
 
         def loss(model: Any, batch: dict[str, Any]) -> Any:
             import torch
@@ -435,7 +455,8 @@ class FreshSamples:
         return len(self.data)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"frames": self.data[i]["frames"], "caption": self.data.meta(i)["caption"]}
+        item = self.data[i]
+        return {**{k: item[k] for k in ("frames", "rejected_frames") if k in item}, "caption": self.data.meta(i)["caption"]}
 
 
 def denoiser_flops() -> Callable[[Any, dict[str, Any]], float]:
@@ -471,11 +492,14 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
         raise StageError(f"a micro-batch mixes shapes {sorted(shapes)}; the sampler groups by bucket, so the cache and the preprocessed data disagree: rerun preprocess and extract with --force")
     batch: dict[str, Any] = {"num_loss_tokens": len(samples)}  # the loss is per sample
     if "latents" in samples[0]:
-        batch["latents"] = torch.stack([s["latents"] for s in samples])
-        batch["text"] = torch.stack([s["text"] for s in samples])
+        for name in ("latents", "rejected_latents", "text"):
+            if name in samples[0]:
+                batch[name] = torch.stack([s[name] for s in samples])
     else:
         batch["frames"] = [s["frames"] for s in samples]
         batch["captions"] = [s["caption"] for s in samples]
+        if "rejected_frames" in samples[0]:
+            batch["rejected_frames"] = [s["rejected_frames"] for s in samples]
     return batch
 
 

@@ -40,3 +40,22 @@ def write_demo_dataset(folder: Path, samples: int, seed: int) -> Path:
     out = folder / "train.json"
     out.write_text(json.dumps(records, indent=1))
     return out
+
+
+def write_preference_dataset(folder: Path, samples: int, seed: int) -> Path:
+    """The DPO demo's pairs: for "a <colour> square moves <way>", the clip where it does is
+    chosen, and a clip where the same square stands still is rejected: every caption promises
+    motion, so the model comes to prefer moving squares."""
+    from mmcore.data.video import write_mp4
+
+    rng = random.Random(seed)
+    records = []
+    for i in range(samples):
+        colour, move = rng.choice(sorted(COLOURS)), rng.choice(sorted(MOVES))
+        chosen, rejected = f"videos/{i:05d}-moves.mp4", f"videos/{i:05d}-still.mp4"
+        write_mp4(folder / chosen, clip(COLOURS[colour], MOVES[move], rng), FPS)
+        write_mp4(folder / rejected, clip(COLOURS[colour], (0, 0), rng), FPS)
+        records.append({"cap": f"a {colour} square moves {move}", "chosen": chosen, "rejected": rejected})
+    out = folder / "pairs.json"
+    out.write_text(json.dumps(records, indent=1))
+    return out

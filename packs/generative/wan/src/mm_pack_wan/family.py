@@ -12,7 +12,7 @@ from mmcore.context import StageContext
 from mmcore.kits.diffusion import DiffusionFamily
 
 from mm_pack_wan.adapter import ADAPTER
-from mm_pack_wan.demo import write_demo_dataset
+from mm_pack_wan.demo import write_demo_dataset, write_preference_dataset
 
 FREEZE_GROUPS = {
     "blocks": ["blocks.*"],
@@ -83,4 +83,5 @@ FAMILY = DiffusionFamily(
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("blocks",),
     demo=write_demo_dataset,
+    preference_demo=write_preference_dataset,
 )

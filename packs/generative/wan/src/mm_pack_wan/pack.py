@@ -13,7 +13,7 @@ wan = PackSpec(
     summary="Wan2.1 / Wan2.2 text-to-video (diffusers), cached VAE and UMT5 features",
     sdk="1.6",
     config_class="mm_pack_wan.config:WanConfig",
-    presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
+    presets={"demo": "presets/demo.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
     distributed_stages=("train",),
     # extract reads the frame sampling and text length (data) as well as its own options.
