@@ -48,3 +48,4 @@ def test_pairs_need_one_bucket_and_lora(wan, tmp_path: Path) -> None:  # type: i
     assert len(bad) == 1 and "chosen and rejected fall in different buckets (32x32x5 and 32x48x5)" in bad[0]["reason"]
     wan(*args, "training.lora.r=4")
     assert manifest(tmp_path / "runs/wan-tiny", "train")["metrics"]["steps"] == 1
+

@@ -96,10 +96,11 @@ def test_full_omni_checkpoint_trains_and_exports_the_thinker(omni, tiny_omni: Pa
 
 @pytest.mark.slow
 @pytest.mark.compares_runs
-@pytest.mark.matrix  # qwen2vl's FSDP2 test is the representative case in `make test`
-def test_two_process_fsdp2_matches_one_process(omni, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    omni("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2")
-    omni("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2")
+@pytest.mark.matrix  # qwen2vl's FSDP2 tests (full and LoRA) are the representative cases in `make test`
+@pytest.mark.parametrize("lora", [[], ["training.lora.r=4", "training.lr=1e-2"]], ids=["full", "lora"])
+def test_two_process_fsdp2_matches_one_process(omni, tmp_path: Path, lora: list[str]) -> None:  # type: ignore[no-untyped-def]
+    omni("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2", *lora)
+    omni("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2", *lora)
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-5), step

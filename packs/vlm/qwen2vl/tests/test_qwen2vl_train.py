@@ -144,6 +144,9 @@ def test_lora_demo_learns_with_the_base_untouched_and_two_processes_match_one(mm
         assert two[step] == pytest.approx(one[step], rel=1e-5), step
     assert one[3] < one[1]
     assert manifest(tmp_path / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+    # Recompute wraps the blocks with peft's layers inside: the same ops, the same losses bit for bit.
+    mm("run", *TINY, "--run-dir", "recompute", *lora, "training.micro_batch_size=2", "training.recompute=full")
+    assert losses(tmp_path / "recompute") == one
 
 
 def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
