@@ -69,12 +69,9 @@ def _answer(value: Any, field: str, role_key: str, content_key: str, assistant: 
 
 def read_pairs(path: Path, section: "MLLMDataSection") -> Iterator[Pair | BadSample]:
     """Every preference pair of one dataset file, or a :class:`BadSample` saying what is wrong."""
-    from mmcore.data.mllm import PLACEHOLDERS, BadJSON, BadRecord, _columns_for, _parse, load_records, media_root
+    from mmcore.data.mllm import PLACEHOLDERS, BadJSON, BadRecord, _parse, open_records
 
-    records = load_records(path)
-    columns = _columns_for(records, section)
-    root = media_root(path, section)
-    roles = {columns.user_tag: "user", columns.assistant_tag: "assistant", columns.system_tag: "system"}
+    records, columns, roles, root = open_records(path, section)
     for index, record in enumerate(records):
         if isinstance(record, BadJSON):
             yield BadSample(str(path), index, str(record))

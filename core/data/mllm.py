@@ -155,12 +155,17 @@ def _columns_for(records: list[object], section: MLLMDataSection) -> Columns:
     return section.columns
 
 
-def read_samples(path: Path, section: MLLMDataSection) -> Iterator[Sample | BadSample]:
-    """Every sample of one dataset file, or a :class:`BadSample` saying what is wrong with it."""
+def open_records(path: Path, section: MLLMDataSection) -> tuple[list[object], Columns, dict[str, str], Path]:
+    """(the file's records, its field names, role tag -> role, the folder its media are under)."""
     records = load_records(path)
     columns = _columns_for(records, section)
-    root = media_root(path, section)
     roles = {columns.user_tag: "user", columns.assistant_tag: "assistant", columns.system_tag: "system"}
+    return records, columns, roles, media_root(path, section)
+
+
+def read_samples(path: Path, section: MLLMDataSection) -> Iterator[Sample | BadSample]:
+    """Every sample of one dataset file, or a :class:`BadSample` saying what is wrong with it."""
+    records, columns, roles, root = open_records(path, section)
     for index, record in enumerate(records):
         if isinstance(record, BadJSON):
             yield BadSample(str(path), index, str(record))
