@@ -79,7 +79,7 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
             bucket, pixels = result
             height, width, frames = bucket
             if ranking:
-                split = "eval" if cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction) else "train"
+                split = "eval" if cfg.eval_fraction and held_out(f"{Path(item.file).name}:{item.index}", cfg.eval_fraction) else "train"  # the same split wherever the file lies
                 writer.add({"frames": pixels[0], "rejected_frames": pixels[1]}, length=2 * frames,
                            meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.chosen), "rejected": str(item.rejected), "split": split})
                 counts[split] += 1

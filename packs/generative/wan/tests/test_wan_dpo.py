@@ -1,4 +1,4 @@
-"""Diffusion-DPO on Wan: the dpo demo comes to prefer moving squares, pairs are checked, the LoRA
+"""Diffusion-DPO on Wan: the dpo demo comes to prefer red squares, pairs are checked, the LoRA
 export loads in diffusers. (The loss against the paper's formula is tests/test_preference.py.)"""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
 
 @pytest.mark.slow
 @pytest.mark.compares_runs
-def test_dpo_demo_comes_to_prefer_moving_squares(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_dpo_demo_comes_to_prefer_red_squares(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     proc = wan("run", "--pack", "wan", "--preset", "dpo", "evaluate.enabled=false")
     run = tmp_path / "runs/wan-dpo"
     train = manifest(run, "train")["metrics"]
-    # Held-out pairs at fixed noise: a tie (0.5) before training; 0.81 by step 40 of 60 here,
-    # promised >= 0.7 (21 held-out pairs: 3 misses more would break it).
-    assert train["eval/implicit_accuracy@0"] == 0.5 and train["eval/implicit_accuracy"] >= 0.7, train
+    # Held-out pairs at fixed noise: a tie (0.5) before training; at step 60, 0.875-0.94 over
+    # seeds 0-2 here (16 held-out pairs, 1/16 each); promised >= 0.75.
+    assert train["eval/implicit_accuracy@0"] == 0.5 and train["eval/implicit_accuracy"] >= 0.75, train
     assert "80 pairs" in proc.stdout and train["lora"]["r"] == 16
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
     assert all("implicit_accuracy" in r and "pairs_per_s" in r for r in rows if "loss" in r)

@@ -43,19 +43,21 @@ def write_demo_dataset(folder: Path, samples: int, seed: int) -> Path:
 
 
 def write_preference_dataset(folder: Path, samples: int, seed: int) -> Path:
-    """The DPO demo's pairs: for "a <colour> square moves <way>", the clip where it does is
-    chosen, and a clip where the same square stands still is rejected: every caption promises
-    motion, so the model comes to prefer moving squares."""
+    """The DPO demo's pairs: for "a square moves <way>", the clip with a red square is chosen
+    and the same clip with a blue one rejected: the model comes to prefer red squares (a
+    preference no caption states, as aesthetic preferences are)."""
     from mmcore.data.video import write_mp4
 
     rng = random.Random(seed)
     records = []
     for i in range(samples):
-        colour, move = rng.choice(sorted(COLOURS)), rng.choice(sorted(MOVES))
-        chosen, rejected = f"videos/{i:05d}-moves.mp4", f"videos/{i:05d}-still.mp4"
-        write_mp4(folder / chosen, clip(COLOURS[colour], MOVES[move], rng), FPS)
-        write_mp4(folder / rejected, clip(COLOURS[colour], (0, 0), rng), FPS)
-        records.append({"cap": f"a {colour} square moves {move}", "chosen": chosen, "rejected": rejected})
+        move = rng.choice(sorted(MOVES))
+        start = rng.getstate()
+        chosen, rejected = f"videos/{i:05d}-red.mp4", f"videos/{i:05d}-blue.mp4"
+        write_mp4(folder / chosen, clip(COLOURS["red"], MOVES[move], rng), FPS)
+        rng.setstate(start)  # the same square in the same place: only the colour differs
+        write_mp4(folder / rejected, clip(COLOURS["blue"], MOVES[move], rng), FPS)
+        records.append({"cap": f"a square moves {move}", "chosen": chosen, "rejected": rejected})
     out = folder / "pairs.json"
     out.write_text(json.dumps(records, indent=1))
     return out
