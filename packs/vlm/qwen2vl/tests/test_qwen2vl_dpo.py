@@ -28,7 +28,8 @@ def test_dpo_demo_comes_to_prefer_the_right_colour(mm, tmp_path: Path) -> None: 
     run = tmp_path / "runs/qwen2vl-dpo"
     train = manifest(run, "train")["metrics"]
     # Before training the policy is the reference: every reward 0, a tie, counted half right.
-    # 100% from step 20 or 40 of 60 here; the promise is >= 90%.
+    # >= 90% by step 48 of 80 and after with every seed (0-2), CPU instruction set and thread
+    # count tools/demo_matrix.py tried (reached at steps 20-36; final 0.99-1.0).
     assert train["eval/rewards/accuracy@0"] == 0.5 and train["eval/rewards/accuracy"] >= 0.9, train
     assert train["eval/rewards/margin"] > 0 and train["lora"]["r"] == 16
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
