@@ -118,7 +118,8 @@ def test_lora_demo_learns_with_the_base_untouched_and_two_processes_match_one(mm
     proc = mm("run", "--pack", "qwen2vl", "--preset", "lora", "evaluate.enabled=false")
     run = tmp_path / "runs/qwen2vl-lora"
     train = manifest(run, "train")["metrics"]
-    # The demo's task by adapters alone (chance 0.25); 100% from step 40 of 120 here.
+    # The demo's task by adapters alone (chance 0.25): 0.99-1.0 at step 120 with seeds 0-2 on two
+    # instruction sets (tools/demo_matrix.py --preset lora); promised >= 0.9.
     assert train["eval/accuracy@0"] <= 0.5 and train["eval/accuracy"] >= 0.9, train
     assert train["lora"]["targets"] == 14 and "LoRA r=16" in proc.stdout  # 2 layers x q k v o gate up down
     export = manifest(run, "export")
