@@ -83,6 +83,57 @@ class RenameAdapter(StateDictAdapter):
         return _renamed({k: v for k, v in mm.items() if k not in self.tied}, lambda k: self._rename(k, False))
 
 
+@dataclass
+class FusedExpertsAdapter(RenameAdapter):
+    """A :class:`RenameAdapter` for MoE models whose experts are fused 3-D tensors
+    (``mlp.experts.gate_up_proj`` / ``down_proj``) in either of the two layouts hubs hold.
+
+    transformers 5 keeps them as ``[experts, out, in]`` (nn.Linear's order) and saves them so;
+    checkpoints written before it (the released Qwen3-VL-MoE ones) store ``[experts, in, out]``,
+    and ``from_pretrained`` transposes those where the shape is not the model's. So does this
+    adapter, telling the layouts apart by where the hidden size (``hidden_of``'s last dimension,
+    the embedding) sits; exports are written in transformers 5's layout, and
+    :meth:`round_trip_tensor` tells ``convert.verify`` which tensors come back transposed. Where
+    ``2 x moe_intermediate_size`` equals the hidden size the layouts cannot be told apart from
+    shapes (nor can transformers): the tensor is read as transformers 5's.
+    """
+
+    gate_up: str = r"\.mlp\.experts\.gate_up_proj$"
+    down: str = r"\.mlp\.experts\.down_proj$"
+    hidden_of: str = r"embed_tokens\.weight$"
+    _legacy: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def _is_legacy(self, key: str, shape: tuple[int, ...], hidden: int | None) -> bool:
+        if hidden is None or len(shape) != 3:
+            return False
+        if re.search(self.gate_up, key):
+            return shape[-1] != hidden  # transformers 5: [experts, 2 x intermediate, hidden]
+        if re.search(self.down, key):
+            return shape[-2] != hidden  # transformers 5: [experts, hidden, intermediate]
+        return False
+
+    def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
+        hidden = next((info.shape[-1] for key, info in hf.items() if re.search(self.hidden_of, key)), None)
+        plan = super().to_mm(hf)
+        out = {}
+        for key, recipe in plan.items():
+            source = recipe.sources[0]
+            if self._is_legacy(source, hf[source].shape, hidden):
+                self._legacy.add(source)
+                shape = recipe.info.shape
+                recipe = Recipe(recipe.sources, TensorInfo((shape[0], shape[2], shape[1]), recipe.info.dtype), _swap_last_two)
+            out[key] = recipe
+        return out
+
+    def round_trip_tensor(self, hub_key: str, tensor: "torch.Tensor") -> "torch.Tensor":
+        """What the hub tensor ``hub_key`` looks like after conversion in and back out."""
+        return _swap_last_two(tensor) if hub_key in self._legacy else tensor
+
+
+def _swap_last_two(tensor: "torch.Tensor") -> "torch.Tensor":
+    return tensor.transpose(-1, -2).contiguous()
+
+
 def _renamed(index: dict[str, TensorInfo], rename: Callable[[str], str]) -> dict[str, Recipe]:
     out: dict[str, Recipe] = {}
     for key, info in index.items():
@@ -101,4 +152,4 @@ def materialize(recipe: Recipe, fetch: Callable[[str], "torch.Tensor"]) -> "torc
     return out
 
 
-__all__ = ["TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "materialize"]
+__all__ = ["TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "FusedExpertsAdapter", "materialize"]

@@ -102,6 +102,7 @@ class TrainingSection(Section):
     checkpoint_every: int = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0)
+    moe_aux_loss_coef: float | None = Field(None, ge=0, description="Mixture-of-experts models: weight of the router's load-balancing loss, per loss token (null: the model config's router_aux_loss_coef; 0: left out).")
     lora: LoraSection = Field(default_factory=LoraSection)
     dpo: DpoSection = Field(default_factory=DpoSection)
 

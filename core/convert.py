@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from mmcore.adapters import Recipe, RenameAdapter, StateDictAdapter, TensorInfo, materialize
+from mmcore.adapters import FusedExpertsAdapter, Recipe, RenameAdapter, StateDictAdapter, TensorInfo, materialize
 from mmcore.coverage import build_on_meta, coverage_problems, expected_tensors, model_from_config
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
@@ -345,7 +345,8 @@ def convert_stage(
     if ctx.config.convert.verify:
         back = ctx.stage_dir / "verify"
         dcp_to_hf(out, back, adapter)
-        mismatches = compare_hf(source, back, getattr(adapter, "round_trip_name", lambda k: k))
+        mismatches = compare_hf(source, back, getattr(adapter, "round_trip_name", lambda k: k),
+                                getattr(adapter, "round_trip_tensor", lambda k, t: t))
         shutil.rmtree(back)
         if mismatches:
             raise StageError(f"round trip to mmcore and back is not exact: {mismatches[0]}" + (f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""))
@@ -354,7 +355,7 @@ def convert_stage(
 
 
 __all__ = [
-    "MODEL_PREFIX", "SAFE_INDEX", "TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "SafetensorsFolder",
+    "MODEL_PREFIX", "SAFE_INDEX", "TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "FusedExpertsAdapter", "SafetensorsFolder",
     "hf_to_dcp", "dcp_to_hf", "dcp_index", "load_dcp_tensors", "compare_hf", "copy_side_files",
     "expected_tensors", "coverage_problems", "model_from_config", "convert_stage",
     "read_header", "safetensors_files", "iter_pairs", "write_safetensors_streaming",

@@ -202,17 +202,22 @@ def iter_pairs(a: SafetensorsFolder, b: SafetensorsFolder, name_in_b: Callable[[
         yield key, None, b.get(key)
 
 
-def compare_hf(a_dir: Path, b_dir: Path, name_in_b: Callable[[str], str | None] = lambda k: k) -> list[str]:
+def compare_hf(a_dir: Path, b_dir: Path, name_in_b: Callable[[str], str | None] = lambda k: k,
+               view_in_b: Callable[[str, Any], Any] = lambda k, t: t) -> list[str]:
     """Every difference between two folders of safetensors: missing keys, dtype, shape, bits.
 
     ``name_in_b`` maps a tensor name of ``a`` to its name in ``b`` (None: not expected there),
-    for adapters that drop or rename on the way back (see :meth:`RenameAdapter.round_trip_name`).
+    for adapters that drop or rename on the way back (see :meth:`RenameAdapter.round_trip_name`);
+    ``view_in_b`` maps a tensor of ``a`` to what ``b`` should hold, for adapters that change a
+    layout on the way back (:meth:`FusedExpertsAdapter.round_trip_tensor`).
     """
     import torch
 
     problems = []
     a, b = SafetensorsFolder(a_dir), SafetensorsFolder(b_dir)
     for key, x, y in iter_pairs(a, b, name_in_b):
+        if x is not None:
+            x = view_in_b(key, x)
         if x is None or y is None:
             problems.append(f"{key}: only in {'the second' if x is None else 'the first'} checkpoint")
         elif x.dtype != y.dtype or x.shape != y.shape:

@@ -98,6 +98,13 @@ class VLMFamily:
             globs) among the linear layers of ``shard_layers``: the language model's.
         preference_demo: writes the pack's synthetic preference pairs (``data.demo_samples``
             with ``data.ranking``), for its DPO demo.
+        router_aux_loss: where the model is a mixture of experts (its text config has
+            ``router_aux_loss_coef``), SFT asks its forward for the router's load-balancing loss
+            (``output_router_logits``, transformers' ``aux_loss``) and adds ``coef x aux_loss``
+            per loss token of the micro-batch (``training.moe_aux_loss_coef``, by default the
+            config's): after the engine divides by the step's loss tokens it weighs as in
+            transformers' own loss. Like transformers' and Megatron's, the loss is computed per
+            micro-batch, so it depends on how samples are cut into micro-batches. False leaves it out.
     """
 
     model_class: str | Callable[[Any], Any]
@@ -121,6 +128,7 @@ class VLMFamily:
     packed_attention: bool = True
     lora_targets: Sequence[str] = ("model.language_model.*",)
     preference_demo: Any = None
+    router_aux_loss: bool = True
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -178,14 +186,25 @@ class VLMFamily:
         if self.collate_extra is not None:
             self.collate_extra(batch, samples, ids)
 
-    def forward_logits(self, model: Any, batch: Batch) -> Any:
+    def forward(self, model: Any, batch: Batch, **options: Any) -> Any:
+        """The model's output on a collated batch (packed rows get their positions)."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields) if k in batch}
         if "segments" in batch:
             inputs["position_ids"] = (self.packed_positions or restarting_positions)(model, batch)
-        return model(**inputs, use_cache=False).logits
+        return model(**inputs, use_cache=False, **options)
 
-    def loss_sum(self, model: Any, batch: Batch) -> Any:
-        return next_token_loss_sum(self.forward_logits(model, batch), batch["labels"])
+    def forward_logits(self, model: Any, batch: Batch) -> Any:
+        return self.forward(model, batch).logits
+
+    def loss_sum(self, model: Any, batch: Batch, aux_coef: float | None = None) -> Any:
+        """Summed next-token loss, plus the router's load-balancing loss of a mixture of experts
+        (``aux_coef``, default its config's ``router_aux_loss_coef``; see ``router_aux_loss``)."""
+        coef = getattr(model.config.get_text_config(), "router_aux_loss_coef", None) if self.router_aux_loss else None
+        coef = coef if aux_coef is None or coef is None else aux_coef
+        if not coef:
+            return next_token_loss_sum(self.forward_logits(model, batch), batch["labels"])
+        out = self.forward(model, batch, output_router_logits=True)
+        return next_token_loss_sum(out.logits, batch["labels"]) + coef * out.aux_loss * batch["num_loss_tokens"]
 
     def shard_modules(self, model: Any) -> list[Any]:
         return blocks_at(model, self.shard_layers)
@@ -281,7 +300,7 @@ class VLMFamily:
             dataset=lambda ctx, upstream: train,
             length_of=train.length,
             collate=lambda samples: self.collate(samples, ids, pack=packing),
-            loss=self.loss_sum,
+            loss=lambda model, batch: self.loss_sum(model, batch, ctx.config.training.moe_aux_loss_coef),
             shard_modules=self.shard_modules,
             freeze_groups=self.freeze_groups,
             lora_targets=self.lora_targets,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mm_pack_qwen2vl import ops
+from mm_qwen_vision import ops
 from mmcore.plugins import Plugins
 
 
@@ -65,7 +65,7 @@ def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir, monkeypatch) -> 
     with torch.no_grad():
         want = model(input_ids=ids).logits
     assert apply_kernels(model, registry, "cpu") == []  # only the reference here: nothing to swap
-    registry.add_kernel(KernelSpec("qwen2vl.rms_norm", "cpu", "mm_pack_qwen2vl.ops:rms_norm"), "test")
+    registry.add_kernel(KernelSpec("qwen2vl.rms_norm", "cpu", "mm_qwen_vision.ops:rms_norm"), "test")
     changed = apply_kernels(model, registry, "cpu")
     assert len(changed) == 2 * model.config.text_config.num_hidden_layers + 1  # two per layer + the final norm
     with torch.no_grad():
@@ -75,7 +75,7 @@ def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir, monkeypatch) -> 
 
     monkeypatch.setattr(modeling_qwen2_vl, "apply_rotary_pos_emb", modeling_qwen2_vl.apply_rotary_pos_emb)
     original = modeling_qwen2_vl.apply_rotary_pos_emb
-    registry.add_kernel(KernelSpec("qwen2vl.rotary", "cpu", "mm_pack_qwen2vl.ops:apply_rotary"), "test")
+    registry.add_kernel(KernelSpec("qwen2vl.rotary", "cpu", "mm_qwen_vision.ops:apply_rotary"), "test")
     assert "transformers.models.qwen2_vl.modeling_qwen2_vl.apply_rotary_pos_emb" in apply_kernels(model, registry, "cpu")
     assert modeling_qwen2_vl.apply_rotary_pos_emb is not original
     with torch.no_grad():

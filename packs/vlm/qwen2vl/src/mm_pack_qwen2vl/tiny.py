@@ -10,47 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmcore.tiny import pick_preset
-
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
-
-# Words the tiny tokenizer learns whole: the demo's vocabulary plus common chat text.
-CORPUS = [
-    "You are a helpful assistant.",
-    "What colour is the shape? What colour is the triangle? What colour is the square? What colour is the circle?",
-    "What shape is it? What shape is this? Which shape is shown? Describe the image.",
-    "red green blue yellow triangle square circle",
-    "The shape is red. The shape is green. The shape is blue. The shape is yellow.",
-    "It is a triangle. It is a square. It is a circle.",
-    "user assistant system image video picture photo",
-    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,;:!?'\"()-",
-]
+from mm_qwen_vision.tiny import build_tokenizer
 
 PRESETS = {
     "tiny": {"family": "qwen2_vl", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 32},
     "tiny-2.5": {"family": "qwen2_5_vl", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 32},
     "demo": {"family": "qwen2_vl", "hidden": 96, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 48},
 }
-
-
-def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
-    """A Qwen2 tokenizer over a small byte-level BPE, with the Qwen special tokens."""
-    from transformers import Qwen2Tokenizer
-
-    from mmcore.tiny import train_byte_level_bpe
-
-    vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
-    tokenizer.add_tokens(["<|endoftext|>"], special_tokens=True)
-    return tokenizer
 
 
 def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]

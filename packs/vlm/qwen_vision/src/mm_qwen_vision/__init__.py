@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import Field
 
@@ -22,7 +22,7 @@ from mmcore.data.mllm import MLLMDataSection
 from mmcore.data.media import MediaError
 from mmcore.data.video import load_image
 
-__all__ = ["QwenVisionData", "image_processor", "load_video_frames", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision", "packed_mrope_positions"]
+__all__ = ["QwenVisionData", "image_processor", "load_video_frames", "sample_video", "frame_timestamps", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision", "packed_mrope_positions", "QWEN_MEDIA_FIELDS", "QWEN_PACKED_COUNTS", "mm_token_types", "rope_index_positions"]
 
 
 class QwenVisionData(MLLMDataSection):
@@ -35,7 +35,9 @@ class QwenVisionData(MLLMDataSection):
     video_max_pixels: int = Field(128 * 28 * 28, ge=28 * 28, description="Pixel budget of each video frame.")
 
 
-def image_processor(min_pixels: int = 56 * 56, max_pixels: int = 512 * 28 * 28):  # type: ignore[no-untyped-def]
+def image_processor(min_pixels: int = 56 * 56, max_pixels: int = 512 * 28 * 28, patch_size: int = 14, mean_std: tuple[float, float] | None = None):  # type: ignore[no-untyped-def]
+    """transformers' PIL Qwen2-VL image processor (no torchvision); ``patch_size`` 16 and
+    ``mean_std`` (0.5, 0.5) are Qwen3-VL's settings, the defaults Qwen2-VL's (CLIP's statistics)."""
     try:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     except ImportError:
@@ -43,11 +45,27 @@ def image_processor(min_pixels: int = 56 * 56, max_pixels: int = 512 * 28 * 28):
 
         raise missing_dependency("transformers", "the Qwen image processor") from None
 
-    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    extra = {"image_mean": [mean_std[0]] * 3, "image_std": [mean_std[1]] * 3} if mean_std else {}
+    return Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, **extra)
 
 
 def load_video_frames(path: Path, fps: float, max_frames: int) -> list[Any]:
     """Frames sampled at ``fps`` (at most ``max_frames``, an even count) as PIL images, via PyAV."""
+    return sample_video(path, fps, max_frames).frames
+
+
+@dataclass(frozen=True)
+class SampledVideo:
+    """The frames taken from a video, which of the source's frames they are, and its frame rate."""
+
+    frames: list[Any]
+    indices: list[int]
+    source_fps: float
+
+
+def sample_video(path: Path, fps: float, max_frames: int) -> SampledVideo:
+    """Frames sampled at ``fps`` (at most ``max_frames``, an even count: the last is repeated
+    where the count is odd, as the Qwen processors pad a temporal patch), via PyAV."""
     import av
 
     try:
@@ -60,11 +78,18 @@ def load_video_frames(path: Path, fps: float, max_frames: int) -> list[Any]:
     if len(frames) < 2:
         raise MediaError(f"video {path} has {len(frames)} frame(s); at least 2 are needed")
     step = max(rate / fps, 1.0)
-    picked = [frames[min(int(i * step), len(frames) - 1)] for i in range(max(2, int(len(frames) / step)))]
-    picked = picked[: max_frames - max_frames % 2]
-    if len(picked) % 2:
-        picked.append(picked[-1])  # two frames per temporal patch
-    return [f.convert("RGB") for f in picked]
+    indices = [min(int(i * step), len(frames) - 1) for i in range(max(2, int(len(frames) / step)))]
+    indices = indices[: max_frames - max_frames % 2]
+    if len(indices) % 2:
+        indices.append(indices[-1])  # two frames per temporal patch
+    return SampledVideo([frames[i].convert("RGB") for i in indices], indices, rate)
+
+
+def frame_timestamps(indices: list[int], source_fps: float, temporal_patch: int = 2) -> list[float]:
+    """Seconds of each temporal patch: the mean time of its first and last frame (Qwen3-VL's
+    ``<t seconds>`` text before each frame's tokens)."""
+    seconds = [i / source_fps for i in indices]
+    return [(seconds[i] + seconds[i + temporal_patch - 1]) / 2 for i in range(0, len(seconds), temporal_patch)]
 
 
 def video_patches(frames: list[Any], processor: Any) -> tuple[Any, list[int]]:
@@ -92,6 +117,11 @@ class QwenVisionExpanders:
         merge: the tower's spatial merge size (tokens = patches / merge**2).
         image_tokens / video_tokens: (start, pad, end) token ids.
         seconds_per_grid: also store ``video_second_per_grid`` (Qwen2.5 families' time axis).
+        patch_size / mean_std: the image processor's patch size and normalisation
+            (:func:`image_processor`).
+        timestamps: Qwen3-VL's video layout: ``text -> ids`` of the ``<t seconds>`` text that
+            precedes each temporal patch's own ``start pads end`` inside the video's start/end
+            (what ``Qwen3VLProcessor`` makes of ``<|vision_start|><|video_pad|><|vision_end|>``).
     """
 
     data_cfg: Any
@@ -99,11 +129,14 @@ class QwenVisionExpanders:
     image_tokens: tuple[int, int, int]
     video_tokens: tuple[int, int, int]
     seconds_per_grid: bool = False
+    patch_size: int = 14
+    mean_std: tuple[float, float] | None = None
+    timestamps: Callable[[str], list[int]] | None = None
 
     def __post_init__(self) -> None:
         cfg = self.data_cfg
-        self.images = image_processor(cfg.image_min_pixels, cfg.image_max_pixels)
-        self.frames = image_processor(min(cfg.image_min_pixels, cfg.video_max_pixels), cfg.video_max_pixels)
+        self.images = image_processor(cfg.image_min_pixels, cfg.image_max_pixels, self.patch_size, self.mean_std)
+        self.frames = image_processor(min(cfg.image_min_pixels, cfg.video_max_pixels), cfg.video_max_pixels, self.patch_size, self.mean_std)
 
     def _tokens(self, grid: list[int], tokens: tuple[int, int, int]) -> list[int]:
         start, pad, end = tokens
@@ -115,12 +148,18 @@ class QwenVisionExpanders:
         return Piece(self._tokens(grid, self.image_tokens), {"pixel_values": out["pixel_values"], "image_grid_thw": [grid]})
 
     def video(self, path: Path) -> Piece:
-        frames = load_video_frames(path, self.data_cfg.video_fps, self.data_cfg.video_max_frames)
-        patches, grid = video_patches(frames, self.frames)
+        video = sample_video(path, self.data_cfg.video_fps, self.data_cfg.video_max_frames)
+        patches, grid = video_patches(video.frames, self.frames)
         fields: dict[str, Any] = {"pixel_values_videos": patches, "video_grid_thw": [grid]}
         if self.seconds_per_grid:
             fields["video_second_per_grid"] = [self.frames.temporal_patch_size / self.data_cfg.video_fps]
-        return Piece(self._tokens(grid, self.video_tokens), fields)
+        if self.timestamps is None:
+            return Piece(self._tokens(grid, self.video_tokens), fields)
+        start, _, end = self.video_tokens
+        ids = [start]
+        for seconds in frame_timestamps(video.indices, video.source_fps, self.frames.temporal_patch_size):
+            ids += self.timestamps(f"<{seconds:.1f} seconds>") + self._tokens([1, grid[1], grid[2]], self.video_tokens)
+        return Piece(ids + [end], fields)
 
 
 def split_items(pixels: Any, grids: Any) -> list[tuple[Any, Any]]:
@@ -191,3 +230,27 @@ def packed_mrope_positions(batch: dict[str, Any], counts: dict[str, str], rope_i
         parts.append(torch.cat([text, pos.to(text.dtype)]))
         start += length
     return torch.cat(parts, dim=2)
+
+
+#: What a Qwen vision sample brings to the model, concatenated across a batch.
+QWEN_MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+#: Packed-row counts: batch key -> the field whose rows each sample brings.
+QWEN_PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw"}
+
+
+def mm_token_types(batch: dict[str, Any], samples: list[dict[str, Any]], ids: dict[str, int]) -> None:
+    """``mm_token_type_ids`` (0 text, 1 image, 2 video): where M-RoPE places media (a VLM kit
+    ``collate_extra``)."""
+    tokens = batch["input_ids"]
+    batch["mm_token_type_ids"] = (tokens == ids["image_token_id"]).long() + 2 * (tokens == ids["video_token_id"]).long()
+
+
+def rope_index_positions(model: Any, batch: dict[str, Any]) -> Any:
+    """M-RoPE positions of a packed row from the model's own ``get_rope_index`` (Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL: same signature), restarted per sample (a VLM kit ``packed_positions``)."""
+    def rope_index(tokens: slice, rows: dict[str, Any]) -> Any:
+        pos, _ = model.model.get_rope_index(batch["input_ids"][:, tokens], batch["mm_token_type_ids"][:, tokens],
+                                            image_grid_thw=rows["image_grid_thw"], video_grid_thw=rows["video_grid_thw"])
+        return pos
+
+    return packed_mrope_positions(batch, QWEN_PACKED_COUNTS, rope_index)

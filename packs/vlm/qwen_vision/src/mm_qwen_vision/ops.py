@@ -1,4 +1,4 @@
-"""Kernel implementations (see ``kernels.py``). Device libraries are imported inside each function."""
+"""Qwen text kernels (RMSNorm, rotary), shared by the Qwen VL packs; see ``mm_qwen_vision.kernels``. Device libraries are imported inside each function."""
 
 from __future__ import annotations
 
