@@ -40,6 +40,7 @@ ISAS = {
 PROMISES = {
     "qwen2vl": ("eval/accuracy", "max", 1.0),
     "qwen3vl": ("eval/accuracy", "max", 1.0),
+    "internvl": ("eval/accuracy", "max", 1.0),
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),
     "whisper": ("eval/wer", "min", 0.1),
     "wan": ("loss_ratio", "min", 0.6),

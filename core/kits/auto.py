@@ -148,7 +148,10 @@ def shrink_config(config: Any, sizes: Mapping[str, int] = TINY_SIZES) -> Any:
         if sub is not None:
             shrink_config(sub, sizes)
     for key, value in sizes.items():
-        if getattr(config, key, None) is not None:
+        current = getattr(config, key, None)
+        if isinstance(current, (list, tuple)):  # per-axis sizes (InternViT's image_size, patch_size)
+            setattr(config, key, type(current)([value] * len(current)))
+        elif current is not None:
             setattr(config, key, value)
     if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer, validated against the count
         config.layer_types = config.layer_types[: config.num_hidden_layers]
