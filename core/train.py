@@ -361,6 +361,8 @@ def _sampler(ctx: StageContext, recipe: TrainRecipe, data: Sequence[Any]) -> Any
     if not cfg.packing or recipe.length_of is None:
         why = "set training.packing: true" if recipe.length_of is not None else f"pack {ctx.pack!r} does not pack rows"
         raise StageError(f"training.max_tokens fills packed rows to a token budget: {why}")
+    if recipe.group_of is not None:
+        raise StageError(f"training.max_tokens: pack {ctx.pack!r} keeps kinds of samples in separate micro-batches, which the token-budget sampler does not do yet; use training.micro_batch_size")
     return TokenBudgetSampler([recipe.length_of(i) for i in range(len(data))], cfg.max_tokens, ctx.seed, world.rank, world.world_size)
 
 

@@ -105,7 +105,9 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
             else:
                 tensors = {"input_ids": torch.tensor(result.input_ids), "labels": torch.tensor(result.labels), **result.tensors}
                 length = len(result.input_ids)
-            writer.add(tensors, length=length, meta={"split": this_split, "source": f"{Path(item.file).name}:{item.index}"})
+            # which media fields the sample has, so a sampler can keep kinds apart without reading it
+            media = sorted(name for name in tensors if not name.endswith(("input_ids", "labels")))
+            writer.add(tensors, length=length, meta={"split": this_split, "source": f"{Path(item.file).name}:{item.index}", "media": media})
             counts[this_split] += 1
     skipped = bad.close()
     if counts["train"] == 0:

@@ -105,6 +105,9 @@ class VLMFamily:
             config's): after the engine divides by the step's loss tokens it weighs as in
             transformers' own loss. Like transformers' and Megatron's, the loss is computed per
             micro-batch, so it depends on how samples are cut into micro-batches. False leaves it out.
+        batch_apart: sample fields (``pixel_values_videos``) whose presence keeps samples in
+            their own micro-batches and generation batches: for a model that cannot take the
+            kinds in one forward (GLM-4V writes images and video frames with one token).
     """
 
     model_class: str | Callable[[Any], Any]
@@ -129,6 +132,7 @@ class VLMFamily:
     lora_targets: Sequence[str] = ("model.language_model.*",)
     preference_demo: Any = None
     router_aux_loss: bool = True
+    batch_apart: Sequence[str] = ()
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -304,8 +308,19 @@ class VLMFamily:
             shard_modules=self.shard_modules,
             freeze_groups=self.freeze_groups,
             lora_targets=self.lora_targets,
+            group_of=self.group_of(train) if self.batch_apart else None,
             evaluate=lambda ctx, model, step: evaluate_accuracy(ctx, model, load("eval"), lambda s: self.collate([s], ids), self.forward_logits),
         )
+
+    def group_of(self, data: Any) -> Callable[[int], tuple[bool, ...]]:
+        """``sample index -> which of batch_apart's fields it has`` (from the dataset index,
+        where preprocess recorded the sample's media fields; else from the sample)."""
+        def key(i: int) -> tuple[bool, ...]:
+            media = data.meta(i).get("media")
+            present = set(media) if media is not None else set(data[i])
+            return tuple(name in present for name in self.batch_apart)
+
+        return key
 
     def export(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         """Write the export and prove it reproduces the trained logits (the evaluate stage then
@@ -318,9 +333,11 @@ class VLMFamily:
         data = ShardDataset(upstream["preprocess"].output("dataset"))
         held_out = data.split("eval")
         probe = held_out if len(held_out) else data
+        kind = self.group_of(probe)
+        same_kind = [i for i in range(len(probe)) if kind(i) == kind(0)][:4]  # batch_apart: one kind per forward
         done = export_checked(
             ctx, upstream, self.adapter, build_trained=self.build_model, load_exported=self.load_exported,
-            probe=self.collate([chosen_view(probe[i]) for i in range(min(4, len(probe)))], self.token_ids(data)), logits=self.forward_logits,
+            probe=self.collate([chosen_view(probe[i]) for i in same_kind], self.token_ids(data)), logits=self.forward_logits,
             side_files=self.side_files,
         )
         return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
@@ -359,12 +376,19 @@ class VLMFamily:
         ids = self.token_ids_of(tokenizer)
         end = tokenizer.convert_tokens_to_ids(self.end_token) if self.end_token else tokenizer.eos_token_id
         cfg = ctx.config.generation
-        tokens = generate_tokens(
-            model, prompts, lambda chosen: self.generation_inputs(model, chosen, ids), length=lambda p: len(p["input_ids"]),
-            end_ids=sorted({end, tokenizer.eos_token_id} - {None}), pad_id=ids["pad_id"], max_new_tokens=cfg.max_new_tokens,
-            batch_size=cfg.batch_size, options=sampling_options(cfg, ctx.seed),
-            progress=lambda groups, total: ctx.progress(groups, total=total, description=what, unit="batch"),
-        )
+        kinds: dict[tuple[bool, ...], list[int]] = {}
+        for i, prompt in enumerate(prompts):  # batch_apart: each kind generates in its own batches
+            kinds.setdefault(tuple(name in prompt for name in self.batch_apart), []).append(i)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        for members in kinds.values():
+            generated = generate_tokens(
+                model, [prompts[i] for i in members], lambda chosen: self.generation_inputs(model, chosen, ids), length=lambda p: len(p["input_ids"]),
+                end_ids=sorted({end, tokenizer.eos_token_id} - {None}), pad_id=ids["pad_id"], max_new_tokens=cfg.max_new_tokens,
+                batch_size=cfg.batch_size, options=sampling_options(cfg, ctx.seed),
+                progress=lambda groups, total: ctx.progress(groups, total=total, description=what, unit="batch"),
+            )
+            for i, answer in zip(members, generated):
+                tokens[i] = answer
         return tokens, tokenizer, ids
 
     def infer(self, ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmcore.data.chat_template import ChatTemplateEncoder
-from mm_qwen_vision import QwenVisionExpanders
+from mm_qwen_vision import QwenVisionExpanders, SampledVideo, frame_timestamps
 
 from mm_pack_qwen3vl.family import MEAN_STD
 
@@ -37,12 +37,18 @@ class Encoder(ChatTemplateEncoder):
 
     def __init__(self, tokenizer: Any, data_cfg: Any, merge_size: int = 2, patch_size: int = 16) -> None:
         ids = tokenizer.convert_tokens_to_ids
+        start, pad, end = ids("<|vision_start|>"), ids("<|video_pad|>"), ids("<|vision_end|>")
+
+        def video_ids(grid: list[int], video: SampledVideo, per_patch: int) -> list[int]:
+            out = [start]
+            for seconds in frame_timestamps(video.indices, video.source_fps):
+                out += tokenizer(f"<{seconds:.1f} seconds>", add_special_tokens=False)["input_ids"] + [start, *[pad] * per_patch, end]
+            return out + [end]
+
         vision = QwenVisionExpanders(
             data_cfg, merge_size,
-            image_tokens=(ids("<|vision_start|>"), ids("<|image_pad|>"), ids("<|vision_end|>")),
-            video_tokens=(ids("<|vision_start|>"), ids("<|video_pad|>"), ids("<|vision_end|>")),
-            patch_size=patch_size, mean_std=MEAN_STD,
-            timestamps=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+            image_tokens=(start, ids("<|image_pad|>"), end), video_tokens=(start, pad, end),
+            patch_size=patch_size, mean_std=MEAN_STD, video_ids=video_ids,
         )
         super().__init__(
             tokenizer, {"<image>": vision.image, "<video>": vision.video},

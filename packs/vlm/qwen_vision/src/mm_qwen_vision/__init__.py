@@ -22,7 +22,7 @@ from mmcore.data.mllm import MLLMDataSection
 from mmcore.data.media import MediaError
 from mmcore.data.video import load_image
 
-__all__ = ["QwenVisionData", "image_processor", "load_video_frames", "sample_video", "frame_timestamps", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision", "packed_mrope_positions", "QWEN_MEDIA_FIELDS", "QWEN_PACKED_COUNTS", "mm_token_types", "rope_index_positions"]
+__all__ = ["QwenVisionData", "image_processor", "load_video_frames", "sample_video", "SampledVideo", "frame_timestamps", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision", "packed_mrope_positions", "QWEN_MEDIA_FIELDS", "QWEN_PACKED_COUNTS", "mm_token_types", "rope_index_positions"]
 
 
 class QwenVisionData(MLLMDataSection):
@@ -119,9 +119,11 @@ class QwenVisionExpanders:
         seconds_per_grid: also store ``video_second_per_grid`` (Qwen2.5 families' time axis).
         patch_size / mean_std: the image processor's patch size and normalisation
             (:func:`image_processor`).
-        timestamps: Qwen3-VL's video layout: ``text -> ids`` of the ``<t seconds>`` text that
-            precedes each temporal patch's own ``start pads end`` inside the video's start/end
-            (what ``Qwen3VLProcessor`` makes of ``<|vision_start|><|video_pad|><|vision_end|>``).
+        processor: ``(min_pixels, max_pixels) -> image processor`` where the family has its own
+            (one that patchifies as Qwen2-VL's does: GLM-4V's); default :func:`image_processor`.
+        video_ids: ``(grid, sampled video, tokens per temporal patch) -> ids`` where the family
+            writes a video as something other than ``start pads end`` (Qwen3-VL's and GLM-4V's
+            per-frame timestamps).
     """
 
     data_cfg: Any
@@ -131,12 +133,14 @@ class QwenVisionExpanders:
     seconds_per_grid: bool = False
     patch_size: int = 14
     mean_std: tuple[float, float] | None = None
-    timestamps: Callable[[str], list[int]] | None = None
+    processor: Callable[[int, int], Any] | None = None
+    video_ids: Callable[[list[int], "SampledVideo", int], list[int]] | None = None
 
     def __post_init__(self) -> None:
         cfg = self.data_cfg
-        self.images = image_processor(cfg.image_min_pixels, cfg.image_max_pixels, self.patch_size, self.mean_std)
-        self.frames = image_processor(min(cfg.image_min_pixels, cfg.video_max_pixels), cfg.video_max_pixels, self.patch_size, self.mean_std)
+        make = self.processor or (lambda low, high: image_processor(low, high, self.patch_size, self.mean_std))
+        self.images = make(cfg.image_min_pixels, cfg.image_max_pixels)
+        self.frames = make(min(cfg.image_min_pixels, cfg.video_max_pixels), cfg.video_max_pixels)
 
     def _tokens(self, grid: list[int], tokens: tuple[int, int, int]) -> list[int]:
         start, pad, end = tokens
@@ -153,13 +157,9 @@ class QwenVisionExpanders:
         fields: dict[str, Any] = {"pixel_values_videos": patches, "video_grid_thw": [grid]}
         if self.seconds_per_grid:
             fields["video_second_per_grid"] = [self.frames.temporal_patch_size / self.data_cfg.video_fps]
-        if self.timestamps is None:
+        if self.video_ids is None:
             return Piece(self._tokens(grid, self.video_tokens), fields)
-        start, _, end = self.video_tokens
-        ids = [start]
-        for seconds in frame_timestamps(video.indices, video.source_fps, self.frames.temporal_patch_size):
-            ids += self.timestamps(f"<{seconds:.1f} seconds>") + self._tokens([1, grid[1], grid[2]], self.video_tokens)
-        return Piece(ids + [end], fields)
+        return Piece(self.video_ids(grid, video, grid[1] * grid[2] // self.merge**2), fields)
 
 
 def split_items(pixels: Any, grids: Any) -> list[tuple[Any, Any]]:

@@ -16,19 +16,22 @@ from typing import Any
 OPS = "mm_qwen_vision.ops"
 
 
-def qwen_kernels(prefix: str) -> list[Any]:
-    """The KernelSpecs of ``<prefix>.rms_norm`` and ``<prefix>.rotary`` (reference and NPU)."""
+def qwen_kernels(prefix: str, rotary: bool = True) -> list[Any]:
+    """The KernelSpecs of ``<prefix>.rms_norm`` and (``rotary``) ``<prefix>.rotary``, reference
+    and NPU. ``rotary=False`` for a family whose text rotary is not rotate-half (GLM's
+    interleaved pairs)."""
     from mmcore.registry import KernelSpec
 
-    return [
+    specs = [
         KernelSpec(f"{prefix}.rms_norm", "reference", f"{OPS}:rms_norm", summary="RMSNorm in fp32, cast back", example=f"{OPS}:rms_norm_example"),
         KernelSpec(f"{prefix}.rms_norm", "npu", f"{OPS}:rms_norm_npu", requires=("torch_npu",), summary="torch_npu.npu_rms_norm"),
         KernelSpec(f"{prefix}.rotary", "reference", f"{OPS}:apply_rotary", summary="rotate-half rotary embedding", example=f"{OPS}:rotary_example"),
         KernelSpec(f"{prefix}.rotary", "npu", f"{OPS}:apply_rotary_npu", requires=("torch_npu",), summary="torch_npu.npu_rotary_mul"),
     ]
+    return specs if rotary else [spec for spec in specs if not spec.name.endswith(".rotary")]
 
 
-def apply_kernels(model: Any, registry: Any, device: str, prefix: str) -> list[str]:
+def apply_kernels(model: Any, registry: Any, device: str, prefix: str, rotary: bool = True) -> list[str]:
     """Route the model's RMSNorms and the text attention's rotary embedding through this
     device's ``<prefix>.*`` kernels, where it has them.
 
@@ -46,9 +49,9 @@ def apply_kernels(model: Any, registry: Any, device: str, prefix: str) -> list[s
             if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
                 module.forward = functools.partial(lambda m, x: kernel(x, m.weight, m.variance_epsilon), module)
                 changed.append(name)
-    rotary = registry.kernel_spec(f"{prefix}.rotary", device)
-    if rotary.device != "reference":
-        rotate = rotary.load()
+    spec = registry.kernel_spec(f"{prefix}.rotary", device) if rotary else None
+    if spec is not None and spec.device != "reference":
+        rotate = spec.load()
 
         def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: int = 1) -> tuple[Any, Any]:
             cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)

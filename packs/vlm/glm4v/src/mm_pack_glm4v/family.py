@@ -1,0 +1,93 @@
+"""GLM-4.1V as the VLM kit sees it: the model class, GLM's token types, the frozen-vision cache.
+The kit (:mod:`mmcore.kits.vlm`) does preprocessing, collation, packing, loss, training and
+export; ``data.py`` writes GLM's image and video tokens.
+
+GLM-4V takes Qwen2-VL-style vision input (14-pixel patches in temporal pairs, grids, M-RoPE from
+the model's own ``get_rope_index``), but writes video frames with the image token: the token
+types mark image tokens inside ``<|begin_of_video|> ... <|end_of_video|>`` as video, and since
+transformers' model finds images and video frames by that one token, it cannot take both kinds
+in one forward: samples with a video train and generate in batches of their own (the kit's
+``batch_apart``), and one sample may hold images or videos, not both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import Field
+
+from mmcore.config import RunConfig
+from mmcore.context import StageContext
+from mmcore.data.synthetic import write_shape_preferences, write_shape_questions
+from mmcore.kits.auto import TransformersNames
+from mmcore.kits.vlm import VLMFamily, rows_of
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
+from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, QwenVisionData, rope_index_positions, use_cached_vision
+
+
+class Glm4vRunConfig(RunConfig):
+    data: QwenVisionData = Field(default_factory=QwenVisionData)
+
+
+ADAPTER = TransformersNames("Glm4vForConditionalGeneration")
+
+# training.freeze accepts these names as well as parameter globs; the cache holds what the merger reads
+FREEZE_GROUPS = {
+    "vision": ["model.visual.patch_embed.*", "model.visual.post_conv_layernorm.*", "model.visual.embeddings.*",
+               "model.visual.blocks.*", "model.visual.post_layernorm.*", "model.visual.downsample.*"],
+    "projector": ["model.visual.merger.*"],
+    "llm": ["model.language_model.*", "lm_head.*"],
+}
+
+
+def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
+    from mm_pack_glm4v.data import Encoder
+
+    return Encoder(tokenizer, ctx.config.data, FAMILY.config(model_dir).vision_config.spatial_merge_size)
+
+
+def token_types(batch: dict[str, Any], samples: list[dict[str, Any]], ids: Mapping[str, int]) -> None:
+    """``mm_token_type_ids``: image tokens are 1, or 2 between a video's begin and end tokens
+    (``Glm4vProcessor.create_mm_token_type_ids``)."""
+    tokens = batch["input_ids"]
+    inside = (tokens == ids["video_start_id"]).cumsum(-1) > (tokens == ids["video_end_id"]).cumsum(-1)
+    image = tokens == ids["image_token_id"]
+    batch["mm_token_type_ids"] = (image & ~inside).long() + 2 * (image & inside).long()
+
+
+def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest]) -> None:
+    if ctx.plugins is not None:
+        from mm_qwen_vision.kernels import apply_kernels
+
+        apply_kernels(model, ctx.plugins.registry, ctx.accelerator.name, "glm4v", rotary=False)
+    if "extract" in upstream:
+        use_cached_vision(model.model.visual)  # the cache holds the downsampled tower output: the merger runs
+
+
+def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult | None:
+    from mm_qwen_vision.extract import extract_vision
+
+    return extract_vision(ctx, upstream, FAMILY)
+
+
+FAMILY = VLMFamily(
+    model_class="Glm4vForConditionalGeneration",
+    encoder=encoder,
+    adapter=ADAPTER,
+    media_fields=QWEN_MEDIA_FIELDS,
+    tokens={"image_token_id": "<|image|>", "video_start_id": "<|begin_of_video|>", "video_end_id": "<|end_of_video|>"},
+    freeze_groups=FREEZE_GROUPS,
+    shard_layers=("model.visual.blocks", "model.language_model.layers"),
+    model_inputs=("mm_token_type_ids",),
+    packed_counts=QWEN_PACKED_COUNTS,
+    packed_positions=rope_index_positions,
+    collate_extra=token_types,
+    prepare_model=prepare_model,
+    towers={"model.visual": rows_of("pixel_values", "pixel_values_videos")},
+    demo=write_shape_questions,
+    preference_demo=write_shape_preferences,
+    end_token="<|endoftext|>",
+    batch_apart=("pixel_values_videos",),
+)

@@ -1,0 +1,45 @@
+"""The glm4v pack. Importing this module must stay light (no torch, no transformers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mmcore import PackSpec, Stage, hookimpl
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity, as pluggy keeps plugins in sets
+class Glm4vPack:
+    """A pack object rather than a bare PackSpec: it also registers the family's kernels."""
+
+    PACK: PackSpec
+
+    @hookimpl
+    def mmcore_register_kernels(self, register):
+        from mm_qwen_vision.kernels import qwen_kernels
+
+        for spec in qwen_kernels("glm4v", rotary=False):  # Qwen's RMSNorm; GLM's rotary is interleaved, not rotate-half
+            register(spec)
+
+
+glm4v = Glm4vPack(PackSpec(
+    name="glm4v",
+    category="vlm",
+    summary="GLM-4.1V (9B) vision-language models",
+    sdk="1.7",
+    config_class="mm_pack_glm4v.family:Glm4vRunConfig",
+    presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
+    default_preset="demo",
+    distributed_stages=("train",),
+    # Whether extract caches anything depends on whether the vision tower is frozen.
+    stage_sections={"extract": ("extract", "training.freeze")},
+    stages={
+        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_glm4v.tiny:build_init_checkpoint"}),
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_glm4v.family:ADAPTER", "build_model": "mm_pack_glm4v.family:FAMILY.build_model"}),
+        "preprocess": "mm_pack_glm4v.family:FAMILY.preprocess",
+        "extract": "mm_pack_glm4v.family:extract",
+        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_glm4v.family:FAMILY.recipe"}),
+        "export": "mm_pack_glm4v.family:FAMILY.export",
+        "evaluate": "mm_pack_glm4v.family:FAMILY.evaluate",
+        "infer": "mm_pack_glm4v.family:FAMILY.infer",
+    },
+))
