@@ -96,11 +96,17 @@ class FusedExpertsAdapter(RenameAdapter):
     :meth:`round_trip_tensor` tells ``convert.verify`` which tensors come back transposed. Where
     ``2 x moe_intermediate_size`` equals the hidden size the layouts cannot be told apart from
     shapes (nor can transformers): the tensor is read as transformers 5's.
+
+    ``per_expert``: the family's hub checkpoints store one tensor per expert
+    (``mlp.experts.<e>.gate_proj|up_proj|down_proj.weight``: GLM-4.5V, Qwen3-Omni), which the
+    model fuses on load; they are stacked on the way in and split again on the way out, so
+    exports have the layout the family's own ``save_pretrained`` writes.
     """
 
     gate_up: str = r"\.mlp\.experts\.gate_up_proj$"
     down: str = r"\.mlp\.experts\.down_proj$"
     hidden_of: str = r"embed_tokens\.weight$"
+    per_expert: bool = False
     _legacy: set[str] = field(default_factory=set, init=False, repr=False)
 
     def _is_legacy(self, key: str, shape: tuple[int, ...], hidden: int | None) -> bool:
@@ -114,7 +120,7 @@ class FusedExpertsAdapter(RenameAdapter):
 
     def to_mm(self, hf: dict[str, TensorInfo]) -> dict[str, Recipe]:
         hidden = next((info.shape[-1] for key, info in hf.items() if re.search(self.hidden_of, key)), None)
-        plan = super().to_mm(hf)
+        plan = _stacked_experts(super().to_mm(hf))
         out = {}
         for key, recipe in plan.items():
             source = recipe.sources[0]
@@ -125,6 +131,10 @@ class FusedExpertsAdapter(RenameAdapter):
             out[key] = recipe
         return out
 
+    def to_hf(self, mm: dict[str, TensorInfo]) -> dict[str, Recipe]:
+        plan = super().to_hf(mm)
+        return _split_experts(plan) if self.per_expert else plan
+
     def round_trip_tensor(self, hub_key: str, tensor: "torch.Tensor") -> "torch.Tensor":
         """What the hub tensor ``hub_key`` looks like after conversion in and back out."""
         return _swap_last_two(tensor) if hub_key in self._legacy else tensor
@@ -132,6 +142,53 @@ class FusedExpertsAdapter(RenameAdapter):
 
 def _swap_last_two(tensor: "torch.Tensor") -> "torch.Tensor":
     return tensor.transpose(-1, -2).contiguous()
+
+
+PER_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _stacked_experts(plan: dict[str, Recipe]) -> dict[str, Recipe]:
+    """Per-expert tensors (renamed already) -> ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I]."""
+    import torch
+
+    experts: dict[str, dict[int, dict[str, Recipe]]] = {}
+    out = {}
+    for key, recipe in plan.items():
+        match = PER_EXPERT.match(key)
+        if match is None:
+            out[key] = recipe
+        else:
+            experts.setdefault(match["prefix"], {}).setdefault(int(match["expert"]), {})[match["proj"]] = recipe
+    for prefix, by_expert in experts.items():
+        count = len(by_expert)
+        if sorted(by_expert) != list(range(count)) or any(len(p) != 3 for p in by_expert.values()):
+            raise StageError(f"{prefix}: the per-expert tensors are incomplete (experts {sorted(by_expert)}, each needs gate_proj, up_proj and down_proj)")
+        gate, down = by_expert[0]["gate_proj"].info, by_expert[0]["down_proj"].info
+        pairs = tuple(src for e in range(count) for src in (*by_expert[e]["gate_proj"].sources, *by_expert[e]["up_proj"].sources))
+        out[f"{prefix}.gate_up_proj"] = Recipe(pairs, TensorInfo((count, 2 * gate.shape[0], gate.shape[1]), gate.dtype),
+                                               lambda *t: torch.stack([torch.cat(t[i : i + 2]) for i in range(0, len(t), 2)]))
+        downs = tuple(src for e in range(count) for src in by_expert[e]["down_proj"].sources)
+        out[f"{prefix}.down_proj"] = Recipe(downs, TensorInfo((count, *down.shape), down.dtype), lambda *t: torch.stack(t))
+    return out
+
+
+def _split_experts(plan: dict[str, Recipe]) -> dict[str, Recipe]:
+    """``gate_up_proj`` / ``down_proj`` -> one tensor per expert and projection (the inverse)."""
+    out = {}
+    for key, recipe in plan.items():
+        fused = re.match(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$", key)
+        if fused is None or len(recipe.info.shape) != 3:
+            out[key] = recipe
+            continue
+        count, rows, cols = recipe.info.shape
+        for e in range(count):
+            if fused[2] == "down_proj":
+                out[f"{fused[1]}.{e}.down_proj.weight"] = Recipe(recipe.sources, TensorInfo((rows, cols), recipe.info.dtype), lambda t, e=e: t[e].contiguous())
+            else:
+                half = rows // 2
+                out[f"{fused[1]}.{e}.gate_proj.weight"] = Recipe(recipe.sources, TensorInfo((half, cols), recipe.info.dtype), lambda t, e=e: t[e, :half].contiguous())
+                out[f"{fused[1]}.{e}.up_proj.weight"] = Recipe(recipe.sources, TensorInfo((half, cols), recipe.info.dtype), lambda t, e=e: t[e, half:].contiguous())
+    return out
 
 
 def _renamed(index: dict[str, TensorInfo], rename: Callable[[str], str]) -> dict[str, Recipe]:

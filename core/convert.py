@@ -22,6 +22,8 @@ model from the downloaded folder. Keys in the DCP are ``"model." + <fqn in the t
 
 from __future__ import annotations
 
+from collections import Counter
+
 import json
 import warnings
 from pathlib import Path
@@ -222,6 +224,9 @@ def dcp_to_hf(
     position = {key: i for i, key in enumerate(order)}
     loaded: dict[str, "torch.Tensor"] = {}
     whole = whole_tensor_files(ckpt_dir)
+    # a source several outputs are cut from (fused MoE experts split per expert) is read once
+    # and kept until its last use
+    uses = Counter(src for recipe in plan.values() for src in recipe.sources)
 
     def produce(key: str) -> "torch.Tensor":
         # Tensors stored whole in their own file are mapped; the others are read a few at a
@@ -233,13 +238,12 @@ def dcp_to_hf(
             tensor = recipe.combine(*sources) if recipe.combine else sources[0]
             return tensor.to(recipe.info.dtype)
         if any(src not in loaded for src in recipe.sources):
-            loaded.clear()
             wanted: list[str] = []
-            size = 0
+            size = sum(nbytes(mm_index[s]) for s in loaded)  # what is kept for later uses
             for upcoming in order[position[key] :]:
                 if all(src in whole for src in plan[upcoming].sources):
                     continue
-                sources = [s for s in plan[upcoming].sources if s not in wanted]
+                sources = [s for s in plan[upcoming].sources if s not in wanted and s not in loaded]
                 extra = sum(nbytes(mm_index[s]) for s in sources)
                 if wanted and size + extra > read_bytes:
                     break
@@ -248,7 +252,9 @@ def dcp_to_hf(
             loaded.update(load_dcp_tensors(ckpt_dir, wanted, mm_index))
         tensor = recipe.combine(*(loaded[s] for s in recipe.sources)) if recipe.combine else loaded[recipe.sources[0]]
         for src in recipe.sources:
-            loaded.pop(src, None)  # single-use: release as soon as it is written
+            uses[src] -= 1
+            if uses[src] <= 0:
+                loaded.pop(src, None)  # released after its last use
         return tensor.to(recipe.info.dtype)
 
     def write(name: str, group: list[str]) -> int:

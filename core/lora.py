@@ -196,6 +196,16 @@ def inject(model: "nn.Module", plan: LoraPlan) -> "nn.Module":
     with warnings.catch_warnings():  # peft warns that a model it did not wrap has no .config: expected here
         warnings.simplefilter("ignore")
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    from peft.tuners.lora import LoraLayer
+
+    adapted = {name for name, module in model.named_modules() if isinstance(module, LoraLayer) and not name.endswith(".base_layer")}
+    if adapted != set(plan.targets):
+        # peft (0.21) rewrites targets named like the MLP projections of MoE families whose
+        # layout changed in transformers 5 into their fused experts' parameters, even fully
+        # qualified names of dense or shared-expert layers: what it adapted is not what was asked
+        strays = sorted(adapted ^ set(plan.targets))
+        raise StageError(f"training.lora: peft adapted other layers than the ones planned ({strays[0]}{' and more' if len(strays) > 1 else ''}): "
+                         "for this MoE family peft maps MLP projection names onto the fused experts; target the attention layers instead")
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter(name) or _under(name, plan.modules_to_save))
     return model

@@ -128,3 +128,39 @@ def test_packed_and_cached_losses_equal_the_padded_loss_from_pixels(tiny_dir: Pa
         cached_model = copy.deepcopy(model)
         use_cached_vision(cached_model.model.visual)
         assert FAMILY.loss_sum(cached_model, FAMILY.collate(cached, ids)).item() == pytest.approx(want.item(), rel=1e-6)
+
+
+def test_an_export_of_glm45v_stores_experts_as_its_save_pretrained_does(tmp_path: Path) -> None:
+    """Per-expert on the hub (what GLM-4.5V ships and transformers writes), fused in training."""
+    from safetensors import safe_open
+
+    from mmcore.checkpointing import load_converted
+    from mmcore.convert import dcp_to_hf, hf_to_dcp
+    from mm_pack_glm4v.family import ADAPTER
+    from mm_pack_glm4v.tiny import build_init_checkpoint
+
+    build_init_checkpoint("tiny-moe", tmp_path / "hub", seed=0)
+    hf_to_dcp(tmp_path / "hub", tmp_path / "dcp", ADAPTER)
+    model = FAMILY.build_model(tmp_path / "hub")
+    load_converted(model, tmp_path / "dcp")
+    fused = model.state_dict()["model.language_model.layers.1.mlp.experts.gate_up_proj"]
+    with safe_open(str(tmp_path / "hub/model.safetensors"), "pt") as hub:
+        gate, up = hub.get_tensor("model.language_model.layers.1.mlp.experts.2.gate_proj.weight"), hub.get_tensor("model.language_model.layers.1.mlp.experts.2.up_proj.weight")
+    assert torch.equal(fused[2], torch.cat([gate, up]))
+    dcp_to_hf(tmp_path / "dcp", tmp_path / "back", ADAPTER)
+    with safe_open(str(tmp_path / "back/model.safetensors"), "pt") as back, safe_open(str(tmp_path / "hub/model.safetensors"), "pt") as hub:
+        assert set(back.keys()) == set(hub.keys())
+
+
+def test_lora_on_glm45v_mlp_names_is_a_clear_error_not_other_layers(tmp_path: Path) -> None:
+    """peft 0.21 would move targets named like MLP projections onto GLM-4.5V's fused experts."""
+    from mmcore.errors import StageError
+    from mmcore.lora import LoraPlan, inject
+    from mm_pack_glm4v.tiny import build_init_checkpoint
+
+    build_init_checkpoint("tiny-moe", tmp_path / "hub", seed=0)
+    model = FAMILY.build_model(tmp_path / "hub")
+    with pytest.raises(StageError, match="peft adapted other layers than the ones planned"):
+        inject(model, LoraPlan(r=4, alpha=8, dropout=0.0, init="default", targets=["model.language_model.layers.1.mlp.shared_experts.down_proj"]))
+    attention = [n for n, _ in FAMILY.build_model(tmp_path / "hub").named_modules() if n.endswith("self_attn.q_proj")]
+    inject(FAMILY.build_model(tmp_path / "hub"), LoraPlan(r=4, alpha=8, dropout=0.0, init="default", targets=attention))

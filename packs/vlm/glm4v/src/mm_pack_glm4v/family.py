@@ -1,4 +1,4 @@
-"""GLM-4.1V as the VLM kit sees it: the model class, GLM's token types, the frozen-vision cache.
+"""GLM-4.1V and GLM-4.5V (MoE) as the VLM kit sees them: the model class, GLM's token types, the frozen-vision cache.
 The kit (:mod:`mmcore.kits.vlm`) does preprocessing, collation, packing, loss, training and
 export; ``data.py`` writes GLM's image and video tokens.
 
@@ -20,7 +20,7 @@ from pydantic import Field
 from mmcore.config import RunConfig
 from mmcore.context import StageContext
 from mmcore.data.synthetic import write_shape_preferences, write_shape_questions
-from mmcore.kits.auto import TransformersNames
+from mmcore.convert import FusedExpertsAdapter
 from mmcore.kits.vlm import VLMFamily, rows_of
 from mmcore.pack import StageResult
 from mmcore.rundir import Manifest
@@ -31,7 +31,14 @@ class Glm4vRunConfig(RunConfig):
     data: QwenVisionData = Field(default_factory=QwenVisionData)
 
 
-ADAPTER = TransformersNames("Glm4vForConditionalGeneration")
+# hub names are the model's; GLM-4.5V's hub checkpoints store one tensor per expert
+ADAPTER = FusedExpertsAdapter(per_expert=True)
+
+
+def model_class(config: Any) -> Any:
+    import transformers
+
+    return transformers.Glm4vMoeForConditionalGeneration if config.model_type == "glm4v_moe" else transformers.Glm4vForConditionalGeneration
 
 # training.freeze accepts these names as well as parameter globs; the cache holds what the merger reads
 FREEZE_GROUPS = {
@@ -73,7 +80,7 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
 
 
 FAMILY = VLMFamily(
-    model_class="Glm4vForConditionalGeneration",
+    model_class=model_class,
     encoder=encoder,
     adapter=ADAPTER,
     media_fields=QWEN_MEDIA_FIELDS,
@@ -90,4 +97,7 @@ FAMILY = VLMFamily(
     preference_demo=write_shape_preferences,
     end_token="<|endoftext|>",
     batch_apart=("pixel_values_videos",),
+    # peft (0.21) maps targets named gate/up/down_proj of GLM-4.5V onto its fused experts (its
+    # transformers-4 adapter conversion), so LoRA adapts the attention by default
+    lora_targets=("model.language_model.layers.*.self_attn.*",),
 )

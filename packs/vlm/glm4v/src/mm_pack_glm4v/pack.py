@@ -6,6 +6,17 @@ from dataclasses import dataclass
 
 from mmcore import PackSpec, Stage, hookimpl
 
+STAGES = {
+    "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_glm4v.tiny:build_init_checkpoint"}),
+    "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_glm4v.family:ADAPTER", "build_model": "mm_pack_glm4v.family:FAMILY.build_model"}),
+    "preprocess": "mm_pack_glm4v.family:FAMILY.preprocess",
+    "extract": "mm_pack_glm4v.family:extract",
+    "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_glm4v.family:FAMILY.recipe"}),
+    "export": "mm_pack_glm4v.family:FAMILY.export",
+    "evaluate": "mm_pack_glm4v.family:FAMILY.evaluate",
+    "infer": "mm_pack_glm4v.family:FAMILY.infer",
+}
+
 
 @dataclass(frozen=True, eq=False)  # hashed by identity, as pluggy keeps plugins in sets
 class Glm4vPack:
@@ -21,25 +32,21 @@ class Glm4vPack:
             register(spec)
 
 
-glm4v = Glm4vPack(PackSpec(
-    name="glm4v",
-    category="vlm",
-    summary="GLM-4.1V (9B) vision-language models",
-    sdk="1.7",
-    config_class="mm_pack_glm4v.family:Glm4vRunConfig",
-    presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
-    default_preset="demo",
-    distributed_stages=("train",),
-    # Whether extract caches anything depends on whether the vision tower is frozen.
-    stage_sections={"extract": ("extract", "training.freeze")},
-    stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_glm4v.tiny:build_init_checkpoint"}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_glm4v.family:ADAPTER", "build_model": "mm_pack_glm4v.family:FAMILY.build_model"}),
-        "preprocess": "mm_pack_glm4v.family:FAMILY.preprocess",
-        "extract": "mm_pack_glm4v.family:extract",
-        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_glm4v.family:FAMILY.recipe"}),
-        "export": "mm_pack_glm4v.family:FAMILY.export",
-        "evaluate": "mm_pack_glm4v.family:FAMILY.evaluate",
-        "infer": "mm_pack_glm4v.family:FAMILY.infer",
-    },
-))
+def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str) -> PackSpec:
+    return PackSpec(
+        name=name,
+        category="vlm",
+        summary=summary,
+        sdk="1.7",
+        config_class="mm_pack_glm4v.family:Glm4vRunConfig",
+        presets=presets,
+        default_preset=default_preset,
+        distributed_stages=("train",),
+        # Whether extract caches anything depends on whether the vision tower is frozen.
+        stage_sections={"extract": ("extract", "training.freeze")},
+        stages=STAGES,
+    )
+
+
+glm4v = Glm4vPack(_spec("glm4v", "GLM-4.1V (9B) vision-language models", {"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"}, "demo"))
+glm4v_moe = Glm4vPack(_spec("glm4v-moe", "GLM-4.5V (106B-A12B MoE) vision-language models", {"tiny": "presets/tiny-moe.yaml"}, "tiny"))

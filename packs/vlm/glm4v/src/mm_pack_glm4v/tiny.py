@@ -1,6 +1,6 @@
 """Tiny random-weight checkpoints built from config: how tests and the demo run offline.
 
-``init:tiny`` and ``init:demo`` write a folder that ``from_pretrained`` loads: config,
+``init:tiny``, ``init:tiny-moe`` (GLM-4.5V) and ``init:demo`` write a folder that ``from_pretrained`` loads: config,
 safetensors weights, a small byte-level BPE tokenizer with GLM's special tokens, the image
 processor and the chat template.
 """
@@ -24,6 +24,7 @@ CORPUS = [
 
 PRESETS = {
     "tiny": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 32},
+    "tiny-moe": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 32, "moe": True},
     "demo": {"hidden": 96, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 48},
 }
 
@@ -42,7 +43,7 @@ def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
 
 
 def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
-    from transformers import Glm4vConfig
+    from transformers import Glm4vConfig, Glm4vMoeConfig
 
     p = pick_preset(PRESETS, preset)
     ids = tokenizer.convert_tokens_to_ids
@@ -57,7 +58,11 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     )
     vision = dict(depth=p["vision_depth"], hidden_size=p["vision_dim"], out_hidden_size=p["hidden"], intermediate_size=2 * p["hidden"],
                   num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, image_size=56)
-    return Glm4vConfig(text_config=text, vision_config=vision, image_token_id=ids("<|image|>"), video_token_id=ids("<|video|>"),
+    if p.get("moe"):  # GLM-4.5V: the first layer dense, then 4 routed experts (2 per token) and a shared one
+        text.update(head_dim=head_dim, moe_intermediate_size=p["hidden"] // 4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                    first_k_dense_replace=1, n_group=1, topk_group=1, router_aux_loss_coef=0.01)
+    config_class = Glm4vMoeConfig if p.get("moe") else Glm4vConfig
+    return config_class(text_config=text, vision_config=vision, image_token_id=ids("<|image|>"), video_token_id=ids("<|video|>"),
                        image_start_token_id=ids("<|begin_of_image|>"), image_end_token_id=ids("<|end_of_image|>"),
                        video_start_token_id=ids("<|begin_of_video|>"), video_end_token_id=ids("<|end_of_video|>"))
 
@@ -65,16 +70,16 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     """Write a random-weight checkpoint of ``preset`` (model, tokenizer, image processor) into ``out``."""
     import torch
-    from transformers import Glm4vForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
     from mm_pack_glm4v.data import CHAT_TEMPLATE, image_processor
+    from mm_pack_glm4v.family import model_class
 
     hf_logging.disable_progress_bar()  # a bar for a one-shard save of a tiny model is noise
     tokenizer = build_tokenizer()
     config = model_config(preset, tokenizer)
     torch.manual_seed(seed)
-    model = Glm4vForConditionalGeneration(config)
+    model = model_class(config)(config)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.chat_template = CHAT_TEMPLATE
