@@ -61,7 +61,7 @@ def info_cmd(pack: str, as_json: bool) -> None:
     spec = entry.spec
     assert spec is not None
     registry = plugins.registry
-    own = sorted({n for (n, _), k in registry.kernels.items() if k.provider == entry.pm_name})
+    own = sorted({n for (n, _) in registry.kernels if entry.pm_name in registry.kernel_providers.get((n, _), {registry.kernels[(n, _)].provider})})
     kernels = {name: {dev: _kernel_choice(registry, name, dev) for dev in sorted(registry.accelerators)} for name in own}
     data: dict[str, Any] = {
         **entry.as_dict(),

@@ -91,6 +91,7 @@ class Registry:
 
     accelerators: dict[str, Accelerator] = field(default_factory=dict)
     kernels: dict[tuple[str, str], KernelSpec] = field(default_factory=dict)
+    kernel_providers: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     backends: dict[str, BackendSpec] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -113,7 +114,10 @@ class Registry:
                 f"{old.provider} ({old.impl}) and {provider} ({spec.impl})"
             )
             return
-        self.kernels[key] = spec
+        # two packs of one distribution may register the same kernel: the first keeps it, both are its providers
+        self.kernel_providers.setdefault(key, set()).add(provider)
+        if old is None:
+            self.kernels[key] = spec
 
     def add_backend(self, spec: BackendSpec, provider: str) -> None:
         spec = BackendSpec(**{**spec.__dict__, "provider": provider})

@@ -55,6 +55,9 @@ def test_kernel_falls_back_to_reference_where_the_device_library_is_absent() -> 
     assert reg.errors == ["kernel 'rms_norm' for 'cuda' is registered by both pack:a (math:prod) and pack:b (math:hypot)"]
     with pytest.raises(UsageError, match="no reference implementation"):
         reg.kernel_spec("swiglu", "cpu")
+    # two packs of one distribution registering the same kernel: one spec, both its providers
+    reg.add_kernel(KernelSpec("rms_norm", "cuda", "math:prod"), "pack:a-moe")
+    assert reg.kernels[("rms_norm", "cuda")].provider == "pack:a" and reg.kernel_providers[("rms_norm", "cuda")] == {"pack:a", "pack:a-moe"}
 
 
 def test_info_lists_the_kernel_each_device_gets(cli: CLI) -> None:

@@ -117,4 +117,19 @@ def run_nodes(cwd: Path, args: Sequence[str], nnodes: int = 2, *, order: Sequenc
     return [subprocess.CompletedProcess(procs[r].args, procs[r].returncode, *outs[r]) for r in sorted(procs)]
 
 
-__all__ = ["plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """Step -> loss of a run's ``train/metrics.jsonl`` (a resumed run repeats steps: the last counts)."""
+    import json
+
+    rows = [json.loads(line) for line in (Path(run_dir) / "train/metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def stage_manifest(run_dir: Path, stage: str) -> dict[str, Any]:
+    """A stage's ``manifest.json`` in a run directory."""
+    import json
+
+    return json.loads((Path(run_dir) / stage / "manifest.json").read_text())
+
+__all__ = ["train_losses", "stage_manifest", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]

@@ -92,6 +92,10 @@ class PackConformance:
     supports_lora: ClassVar[bool] = True
     #: Overrides of the LoRA runs (on top of ``overrides``): long enough for the loss to fall.
     lora_overrides: ClassVar[tuple[str, ...]] = ("training.lora.r=8", "training.lr=1e-2", "training.steps=6", "evaluate.enabled=false")
+    #: Names of this class's tests that run only in ``make test-matrix`` (marker ``matrix``):
+    #: the expensive ones whose code path another pack's ``make test`` already runs (a variant
+    #: of a family, a kit family whose LoRA is the kit's), for the test budget.
+    matrix: ClassVar[tuple[str, ...]] = ()
 
     # ------------------------------------------------------------------ shared runs
     # Runs happen in this process (torch and the pack imported once), except the one that is

@@ -84,6 +84,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"{sum(_SECONDS_BY_PART.values()) / 60:6.2f} min  total")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A PackConformance subclass's ``matrix`` tests get the ``matrix`` marker."""
+    for item in items:
+        cls = getattr(item, "cls", None)
+        if cls is not None and _is_conformance(cls) and getattr(item, "originalname", item.name) in cls.matrix:
+            item.add_marker(pytest.mark.matrix)
+
+
 # --------------------------------------------------------------------------- conformance records
 
 _CONFORMANCE: dict[str, dict[str, int]] = {}

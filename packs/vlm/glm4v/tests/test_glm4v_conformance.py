@@ -6,6 +6,8 @@ from mmcore.testing.conformance import PackConformance
 class TestGlm4vConformance(PackConformance):
     pack_name = "glm4v"
     overrides = ("data.demo_samples=8",)
+    # the VLM kit's LoRA, which qwen2vl and qwen3vl run in make test (make test-matrix runs it here)
+    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them",)
 
 
 class TestGlm4vMoeConformance(PackConformance):
@@ -14,3 +16,5 @@ class TestGlm4vMoeConformance(PackConformance):
 
     pack_name = "glm4v-moe"
     overrides = ("data.demo_samples=8",)
+    # LoRA adapts the attention, and infer runs, as in glm4v (make test-matrix runs them here)
+    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_infer_answers_from_the_training_checkpoint_and_the_export")

@@ -8,16 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mmcore.testing import stage_manifest as manifest, train_losses as losses
 from mmcore.testing.media import write_image, write_video
-
-
-def losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
-def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
-    return json.loads((run / stage / "manifest.json").read_text())
 
 
 @pytest.mark.slow

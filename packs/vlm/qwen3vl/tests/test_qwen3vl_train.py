@@ -3,19 +3,11 @@ vision cache, the demo learns and its export answers."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-
-def losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
-def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
-    return json.loads((run / stage / "manifest.json").read_text())
+from mmcore.testing import stage_manifest as manifest, train_losses as losses
 
 
 def two_processes_match_one(mm, tmp_path: Path, pack: str, *extra: str) -> None:  # type: ignore[no-untyped-def]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from mmcore import PackSpec, Stage, hookimpl
+from mmcore import PackSpec, Stage
+from mm_qwen_vision.kernels import QwenKernelsPack
 
 STAGES = {
     "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_glm4v.tiny:build_init_checkpoint"}),
@@ -16,20 +15,6 @@ STAGES = {
     "evaluate": "mm_pack_glm4v.family:FAMILY.evaluate",
     "infer": "mm_pack_glm4v.family:FAMILY.infer",
 }
-
-
-@dataclass(frozen=True, eq=False)  # hashed by identity, as pluggy keeps plugins in sets
-class Glm4vPack:
-    """A pack object rather than a bare PackSpec: it also registers the family's kernels."""
-
-    PACK: PackSpec
-
-    @hookimpl
-    def mmcore_register_kernels(self, register):
-        from mm_qwen_vision.kernels import qwen_kernels
-
-        for spec in qwen_kernels("glm4v", rotary=False):  # Qwen's RMSNorm; GLM's rotary is interleaved, not rotate-half
-            register(spec)
 
 
 def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str) -> PackSpec:
@@ -48,5 +33,5 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
     )
 
 
-glm4v = Glm4vPack(_spec("glm4v", "GLM-4.1V (9B) vision-language models", {"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"}, "demo"))
-glm4v_moe = Glm4vPack(_spec("glm4v-moe", "GLM-4.5V (106B-A12B MoE) vision-language models", {"tiny": "presets/tiny-moe.yaml"}, "tiny"))
+glm4v = QwenKernelsPack(_spec("glm4v", "GLM-4.1V (9B) vision-language models", {"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"}, "demo"), "glm4v", rotary=False)
+glm4v_moe = QwenKernelsPack(_spec("glm4v-moe", "GLM-4.5V (106B-A12B MoE) vision-language models", {"tiny": "presets/tiny-moe.yaml"}, "tiny"), "glm4v", rotary=False)

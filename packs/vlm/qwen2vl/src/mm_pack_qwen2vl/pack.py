@@ -5,9 +5,8 @@ Importing this module must stay light (no torch, no transformers): ``mmcore list
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from mmcore import PackSpec, Stage, hookimpl
+from mmcore import PackSpec, Stage
+from mm_qwen_vision.kernels import QwenKernelsPack
 
 STAGES = {
     "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen2vl.tiny:build_init_checkpoint"}),
@@ -19,20 +18,6 @@ STAGES = {
     "evaluate": "mm_pack_qwen2vl.family:FAMILY.evaluate",
     "infer": "mm_pack_qwen2vl.family:FAMILY.infer",
 }
-
-
-@dataclass(frozen=True, eq=False)  # hashed by identity, as pluggy keeps plugins in sets
-class Qwen2VLPack:
-    """A pack object rather than a bare PackSpec: it also registers the family's kernels."""
-
-    PACK: PackSpec
-
-    @hookimpl
-    def mmcore_register_kernels(self, register):
-        from mm_pack_qwen2vl.kernels import KERNELS
-
-        for spec in KERNELS:
-            register(spec)
 
 
 def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str) -> PackSpec:
@@ -51,5 +36,5 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
     )
 
 
-qwen2vl = Qwen2VLPack(_spec("qwen2vl", "Qwen2-VL (2B/7B/72B) vision-language models", {"demo": "presets/demo.yaml", "lora": "presets/lora.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"}, "demo"))
-qwen25vl = Qwen2VLPack(_spec("qwen2.5vl", "Qwen2.5-VL (3B/7B/32B/72B) vision-language models", {"tiny": "presets/tiny-2.5.yaml"}, "tiny"))
+qwen2vl = QwenKernelsPack(_spec("qwen2vl", "Qwen2-VL (2B/7B/72B) vision-language models", {"demo": "presets/demo.yaml", "lora": "presets/lora.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"}, "demo"), "qwen2vl")
+qwen25vl = QwenKernelsPack(_spec("qwen2.5vl", "Qwen2.5-VL (3B/7B/32B/72B) vision-language models", {"tiny": "presets/tiny-2.5.yaml"}, "tiny"), "qwen2vl")

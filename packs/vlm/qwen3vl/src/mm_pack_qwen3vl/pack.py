@@ -5,9 +5,8 @@ Importing this module must stay light (no torch, no transformers): ``mmcore list
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from mmcore import PackSpec, Stage, hookimpl
+from mmcore import PackSpec, Stage
+from mm_qwen_vision.kernels import QwenKernelsPack
 
 STAGES = {
     "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen3vl.tiny:build_init_checkpoint"}),
@@ -19,20 +18,6 @@ STAGES = {
     "evaluate": "mm_pack_qwen3vl.family:FAMILY.evaluate",
     "infer": "mm_pack_qwen3vl.family:FAMILY.infer",
 }
-
-
-@dataclass(frozen=True, eq=False)  # hashed by identity, as pluggy keeps plugins in sets
-class Qwen3VLPack:
-    """A pack object rather than a bare PackSpec: it also registers the family's kernels."""
-
-    PACK: PackSpec
-
-    @hookimpl
-    def mmcore_register_kernels(self, register):
-        from mm_qwen_vision.kernels import qwen_kernels
-
-        for spec in qwen_kernels("qwen3vl"):
-            register(spec)
 
 
 def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str) -> PackSpec:
@@ -51,5 +36,5 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
     )
 
 
-qwen3vl = Qwen3VLPack(_spec("qwen3vl", "Qwen3-VL (2B/4B/8B/32B) vision-language models", {"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"}, "demo"))
-qwen3vl_moe = Qwen3VLPack(_spec("qwen3vl-moe", "Qwen3-VL MoE (30B-A3B/235B-A22B) vision-language models", {"tiny": "presets/tiny-moe.yaml"}, "tiny"))
+qwen3vl = QwenKernelsPack(_spec("qwen3vl", "Qwen3-VL (2B/4B/8B/32B) vision-language models", {"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"}, "demo"), "qwen3vl")
+qwen3vl_moe = QwenKernelsPack(_spec("qwen3vl-moe", "Qwen3-VL MoE (30B-A3B/235B-A22B) vision-language models", {"tiny": "presets/tiny-moe.yaml"}, "tiny"), "qwen3vl")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass
 from typing import Any
+
+from mmcore import hookimpl
 
 OPS = "mm_qwen_vision.ops"
 
@@ -29,6 +32,27 @@ def qwen_kernels(prefix: str, rotary: bool = True) -> list[Any]:
         KernelSpec(f"{prefix}.rotary", "npu", f"{OPS}:apply_rotary_npu", requires=("torch_npu",), summary="torch_npu.npu_rotary_mul"),
     ]
     return specs if rotary else [spec for spec in specs if not spec.name.endswith(".rotary")]
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity, as pluggy keeps plugins in sets
+class QwenKernelsPack:
+    """A pack's entry-point object that also registers the Qwen text kernels under the pack's
+    prefix (``mmcore.packs`` entry points may be any object with a ``PACK``).
+
+    Args:
+        PACK: the pack's declaration.
+        prefix: kernel name prefix (``"qwen2vl"`` -> ``qwen2vl.rms_norm``).
+        rotary: also the rotate-half rotary kernel (False where the family's rotary differs).
+    """
+
+    PACK: Any
+    prefix: str
+    rotary: bool = True
+
+    @hookimpl
+    def mmcore_register_kernels(self, register: Any) -> None:
+        for spec in qwen_kernels(self.prefix, self.rotary):
+            register(spec)
 
 
 def apply_kernels(model: Any, registry: Any, device: str, prefix: str, rotary: bool = True) -> list[str]:
