@@ -38,6 +38,7 @@ What the kit does with it:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -316,6 +317,8 @@ class VLMFamily:
         """``sample index -> which of batch_apart's fields it has`` (from the dataset index,
         where preprocess recorded the sample's media fields; else from the sample)."""
         def key(i: int) -> tuple[bool, ...]:
+            if not self.batch_apart:
+                return ()
             media = data.meta(i).get("media")
             present = set(media) if media is not None else set(data[i])
             return tuple(name in present for name in self.batch_apart)
@@ -334,7 +337,7 @@ class VLMFamily:
         held_out = data.split("eval")
         probe = held_out if len(held_out) else data
         kind = self.group_of(probe)
-        same_kind = [i for i in range(len(probe)) if kind(i) == kind(0)][:4]  # batch_apart: one kind per forward
+        same_kind = list(itertools.islice((i for i in range(len(probe)) if kind(i) == kind(0)), 4))  # batch_apart: one kind per forward
         done = export_checked(
             ctx, upstream, self.adapter, build_trained=self.build_model, load_exported=self.load_exported,
             probe=self.collate([chosen_view(probe[i]) for i in same_kind], self.token_ids(data)), logits=self.forward_logits,
