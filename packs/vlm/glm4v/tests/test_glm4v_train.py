@@ -51,6 +51,7 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # the VLM kit's demo path runs in make test for qwen2vl and qwen3vl; tools/demo_matrix.py holds this one's promise
 @pytest.mark.compares_runs
 def test_demo_learns_and_the_export_answers_the_same(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     mm("run", "--pack", "glm4v", "--preset", "demo")

@@ -34,6 +34,7 @@ def test_a_frozen_vision_tower_trains_from_the_cache(mm, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # the VLM kit's demo path runs in make test for qwen2vl and qwen3vl; tools/demo_matrix.py holds this one's promise
 @pytest.mark.compares_runs
 def test_demo_learns_and_the_export_answers_the_same(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     mm("run", "--pack", "internvl", "--preset", "demo")
