@@ -16,5 +16,6 @@ class TestGlm4vMoeConformance(PackConformance):
 
     pack_name = "glm4v-moe"
     overrides = ("data.demo_samples=8",)
-    # LoRA adapts the attention, and infer runs, as in glm4v (make test-matrix runs them here)
-    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_infer_answers_from_the_training_checkpoint_and_the_export")
+    # LoRA adapts the attention, infer and kill-resume run, as in glm4v (make test-matrix runs them here)
+    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_infer_answers_from_the_training_checkpoint_and_the_export",
+              "test_training_killed_mid_run_resumes_to_the_same_losses")

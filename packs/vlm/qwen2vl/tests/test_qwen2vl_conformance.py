@@ -11,5 +11,6 @@ class TestQwen2VLConformance(PackConformance):
 class TestQwen25VLConformance(PackConformance):
     pack_name = "qwen2.5vl"
     overrides = ("data.demo_samples=8",)
-    # the family's second model: its LoRA and infer paths are qwen2vl's (make test-matrix runs them)
-    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_infer_answers_from_the_training_checkpoint_and_the_export")
+    # the family's second model: its LoRA, infer and kill-resume paths are qwen2vl's (make test-matrix runs them)
+    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_infer_answers_from_the_training_checkpoint_and_the_export",
+              "test_training_killed_mid_run_resumes_to_the_same_losses")
