@@ -132,4 +132,23 @@ def stage_manifest(run_dir: Path, stage: str) -> dict[str, Any]:
 
     return json.loads((Path(run_dir) / stage / "manifest.json").read_text())
 
-__all__ = ["train_losses", "stage_manifest", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]
+
+
+def two_processes_match_one(cli: Any, run_root: Path, args: Sequence[str], rel: float = 1e-5) -> None:
+    """``mmcore run ARGS`` on one process (micro-batches of 2) and on two (of 1 each, the same
+    global batch): three steps, equal losses to ``rel`` (fp32; only the reduction order differs),
+    and the two-process run's export reloading with identical logits. ``cli`` runs ``mmcore``
+    in ``run_root`` (the ``mmcore_cli`` fixture)."""
+    import pytest
+
+    cli("run", *args, "training.steps=3", "--run-dir", "one", "training.micro_batch_size=2")
+    cli("run", *args, "training.steps=3", "--run-dir", "two", "training.micro_batch_size=1", "--nproc-per-node", "2")
+    assert stage_manifest(run_root / "two", "train")["world_size"] == 2
+    one, two = train_losses(run_root / "one"), train_losses(run_root / "two")
+    assert list(one) == list(two) == [1, 2, 3]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=rel), step
+    assert stage_manifest(run_root / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+
+
+__all__ = ["train_losses", "stage_manifest", "two_processes_match_one", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]

@@ -37,3 +37,22 @@ def tone(seconds: float, hz: float = 440.0, rate: int = 16000, amplitude: float 
     import numpy as np
 
     return amplitude * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate)
+
+
+def write_wild_mllm(root: Path) -> Path:
+    """LLaMA-Factory's MLLM JSON as found in the wild, written with its media under ``root``:
+    a multi-turn sample with two images, a video, a text-only sample with a system prompt, and
+    (sample 3) one whose image ``imgs/missing.jpg`` does not exist. Returns the JSON file."""
+    import json
+
+    write_image(root / "imgs/a.jpg", (255, 0, 0))
+    write_image(root / "imgs/b.png", (0, 0, 255), size=(40, 90))
+    write_video(root / "clips/v.mp4")
+    records = [
+        {"messages": [{"role": "user", "content": "<image>Who?"}, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "And <image>?"}, {"role": "assistant", "content": "Blue."}], "images": ["imgs/a.jpg", "imgs/b.png"]},
+        {"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "A bar grows."}], "videos": ["clips/v.mp4"]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
+        {"messages": [{"role": "user", "content": "<image>Colour?"}, {"role": "assistant", "content": "red"}], "images": ["imgs/missing.jpg"]},
+    ]
+    (root / "data.json").write_text(json.dumps(records))
+    return root / "data.json"

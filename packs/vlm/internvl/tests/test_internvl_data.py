@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import re
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 from mmcore.data.mllm import Sample, Turn
-from mmcore.testing.media import write_image, write_video
+from mmcore.testing.media import write_image, write_video, write_wild_mllm
 from mm_pack_internvl.data import Encoder
 from mm_pack_internvl.family import FAMILY, InternVLData, use_cached_vision, vision_features
 
@@ -103,17 +102,7 @@ def test_real_world_mllm_json_preprocesses_without_edits(tmp_path: Path) -> None
     from mmcore.plugins import Plugins
     from mmcore.testing import make_runner
 
-    root = tmp_path / "wild"
-    write_image(root / "imgs/a.jpg", (255, 0, 0))
-    write_image(root / "imgs/b.png", (0, 0, 255), size=(40, 90))
-    write_video(root / "clips/v.mp4")
-    records = [
-        {"messages": [{"role": "user", "content": "<image>Who?"}, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "And <image>?"}, {"role": "assistant", "content": "Blue."}], "images": ["imgs/a.jpg", "imgs/b.png"]},
-        {"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "A bar grows."}], "videos": ["clips/v.mp4"]},
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
-        {"messages": [{"role": "user", "content": "<image>Colour?"}, {"role": "assistant", "content": "red"}], "images": ["imgs/missing.jpg"]},
-    ]
-    (root / "data.json").write_text(json.dumps(records))
+    root = write_wild_mllm(tmp_path / "wild").parent
     plugins = Plugins.load()
     runner = make_runner(plugins, "internvl", tmp_path / "r", preset="tiny", overrides=[f"data.datasets=[{root / 'data.json'}]"])
     runner.run_stage("download")

@@ -7,21 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.testing import stage_manifest as manifest, train_losses as losses
+from mmcore.testing import stage_manifest as manifest, two_processes_match_one
 
 
 @pytest.mark.slow
 @pytest.mark.matrix
 @pytest.mark.compares_runs
 def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    args = ["--pack", "internvl", "--preset", "tiny", "data.demo_samples=24", "convert.verify=false", "training.steps=3", "evaluate.enabled=false"]
-    mm("run", *args, "--run-dir", "one", "training.micro_batch_size=2")
-    mm("run", *args, "--run-dir", "two", "training.micro_batch_size=1", "--nproc-per-node", "2")
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert list(one) == list(two) == [1, 2, 3]
-    for step in one:  # fp32, same global batch and seed; only the reduction order differs
-        assert two[step] == pytest.approx(one[step], rel=1e-5), step
-    assert manifest(tmp_path / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+    two_processes_match_one(mm, tmp_path, ["--pack", "internvl", "--preset", "tiny", "data.demo_samples=24", "convert.verify=false", "evaluate.enabled=false"])
 
 
 @pytest.mark.slow

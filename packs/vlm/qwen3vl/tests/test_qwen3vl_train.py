@@ -7,19 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.testing import stage_manifest as manifest, train_losses as losses
+from mmcore.testing import stage_manifest as manifest, two_processes_match_one
 
 
-def two_processes_match_one(mm, tmp_path: Path, pack: str, *extra: str) -> None:  # type: ignore[no-untyped-def]
-    args = ["--pack", pack, "data.demo_samples=24", "convert.verify=false", "training.steps=3", "evaluate.enabled=false", *extra]
-    mm("run", *args, "--run-dir", "one", "training.micro_batch_size=2")
-    mm("run", *args, "--run-dir", "two", "training.micro_batch_size=1", "--nproc-per-node", "2")
-    assert manifest(tmp_path / "two", "train")["world_size"] == 2
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert list(one) == list(two) == [1, 2, 3]
-    for step in one:  # fp32, same global batch and seed; only the reduction order differs
-        assert two[step] == pytest.approx(one[step], rel=1e-5), step
-    assert manifest(tmp_path / "two", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+def tiny(pack: str, *extra: str) -> list[str]:
+    return ["--pack", pack, "data.demo_samples=24", "convert.verify=false", "evaluate.enabled=false", *extra]
 
 
 @pytest.mark.slow
@@ -30,14 +22,14 @@ def test_two_process_fsdp2_matches_one_process_with_experts(mm, tmp_path: Path) 
     loss is computed per micro-batch (one of two samples here, two of one there), as in
     transformers and Megatron, so it is left out of this comparison; the unit test holds its
     value (test_qwen3vl_moe.py)."""
-    two_processes_match_one(mm, tmp_path, "qwen3vl-moe", "training.moe_aux_loss_coef=0")
+    two_processes_match_one(mm, tmp_path, tiny("qwen3vl-moe", "training.moe_aux_loss_coef=0"))
 
 
 @pytest.mark.slow
 @pytest.mark.matrix
 @pytest.mark.compares_runs
 def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    two_processes_match_one(mm, tmp_path, "qwen3vl")
+    two_processes_match_one(mm, tmp_path, tiny("qwen3vl"))
 
 
 @pytest.mark.slow
