@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.7"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward)
+SDK_VERSION = "1.8"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions)
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -65,11 +65,13 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.video": frozenset({"MediaError", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),
     "mmcore.data.audio": frozenset({"MediaError", "load_audio", "write_audio"}),
     "mmcore.data.captions": frozenset({"read_captions"}),
-    "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image", "write_shape_questions", "write_shape_preferences"}),
+    "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image", "write_shape_questions", "write_shape_preferences",
+                                        "PITCHES", "SHAPE_TONE_QUESTION", "TONE_RATE", "tone_clip", "write_shape_tone_questions"}),
     "mmcore.kits.auto": frozenset({"TransformersNames", "ProcessorImages", "auto_family", "tiny_checkpoint", "shrink_config", "TINY_SIZES"}),
     "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadJSON", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
     "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "CHATML_TEMPLATE", "Encoded", "Piece", "Expander"}),
     "mmcore.kits.vlm": frozenset({"VLMFamily", "restarting_positions", "rows_of"}),
+    "mmcore.kits.mel_audio": frozenset({"MelClipExpander", "collate_mel_clips", "pad_clips", "mel_tower_tokens", "audio_clips", "clip_key", "use_cached_audio"}),
     "mmcore.flops": frozenset({"parameter_counts", "dense_flops", "attention_flops", "StepFlops"}),
     "mmcore.attention": frozenset({"varlen_attention", "use_packed_attention", "segment_bounds"}),
     "mmcore.data.chat_template": frozenset({"IGNORE", "PART_TYPES", "ChatTemplateEncoder", "ChatTemplateError", "Encoded", "Piece", "Expander"}),

@@ -1,4 +1,5 @@
-"""Synthetic pictures for the packs' demos: one coloured shape on white, drawn with PIL.
+"""Synthetic data for the packs' demos: one coloured shape on white, drawn with PIL (and, for
+the omni demo, a tone beside it).
 
 A demo must learn on any machine, so what it asks of the model is made easy to see: the shape
 is big (a radius of 16-24 px in a 56 px image, so every 28 px merged vision token holds some
@@ -72,6 +73,50 @@ def write_shape_preferences(folder: Path, samples: int, seed: int, eval_fraction
         records.append({"conversations": [{"from": "human", "value": f"<image>What colour is the {shape}?"}],
                         "chosen": {"from": "gpt", "value": f"The {shape} is {colour}."},
                         "rejected": {"from": "gpt", "value": f"The {shape} is {wrong}."}, "images": [name]})
+    cut = int(len(records) * (1 - eval_fraction))
+    train, held_out = folder / "train.json", folder / "eval.json"
+    train.write_text(json.dumps(records[:cut], indent=1))
+    held_out.write_text(json.dumps(records[cut:], indent=1))
+    return train, held_out
+
+
+#: the omni demo's tones, an octave apart
+PITCHES = {"low": 220.0, "middle": 440.0, "high": 880.0}
+SHAPE_TONE_QUESTION = "<image><audio>What colour is the shape, and is the tone low, middle or high?"
+TONE_RATE = 16000
+
+
+def tone_clip(hz: float, rng: Any) -> Any:
+    """About half a second of a sine near ``hz`` (±2 %), random loudness, 20 ms fades and faint
+    noise, at :data:`TONE_RATE` (numpy float64; ``rng`` a numpy Generator)."""
+    import numpy as np
+
+    n = int(TONE_RATE * rng.uniform(0.4, 0.6))
+    t = np.arange(n) / TONE_RATE
+    envelope = np.minimum(1.0, np.minimum(t, t[::-1]) / 0.02)
+    return rng.uniform(0.3, 0.9) * envelope * np.sin(2 * np.pi * hz * rng.uniform(0.98, 1.02) * t) + rng.normal(0, 0.01, n)
+
+
+def write_shape_tone_questions(folder: Path, samples: int, seed: int, eval_fraction: float = 0.2) -> tuple[Path, Path]:
+    """The omni demo's data: a coloured shape (PNG) and a tone (wav) per question, the answer
+    needing both: "What colour is the shape, and is the tone low, middle or high?" -> "blue high"
+    (12 answers). Writes ``train.json``, ``eval.json``, their images and clips under ``folder``
+    as MLLM JSON; returns both files."""
+    import numpy as np
+
+    from mmcore.data.audio import write_audio
+
+    rng, pictures = np.random.default_rng(seed), random.Random(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for i in range(samples):
+        colour = sorted(COLOURS)[int(rng.integers(0, len(COLOURS)))]
+        pitch = list(PITCHES)[int(rng.integers(0, len(PITCHES)))]
+        image, clip = f"images/{i:05d}.png", f"clips/{i:05d}.wav"
+        shape_image(pictures.choice(SHAPES), COLOURS[colour], pictures).save(folder / image)
+        write_audio(folder / clip, tone_clip(PITCHES[pitch], rng), TONE_RATE)
+        records.append({"messages": [{"role": "user", "content": SHAPE_TONE_QUESTION}, {"role": "assistant", "content": f"{colour} {pitch}"}],
+                        "images": [image], "audios": [clip]})
     cut = int(len(records) * (1 - eval_fraction))
     train, held_out = folder / "train.json", folder / "eval.json"
     train.write_text(json.dumps(records[:cut], indent=1))

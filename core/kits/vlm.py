@@ -76,7 +76,8 @@ class VLMFamily:
         shard_layers: dotted paths of the module lists whose items FSDP shards one by one
             (``"model.language_model.layers"``).
         config_class: transformers config class name, where ``AutoConfig`` is not the one
-            (a thinker inside a larger checkpoint).
+            (a thinker inside a larger checkpoint); exports then write that class's config
+            alone (not the full folder's, whose other parts are not exported).
         model_inputs: batch keys given to ``forward`` besides ids, mask and ``media_fields``.
         packed_counts: batch key -> sample field whose rows each sample brings, for packing
             (``{"segment_images": "image_grid_thw"}``).
@@ -158,6 +159,18 @@ class VLMFamily:
         if checkpoint is not None:
             load_converted(model, checkpoint)
         return model
+
+    def export_side_files(self, model_dir: Path, out: Path) -> None:
+        """The export's non-weight files: ``side_files``, or the folder's copied with, under
+        ``config_class``, the config of the part the model is."""
+        from mmcore.convert import copy_side_files
+
+        if self.side_files is not None:
+            self.side_files(model_dir, out)
+            return
+        copy_side_files(model_dir, out)
+        if self.config_class:
+            self.config(model_dir).save_pretrained(out)
 
     def load_exported(self, folder: Path) -> Any:
         """An exported model folder, or a LoRA adapter folder on its base (peft's layers, unmerged)."""
@@ -341,7 +354,7 @@ class VLMFamily:
         done = export_checked(
             ctx, upstream, self.adapter, build_trained=self.build_model, load_exported=self.load_exported,
             probe=self.collate([chosen_view(probe[i]) for i in same_kind], self.token_ids(data)), logits=self.forward_logits,
-            side_files=self.side_files,
+            side_files=self.export_side_files,
         )
         return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
 

@@ -56,3 +56,30 @@ def write_wild_mllm(root: Path) -> Path:
     ]
     (root / "data.json").write_text(json.dumps(records))
     return root / "data.json"
+
+
+def write_wild_omni(root: Path) -> Path:
+    """MLLM JSON for omni models as found in the wild, written with its media under ``root``:
+    audio (wav, mp3 at 22.05 kHz, flac at 44.1 kHz), images and a video mixed in one multi-turn
+    conversation, an audio-only sample, a two-image sample with a system prompt, text only.
+    Returns the JSON file."""
+    import json
+
+    from mmcore.data.audio import write_audio as write_clip
+
+    write_image(root / "imgs/a.jpg", (255, 0, 0))
+    write_image(root / "imgs/b.png", (0, 0, 255), size=(40, 90))
+    write_video(root / "clips/v.mp4")
+    write_clip(root / "sounds/a.wav", tone(0.7), 16000)
+    write_clip(root / "sounds/b.mp3", tone(1.3, 660, 22050), 22050)
+    write_clip(root / "sounds/c.flac", tone(0.4, 220, 44100), 44100)
+    records = [
+        {"messages": [{"role": "user", "content": "<image><audio>What do you see and hear?"}, {"role": "assistant", "content": "red, a tone"},
+                      {"role": "user", "content": "And here?<video><audio>"}, {"role": "assistant", "content": "a bar, a higher tone"}],
+         "images": ["imgs/a.jpg"], "videos": ["clips/v.mp4"], "audios": ["sounds/a.wav", "sounds/b.mp3"]},
+        {"messages": [{"role": "user", "content": "<audio>Describe the sound."}, {"role": "assistant", "content": "low"}], "audios": ["sounds/c.flac"]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Compare <image> and <image>."}, {"role": "assistant", "content": "red vs blue"}], "images": ["imgs/a.jpg", "imgs/b.png"]},
+        {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
+    ]
+    (root / "data.json").write_text(json.dumps(records))
+    return root / "data.json"

@@ -58,7 +58,7 @@ def test_frozen_towers_cache_equals_running_them(omni, tmp_path: Path) -> None: 
     omni("run", *common, "--run-dir", "cached")
     omni("run", *common, "--run-dir", "live", "extract.enabled=false")
     extract = manifest(tmp_path / "cached", "extract")["metrics"]
-    assert extract["towers"] == ["audio", "vision"] and extract["unique_items"] == 48  # 24 clips + 24 images
+    assert extract["towers"] == ["audio", "vision"] and extract["unique_media"] == 48  # 24 clips + 24 images
     cached, live = losses(tmp_path / "cached"), losses(tmp_path / "live")
     assert list(cached) == [1, 2, 3]
     for step in cached:

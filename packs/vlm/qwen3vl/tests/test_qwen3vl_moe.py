@@ -13,7 +13,7 @@ import torch
 from mmcore.data.mllm import Sample, Turn
 from mmcore.testing.media import write_image, write_video
 from mm_pack_qwen3vl.data import Encoder
-from mm_pack_qwen3vl.family import ADAPTER, FAMILY, Qwen3VLData, use_cached_vision
+from mm_pack_qwen3vl.family import ADAPTER, FAMILY, Qwen3VLData
 
 
 def encoded_batch(model_dir: Path, tmp_path: Path) -> tuple[dict, dict]:  # type: ignore[type-arg]
@@ -82,8 +82,8 @@ def test_the_router_auxiliary_loss_is_part_of_the_training_loss(moe_dir: Path, t
 @pytest.mark.isa_sample
 def test_loss_from_cached_features_equals_loss_from_pixels(which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The cache holds the last block's and every DeepStack block's output; the mergers still run."""
-    from mm_pack_qwen3vl.extract import vision_features
     from mm_qwen_vision import split_items
+    from mm_qwen_vision.deepstack import deepstack_features, use_cached_deepstack_vision
 
     model_dir = request.getfixturevalue(which)
     raw, ids = encoded_batch(model_dir, tmp_path)
@@ -91,8 +91,10 @@ def test_loss_from_cached_features_equals_loss_from_pixels(which: str, request: 
     cached = dict(raw)
     with torch.no_grad():
         for pixels_name, grid_name in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
-            cached[pixels_name] = torch.cat([vision_features(model.model.visual, p, g) for p, g in split_items(raw[pixels_name], raw[grid_name])])
+            cached[pixels_name] = torch.cat([deepstack_features(model.model.visual, p, g) for p, g in split_items(raw[pixels_name], raw[grid_name])])
         assert cached["pixel_values"].shape[-1] == 2 * model.config.vision_config.hidden_size  # last + one DeepStack block
         want = FAMILY.loss_sum(model, FAMILY.collate([raw], ids))
-        got = FAMILY.loss_sum(use_cached_vision(copy.deepcopy(model)), FAMILY.collate([cached], ids))
+        cached_model = copy.deepcopy(model)
+        use_cached_deepstack_vision(cached_model.model.visual)
+        got = FAMILY.loss_sum(cached_model, FAMILY.collate([cached], ids))
     assert got.item() == pytest.approx(want.item(), rel=1e-6)

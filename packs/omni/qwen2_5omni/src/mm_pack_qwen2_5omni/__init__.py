@@ -2,6 +2,7 @@
 
 Model-specific code only: tiny presets and the processor (``tiny``, ``processor``), the
 state-dict adapter (``adapter``), the audio placeholder and the conversation encoding
-(``data``), batch -> loss with packing across modalities (``model``), the frozen audio/vision
-cache (``extract``), the export check (``export``) and the image-plus-tone demo (``demo``).
+(``data``), the family as the VLM kit sees it (``family``: media fields, packed M-RoPE
+positions, the thinker's export config) and the frozen audio/vision cache (``extract``); the
+image-plus-tone demo is :func:`mmcore.data.synthetic.write_shape_tone_questions`.
 """

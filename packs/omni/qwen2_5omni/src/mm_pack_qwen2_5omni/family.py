@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mmcore.context import StageContext
+from mmcore.data.synthetic import write_shape_tone_questions
+from mmcore.kits.mel_audio import collate_mel_clips, mel_tower_tokens, use_cached_audio
 from mmcore.kits.vlm import VLMFamily, rows_of
 from mmcore.rundir import Manifest
 from mm_qwen_vision import packed_mrope_positions
 
 from mm_pack_qwen2_5omni.adapter import ADAPTER
-from mm_pack_qwen2_5omni.demo import write_demo_dataset
 
 VISION_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
 PACKED_COUNTS = {"segment_images": "image_grid_thw", "segment_videos": "video_grid_thw", "segment_audios": "audio_feature_lengths"}
@@ -42,39 +43,6 @@ def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
     return Encoder(tokenizer, WhisperFeatureExtractor.from_pretrained(model_dir), ctx.config.data, merge_size=merge)
 
 
-def audio_inputs(batch: dict[str, Any], samples: list[dict[str, Any]], ids: Mapping[str, int]) -> None:
-    """``input_features`` [clips, mels, longest] and ``feature_attention_mask`` from the samples'
-    frame runs (or, from the extract cache, the tower's outputs as they are)."""
-    import torch
-
-    lengths = [s["audio_feature_lengths"] for s in samples if "audio_feature_lengths" in s]
-    if not lengths:
-        return
-    lengths = torch.cat(lengths)
-    batch["audio_feature_lengths"] = lengths  # not a model input: packed positions read it
-    batch["feature_attention_mask"] = (torch.arange(int(lengths.max()))[None] < lengths[:, None]).long()
-    if any("audio_states" in s for s in samples):
-        batch["input_features"] = torch.cat([s["audio_states"] for s in samples if "audio_states" in s])
-    else:
-        batch["input_features"] = pad_clips([s["input_features"] for s in samples if "input_features" in s], lengths)
-
-
-def audio_frames(batch: dict[str, Any]) -> float:
-    """Frames through the audio tower's layers (its convolutions halve the mel frames)."""
-    return float(batch["feature_attention_mask"].sum()) / 2 if "feature_attention_mask" in batch else 0.0
-
-
-def pad_clips(frames: list[Any], lengths: Any) -> Any:
-    """Per-sample [frames, mels] runs -> [clips, mels, longest] zero-padded, as the processor pads."""
-    import torch
-
-    flat = torch.cat(frames)
-    out = torch.zeros(len(lengths), flat.shape[1], int(lengths.max()))
-    for clip, run in enumerate(torch.split(flat, lengths.tolist())):
-        out[clip, :, : len(run)] = run.T
-    return out
-
-
 def packed_positions(model: Any, batch: dict[str, Any]) -> Any:
     def rope_index(tokens: slice, rows: dict[str, Any]) -> Any:
         if rows["image_grid_thw"] is None and rows["video_grid_thw"] is None:  # text and audio: audio advances like text
@@ -90,15 +58,12 @@ def packed_positions(model: Any, batch: dict[str, Any]) -> Any:
 
 def use_cached_towers(model: Any, towers: list[str]) -> Any:
     """Make the frozen towers pass cached outputs through (the vision merger still runs)."""
-    from transformers.modeling_outputs import BaseModelOutput
-
     from mm_qwen_vision import use_cached_vision
 
-    inner = model.model
     if "audio" in towers:
-        inner.get_audio_features = lambda input_features, *args, **kwargs: BaseModelOutput(last_hidden_state=input_features)
+        use_cached_audio(model.model)
     if "vision" in towers:
-        use_cached_vision(inner.visual)
+        use_cached_vision(model.model.visual)
     return model
 
 
@@ -109,19 +74,8 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
         use_cached_towers(model, FeatureCache(upstream["extract"].output("features")).index["towers"])
 
 
-def thinker_side_files(model_dir: Path, out: Path) -> None:
-    """Tokenizer and processor files as they are; the config is the thinker's alone (a full
-    Omni folder's config describes the talker and vocoder too, whose weights are not exported)."""
-    from transformers import Qwen2_5OmniThinkerConfig
-
-    from mmcore.convert import copy_side_files
-
-    copy_side_files(model_dir, out)
-    Qwen2_5OmniThinkerConfig.from_pretrained(model_dir).save_pretrained(out)
-
-
 FAMILY = VLMFamily(
-    # A full Omni folder's config nests the thinker's; Qwen2_5OmniThinkerConfig reads either.
+    # A full Omni folder's config nests the thinker's; Qwen2_5OmniThinkerConfig reads either (and exports write it alone).
     model_class="Qwen2_5OmniThinkerForConditionalGeneration",
     config_class="Qwen2_5OmniThinkerConfig",
     encoder=encoder,
@@ -133,11 +87,10 @@ FAMILY = VLMFamily(
     model_inputs=("input_features", "feature_attention_mask"),
     packed_counts=PACKED_COUNTS,
     packed_positions=packed_positions,
-    collate_extra=audio_inputs,
+    collate_extra=collate_mel_clips,
     prepare_model=prepare_model,
     cache_replaces={"audio_states": "input_features"},
-    towers={"model.visual": rows_of("pixel_values", "pixel_values_videos"), "model.audio_tower": audio_frames},
-    demo=write_demo_dataset,
+    towers={"model.visual": rows_of("pixel_values", "pixel_values_videos"), "model.audio_tower": mel_tower_tokens(lambda frames: frames / 2)},
+    demo=write_shape_tone_questions,
     end_token="<|im_end|>",
-    side_files=thinker_side_files,
 )

@@ -66,31 +66,15 @@ def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
     return Encoder(tokenizer, ctx.config.data, merge_size=vision.spatial_merge_size, patch_size=vision.patch_size)
 
 
-def use_cached_vision(model: Any) -> Any:
-    """Make the vision tower take cached features and apply only its mergers (the projector):
-    the cache holds the last block's output and, after it on the feature axis, the output of
-    every DeepStack block (``extract.vision_features``)."""
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
-
-    visual = model.model.visual
-
-    def mergers_only(hidden_states: Any, grid_thw: Any, **kwargs: Any) -> Any:
-        last, *deepstack = (part.contiguous() for part in hidden_states.split(visual.config.hidden_size, dim=-1))
-        return BaseModelOutputWithDeepstackFeatures(
-            last_hidden_state=last, pooler_output=visual.merger(last),
-            deepstack_features=[merger(h) for merger, h in zip(visual.deepstack_merger_list, deepstack)])
-
-    visual.forward = mergers_only
-    return model
-
-
 def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest]) -> None:
     if ctx.plugins is not None:
         from mm_qwen_vision.kernels import apply_kernels
 
         apply_kernels(model, ctx.plugins.registry, ctx.accelerator.name, "qwen3vl")
     if "extract" in upstream:
-        use_cached_vision(model)
+        from mm_qwen_vision.deepstack import use_cached_deepstack_vision
+
+        use_cached_deepstack_vision(model.model.visual)
 
 
 FAMILY = VLMFamily(

@@ -1,11 +1,15 @@
-"""The Qwen vision tower's input side, shared by the Qwen2-VL, Qwen2.5-VL and Qwen2.5-Omni packs.
+"""The Qwen vision tower's input side, shared by the Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V and the
+Qwen omni packs.
 
 Images go through transformers' own PIL image processor (no torchvision); video frames are
 sampled with PyAV, go through the same processor and are paired into temporal patches. The
 placeholder of an image or video becomes ``<start> <pad> * (patches / merge**2) <end>``; the
 start/pad/end token names differ per family and are given by the pack.
 
-Also here: the frozen-tower cache helpers (content keys per item, the merger-only forward).
+Also here: the frozen-tower cache helpers (content keys per item, the merger-only forward); in
+submodules the Qwen text kernels (``kernels``), DeepStack in the cache (``deepstack``), the extract
+stage (``extract``), the omni processors without torchvision (``processors``) and tiny tokenizers
+(``tiny``).
 """
 
 from __future__ import annotations
@@ -201,6 +205,9 @@ def packed_mrope_positions(batch: dict[str, Any], counts: dict[str, str], rope_i
     ([4, 1, total]): transformers reads the restarts in the text positions to keep the samples'
     attention apart.
 
+    Positions are integers unless a sample's are fractional (then the row is float, as the
+    model's own positions are).
+
     Args:
         batch: a packed batch (``segments`` and, per ``counts`` key, each sample's row count).
         counts: batch count key -> the field whose rows they count (``{"segment_images": "image_grid_thw"}``).
@@ -227,7 +234,8 @@ def packed_mrope_positions(batch: dict[str, Any], counts: dict[str, str], rope_i
         else:  # text only: the three axes advance together
             pos = torch.arange(length, device=ids.device).view(1, 1, -1).expand(3, 1, -1)
         text = torch.arange(length, device=ids.device).view(1, 1, -1)
-        parts.append(torch.cat([text, pos.to(text.dtype)]))
+        # Qwen3-Omni's time axis is fractional (seconds x position ids per second): kept as is
+        parts.append(torch.cat([text.to(pos.dtype), pos]) if pos.is_floating_point() else torch.cat([text, pos.to(text.dtype)]))
         start += length
     return torch.cat(parts, dim=2)
 

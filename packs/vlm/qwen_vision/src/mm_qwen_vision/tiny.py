@@ -1,4 +1,5 @@
-"""Tiny Qwen tokenizers for random-weight checkpoints built at test time (Qwen2-VL, Qwen3-VL).
+"""Tiny Qwen tokenizers for random-weight checkpoints built at test time (Qwen2-VL, Qwen3-VL,
+Qwen3-Omni).
 
 A Qwen2 tokenizer over a small byte-level BPE trained on ``CORPUS`` (the shape demo's words and
 common chat text), with the Qwen special tokens. The BPE is trained deterministically, so the
@@ -30,14 +31,21 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
-    """A Qwen2 tokenizer over a small byte-level BPE, with the Qwen special tokens."""
+def build_tokenizer(vocab_size: int = 384, corpus: tuple[str, ...] = (), special_tokens: tuple[str, ...] = (), named: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    """A Qwen2 tokenizer over a small byte-level BPE, with the Qwen special tokens.
+
+    Args:
+        corpus: more text to learn words from (a family's demo questions).
+        special_tokens: more special tokens (the omni thinkers' audio tokens).
+        named: tokenizer attributes naming special tokens (``{"audio_token": "<|audio_pad|>"}``),
+            which the omni processors read.
+    """
     from transformers import Qwen2Tokenizer
 
     from mmcore.tiny import train_byte_level_bpe
 
-    vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
+    vocab, merges = train_byte_level_bpe([*CORPUS, *corpus], vocab_size)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", **(named or {}))
+    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS[1:], *special_tokens]})
     tokenizer.add_tokens(["<|endoftext|>"], special_tokens=True)
     return tokenizer
