@@ -43,6 +43,7 @@ PROMISES = {
     "internvl": ("eval/accuracy", "max", 1.0),
     "glm4v": ("eval/accuracy", "max", 1.0),
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),
+    "qwen3omni": ("eval/accuracy", "max", 1.0),
     "whisper": ("eval/wer", "min", 0.1),
     "wan": ("loss_ratio", "min", 0.6),
     # other presets, as "pack:preset"
