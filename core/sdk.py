@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.8"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions)
+SDK_VERSION = "1.8"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -55,7 +55,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.faults": frozenset({"crash_point"}),
     "mmcore.data.workers": frozenset({"Failed", "map_in_order"}),
     # data: shards, feature cache, media, conversations
-    "mmcore.data.shards": frozenset({"ShardDataset", "ShardWriter", "held_out"}),
+    "mmcore.data.shards": frozenset({"ShardDataset", "ShardWriter", "held_out", "split_key"}),
     "mmcore.data.feature_cache": frozenset({"FeatureCacheWriter", "FeatureCache", "CachedSamples"}),
     "mmcore.data.clips": frozenset({"preprocess_captioned_videos"}),
     "mmcore.kits": frozenset({"blocks_at"}),

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.captions import read_caption_pairs, read_captions
-from mmcore.data.shards import ShardWriter, held_out
+from mmcore.data.shards import ShardWriter, held_out, split_key
 from mmcore.data.workers import Failed, map_in_order
 from mmcore.data.media import media_limits
 from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
@@ -79,7 +79,7 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
             bucket, pixels = result
             height, width, frames = bucket
             if ranking:
-                split = "eval" if cfg.eval_fraction and held_out(f"{Path(item.file).name}:{item.index}", cfg.eval_fraction) else "train"  # the same split wherever the file lies
+                split = "eval" if cfg.eval_fraction and held_out(split_key(item.file, item.index), cfg.eval_fraction) else "train"
                 writer.add({"frames": pixels[0], "rejected_frames": pixels[1]}, length=2 * frames,
                            meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.chosen), "rejected": str(item.rejected), "split": split})
                 counts[split] += 1

@@ -15,7 +15,7 @@ from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.media import MediaError
 from mmcore.data.mllm import read_samples
 from mmcore.data.media import media_limits
-from mmcore.data.shards import ShardWriter, held_out
+from mmcore.data.shards import ShardWriter, held_out, split_key
 from mmcore.data.workers import Failed, map_in_order
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
@@ -95,7 +95,7 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
                 bad.report(BadSample(item.file, item.index, str(result)))
                 continue
             this_split = split
-            if split == "train" and cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction):
+            if split == "train" and cfg.eval_fraction and held_out(split_key(item.file, item.index), cfg.eval_fraction):
                 this_split = "eval"
             if ranking:
                 chosen, rejected = result

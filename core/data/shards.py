@@ -108,7 +108,14 @@ class ShardDataset:
         return self.subset([i for i in range(len(self)) if self.meta(i).get("split", "train") == name])
 
 
+def split_key(file: str | Path, index: int) -> str:
+    """What :func:`held_out` hashes for record ``index`` of a data file: its name, not its path,
+    so the split is the same wherever the data lies (another machine, a moved folder)."""
+    return f"{Path(file).name}:{index}"
+
+
 def held_out(sample_key: str, fraction: float) -> bool:
-    """A stable train/eval split: the same sample lands in the same split on every run and machine."""
+    """A stable train/eval split: the same sample lands in the same split on every run and machine
+    (``sample_key``: :func:`split_key`)."""
     digest = hashlib.sha256(sample_key.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
