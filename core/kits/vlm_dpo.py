@@ -3,7 +3,9 @@
 A micro-batch of pairs is one batch of rows, every pair's chosen row first, then the rejected
 ones, each with the pair's media (or, with ``training.packing``, one packed row holding both
 answers of every pair: a pair never straddles micro-batches). The loss is the sum over pairs
-of the sigmoid DPO loss; the engine divides by the pairs of the global batch.
+of the sigmoid DPO loss; the engine divides by the pairs of the global batch. Where the family
+keeps kinds of media apart (``VLMFamily.batch_apart``: GLM-4V), so do the micro-batches of
+training, of the reference pass and of evaluation.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class PairSamples:
 
     def length(self, i: int) -> int:
         return self.data.length(i)
+
+    def meta(self, i: int) -> dict[str, Any]:
+        return self.data.meta(i)
 
 
 def answer_views(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,23 +113,28 @@ def dpo_recipe(family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Ma
         return sums
 
     def batches(data: PairSamples, limit: int | None = None) -> Any:
+        """Micro-batches in order, one kind of ``batch_apart`` media per batch."""
         count = len(data) if limit is None else min(limit, len(data))
+        kind, kinds = family.group_of(data), {}  # type: ignore[var-annotated]
+        for i in range(count):
+            kinds.setdefault(kind(i), []).append(i)
         size = cfg.micro_batch_size
-        for start in range(0, count, size):
-            batch = collate([data[i] for i in range(start, min(start + size, count))])
-            yield {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        for members in kinds.values():
+            for start in range(0, len(members), size):
+                batch = collate([data[i] for i in members[start : start + size]])
+                yield {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def prepare(ctx: StageContext, model: Any) -> None:
         if mode != "precomputed":
             return
 
         def compute(split: str, data: PairSamples) -> Any:
-            rows = []
-            for batch in batches(data):
+            table = torch.zeros(len(data), 2)
+            for batch in batches(data):  # kinds apart, so not in pair order: rows go to their pairs
                 n = int(batch["num_loss_tokens"])
                 sums, _ = logps(model, batch)
-                rows.append(torch.stack([sums[:n], sums[n:]], dim=1))
-            return torch.cat(rows) if rows else torch.zeros(0, 2)
+                table[batch["pair_index"].cpu()] = torch.stack([sums[:n], sums[n:]], dim=1).detach().float().cpu()
+            return table
 
         world = ctx.world
         state["reference"] = ReferenceLogps.load_or_compute(ctx.stage_dir, dict(splits), compute, is_main=world.is_main, distributed=world.distributed)
@@ -157,6 +167,7 @@ def dpo_recipe(family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Ma
         lora_targets=base.lora_targets,
         evaluate=evaluate,
         loss_unit="pairs",
+        group_of=family.group_of(splits["train"]) if family.batch_apart else None,
         prepare=prepare,
         step_metrics=step_metrics,
     )

@@ -54,3 +54,30 @@ def test_demo_learns_and_the_export_answers_the_same(mm, tmp_path: Path) -> None
     assert train["eval/accuracy@0"] <= 0.5 and train["eval/accuracy"] == 1.0, train
     assert manifest(run, "export")["metrics"]["logits_max_abs_diff"] == 0.0
     assert manifest(run, "evaluate")["metrics"]["accuracy"] == 1.0
+
+
+@pytest.mark.slow
+def test_dpo_on_pairs_mixing_images_and_videos_keeps_the_kinds_apart(tmp_path: Path) -> None:
+    """Preference pairs over images and over videos in one dataset: DPO's training, reference
+    and held-out micro-batches each hold one kind, so GLM-4V takes them, and the reference
+    log-probabilities land on their own pairs (rewards start at zero)."""
+    from mmcore.plugins import Plugins
+    from mmcore.testing import make_runner
+
+    records = []
+    for i in range(6):
+        write_image(tmp_path / f"data/i{i}.png", (40 * i, 0, 0))
+        write_video(tmp_path / f"data/v{i}.mp4")
+        records.append({"conversations": [{"from": "human", "value": "<image>Colour?"}], "chosen": {"from": "gpt", "value": "red"},
+                        "rejected": {"from": "gpt", "value": "blue"}, "images": [f"i{i}.png"]})
+        records.append({"conversations": [{"from": "human", "value": "<video>What happens?"}], "chosen": {"from": "gpt", "value": "it grows"},
+                        "rejected": {"from": "gpt", "value": "nothing"}, "videos": [f"v{i}.mp4"]})
+    (tmp_path / "data/train.json").write_text(json.dumps(records))
+    runner = make_runner(Plugins.load(), "glm4v", tmp_path / "r", preset="tiny", overrides=[
+        f"data.datasets=[{tmp_path / 'data/train.json'}]", "data.ranking=true", "data.eval_fraction=0.4", "data.video_max_pixels=3136",
+        "training.method=dpo", "training.steps=3", "training.micro_batch_size=2", "training.eval_every=3", "evaluate.enabled=false"])
+    runner.run_pipeline(resume="no")
+    run = tmp_path / "r"
+    metrics = manifest(run, "train")["metrics"]
+    assert manifest(run, "train")["status"] == "finished" and len(losses(run)) == 3
+    assert metrics["eval/rewards/margin@0"] == 0.0 and metrics["eval/rewards/accuracy@0"] == 0.5, metrics  # the policy is the reference at step 0
