@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.8"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key
+SDK_VERSION = "1.8"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key, tiny.unigram_tokenizer/clip_tokenizer, DiffusionFamily.predict_options/flops, held-out eval/loss in the diffusion kit (kits.diffusion.EVAL_SIGMAS)
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -50,7 +50,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "Request", "ModelSource", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "read_held_out", "batches", "exact_match", "generate_tokens", "generation_dtype", "left_padded",
         "media_problem", "normalize_answer", "sampling_options", "token_f1", "write_results",
     }),
-    "mmcore.tiny": frozenset({"train_byte_level_bpe", "byte_level_tokenizer", "pick_preset"}),
+    "mmcore.tiny": frozenset({"train_byte_level_bpe", "byte_level_tokenizer", "pick_preset", "unigram_tokenizer", "clip_tokenizer"}),
     "mmcore.io": frozenset({"atomic_write_json", "sha256_file", "sha256_json"}),
     "mmcore.faults": frozenset({"crash_point"}),
     "mmcore.data.workers": frozenset({"Failed", "map_in_order"}),
@@ -59,7 +59,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.feature_cache": frozenset({"FeatureCacheWriter", "FeatureCache", "CachedSamples"}),
     "mmcore.data.clips": frozenset({"preprocess_captioned_videos"}),
     "mmcore.kits": frozenset({"blocks_at"}),
-    "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate", "denoiser_flops"}),
+    "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate", "denoiser_flops", "EVAL_SIGMAS"}),
     "mmcore.data.badsamples": frozenset({"BadSample", "BadSamples"}),
     "mmcore.data.media": frozenset({"MediaError", "media_limits", "check_pixels", "check_seconds"}),
     "mmcore.data.video": frozenset({"MediaError", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),

@@ -1,7 +1,9 @@
 """Helpers for the packs' ``init:<preset>`` checkpoints: tiny random-weight models built offline.
 
 A tiny model needs a tiny tokenizer that is still the family's real tokenizer class; the
-byte-level BPE vocabularies of Qwen and Whisper come from here, trained on a pack's corpus.
+byte-level BPE vocabularies of Qwen and Whisper, the T5-style unigram of UMT5/T5 and CLIP's
+BPE come from here, built from a pack's corpus (deterministically: two builds of one preset
+tokenise alike, so two run directories train alike).
 """
 
 from __future__ import annotations
@@ -63,3 +65,55 @@ def pick_preset(presets: dict[str, Any], preset: str) -> Any:
         return presets[preset]
     except KeyError:
         raise StageError(f"init:{preset}: unknown tiny preset; choose one of {', '.join(presets)}") from None
+
+
+def unigram_tokenizer(corpus: list[str]):  # type: ignore[no-untyped-def]
+    """A ``T5TokenizerFast`` over a unigram vocabulary of the corpus's words and characters.
+
+    The vocabulary is built here, not trained: tokenizers' unigram trainer gives scores that
+    differ in the last bits from run to run, which changes tokenisation at ties.
+    """
+    import math
+    from collections import Counter
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import T5TokenizerFast
+
+    words = Counter(w for line in corpus for w in line.replace(",", " ,").split())
+    chars = Counter(c for line in corpus for c in line if not c.isspace())
+    total = sum(words.values()) + sum(chars.values())
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", math.log(1 / total))]
+    pieces += [(f"\u2581{w}", math.log(n / total)) for w, n in sorted(words.items())]
+    pieces += [(c, math.log(n / total) - 5.0) for c, n in sorted(chars.items())]  # fall back to characters
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace("  ", " ")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    return T5TokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
+
+
+def clip_tokenizer(corpus: list[str], max_length: int = 77):  # type: ignore[no-untyped-def]
+    """A ``CLIPTokenizer`` whose vocabulary is every byte (alone and word-final, ``</w>``) and
+    every lower-cased word of the corpus whole, with the merges that build those words left to
+    right: CLIP's real tokenizer class and pipeline, built (not trained: the BPE trainer breaks
+    ties differently from run to run). ``max_length``: the text encoder's positions (what
+    pipelines pad to)."""
+    import re
+
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPTokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for token in [*alphabet, *(c + "</w>" for c in alphabet)]:
+        vocab.setdefault(token, len(vocab))
+    merges: list[tuple[str, str]] = []
+    for word in sorted({w for line in corpus for w in re.findall(r"[a-z]+", line.lower())}):
+        pieces = [*word[:-1], word[-1] + "</w>"]
+        left = pieces[0]
+        for right in pieces[1:]:
+            if (left, right) not in merges:
+                merges.append((left, right))
+            left += right
+            vocab.setdefault(left, len(vocab))
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)

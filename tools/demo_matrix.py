@@ -46,6 +46,7 @@ PROMISES = {
     "qwen3omni": ("eval/accuracy", "max", 1.0),
     "whisper": ("eval/wer", "min", 0.1),
     "wan": ("loss_ratio", "min", 0.6),
+    "flux": ("eval_loss_ratio", "min", 0.6),
     # other presets, as "pack:preset"
     "qwen2vl:lora": ("eval/accuracy", "max", 0.9),  # with --by 0.85: the slowest seed tried passes 0.9 near step 96 of 120
     "qwen2vl:dpo": ("eval/rewards/accuracy", "max", 0.9),
@@ -62,6 +63,9 @@ def demo_steps(pack: str, preset: str = "demo") -> int:
 
 def curve(run: Path, metric: str) -> dict[int, float]:
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines() if line.strip()]
+    if metric == "eval_loss_ratio":  # the held-out loss at fixed noise against its value before training
+        points = {int(r["step"]): float(r["eval/loss"]) for r in rows if "eval/loss" in r}
+        return {step: value / points[min(points)] for step, value in points.items()}
     if metric != "loss_ratio":
         return {int(r["step"]): float(r[metric]) for r in rows if metric in r}
     losses = [(int(r["step"]), float(r["loss"])) for r in rows if "loss" in r]

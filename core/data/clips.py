@@ -84,13 +84,15 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
                            meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.chosen), "rejected": str(item.rejected), "split": split})
                 counts[split] += 1
             else:
-                writer.add({"frames": pixels}, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media)})
+                split = "eval" if cfg.eval_fraction and held_out(split_key(item.file, item.index), cfg.eval_fraction) else "train"
+                writer.add({"frames": pixels}, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media), "split": split})
+                counts[split] += 1
             buckets[f"{height}x{width}x{frames}"] += 1
     skipped = bad.close()
     if not writer.samples:
         raise StageError("no usable videos" + (f" ({skipped})" if skipped else ""))
     writer.close(fps=cfg.fps, ranking=ranking)
-    what = f"pairs ({counts['train']} train / {counts['eval']} held out)" if ranking else "clips"
+    what = f"{'pairs' if ranking else 'clips'} ({counts['train']} train / {counts['eval']} held out)" if ranking or counts["eval"] else "clips"
     notes = [f"{len(writer.samples)} {what} in buckets " + ", ".join(f"{k}: {v}" for k, v in sorted(buckets.items()))]
     if skipped:
         notes.append(skipped)

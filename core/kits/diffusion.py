@@ -30,7 +30,9 @@ What the kit does with it:
 * **train**: flow matching: noise levels drawn uniform or logit-normal and shifted
   (``training.flow_shift``), the velocity ``noise - data`` regressed, captions dropped with
   ``training.caption_dropout`` for classifier-free guidance; from the cache, or encoding each
-  batch afresh without an extract stage (the same numbers either way).
+  batch afresh without an extract stage (the same numbers either way). With
+  ``data.eval_fraction``, the held-out clips' velocity error at fixed noise levels and noise
+  (``eval/loss``): what says a run learns where the training loss is noisy.
 * **export**: the trained denoiser into a copy of the downloaded pipeline folder under
   diffusers' names; reloaded, every weight must be bit-identical and its output equal.
 * **evaluate**: sample videos (mp4) of the export and a contact sheet for the held-out captions
@@ -69,7 +71,7 @@ class VideoData(DataSection):
     max_sequence_length: int = Field(32, ge=4, description="Text tokens per caption.")
     demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic dataset with this many clips (the demo).")
     ranking: bool = Field(False, description="The datasets are preference pairs (a caption with chosen and rejected videos), for training.method: dpo.")
-    eval_fraction: float = Field(0.0, ge=0, lt=1, description="With ranking: the fraction of pairs held out to measure preference accuracy on.")
+    eval_fraction: float = Field(0.0, ge=0, lt=1, description="The fraction of clips (with ranking: pairs) held out: training reports their velocity error at fixed noise (eval/loss), or preference accuracy.")
 
 
 class FlowMatchingTraining(TrainingSection):
@@ -82,6 +84,10 @@ class SampleExport(ExportSection):
     sample_prompts: list[str] = Field(default_factory=list, description="Captions the evaluate stage generates samples for (unless evaluate.datasets gives some).")
     sample_steps: int = Field(20, ge=1)
     guidance_scale: float = Field(4.0, ge=1.0)
+
+
+#: the noise levels a held-out clip is measured at (one fixed noise draw each)
+EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8)
 
 
 def sigmas(batch: int, cfg: Any, generator: Any = None) -> Any:
@@ -139,6 +145,10 @@ class DiffusionFamily:
         demo: ``(folder, samples, seed) -> captions file`` of the pack's synthetic dataset.
         preference_demo: the same for its synthetic preference pairs (``data.ranking``), the
             DPO demo's data.
+        predict_options: ``ctx -> keyword arguments`` the kit adds to every ``predict`` call
+            in training, from the run's config (FLUX: the guidance value it trains with).
+        flops: ``() -> (model, batch) -> FLOPs`` of a step, for a denoiser that is not a video
+            transformer over patches of [B, C, F, H, W] latents (default :func:`denoiser_flops`).
     """
 
     transformer_class: str
@@ -154,6 +164,8 @@ class DiffusionFamily:
     weights_name: str = "diffusion_pytorch_model.safetensors"
     demo: Callable[[Path, int, int], Path] | None = None
     preference_demo: Callable[[Path, int, int], Path] | None = None
+    predict_options: Callable[[StageContext], Mapping[str, Any]] | None = None
+    flops: Callable[[], Callable[[Any, dict[str, Any]], float]] | None = None
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -171,6 +183,12 @@ class DiffusionFamily:
         if checkpoint is not None:
             load_converted(model, checkpoint)
         return model
+
+    def predictor(self, ctx: StageContext) -> Callable[..., Any]:
+        """``predict`` with the run's ``predict_options`` bound."""
+        import functools
+
+        return functools.partial(self.predict, **self.predict_options(ctx)) if self.predict_options else self.predict
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -232,28 +250,59 @@ class DiffusionFamily:
             return dpo_recipe(self, ctx, upstream, data)
         if data.index.get("ranking"):
             raise StageError("the dataset holds preference pairs (data.ranking): train them with training.method: dpo")
-        samples, empty, encoders = self.samples(ctx, upstream, data)
+        train = data.split("train")
+        samples, empty, encoders = self.samples(ctx, upstream, train)
+        held = data.split("eval")
+        held_samples, _, held_encoders = self.samples(ctx, upstream, held) if len(held) else (None, None, None)
+        predict = self.predictor(ctx)
 
-        def loss(model: Any, batch: dict[str, Any]) -> Any:
+        def encoded(batch: dict[str, Any], encoders: Any) -> None:
             import torch
 
             if encoders is not None:  # in place: the step's FLOPs read the latents' shape
                 batch.update(latents=torch.stack([encoders.latents(f) for f in batch["frames"]]),
                              text=torch.stack([encoders.text(c) for c in batch["captions"]]))
+
+        def loss(model: Any, batch: dict[str, Any]) -> Any:
+            encoded(batch, encoders)
             device = next(model.parameters()).device
-            return flow_matching_loss(self.predict, model, batch["latents"].to(device), batch["text"].to(device), empty, cfg)
+            return flow_matching_loss(predict, model, batch["latents"].to(device), batch["text"].to(device), empty, cfg)
+
+        def evaluate(ctx: StageContext, model: Any, step: int) -> dict[str, float]:
+            """The velocity error on held-out clips at fixed noise levels (``EVAL_SIGMAS``) with
+            fixed noise per clip: comparable across steps and runs, unlike the training loss."""
+            import torch
+
+            if held_samples is None:
+                return {}
+            device = next(model.parameters()).device
+            count, total = min(len(held_samples), 256), 0.0
+            with torch.no_grad():
+                for i in range(count):
+                    batch = collate([held_samples[i]])
+                    encoded(batch, held_encoders)
+                    latents, text = batch["latents"].to(device), batch["text"].to(device)
+                    levels = len(EVAL_SIGMAS)
+                    noise = torch.randn((levels, *latents.shape[1:]), generator=torch.Generator().manual_seed(ctx.seed * 100_003 + i)).to(device)
+                    sigma = torch.tensor(EVAL_SIGMAS, device=device)
+                    s = sigma.view(-1, *[1] * (latents.dim() - 1))
+                    clean = latents.expand(levels, *latents.shape[1:])
+                    prediction = predict(model, (1 - s) * clean + s * noise, sigma, text.expand(levels, *text.shape[1:]))
+                    total += float(((prediction.float() - (noise - clean).float()) ** 2).mean())
+            return {"loss": total / count}
 
         return TrainRecipe(
             build_model=lambda ctx, upstream: self.build_model(upstream["download"].output("model")),
             weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
-            flops=denoiser_flops(),
+            flops=(self.flops or denoiser_flops)(),
             dataset=lambda ctx, upstream: samples,
             collate=collate,
             loss=loss,
             shard_modules=lambda model: blocks_at(model, self.shard_layers),
             freeze_groups=self.freeze_groups,
             loss_unit="samples",
-            group_of=lambda i: tuple(data.meta(i)["bucket"]),  # latents of one micro-batch must stack
+            group_of=lambda i: tuple(train.meta(i)["bucket"]),  # latents of one micro-batch must stack
+            evaluate=evaluate,
         )
 
     def export(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:

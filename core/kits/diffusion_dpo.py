@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from mmcore.kits.diffusion import DiffusionFamily
 
 TIMESTEPS = 1000
-#: the noise levels a held-out pair is measured at (one fixed noise draw each; their arguments summed)
-EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8)
 
 
 def velocity_errors(predict: Any, model: Any, latents: Any, text: Any, sigma: Any, noise: Any) -> Any:
@@ -69,7 +67,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
     import torch
 
     from mmcore.kits import blocks_at
-    from mmcore.kits.diffusion import collate, denoiser_flops, sigmas
+    from mmcore.kits.diffusion import EVAL_SIGMAS, collate, denoiser_flops, sigmas
     from mmcore.train import TrainRecipe
 
     cfg = ctx.config.training
@@ -100,7 +98,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
         text = torch.where(drop.view(-1, *[1] * (text.dim() - 1)).to(device), empty.to(device).expand_as(text), text)
         sigma = sigmas(pairs, cfg).to(device)
         noise = torch.randn(winners.shape).to(device)
-        losses, inside = diffusion_dpo_terms(family.predict, model, winners, losers, text, sigma, noise, beta)
+        losses, inside = diffusion_dpo_terms(family.predictor(ctx), model, winners, losers, text, sigma, noise, beta)
         sums["implicit_accuracy"] = sums.get("implicit_accuracy", 0) + accuracy_sum(inside)
         return losses.sum()
 
@@ -123,7 +121,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
             levels = len(EVAL_SIGMAS)
             sigma = torch.tensor(EVAL_SIGMAS, device=device)
             noise = torch.randn((levels, *winners.shape[1:]), generator=generator).to(device)
-            _, inside = diffusion_dpo_terms(family.predict, model, winners.expand(levels, *winners.shape[1:]), losers.expand(levels, *losers.shape[1:]),
+            _, inside = diffusion_dpo_terms(family.predictor(ctx), model, winners.expand(levels, *winners.shape[1:]), losers.expand(levels, *losers.shape[1:]),
                                             text.expand(levels, *text.shape[1:]), sigma, noise, beta)
             right += float(accuracy_sum(inside.sum(0, keepdim=True)))
         return {"implicit_accuracy": right / count}
@@ -131,7 +129,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
     return TrainRecipe(
         build_model=lambda ctx, upstream: family.build_model(upstream["download"].output("model")),
         weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
-        flops=denoiser_flops(),
+        flops=(family.flops or denoiser_flops)(),
         dataset=lambda ctx, upstream: samples,
         collate=collate,
         loss=loss,

@@ -23,29 +23,10 @@ PRESETS = {
 
 
 def build_tokenizer():  # type: ignore[no-untyped-def]
-    """A T5-style unigram tokenizer over the corpus's words and characters.
+    """A T5-style unigram tokenizer over the corpus's words and characters (UMT5's class)."""
+    from mmcore.tiny import unigram_tokenizer
 
-    The vocabulary is built here, not trained: tokenizers' unigram trainer gives scores that
-    differ in the last bits from run to run, which changes tokenisation at ties, so two builds
-    of the same preset (two run directories) would not train alike.
-    """
-    import math
-    from collections import Counter
-
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import T5TokenizerFast
-
-    words = Counter(w for line in CORPUS for w in line.replace(",", " ,").split())
-    chars = Counter(c for line in CORPUS for c in line if not c.isspace())
-    total = sum(words.values()) + sum(chars.values())
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", math.log(1 / total))]
-    pieces += [(f"\u2581{w}", math.log(n / total)) for w, n in sorted(words.items())]
-    pieces += [(c, math.log(n / total) - 5.0) for c, n in sorted(chars.items())]  # fall back to characters
-    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2, byte_fallback=False))
-    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace("  ", " ")])
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    return T5TokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
+    return unigram_tokenizer(CORPUS)
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
