@@ -76,6 +76,11 @@ class TrainRecipe:
         step_metrics: optional ``() -> {name: tensor}``: sums over the step's loss units of
             what the loss measured besides itself (DPO's rewards), read and reset after every
             step; the engine sums them over processes and divides by the step's loss units.
+        sample_seeds: the engine adds ``batch["sample_seeds"]`` (int64, one per sample): a seed
+            from ``run.seed``, the step, the accumulation index and the sample's index, for a loss
+            that draws random numbers (noise levels, noise, caption dropout) per sample. The draws
+            then do not depend on how samples are cut into micro-batches or ranks, nor on a
+            resume (``sample_seed``).
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -93,6 +98,7 @@ class TrainRecipe:
     lora_targets: Sequence[str] = ()
     prepare: Callable[[StageContext, "nn.Module"], None] | None = None
     step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
+    sample_seeds: bool = False
 
 
 # --------------------------------------------------------------------------- the stage
@@ -209,7 +215,13 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
-        micro = [recipe.collate([data[i] for i in sampler.next_batch()[0]]) for _ in range(cfg.grad_accum_steps)]
+        micro = []
+        for accum in range(cfg.grad_accum_steps):
+            indices = sampler.next_batch()[0]
+            batch = recipe.collate([data[i] for i in indices])
+            if recipe.sample_seeds:
+                batch["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)
+            micro.append(batch)
         data_time = time.perf_counter() - t0  # the loop waits for its batches: read + collate
         counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro))], device=device)
         if world.distributed:
@@ -353,6 +365,14 @@ def _step_metrics(recipe: TrainRecipe, device: Any, world: Any) -> dict[str, flo
     return dict(zip(names, values.tolist()))
 
 
+def sample_seed(seed: int, step: int, accum: int, index: int) -> int:
+    """The seed of one sample's random draws at one step (63 bits, the same on every machine)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{seed}:{step}:{accum}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
 def _sampler(ctx: StageContext, recipe: TrainRecipe, data: Sequence[Any]) -> Any:
     cfg, world = ctx.config.training, ctx.world
     if cfg.max_tokens is None:
@@ -406,4 +426,4 @@ def _to_device(batch: dict[str, Any], device: "torch.device") -> dict[str, Any]:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-__all__ = ["TrainRecipe", "train_stage", "run_training", "load_converted", "EpochSampler", "lr_lambda", "freeze"]
+__all__ = ["TrainRecipe", "train_stage", "run_training", "load_converted", "EpochSampler", "lr_lambda", "freeze", "sample_seed"]

@@ -29,8 +29,9 @@ What the kit does with it:
   resumable after a kill.
 * **train**: flow matching: noise levels drawn uniform or logit-normal and shifted
   (``training.flow_shift``), the velocity ``noise - data`` regressed, captions dropped with
-  ``training.caption_dropout`` for classifier-free guidance; from the cache, or encoding each
-  batch afresh without an extract stage (the same numbers either way). With
+  ``training.caption_dropout`` for classifier-free guidance, each sample's draws from its own
+  seed (so 2 ranks train as 1 does); from the cache, or encoding each batch afresh without an
+  extract stage (the same numbers either way). With
   ``data.eval_fraction``, the held-out clips' velocity error at fixed noise levels and noise
   (``eval/loss``): what says a run learns where the training loss is noisy.
 * **export**: the trained denoiser into a copy of the downloaded pipeline folder under
@@ -98,18 +99,28 @@ def sigmas(batch: int, cfg: Any, generator: Any = None) -> Any:
     return cfg.flow_shift * u / (1 + (cfg.flow_shift - 1) * u)
 
 
-def flow_matching_loss(predict: Callable[..., Any], model: Any, latents: Any, text: Any, empty_text: Any, cfg: Any) -> Any:
+def flow_matching_loss(predict: Callable[..., Any], model: Any, latents: Any, text: Any, empty_text: Any, cfg: Any, seeds: Any = None) -> Any:
     """Summed per-sample MSE between predicted and true velocity (noise - data) at random noise levels.
 
-    ``predict(model, noisy, sigma, text)`` is the family's call of its denoiser.
+    ``predict(model, noisy, sigma, text)`` is the family's call of its denoiser. ``seeds`` (one
+    per sample, the engine's ``sample_seeds``): each sample's caption dropout, noise level and
+    noise drawn from its own generator, so they do not depend on the micro-batch or rank it
+    lands in; without, from torch's global generator.
     """
     import torch
 
     batch = latents.shape[0]
-    drop = torch.rand(batch) < cfg.caption_dropout
+    if seeds is None:
+        drop = torch.rand(batch) < cfg.caption_dropout
+        sigma = sigmas(batch, cfg)
+        noise = torch.randn(latents.shape)
+    else:
+        generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+        drop = torch.cat([torch.rand(1, generator=g) for g in generators]) < cfg.caption_dropout
+        sigma = torch.cat([sigmas(1, cfg, g) for g in generators])
+        noise = torch.stack([torch.randn(latents.shape[1:], generator=g) for g in generators])
     text = torch.where(drop.view(-1, *[1] * (text.dim() - 1)).to(text.device), empty_text.to(text.device).expand_as(text), text)
-    sigma = sigmas(batch, cfg).to(latents.device)
-    noise = torch.randn(latents.shape).to(latents.device)
+    sigma, noise = sigma.to(latents.device), noise.to(latents.device)
     s = sigma.view(-1, *[1] * (latents.dim() - 1))
     noisy = (1 - s) * latents + s * noise
     prediction = predict(model, noisy, sigma, text)
@@ -266,7 +277,7 @@ class DiffusionFamily:
         def loss(model: Any, batch: dict[str, Any]) -> Any:
             encoded(batch, encoders)
             device = next(model.parameters()).device
-            return flow_matching_loss(predict, model, batch["latents"].to(device), batch["text"].to(device), empty, cfg)
+            return flow_matching_loss(predict, model, batch["latents"].to(device), batch["text"].to(device), empty, cfg, batch.get("sample_seeds"))
 
         def evaluate(ctx: StageContext, model: Any, step: int) -> dict[str, float]:
             """The velocity error on held-out clips at fixed noise levels (``EVAL_SIGMAS``) with
@@ -303,6 +314,7 @@ class DiffusionFamily:
             loss_unit="samples",
             group_of=lambda i: tuple(train.meta(i)["bucket"]),  # latents of one micro-batch must stack
             evaluate=evaluate,
+            sample_seeds=True,  # 2 ranks draw what 1 does
         )
 
     def export(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:

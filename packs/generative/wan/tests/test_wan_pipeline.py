@@ -193,3 +193,14 @@ def test_several_buckets_train_with_micro_batches_of_one_bucket(wan, tmp_path: P
     rows = [json.loads(x) for x in (tmp_path / "runs/wan-tiny/train/metrics.jsonl").read_text().splitlines()]
     assert "samples_per_s" in rows[0]
     assert all(0 <= r["data_time_s"] <= r["step_time_s"] for r in rows if "loss" in r)  # the wait for the batch is part of the step
+
+
+@pytest.mark.slow
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # flux's runs the same kit path; qwen2vl's and qwen3vl-moe's are `make test`'s FSDP2 cases
+def test_two_process_fsdp2_matches_one_process(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each sample's noise level, noise and caption dropout come from its own seed
+    (``TrainRecipe.sample_seeds``), so two ranks of one sample draw what one rank of two does."""
+    from mmcore.testing import two_processes_match_one
+
+    two_processes_match_one(wan, tmp_path, [*TINY, "data.demo_samples=8", "data.buckets=[[32,32,9]]"])
