@@ -154,4 +154,19 @@ def two_processes_match_one(cli: Any, run_root: Path, args: Sequence[str], rel: 
     assert export["logits_max_abs_diff"] == 0.0 if "logits_max_abs_diff" in export else export["weights_identical"], export
 
 
-__all__ = ["train_losses", "stage_manifest", "two_processes_match_one", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]
+def infer_answers_held_out(cli: Any, run_root: Path, run_dir: str = "demo", count: int = 12, checkpoints: Sequence[str] = ("latest", "export")) -> None:
+    """``mmcore infer --input`` on the first ``count`` held-out conversations of a demo run
+    (``<run>/preprocess/demo-data/eval.json``), from each of ``checkpoints``: the answers must be
+    the records' assistant turns. ``cli`` runs ``mmcore`` in ``run_root``."""
+    import json
+
+    demo = run_root / run_dir / "preprocess/demo-data"
+    held_out = json.loads((demo / "eval.json").read_text())[:count]
+    (demo / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
+    for which in checkpoints:
+        cli("infer", "--run-dir", run_dir, "--checkpoint", which, "--input", str(demo / "requests.jsonl"), "--output", f"{which}.jsonl")
+        answers = [json.loads(line) for line in (run_root / f"{which}.jsonl").read_text().splitlines()]
+        assert [a["text"] for a in answers] == [r["messages"][1]["content"] for r in held_out], which
+
+
+__all__ = ["train_losses", "stage_manifest", "two_processes_match_one", "infer_answers_held_out", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]

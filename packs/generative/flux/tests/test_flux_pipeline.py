@@ -3,7 +3,6 @@ fly, FSDP2, and the demo's held-out loss falling with an export FluxPipeline gen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np

@@ -11,17 +11,9 @@ import pytest
 from mm_pack_qwen2_5omni.config import OmniData
 from mm_pack_qwen2_5omni.data import Encoder
 from mmcore.data.mllm import read_samples
+from mmcore.testing import infer_answers_held_out, stage_manifest as manifest, train_losses as losses
 
 TINY = ["--pack", "qwen2.5omni", "--preset", "tiny", "data.demo_samples=24"]
-
-
-def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
-    return json.loads((run / stage / "manifest.json").read_text())
-
-
-def losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
 @pytest.mark.compares_runs
@@ -118,11 +110,4 @@ def test_the_demo_learns_to_answer_from_image_and_audio(omni, tmp_path: Path) ->
     assert manifest(tmp_path / "demo", "export")["metrics"]["logits_max_abs_diff"] == 0.0
     evaluate = manifest(tmp_path / "demo", "evaluate")["metrics"]  # greedy generate() on the export, batched
     assert evaluate["accuracy"] == evaluate["token_accuracy"] == 1.0, evaluate
-    # `mmcore infer` on held-out image + audio conversations: the answers, from either weights
-    demo = tmp_path / "demo/preprocess/demo-data"
-    held_out = json.loads((demo / "eval.json").read_text())[:12]
-    (demo / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
-    for which in ("latest", "export"):
-        omni("infer", "--run-dir", "demo", "--checkpoint", which, "--input", str(demo / "requests.jsonl"), "--output", f"{which}.jsonl")
-        answers = [json.loads(line) for line in (tmp_path / f"{which}.jsonl").read_text().splitlines()]
-        assert [a["text"] for a in answers] == [r["messages"][1]["content"] for r in held_out]
+    infer_answers_held_out(omni, tmp_path)  # `mmcore infer` on held-out image + audio conversations, from either weights

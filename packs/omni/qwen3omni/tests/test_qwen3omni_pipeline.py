@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mmcore.data.mllm import read_samples
-from mmcore.testing import stage_manifest, train_losses, two_processes_match_one
+from mmcore.testing import infer_answers_held_out, stage_manifest, train_losses, two_processes_match_one
 from mm_pack_qwen3omni.data import Encoder
 from mm_pack_qwen3omni.family import Qwen3OmniData
 
@@ -121,9 +121,4 @@ def test_the_demo_learns_to_answer_from_image_and_audio(omni, tmp_path: Path) ->
     assert stage_manifest(tmp_path / "demo", "export")["metrics"]["logits_max_abs_diff"] == 0.0
     evaluate = stage_manifest(tmp_path / "demo", "evaluate")["metrics"]  # greedy generate() on the export, batched
     assert evaluate["accuracy"] == evaluate["token_accuracy"] == 1.0, evaluate
-    demo = tmp_path / "demo/preprocess/demo-data"
-    held_out = json.loads((demo / "eval.json").read_text())[:12]
-    (demo / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
-    omni("infer", "--run-dir", "demo", "--checkpoint", "export", "--input", str(demo / "requests.jsonl"), "--output", "answers.jsonl")
-    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
-    assert [a["text"] for a in answers] == [r["messages"][1]["content"] for r in held_out]
+    infer_answers_held_out(omni, tmp_path, checkpoints=("export",))  # `mmcore infer` on held-out image + audio conversations
