@@ -45,7 +45,7 @@ PROMISES = {
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),
     "qwen3omni": ("eval/accuracy", "max", 1.0),
     "whisper": ("eval/wer", "min", 0.1),
-    "wan": ("loss_ratio", "min", 0.6),
+    "wan": ("eval_loss_ratio", "min", 0.6),
     "flux": ("eval_loss_ratio", "min", 0.6),
     # other presets, as "pack:preset"
     "qwen2vl:lora": ("eval/accuracy", "max", 0.9),  # with --by 0.85: the slowest seed tried passes 0.9 near step 96 of 120

@@ -141,6 +141,11 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
     run = tmp_path / "runs/wan-demo"
     curve = list(losses(run).values())
     assert np.mean(curve[-10:]) < 0.6 * np.mean(curve[:10]), (curve[:10], curve[-10:])
+    # The README's promise: the held-out clips' loss at fixed noise levels and noise falls below
+    # 0.6x its start by 60 % of the steps with every seed, ISA and thread count
+    # tools/demo_matrix.py tried (measured: about 0.33x at the end).
+    train = manifest(run, "train")["metrics"]
+    assert train["eval/loss"] < 0.6 * train["eval/loss@0"], train
     assert manifest(run, "export")["metrics"]["weights_identical"]
     evaluate = manifest(run, "evaluate")["metrics"]
     assert evaluate["samples"] == 2 and (run / "evaluate/samples/contact_sheet.png").stat().st_size > 1000
