@@ -120,7 +120,7 @@ def _point_latest(root: Path, target: Path) -> None:
 
 
 def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,
-                    loss: float | None = None, keep: set[str] | None = None, files: dict[str, Any] | None = None) -> None:
+                    loss: float | None = None, keep: set[str] | None = None, files: dict[str, Any] | None = None, ema: dict[str, Any] | None = None) -> None:
     """Write ``root/step-N``, then point ``root/latest`` at it.
 
     The checkpoint is written under ``step-N.incomplete`` and renamed into place only once
@@ -130,7 +130,8 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
     Only the two newest complete checkpoints are kept.
 
     ``keep`` limits the model state saved to these keys (LoRA: adapters, not the frozen base);
-    ``files`` are JSON files written into the checkpoint (LoRA: its plan, ``lora.json``).
+    ``files`` are JSON files written into the checkpoint (LoRA: its plan, ``lora.json``);
+    ``ema`` the moving average of the trained weights (:mod:`mmcore.ema`), saved as ``ema.<name>``.
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -152,7 +153,8 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         model_sd, optim_sd = get_state_dict(model, optimizer)
         if keep is not None:
             model_sd = {k: v for k, v in model_sd.items() if k in keep}
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial), no_dist=not world.distributed)
+        state = {"model": model_sd, "optim": optim_sd, **({"ema": ema} if ema is not None else {})}
+        dcp.save(state, checkpoint_id=str(partial), no_dist=not world.distributed)
         crash_point("checkpoint-write", step)
         atomic_write_json(partial / f"rng-rank{world.rank:05d}.json", _rng_state())
         if world.distributed:
@@ -184,9 +186,11 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         dist.barrier()
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *, keep: set[str] | None = None) -> dict[str, Any]:
-    """Restore everything :func:`save_checkpoint` wrote (with the same ``keep``); returns its
-    trainer state (``step``, ``loss`` of that step, ...)."""
+def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,
+                    keep: set[str] | None = None, ema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Restore everything :func:`save_checkpoint` wrote (with the same ``keep``; ``ema`` is
+    filled in place); returns its trainer state (``step``, ``loss`` of that step, ...)."""
+    from mmcore.errors import StageError
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
     from mmcore import safe_dcp
@@ -202,6 +206,10 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, samp
     for fqn in [f for f in optim_sd.get("state", {}) if not any(k.startswith(f"optim.state.{f}.") for k in saved)]:
         del optim_sd["state"][fqn]
     state = {"model": model_sd, "optim": optim_sd}
+    if ema is not None:
+        if not any(k.startswith("ema.") for k in saved):
+            raise StageError(f"{path}: saved without a moving average of the weights (training.ema was 0); resume with training.ema=0 or start a new run")
+        state["ema"] = ema
     safe_dcp.load(state, path, distributed=world.distributed)
     # strict=False lets those parameters go without state; dcp.load above already required every
     # model tensor and every optimizer state the checkpoint should hold.
@@ -215,4 +223,48 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, samp
     return extra
 
 
-__all__ = ["CHECKPOINTS", "LATEST", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "seed_everything"]
+def save_average(folder: Path, model: Any, average: dict[str, Any], world: Any, *, keep: set[str] | None = None, files: dict[str, Any] | None = None) -> None:
+    """Write the model's weights with ``average``'s in place of the trained ones as a model
+    checkpoint (``model.<name>``, what :func:`load_converted` and export read) at ``folder``,
+    replacing what was there only once it is complete. ``keep`` and ``files`` as in
+    :func:`save_checkpoint` (LoRA: the averaged adapters and the plan)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    partial = folder.with_name(folder.name + INCOMPLETE)
+    if world.distributed:
+        dist.barrier()
+    if world.is_local_main:
+        shutil.rmtree(partial, ignore_errors=True)
+    if world.distributed:
+        dist.barrier()
+    first: dict[int, str] = {}
+    canonical = {}  # a tied parameter's every name -> the name the average has it under
+    for name, param in model.named_parameters(remove_duplicate=False):
+        canonical[name] = first.setdefault(id(param), name)
+    state = get_model_state_dict(model)
+    if keep is not None:
+        state = {k: v for k, v in state.items() if k in keep}
+    for key in state:
+        if canonical.get(key, key) in average:
+            state[key] = average[canonical.get(key, key)]
+    if not set(average) <= {canonical.get(k, k) for k in state}:
+        raise RuntimeError(f"the moving average holds weights the model's state does not: {sorted(set(average) - set(state))[:3]}")
+    dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=not world.distributed)
+    if world.distributed:
+        dist.barrier()
+    if world.is_local_main:
+        for name, content in (files or {}).items():
+            atomic_write_json(partial / name, content)
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.replace(partial, folder)
+        except FileNotFoundError:
+            pass  # another node on the same file system moved it already
+        fsync_dir(folder.parent)
+    if world.distributed:
+        dist.barrier()
+
+
+__all__ = ["CHECKPOINTS", "LATEST", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "save_average", "seed_everything"]

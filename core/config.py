@@ -103,6 +103,7 @@ class TrainingSection(Section):
     log_every: int = Field(1, ge=1)
     eval_every: int = Field(0, ge=0)
     moe_aux_loss_coef: float | None = Field(None, ge=0, description="Mixture-of-experts models: weight of the router's load-balancing loss, per loss token (null: the model config's router_aux_loss_coef; 0: left out).")
+    ema: float = Field(0.0, ge=0, lt=1, description="Keep an exponential moving average of the trained weights with this decay (e.g. 0.999; 0: none), in every checkpoint; export writes it (export.weights). Its first updates decay less, as diffusers' EMAModel's.")
     lora: LoraSection = Field(default_factory=LoraSection)
     dpo: DpoSection = Field(default_factory=DpoSection)
 
@@ -120,6 +121,7 @@ class ParallelSection(Section):
 class ExportSection(Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
     merge_lora: bool = Field(False, description="After LoRA training, also write the full model with the adapters merged into the base weights (merged in fp32, then cast to export.dtype).")
+    weights: Literal["ema", "last"] = Field("ema", description="After training with training.ema: export the moving average of the weights (ema) or the last step's (last). Without training.ema, the last step's.")
 
 
 class EvaluateSection(Section):

@@ -23,6 +23,17 @@ from mmcore.errors import StageError
 from mmcore.rundir import Manifest
 
 
+def trained_checkpoint(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path:
+    """The checkpoint an export writes: the train stage's moving average of the weights where it
+    kept one (``training.ema``) and ``export.weights`` is ``ema``, else its last checkpoint."""
+    from mmcore.ema import EMA_OUTPUT
+
+    train = upstream["train"]
+    if ctx.config.export.weights == "ema" and EMA_OUTPUT in train.outputs:
+        return train.output(EMA_OUTPUT).resolve()
+    return train.output("checkpoint").resolve()
+
+
 @dataclass
 class CheckedExport:
     folder: Path
@@ -49,7 +60,8 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
 
     Args:
         ctx: the export stage's context (``export.dtype`` picks the saved dtype).
-        upstream: finished stages; ``download`` gives the side files, ``train`` the checkpoint.
+        upstream: finished stages; ``download`` gives the side files, ``train`` the checkpoint
+            (:func:`trained_checkpoint`).
         adapter: the pack's state-dict adapter (training names -> hub names).
         build_trained: ``(model dir, checkpoint) -> model`` as training built it.
         load_exported: ``folder -> model`` through transformers' ``from_pretrained``.
@@ -63,7 +75,7 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
     from mmcore.lora import LoraPlan
 
     model_dir = upstream["download"].output("model")
-    checkpoint = upstream["train"].output("checkpoint").resolve()
+    checkpoint = trained_checkpoint(ctx, upstream)
     dtype = None if ctx.config.export.dtype in ("auto", "float32") else getattr(torch, ctx.config.export.dtype)
     plan = LoraPlan.read(checkpoint)
     if plan is not None:

@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.8"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key, tiny.unigram_tokenizer/clip_tokenizer, DiffusionFamily.predict_options/flops, held-out eval/loss in the diffusion kit (kits.diffusion.EVAL_SIGMAS), TrainRecipe.sample_seeds and train.sample_seed
+SDK_VERSION = "1.9"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key, tiny.unigram_tokenizer/clip_tokenizer, DiffusionFamily.predict_options/flops, held-out eval/loss in the diffusion kit (kits.diffusion.EVAL_SIGMAS), TrainRecipe.sample_seeds and train.sample_seed; 1.9: training.ema (mmcore.ema, export.trained_checkpoint, ExportSection.weights)
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -43,7 +43,8 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "read_header", "safetensors_files", "write_safetensors_streaming", "expected_tensors", "coverage_problems", "model_from_config",
     }),
     "mmcore.train": frozenset({"train_stage", "run_training", "TrainRecipe", "load_converted", "EpochSampler", "freeze", "lr_lambda", "sample_seed"}),
-    "mmcore.export": frozenset({"export_checked"}),
+    "mmcore.export": frozenset({"export_checked", "trained_checkpoint"}),
+    "mmcore.ema": frozenset({"EMA_OUTPUT", "MovingAverage", "decay_at"}),
     "mmcore.causal_lm": frozenset({"count_loss_tokens", "evaluate_accuracy", "generate_accuracy", "next_token_loss_sum", "packed_rows", "padded_rows"}),
     "mmcore.evaluation": frozenset({"word_errors", "char_errors", "sharded_sums", "normalize_words"}),
     "mmcore.generation": frozenset({

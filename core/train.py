@@ -12,7 +12,9 @@ is split across accumulation steps, ranks, or packed sequences.
 
 Checkpoints (every ``training.checkpoint_every`` steps and at the end) hold model and optimizer
 (DCP, reshardable), scheduler, the data position and every RNG state, so a run killed at any
-point resumes to the same losses as an uninterrupted one.
+point resumes to the same losses as an uninterrupted one. With ``training.ema`` they also hold
+the moving average of the trained weights (:mod:`mmcore.ema`), written at the end as the
+``ema`` output that export reads.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from mmcore.checkpointing import CHECKPOINTS, LATEST, load_checkpoint, load_converted, newest_complete, save_checkpoint, seed_everything
+from mmcore.checkpointing import CHECKPOINTS, LATEST, load_checkpoint, load_converted, newest_complete, save_average, save_checkpoint, seed_everything
 from mmcore.context import StageContext
+from mmcore.ema import EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
 from mmcore.io import ensure_free_space
@@ -165,7 +168,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
     if world.is_local_main:  # a checkpoint: every weight (LoRA: the trained ones) plus AdamW's two moments of the trained ones
         held = params if plan is not None else list(model.parameters())
-        checkpoint_bytes = sum(p.numel() * p.element_size() for p in held) + sum(2 * p.numel() * 4 for p in params)
+        checkpoint_bytes = sum(p.numel() * p.element_size() for p in held) + sum((2 + bool(cfg.ema)) * p.numel() * 4 for p in params)
         previous = RunDir(ctx.run_dir).replaced_dir(ctx.stage)
         hint = f"free disk space, e.g. delete {previous} (the previous finished training, kept until this one finishes)" if previous.exists() else "free disk space or point --run-dir at a larger disk"
         ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint", hint=hint)
@@ -174,6 +177,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     data = recipe.dataset(ctx, upstream)
     sampler = _sampler(ctx, recipe, data)
     keep, files = _lora_checkpoint(model, plan)
+    ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
+    averaged = ema.state_dict() if ema is not None else None
 
     step = 0
     last_loss = float("nan")
@@ -181,7 +186,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if resume_from is not None:
         if plan is not None:
             _check_same_adapters(resume_from, plan)
-        state = load_checkpoint(resume_from, model, optimizer, scheduler, sampler, world, backend, keep=keep)
+        state = load_checkpoint(resume_from, model, optimizer, scheduler, sampler, world, backend, keep=keep, ema=averaged)
         step = int(state["step"])
         last_loss = float("nan") if state.get("loss") is None else float(state["loss"])
         pointed = (ckpt_root / LATEST).resolve() if (ckpt_root / LATEST).is_symlink() else None
@@ -243,6 +248,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(step + 1)
         extra = _step_metrics(recipe, device, world)
         if world.distributed:
             dist.all_reduce(loss_sum)
@@ -266,13 +273,17 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files)
+            save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish
     final_step = max(cfg.steps, step)
-    save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files)
+    save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
+    outputs = {"checkpoint": f"{CHECKPOINTS}/{LATEST}"}
+    if averaged is not None:
+        save_average(ckpt_root / EMA_OUTPUT, model, averaged, world, keep=keep, files=files)  # beside the steps: a LoRA plan's base path holds
+        outputs[EMA_OUTPUT] = f"{CHECKPOINTS}/{EMA_OUTPUT}"
     crash_point("train-end", 1)
     log_eval(final_step)
     if world.is_main:
@@ -294,7 +305,10 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
                 notes.insert(0, f"held-out {name}: {first[name]:.4g} at step {first_step} -> {last[name]:.4g} at step {last_step}")
     if own_group:
         dist.destroy_process_group()
-    return StageResult(outputs={"checkpoint": f"{CHECKPOINTS}/{LATEST}"}, metrics=result_metrics, notes=notes)
+    if averaged is not None:
+        result_metrics["ema"] = cfg.ema
+        notes.append(f"moving average of the trained weights (decay {cfg.ema}) at {ckpt_root / EMA_OUTPUT}: what export writes (export.weights)")
+    return StageResult(outputs=outputs, metrics=result_metrics, notes=notes)
 
 
 def _add_adapters(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: TrainRecipe, model: Any, blocks: list[Any], ckpt_root: Path) -> Any:

@@ -42,3 +42,26 @@ def test_schedules_warm_up_then_decay() -> None:
     linear = lr_lambda("linear", warmup=0, total=10, min_ratio=0.0)
     assert linear(5) == pytest.approx(0.5)
     assert lr_lambda("constant", warmup=2, total=10, min_ratio=0.0)(7) == 1.0
+
+
+def test_moving_average_follows_diffusers_ema_model() -> None:
+    """training.ema averages as diffusers' EMAModel does (its warm-up decay included), which
+    diffusion users compare against; rounding differs (lerp vs. its subtract), hence a tolerance."""
+    torch = pytest.importorskip("torch")
+    training_utils = pytest.importorskip("diffusers.training_utils")
+
+    from mmcore.ema import MovingAverage
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    ours = MovingAverage(model.named_parameters(), decay=0.95)
+    theirs = training_utils.EMAModel(model.parameters(), decay=0.95)
+    for step in range(1, 40):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        ours.update(step)
+        theirs.step(model.parameters())
+        assert theirs.cur_decay_value == pytest.approx(0.0 if step == 1 else min(0.95, step / (9 + step)))
+        for name, shadow in zip(dict(model.named_parameters()), theirs.shadow_params):
+            torch.testing.assert_close(ours.state_dict()[name], shadow, rtol=1e-5, atol=1e-6)

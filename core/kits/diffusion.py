@@ -321,10 +321,11 @@ class DiffusionFamily:
         """The pipeline folder with the trained denoiser, proven equal to training; after LoRA
         training, the adapter as diffusers' ``load_lora_weights`` reads it (and with
         ``export.merge_lora`` the pipeline with the adapters merged)."""
+        from mmcore.export import trained_checkpoint
         from mmcore.lora import LoraPlan
 
         source = upstream["download"].output("model")
-        checkpoint = upstream["train"].output("checkpoint").resolve()
+        checkpoint = trained_checkpoint(ctx, upstream)
         plan = LoraPlan.read(checkpoint)
         if plan is not None:
             return self._export_lora(ctx, source, checkpoint, plan)
