@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.9"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key, tiny.unigram_tokenizer/clip_tokenizer, DiffusionFamily.predict_options/flops, held-out eval/loss in the diffusion kit (kits.diffusion.EVAL_SIGMAS), TrainRecipe.sample_seeds and train.sample_seed; 1.9: training.ema (mmcore.ema, export.trained_checkpoint, ExportSection.weights)
+SDK_VERSION = "1.9"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key, tiny.unigram_tokenizer/clip_tokenizer, DiffusionFamily.predict_options/flops, held-out eval/loss in the diffusion kit (kits.diffusion.EVAL_SIGMAS), TrainRecipe.sample_seeds and train.sample_seed; 1.9: training.ema (mmcore.ema, export.trained_checkpoint, ExportSection.weights), the diffusion kit's objectives (DiffusionFamily.objective, FlowMatching, NoiseSchedule, diffusion_loss, DiffusionTraining) and bucket rules (VideoData.size_multiple/frame_stride), synthetic.write_moving_squares
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -60,14 +60,16 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.feature_cache": frozenset({"FeatureCacheWriter", "FeatureCache", "CachedSamples"}),
     "mmcore.data.clips": frozenset({"preprocess_captioned_videos"}),
     "mmcore.kits": frozenset({"blocks_at"}),
-    "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate", "denoiser_flops", "EVAL_SIGMAS"}),
+    "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "DiffusionTraining", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss",
+                                       "diffusion_loss", "FlowMatching", "NoiseSchedule", "FLOW_MATCHING", "content_key", "collate", "denoiser_flops", "EVAL_SIGMAS"}),
     "mmcore.data.badsamples": frozenset({"BadSample", "BadSamples"}),
     "mmcore.data.media": frozenset({"MediaError", "media_limits", "check_pixels", "check_seconds"}),
     "mmcore.data.video": frozenset({"MediaError", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),
     "mmcore.data.audio": frozenset({"MediaError", "load_audio", "write_audio"}),
     "mmcore.data.captions": frozenset({"read_captions"}),
     "mmcore.data.synthetic": frozenset({"COLOURS", "SHAPES", "shape_image", "write_shape_questions", "write_shape_preferences",
-                                        "PITCHES", "SHAPE_TONE_QUESTION", "TONE_RATE", "tone_clip", "write_shape_tone_questions"}),
+                                        "PITCHES", "SHAPE_TONE_QUESTION", "TONE_RATE", "tone_clip", "write_shape_tone_questions",
+                                        "SQUARE_COLOURS", "MOVES", "moving_square", "write_moving_squares", "write_moving_square_preferences"}),
     "mmcore.kits.auto": frozenset({"TransformersNames", "ProcessorImages", "auto_family", "tiny_checkpoint", "shrink_config", "TINY_SIZES"}),
     "mmcore.data.mllm": frozenset({"MLLMDataSection", "BadJSON", "BadRecord", "Columns", "Sample", "Turn", "PLACEHOLDERS", "load_records", "media_root", "read_samples", "resolve_media"}),
     "mmcore.data.chatml": frozenset({"IGNORE", "ChatMLEncoder", "CHATML_TEMPLATE", "Encoded", "Piece", "Expander"}),

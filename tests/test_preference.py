@@ -151,6 +151,7 @@ def test_diffusion_dpo_loss_and_gradients_equal_a_direct_implementation() -> Non
     import copy
 
     from mmcore.config import LoraSection
+    from mmcore.kits.diffusion import FLOW_MATCHING
     from mmcore.kits.diffusion_dpo import TIMESTEPS, diffusion_dpo_terms
     from mmcore.lora import init_adapters, inject, plan_lora
 
@@ -184,7 +185,7 @@ def test_diffusion_dpo_loss_and_gradients_equal_a_direct_implementation() -> Non
     text, noise = torch.randn(3, 12, generator=g), torch.randn(3, 3, 4, generator=g)
     sigma = torch.tensor([0.2, 0.5, 0.9])
     beta = 0.01
-    losses, inside = diffusion_dpo_terms(predict, model, winners, losers, text, sigma, noise, beta)
+    losses, inside = diffusion_dpo_terms(FLOW_MATCHING, predict, model, winners, losers, text, sigma, noise, beta)
     losses.sum().backward()
     ours = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()

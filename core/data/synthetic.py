@@ -145,3 +145,61 @@ def vlm_mix_lengths(n: int = 2000, seed: int = 0) -> list[int]:
             out.append(rng.randint(low, high))
     return out
 
+
+# -- moving squares: the video packs' demo
+
+SQUARE_COLOURS = {"red": (220, 30, 30), "blue": (40, 60, 220)}
+MOVES = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+SQUARE_SIZE, SQUARE_FRAMES, SQUARE_FPS = 32, 9, 8
+
+
+def moving_square(colour: tuple[int, int, int], move: tuple[int, int], rng: random.Random):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    frames = np.full((SQUARE_FRAMES, SQUARE_SIZE, SQUARE_SIZE, 3), 255, dtype=np.uint8)
+    side, speed = 8, 2
+    x = rng.randint(side, SQUARE_SIZE - side) if move[0] == 0 else (SQUARE_SIZE - side - 2 if move[0] < 0 else 2)
+    y = rng.randint(side, SQUARE_SIZE - side) if move[1] == 0 else (SQUARE_SIZE - side - 2 if move[1] < 0 else 2)
+    for t in range(SQUARE_FRAMES):
+        cx, cy = x + move[0] * speed * t, y + move[1] * speed * t
+        frames[t, max(cy, 0) : cy + side, max(cx, 0) : cx + side] = colour
+    return frames
+
+
+def write_moving_squares(folder: Path, samples: int, seed: int) -> Path:
+    """Videos of a red or blue square moving left, right, up or down, captioned with which way
+    ("a red square moves left"): real H.264 mp4 files plus caption JSON, the layout
+    MindSpeed-MM users already have (the video packs' demo)."""
+    from mmcore.data.video import write_mp4
+
+    rng = random.Random(seed)
+    records = []
+    for i in range(samples):
+        colour, move = rng.choice(sorted(SQUARE_COLOURS)), rng.choice(sorted(MOVES))
+        name = f"videos/{i:05d}.mp4"
+        write_mp4(folder / name, moving_square(SQUARE_COLOURS[colour], MOVES[move], rng), SQUARE_FPS)
+        records.append({"path": name, "cap": f"a {colour} square moves {move}", "num_frames": SQUARE_FRAMES, "fps": SQUARE_FPS, "resolution": {"height": SQUARE_SIZE, "width": SQUARE_SIZE}})
+    out = folder / "train.json"
+    out.write_text(json.dumps(records, indent=1))
+    return out
+
+
+def write_moving_square_preferences(folder: Path, samples: int, seed: int) -> Path:
+    """The DPO demo's pairs: for "a square moves <way>", the clip with a red square is chosen
+    and the same clip with a blue one rejected: the model comes to prefer red squares (a
+    preference no caption states, as aesthetic preferences are)."""
+    from mmcore.data.video import write_mp4
+
+    rng = random.Random(seed)
+    records = []
+    for i in range(samples):
+        move = rng.choice(sorted(MOVES))
+        start = rng.getstate()
+        chosen, rejected = f"videos/{i:05d}-red.mp4", f"videos/{i:05d}-blue.mp4"
+        write_mp4(folder / chosen, moving_square(SQUARE_COLOURS["red"], MOVES[move], rng), SQUARE_FPS)
+        rng.setstate(start)  # the same square in the same place: only the colour differs
+        write_mp4(folder / rejected, moving_square(SQUARE_COLOURS["blue"], MOVES[move], rng), SQUARE_FPS)
+        records.append({"cap": f"a square moves {move}", "chosen": chosen, "rejected": rejected})
+    out = folder / "pairs.json"
+    out.write_text(json.dumps(records, indent=1))
+    return out

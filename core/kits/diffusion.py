@@ -27,8 +27,9 @@ What the kit does with it:
 * **extract**: VAE latents and text embeddings of every clip into the feature cache
   (:mod:`mmcore.data.feature_cache`), keyed by content and the checkpoint's fingerprint;
   resumable after a kill.
-* **train**: flow matching: noise levels drawn uniform or logit-normal and shifted
-  (``training.flow_shift``), the velocity ``noise - data`` regressed, captions dropped with
+* **train**: the family's objective: flow matching (noise levels drawn uniform or logit-normal
+  and shifted, ``training.flow_shift``; the velocity ``noise - data`` regressed) or a DDPM
+  scheduler's v / epsilon prediction (:class:`NoiseSchedule`), captions dropped with
   ``training.caption_dropout`` for classifier-free guidance, each sample's draws from its own
   seed (so 2 ranks train as 1 does); from the cache, or encoding each batch afresh without an
   extract stage (the same numbers either way). With
@@ -47,9 +48,9 @@ import hashlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mmcore.config import DataSection, ExportSection, TrainingSection
 from mmcore.context import StageContext
@@ -65,7 +66,15 @@ LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
 
 
 class VideoData(DataSection):
-    """Captioned videos (or images: one-frame buckets) sampled into size buckets."""
+    """Captioned videos (or images: one-frame buckets) sampled into size buckets.
+
+    A family's subclass states what its VAE and patching need of a bucket (class variables):
+    sides a multiple of ``size_multiple`` (``size_reason`` says why), frames ``frame_stride``
+    x k + 1 (the VAE's temporal compression; 0: images, one frame)."""
+
+    size_multiple: ClassVar[int] = 1
+    size_reason: ClassVar[str] = ""
+    frame_stride: ClassVar[int] = 1
 
     fps: float = Field(8.0, gt=0, description="Frames per second sampled from each video.")
     buckets: list[tuple[int, int, int]] = Field(default_factory=lambda: [(32, 32, 9)], description="(height, width, frames) buckets.")
@@ -74,9 +83,24 @@ class VideoData(DataSection):
     ranking: bool = Field(False, description="The datasets are preference pairs (a caption with chosen and rejected videos), for training.method: dpo.")
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="The fraction of clips (with ranking: pairs) held out: training reports their velocity error at fixed noise (eval/loss), or preference accuracy.")
 
+    @field_validator("buckets")
+    @classmethod
+    def _buckets_fit_the_model(cls, buckets: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        for h, w, f in buckets:
+            if h % cls.size_multiple or w % cls.size_multiple:
+                raise ValueError(f"bucket {h}x{w}: height and width must be multiples of {cls.size_multiple} ({cls.size_reason})")
+            if cls.frame_stride == 0 and f != 1:
+                raise ValueError(f"bucket frames {f}: this family makes images, a bucket has 1 frame")
+            if cls.frame_stride > 1 and (f - 1) % cls.frame_stride:
+                raise ValueError(f"bucket frames {f}: must be {cls.frame_stride}k+1 (the VAE compresses time by {cls.frame_stride})")
+        return buckets
 
-class FlowMatchingTraining(TrainingSection):
+
+class DiffusionTraining(TrainingSection):
     caption_dropout: float = Field(0.1, ge=0, le=1, description="Probability of training on the empty caption (for classifier-free guidance).")
+
+
+class FlowMatchingTraining(DiffusionTraining):
     flow_shift: float = Field(3.0, gt=0, description="Timestep shift of the flow-matching schedule.")
     timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
 
@@ -99,10 +123,88 @@ def sigmas(batch: int, cfg: Any, generator: Any = None) -> Any:
     return cfg.flow_shift * u / (1 + (cfg.flow_shift - 1) * u)
 
 
-def flow_matching_loss(predict: Callable[..., Any], model: Any, latents: Any, text: Any, empty_text: Any, cfg: Any, seeds: Any = None) -> Any:
-    """Summed per-sample MSE between predicted and true velocity (noise - data) at random noise levels.
+def _per_sample(latents: Any) -> Any:
+    return tuple(range(1, latents.dim()))
 
-    ``predict(model, noisy, sigma, text)`` is the family's call of its denoiser. ``seeds`` (one
+
+class FlowMatching:
+    """Rectified flow (Wan, FLUX, HunyuanVideo): ``x_s = (1 - s) x + s n`` at a noise level
+    ``s`` in (0, 1), the velocity ``n - x`` regressed; levels drawn uniform or logit-normal and
+    shifted (``training.flow_shift``, ``training.timestep_sampling``). ``predict`` gets ``s``."""
+
+    def draw(self, batch: int, cfg: Any, generator: Any = None) -> Any:
+        return sigmas(batch, cfg, generator)
+
+    def eval_levels(self) -> Any:
+        import torch
+
+        return torch.tensor(EVAL_SIGMAS)
+
+    def errors(self, predict: Callable[..., Any], model: Any, latents: Any, noise: Any, levels: Any, text: Any) -> Any:
+        """Per-sample mean squared error of the predicted velocity."""
+        s = levels.view(-1, *[1] * (latents.dim() - 1))
+        prediction = predict(model, (1 - s) * latents + s * noise, levels, text)
+        return ((prediction.float() - (noise - latents).float()) ** 2).mean(dim=_per_sample(latents))
+
+
+class NoiseSchedule:
+    """A diffusers DDPM-family scheduler's discrete schedule (CogVideoX: ``CogVideoXDDIMScheduler``,
+    v-prediction with zero terminal SNR), trained as the model's own trainers train it:
+    timesteps uniform in [0, T), ``x_t = scheduler.add_noise(x, n, t)``; for ``v_prediction`` the
+    model's output is turned into its estimate of ``x`` (``scheduler.get_velocity(output, x_t,
+    t)``) and the squared error weighted by ``1 / (1 - alphas_cumprod[t])`` (which equals the
+    squared error of the velocity itself); for ``epsilon`` the noise is regressed. ``predict``
+    gets the integer timesteps. Held-out levels: ``EVAL_SIGMAS`` x T."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.steps = int(scheduler.config.num_train_timesteps)
+        self.prediction_type = scheduler.config.prediction_type
+        if self.prediction_type not in ("v_prediction", "epsilon"):
+            raise StageError(f"scheduler prediction_type {self.prediction_type!r}: the diffusion kit trains v_prediction and epsilon")
+
+    @classmethod
+    def of(cls, model_dir: Path) -> "NoiseSchedule":
+        """The schedule of the pipeline folder's ``scheduler/`` (its class as its config names it)."""
+        import json
+
+        import diffusers
+
+        folder = model_dir / "scheduler"
+        name = json.loads((folder / "scheduler_config.json").read_text()).get("_class_name", "")
+        if not hasattr(diffusers, name):
+            raise StageError(f"{folder / 'scheduler_config.json'}: scheduler class {name!r} is not one diffusers has")
+        return cls(getattr(diffusers, name).from_pretrained(folder))
+
+    def draw(self, batch: int, cfg: Any, generator: Any = None) -> Any:
+        import torch
+
+        return torch.randint(0, self.steps, (batch,), generator=generator)
+
+    def eval_levels(self) -> Any:
+        import torch
+
+        return torch.tensor([int(s * self.steps) for s in EVAL_SIGMAS])
+
+    def errors(self, predict: Callable[..., Any], model: Any, latents: Any, noise: Any, levels: Any, text: Any) -> Any:
+        noisy = self.scheduler.add_noise(latents, noise, levels)
+        output = predict(model, noisy, levels, text).float()
+        if self.prediction_type == "epsilon":
+            return ((output - noise.float()) ** 2).mean(dim=_per_sample(latents))
+        estimate = self.scheduler.get_velocity(output, noisy.float(), levels)
+        weights = (1 / (1 - self.scheduler.alphas_cumprod[levels.cpu()])).float().to(latents.device)  # the schedule is float64
+        return (weights.view(-1, *[1] * (latents.dim() - 1)) * (estimate - latents.float()) ** 2).mean(dim=_per_sample(latents))
+
+
+#: the default objective of a family
+FLOW_MATCHING = FlowMatching()
+
+
+def diffusion_loss(objective: Any, predict: Callable[..., Any], model: Any, latents: Any, text: Any, empty_text: Any, cfg: Any, seeds: Any = None) -> Any:
+    """Summed per-sample error of ``objective`` (:class:`FlowMatching`, :class:`NoiseSchedule`)
+    at random noise levels, captions dropped with ``training.caption_dropout``.
+
+    ``predict(model, noisy, level, text)`` is the family's call of its denoiser. ``seeds`` (one
     per sample, the engine's ``sample_seeds``): each sample's caption dropout, noise level and
     noise drawn from its own generator, so they do not depend on the micro-batch or rank it
     lands in; without, from torch's global generator.
@@ -112,19 +214,20 @@ def flow_matching_loss(predict: Callable[..., Any], model: Any, latents: Any, te
     batch = latents.shape[0]
     if seeds is None:
         drop = torch.rand(batch) < cfg.caption_dropout
-        sigma = sigmas(batch, cfg)
+        levels = objective.draw(batch, cfg)
         noise = torch.randn(latents.shape)
     else:
         generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
         drop = torch.cat([torch.rand(1, generator=g) for g in generators]) < cfg.caption_dropout
-        sigma = torch.cat([sigmas(1, cfg, g) for g in generators])
+        levels = torch.cat([objective.draw(1, cfg, g) for g in generators])
         noise = torch.stack([torch.randn(latents.shape[1:], generator=g) for g in generators])
     text = torch.where(drop.view(-1, *[1] * (text.dim() - 1)).to(text.device), empty_text.to(text.device).expand_as(text), text)
-    sigma, noise = sigma.to(latents.device), noise.to(latents.device)
-    s = sigma.view(-1, *[1] * (latents.dim() - 1))
-    noisy = (1 - s) * latents + s * noise
-    prediction = predict(model, noisy, sigma, text)
-    return ((prediction.float() - (noise - latents).float()) ** 2).mean(dim=tuple(range(1, latents.dim()))).sum()
+    return objective.errors(predict, model, latents, noise.to(latents.device), levels.to(latents.device), text).sum()
+
+
+def flow_matching_loss(predict: Callable[..., Any], model: Any, latents: Any, text: Any, empty_text: Any, cfg: Any, seeds: Any = None) -> Any:
+    """:func:`diffusion_loss` of :class:`FlowMatching`: the velocity error (``noise - data``)."""
+    return diffusion_loss(FLOW_MATCHING, predict, model, latents, text, empty_text, cfg, seeds)
 
 
 def content_key(*parts: Any) -> str:
@@ -160,6 +263,15 @@ class DiffusionFamily:
             in training, from the run's config (FLUX: the guidance value it trains with).
         flops: ``() -> (model, batch) -> FLOPs`` of a step, for a denoiser that is not a video
             transformer over patches of [B, C, F, H, W] latents (default :func:`denoiser_flops`).
+        objective: ``model dir -> objective`` the denoiser is trained with (default flow
+            matching; :meth:`NoiseSchedule.of` for a DDPM-family scheduler's v or epsilon
+            prediction, as the checkpoint's ``scheduler/`` says).
+        conditions: names of the per-clip tensors the denoiser is conditioned on besides the
+            caption (image-to-video: the first frame's latents and mask, its image features):
+            the encoders' ``conditions(frames) -> {name: tensor}`` makes them as the pipeline
+            does, extract caches them, and ``predict`` gets them as keyword arguments; such a
+            family generates from a first frame (``sample(..., image=)``, ``mmcore infer
+            --image``; evaluate takes the held-out clips' first frames).
     """
 
     transformer_class: str
@@ -177,6 +289,8 @@ class DiffusionFamily:
     preference_demo: Callable[[Path, int, int], Path] | None = None
     predict_options: Callable[[StageContext], Mapping[str, Any]] | None = None
     flops: Callable[[], Callable[[Any, dict[str, Any]], float]] | None = None
+    objective: Callable[[Path], Any] = lambda model_dir: FLOW_MATCHING
+    conditions: Sequence[str] = ()
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -223,7 +337,7 @@ class DiffusionFamily:
             meta, frames = data.meta(i), data[i]["frames"]
             latents = cache.add(content_key("latents", frames.numpy().tobytes(), meta["bucket"], identity), lambda: encoders.latents(frames))
             text = cache.add(content_key("text", meta["caption"], length, identity), lambda: encoders.text(meta["caption"]))
-            refs = {"latents": [latents], "text": [text]}
+            refs = {"latents": [latents], "text": [text], **self._cached_conditions(cache, encoders, frames, meta["bucket"], identity)}
             if "rejected_frames" in data[i]:  # a preference pair: its other video too
                 other = data[i]["rejected_frames"]
                 refs["rejected_latents"] = [cache.add(content_key("latents", other.numpy().tobytes(), meta["bucket"], identity), lambda: encoders.latents(other))]
@@ -232,8 +346,20 @@ class DiffusionFamily:
         return StageResult(
             outputs={"features": "features"},
             metrics={"clips": len(data), "encoded": cache.encoded, "reused": cache.reused},
-            notes=[f"cached latents and text embeddings of {len(data)} clips ({cache.encoded} encoded, {cache.reused} reused)"],
+            notes=[f"cached latents, text embeddings{''.join(', ' + c for c in self.conditions)} of {len(data)} clips ({cache.encoded} encoded, {cache.reused} reused)"],
         )
+
+    def _cached_conditions(self, cache: Any, encoders: Any, frames: Any, bucket: Any, identity: str) -> dict[str, list[str]]:
+        """The clip's conditioning tensors in the cache (made together, once, where any is missing)."""
+        made: dict[str, Any] = {}
+
+        def part(name: str) -> Any:
+            if not made:
+                made.update(encoders.conditions(frames))
+            return made[name]
+
+        content = frames.numpy().tobytes()
+        return {name: [cache.add(content_key(name, content, bucket, identity), lambda name=name: part(name))] for name in self.conditions}
 
     def samples(self, ctx: StageContext, upstream: Mapping[str, Manifest], data: Any) -> tuple[Any, Any, Any]:
         """(samples of ``data``, the empty caption's embedding, the live encoders or None): from
@@ -258,6 +384,9 @@ class DiffusionFamily:
         if cfg.method == "dpo":
             from mmcore.kits.diffusion_dpo import dpo_recipe
 
+            if self.conditions:
+                raise StageError(f"training.method=dpo: Diffusion-DPO of a family conditioned on {', '.join(self.conditions)} is not supported yet")
+
             return dpo_recipe(self, ctx, upstream, data)
         if data.index.get("ranking"):
             raise StageError("the dataset holds preference pairs (data.ranking): train them with training.method: dpo")
@@ -266,6 +395,7 @@ class DiffusionFamily:
         held = data.split("eval")
         held_samples, _, held_encoders = self.samples(ctx, upstream, held) if len(held) else (None, None, None)
         predict = self.predictor(ctx)
+        objective = self.objective(upstream["download"].output("model"))
 
         def encoded(batch: dict[str, Any], encoders: Any) -> None:
             import torch
@@ -273,14 +403,25 @@ class DiffusionFamily:
             if encoders is not None:  # in place: the step's FLOPs read the latents' shape
                 batch.update(latents=torch.stack([encoders.latents(f) for f in batch["frames"]]),
                              text=torch.stack([encoders.text(c) for c in batch["captions"]]))
+                if self.conditions:
+                    made = [encoders.conditions(f) for f in batch["frames"]]
+                    batch.update({name: torch.stack([m[name] for m in made]) for name in self.conditions})
+
+        def conditioned(batch: dict[str, Any], device: Any, repeat: int = 1) -> Callable[..., Any]:
+            """``predict`` with the batch's conditions bound (each sample's ``repeat`` times in a row)."""
+            if not self.conditions:
+                return predict
+            import functools
+
+            return functools.partial(predict, **{name: batch[name].to(device).repeat_interleave(repeat, dim=0) for name in self.conditions})
 
         def loss(model: Any, batch: dict[str, Any]) -> Any:
             encoded(batch, encoders)
             device = next(model.parameters()).device
-            return flow_matching_loss(predict, model, batch["latents"].to(device), batch["text"].to(device), empty, cfg, batch.get("sample_seeds"))
+            return diffusion_loss(objective, conditioned(batch, device), model, batch["latents"].to(device), batch["text"].to(device), empty, cfg, batch.get("sample_seeds"))
 
         def evaluate(ctx: StageContext, model: Any, step: int) -> dict[str, float]:
-            """The velocity error on held-out clips at fixed noise levels (``EVAL_SIGMAS``) with
+            """The objective's error on held-out clips at fixed noise levels (``EVAL_SIGMAS``) with
             fixed noise per clip: comparable across steps and runs, unlike the training loss."""
             import torch
 
@@ -293,13 +434,11 @@ class DiffusionFamily:
                     batch = collate([held_samples[i]])
                     encoded(batch, held_encoders)
                     latents, text = batch["latents"].to(device), batch["text"].to(device)
-                    levels = len(EVAL_SIGMAS)
-                    noise = torch.randn((levels, *latents.shape[1:]), generator=torch.Generator().manual_seed(ctx.seed * 100_003 + i)).to(device)
-                    sigma = torch.tensor(EVAL_SIGMAS, device=device)
-                    s = sigma.view(-1, *[1] * (latents.dim() - 1))
-                    clean = latents.expand(levels, *latents.shape[1:])
-                    prediction = predict(model, (1 - s) * clean + s * noise, sigma, text.expand(levels, *text.shape[1:]))
-                    total += float(((prediction.float() - (noise - clean).float()) ** 2).mean())
+                    levels = objective.eval_levels().to(device)
+                    count_levels = len(levels)
+                    noise = torch.randn((count_levels, *latents.shape[1:]), generator=torch.Generator().manual_seed(ctx.seed * 100_003 + i)).to(device)
+                    clean = latents.expand(count_levels, *latents.shape[1:])
+                    total += float(objective.errors(conditioned(batch, device, count_levels), model, clean, noise, levels, text.expand(count_levels, *text.shape[1:])).mean())
             return {"loss": total / count}
 
         return TrainRecipe(
@@ -424,12 +563,15 @@ class DiffusionFamily:
         else:
             pipe = self._class(self.pipeline_class).from_pretrained(source.path)
         pipe.set_progress_bar_config(disable=True)
-        return pipe.to(ctx.accelerator.device(), generation_dtype(ctx))
+        dtype = generation_dtype(ctx)
+        # casting to the dtype the weights have already only draws diffusers' warning about casting
+        return pipe.to(ctx.accelerator.device()) if pipe.dtype == dtype else pipe.to(ctx.accelerator.device(), dtype)
 
-    def render(self, ctx: StageContext, pipe: Any, prompts: list[str], folder: Path, names: list[str]) -> list[dict[str, str]]:
+    def render(self, ctx: StageContext, pipe: Any, prompts: list[str], folder: Path, names: list[str], images: list[Any] | None = None) -> list[dict[str, str]]:
         """One video per prompt (``<name>.mp4`` and its frames as ``<name>.png``), seeded by
         ``generation.seed`` (default ``run.seed``) plus the prompt's position; steps and guidance
-        from ``generation`` where set, else ``export.sample_steps`` / ``export.guidance_scale``."""
+        from ``generation`` where set, else ``export.sample_steps`` / ``export.guidance_scale``;
+        ``images``: each prompt's first frame (PIL), for a family with ``conditions``."""
         import dataclasses
 
         import torch
@@ -444,7 +586,8 @@ class DiffusionFamily:
         folder.mkdir(parents=True, exist_ok=True)
         written = []
         for i, (prompt, name) in enumerate(ctx.progress(list(zip(prompts, names)), description=ctx.stage, unit="video")):
-            frames = self.sample(pipe, sampling, prompt, torch.Generator().manual_seed(seed + i))  # type: ignore[misc]
+            first_frame = {"image": images[i]} if images is not None else {}
+            frames = self.sample(pipe, sampling, prompt, torch.Generator().manual_seed(seed + i), **first_frame)  # type: ignore[misc]
             pixels = (frames.clip(0, 1) * 255).round().astype("uint8")
             write_mp4(folder / f"{name}.mp4", pixels, ctx.config.data.fps)
             contact_sheet(folder / f"{name}.png", [pixels], scale=4)
@@ -455,15 +598,27 @@ class DiffusionFamily:
         """A video for each request's prompt, written to ``infer/`` under a new number."""
         if self.sample is None:
             return [{"error": f"the {ctx.pack} pack cannot generate samples"} for _ in requests]
+        from mmcore.data.video import MediaError, load_image
+
         pipe = self.pipeline(ctx, upstream, model)
         answers: list[dict[str, Any]] = [{} for _ in requests]
-        runnable = [i for i, r in enumerate(requests) if not r.media and r.prompt]
+        wanted = {"images": 1} if self.conditions else {}
+        runnable = [i for i, r in enumerate(requests) if r.prompt and {k: len(v) for k, v in r.media.items() if v} == wanted]
+        images: list[Any] = []
         for i, request in enumerate(requests):
             if i not in runnable:
-                answers[i] = {"error": "give a caption (--prompt) and no media: this pack generates video from text"}
+                answers[i] = {"error": "give a caption (--prompt) and one first frame (--image): this pack generates video from an image and text" if self.conditions
+                              else "give a caption (--prompt) and no media: this pack generates video from text"}
+            elif self.conditions:
+                try:
+                    images.append(load_image(request.media["images"][0]))
+                except MediaError as exc:
+                    answers[i] = {"error": str(exc)}
+        runnable = [i for i in runnable if not answers[i]]
         first = 1 + max((int(p.stem) for p in ctx.stage_dir.glob("[0-9]*.mp4") if p.stem.isdigit()), default=0)
         names = [f"{first + k:04d}" for k in range(len(runnable))]
-        for i, done in zip(runnable, self.render(ctx, pipe, [requests[i].prompt for i in runnable], ctx.stage_dir, names)):
+        done_all = self.render(ctx, pipe, [requests[i].prompt for i in runnable], ctx.stage_dir, names, images if self.conditions else None)
+        for i, done in zip(runnable, done_all):
             answers[i] = {"video": done["video"], "contact_sheet": done["contact_sheet"]}
         return answers
 
@@ -473,12 +628,14 @@ class DiffusionFamily:
         from mmcore.data.video import contact_sheet
         from mmcore.generation import ModelSource, empty_evaluation, write_results
 
-        captions = self.held_out_captions(ctx)
+        captions, images = self.held_out_captions(ctx), None
+        if self.conditions:  # generated from the held-out clips' first frames and captions
+            captions, images = self.held_out_first_frames(ctx, upstream)
         if not captions or self.sample is None:
             return empty_evaluation(ctx)
         pipe = self.pipeline(ctx, upstream, ModelSource("export", upstream["export"].output("model")))
         folder = ctx.stage_dir / "samples"
-        written = self.render(ctx, pipe, captions, folder, [f"sample-{i}" for i in range(len(captions))])
+        written = self.render(ctx, pipe, captions, folder, [f"sample-{i}" for i in range(len(captions))], images)
         contact_sheet(folder / "contact_sheet.png", [w.pop("pixels") for w in written], scale=4)
         rows = [{"item": i, "caption": c, "video": str(Path(w["video"]).relative_to(ctx.stage_dir))} for i, (c, w) in enumerate(zip(captions, written))]
         metrics = {"items": len(rows), "samples": len(rows)}
@@ -486,6 +643,16 @@ class DiffusionFamily:
                       images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))])
         note = f"{len(rows)} sample video(s) of the export and a contact sheet in {folder} (no metric: look at them, report.html)"
         return StageResult(outputs={"results": "results.jsonl", "samples": "samples", "report": "report.html"}, metrics=metrics, notes=[note])
+
+    def held_out_first_frames(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> tuple[list[str], list[Any]]:
+        """(captions, first frames as PIL images) of the held-out clips preprocess made (at most ``evaluate.limit``)."""
+        from PIL import Image
+
+        from mmcore.data.shards import ShardDataset
+
+        held = ShardDataset(upstream["preprocess"].output("dataset")).split("eval")
+        count = min(len(held), ctx.config.evaluate.limit)
+        return [held.meta(i)["caption"] for i in range(count)], [Image.fromarray(held[i]["frames"][0].numpy()) for i in range(count)]
 
     def held_out_captions(self, ctx: StageContext) -> list[str]:
         """Captions from ``evaluate.datasets`` (JSON/JSONL records with ``cap``, ``caption`` or
@@ -521,11 +688,13 @@ class FreshSamples:
         return {**{k: item[k] for k in ("frames", "rejected_frames") if k in item}, "caption": self.data.meta(i)["caption"]}
 
 
-def denoiser_flops() -> Callable[[Any, dict[str, Any]], float]:
+def denoiser_flops(joint_text: bool = False) -> Callable[[Any, dict[str, Any]], float]:
     """``(model, batch) -> FLOPs`` of a diffusion transformer's step on latents [B, C, F, H, W]:
     its weights on every patch token, self-attention over each sample's tokens, cross-attention
-    to the caption (config: ``patch_size``, ``num_layers``, ``num_attention_heads`` x
-    ``attention_head_dim``, as diffusers' video transformers name them)."""
+    to the caption (config: ``patch_size`` (and ``patch_size_t``), ``num_layers``,
+    ``num_attention_heads`` x ``attention_head_dim``, as diffusers' video transformers name
+    them). ``joint_text``: the caption's tokens join the video's in one sequence (CogVideoX)
+    instead: the weights see them too and attention runs over both."""
     import math
 
     from mmcore.flops import StepFlops, attention_flops, dense_flops
@@ -534,11 +703,13 @@ def denoiser_flops() -> Callable[[Any, dict[str, Any]], float]:
 
     def flops(model: Any, batch: dict[str, Any]) -> float:
         config = model.config
-        patch = config.patch_size if isinstance(config.patch_size, (tuple, list)) else (1, config.patch_size, config.patch_size)
+        patch = config.patch_size if isinstance(config.patch_size, (tuple, list)) else (getattr(config, "patch_size_t", None) or 1, config.patch_size, config.patch_size)
         samples, _, *grid = batch["latents"].shape
         tokens = math.prod(n // p for n, p in zip(grid, patch[-len(grid):]))
         width = config.num_attention_heads * config.attention_head_dim
         caption = batch["text"].shape[1]
+        if joint_text:
+            return dense_flops(seen.counts("", model), samples * (tokens + caption)) + attention_flops(config.num_layers, width, [tokens + caption] * samples)
         return (dense_flops(seen.counts("", model), samples * tokens)
                 + attention_flops(config.num_layers, width, [tokens] * samples)
                 + attention_flops(config.num_layers, width, [tokens] * samples, [caption] * samples))
@@ -553,9 +724,9 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if len(shapes) > 1:
         raise StageError(f"a micro-batch mixes shapes {sorted(shapes)}; the sampler groups by bucket, so the cache and the preprocessed data disagree: rerun preprocess and extract with --force")
     batch: dict[str, Any] = {"num_loss_tokens": len(samples)}  # the loss is per sample
-    if "latents" in samples[0]:
-        for name in ("latents", "rejected_latents", "text"):
-            if name in samples[0]:
+    if "latents" in samples[0]:  # cached: latents, text and any conditions, stacked
+        for name, value in samples[0].items():
+            if isinstance(value, torch.Tensor):
                 batch[name] = torch.stack([s[name] for s in samples])
     else:
         batch["frames"] = [s["frames"] for s in samples]
@@ -565,4 +736,5 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-__all__ = ["DiffusionFamily", "VideoData", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss", "content_key", "collate"]
+__all__ = ["DiffusionFamily", "VideoData", "DiffusionTraining", "FlowMatchingTraining", "SampleExport", "sigmas", "FlowMatching", "NoiseSchedule", "FLOW_MATCHING",
+           "diffusion_loss", "flow_matching_loss", "content_key", "collate"]

@@ -1,9 +1,9 @@
-"""Diffusion-DPO for the diffusion kit (Wallace et al. 2023), on flow matching.
+"""Diffusion-DPO for the diffusion kit (Wallace et al. 2023), on the family's objective.
 
 A pair is one caption with a preferred (w) and a dispreferred (l) video, from the feature cache
-(or encoded per batch). Both get the same noise level and the same noise; with ``e = || v_hat -
-(noise - x) ||^2`` the velocity error per element, averaged over the latent (as the loss of
-:func:`mmcore.kits.diffusion.flow_matching_loss`), the per-pair loss is
+(or encoded per batch). Both get the same noise level and the same noise; with ``e`` the
+objective's error per element, averaged over the latent (flow matching: ``|| v_hat - (noise -
+x) ||^2``, as in :func:`mmcore.kits.diffusion.diffusion_loss`), the per-pair loss is
 
     -log sigmoid( -(beta * T / 2) * ((e_w - e_w_ref) - (e_l - e_l_ref)) ),   T = 1000
 
@@ -12,10 +12,11 @@ Stable Diffusion 1.5 setting ``beta_T = 5000`` is ``training.dpo.beta: 5``) and 
 diffusers' reference script). The reference is the frozen base: the LoRA adapters switched off
 (a reference needs the same noise as the policy, so it cannot be computed once ahead), hence
 Diffusion-DPO trains LoRA adapters. The implicit accuracy is the share of pairs where the
-argument above is positive (a tie, as at the start, counts half).
+argument above is positive (a tie, as at the start, counts half). Each pair's caption dropout,
+noise level and noise come from its own seed (``TrainRecipe.sample_seeds``), as in SFT.
 
-Held-out pairs (``data.eval_fraction``) are measured at the fixed noise levels
-:data:`EVAL_SIGMAS` with fixed noise (drawn from ``run.seed`` and the pair's index), without
+Held-out pairs (``data.eval_fraction``) are measured at the objective's fixed noise levels
+(:data:`mmcore.kits.diffusion.EVAL_SIGMAS`) with fixed noise (drawn from ``run.seed`` and the pair's index), without
 caption dropout, the sigmoid's arguments summed over the levels: the figure moves only with the
 weights.
 """
@@ -34,16 +35,10 @@ if TYPE_CHECKING:
 TIMESTEPS = 1000
 
 
-def velocity_errors(predict: Any, model: Any, latents: Any, text: Any, sigma: Any, noise: Any) -> Any:
-    """Per-sample mean squared error of the predicted velocity (``noise - latents``)."""
-    s = sigma.view(-1, *[1] * (latents.dim() - 1))
-    prediction = predict(model, (1 - s) * latents + s * noise, sigma, text)
-    return ((prediction.float() - (noise - latents).float()) ** 2).mean(dim=tuple(range(1, latents.dim())))
-
-
-def diffusion_dpo_terms(predict: Any, model: Any, winners: Any, losers: Any, text: Any, sigma: Any, noise: Any, beta: float) -> tuple[Any, Any]:
+def diffusion_dpo_terms(objective: Any, predict: Any, model: Any, winners: Any, losers: Any, text: Any, levels: Any, noise: Any, beta: float) -> tuple[Any, Any]:
     """(per-pair loss, per-pair argument of the sigmoid): policy errors with gradients, the
-    reference's with the adapters off and without."""
+    reference's with the adapters off and without; ``objective`` as the family's
+    (:class:`mmcore.kits.diffusion.FlowMatching`, ``NoiseSchedule``)."""
     import torch
     import torch.nn.functional as F
 
@@ -52,9 +47,9 @@ def diffusion_dpo_terms(predict: Any, model: Any, winners: Any, losers: Any, tex
     pairs = winners.shape[0]
     both = torch.cat([winners, losers])
     twice = lambda t: torch.cat([t, t])  # noqa: E731 - the same caption, noise level and noise for w and l
-    errors = velocity_errors(predict, model, both, twice(text), twice(sigma), twice(noise))
+    errors = objective.errors(predict, model, both, twice(noise), twice(levels), twice(text))
     with torch.no_grad(), adapters_disabled(model):
-        ref = velocity_errors(predict, model, both, twice(text), twice(sigma), twice(noise))
+        ref = objective.errors(predict, model, both, twice(noise), twice(levels), twice(text))
     inside = -0.5 * beta * TIMESTEPS * ((errors[:pairs] - ref[:pairs]) - (errors[pairs:] - ref[pairs:]))
     return -F.logsigmoid(inside), inside.detach()
 
@@ -67,7 +62,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
     import torch
 
     from mmcore.kits import blocks_at
-    from mmcore.kits.diffusion import EVAL_SIGMAS, collate, denoiser_flops, sigmas
+    from mmcore.kits.diffusion import collate, denoiser_flops
     from mmcore.train import TrainRecipe
 
     cfg = ctx.config.training
@@ -82,6 +77,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
     train, held = family.samples(ctx, upstream, train_split), family.samples(ctx, upstream, data.split("eval"))
     samples, empty, encoders = train
     device = ctx.accelerator.device(ctx.world.local_rank)
+    objective = family.objective(upstream["download"].output("model"))
     sums: dict[str, Any] = {}
 
     def encoded(batch: dict[str, Any], encoders: Any) -> tuple[Any, Any, Any]:
@@ -93,12 +89,12 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
 
     def loss(model: Any, batch: dict[str, Any]) -> Any:
         winners, losers, text = encoded(batch, encoders)
-        pairs = winners.shape[0]
-        drop = torch.rand(pairs) < cfg.caption_dropout
+        generators = [torch.Generator().manual_seed(int(seed)) for seed in batch["sample_seeds"]]
+        drop = torch.cat([torch.rand(1, generator=g) for g in generators]) < cfg.caption_dropout
         text = torch.where(drop.view(-1, *[1] * (text.dim() - 1)).to(device), empty.to(device).expand_as(text), text)
-        sigma = sigmas(pairs, cfg).to(device)
-        noise = torch.randn(winners.shape).to(device)
-        losses, inside = diffusion_dpo_terms(family.predictor(ctx), model, winners, losers, text, sigma, noise, beta)
+        levels = torch.cat([objective.draw(1, cfg, g) for g in generators]).to(device)
+        noise = torch.stack([torch.randn(winners.shape[1:], generator=g) for g in generators]).to(device)
+        losses, inside = diffusion_dpo_terms(objective, family.predictor(ctx), model, winners, losers, text, levels, noise, beta)
         sums["implicit_accuracy"] = sums.get("implicit_accuracy", 0) + accuracy_sum(inside)
         return losses.sum()
 
@@ -118,11 +114,11 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
             batch = collate([held_samples[i]])
             winners, losers, text = encoded(batch, held_encoders)
             generator = torch.Generator().manual_seed(ctx.seed * 100_003 + i)
-            levels = len(EVAL_SIGMAS)
-            sigma = torch.tensor(EVAL_SIGMAS, device=device)
-            noise = torch.randn((levels, *winners.shape[1:]), generator=generator).to(device)
-            _, inside = diffusion_dpo_terms(family.predictor(ctx), model, winners.expand(levels, *winners.shape[1:]), losers.expand(levels, *losers.shape[1:]),
-                                            text.expand(levels, *text.shape[1:]), sigma, noise, beta)
+            levels = objective.eval_levels().to(device)
+            n = len(levels)
+            noise = torch.randn((n, *winners.shape[1:]), generator=generator).to(device)
+            _, inside = diffusion_dpo_terms(objective, family.predictor(ctx), model, winners.expand(n, *winners.shape[1:]), losers.expand(n, *losers.shape[1:]),
+                                            text.expand(n, *text.shape[1:]), levels, noise, beta)
             right += float(accuracy_sum(inside.sum(0, keepdim=True)))
         return {"implicit_accuracy": right / count}
 
@@ -139,7 +135,8 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
         group_of=lambda i: tuple(train_split.meta(i)["bucket"]),  # latents of one micro-batch must stack
         evaluate=evaluate,
         step_metrics=step_metrics,
+        sample_seeds=True,  # 2 ranks draw what 1 does
     )
 
 
-__all__ = ["dpo_recipe", "diffusion_dpo_terms", "velocity_errors", "TIMESTEPS"]
+__all__ = ["dpo_recipe", "diffusion_dpo_terms", "TIMESTEPS"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from mmcore.config import RunConfig
 from mmcore.context import StageContext
@@ -29,17 +29,8 @@ from mm_pack_flux.demo import write_demo_dataset
 class FluxData(VideoData):
     """Images as one-frame buckets, sides a multiple of 16 (VAE 8 x packing 2)."""
 
+    size_multiple, size_reason, frame_stride = 16, "VAE 8 x packing 2", 0
     buckets: list[tuple[int, int, int]] = Field(default_factory=lambda: [(32, 32, 1)], description="(height, width, 1) buckets.")
-
-    @field_validator("buckets")
-    @classmethod
-    def _valid(cls, buckets: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-        for h, w, f in buckets:
-            if h % 16 or w % 16:
-                raise ValueError(f"bucket {h}x{w}: height and width must be multiples of 16 (VAE 8 x packing 2)")
-            if f != 1:
-                raise ValueError(f"bucket frames {f}: FLUX makes images, a bucket has 1 frame")
-        return buckets
 
 
 class FluxTraining(FlowMatchingTraining):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from mmcore.config import RunConfig
 from mmcore.kits.diffusion import FlowMatchingTraining, SampleExport, VideoData
@@ -11,15 +11,7 @@ from mmcore.kits.diffusion import FlowMatchingTraining, SampleExport, VideoData
 class WanData(VideoData):
     """Buckets as Wan's VAE takes them: frames = 4k+1, sizes multiples of 16."""
 
-    @field_validator("buckets")
-    @classmethod
-    def _valid(cls, buckets: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-        for h, w, f in buckets:
-            if h % 16 or w % 16:
-                raise ValueError(f"bucket {h}x{w}: height and width must be multiples of 16 (VAE 8 x patch 2)")
-            if (f - 1) % 4:
-                raise ValueError(f"bucket frames {f}: must be 4k+1 (the VAE compresses time by 4)")
-        return buckets
+    size_multiple, size_reason, frame_stride = 16, "VAE 8 x patch 2", 4
 
 
 class WanConfig(RunConfig):

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from mmcore.context import StageContext
+from mmcore.data.synthetic import write_moving_square_preferences, write_moving_squares
 from mmcore.kits.diffusion import DiffusionFamily
 
 from mm_pack_wan.adapter import ADAPTER
-from mm_pack_wan.demo import write_demo_dataset, write_preference_dataset
 
 FREEZE_GROUPS = {
     "blocks": ["blocks.*"],
@@ -24,11 +24,13 @@ FREEZE_GROUPS = {
 class Encoders:
     """The frozen VAE and UMT5 of a Wan checkpoint, used exactly as ``WanPipeline`` uses them."""
 
-    def __init__(self, model_dir: Path, max_sequence_length: int) -> None:
-        import torch
-        from diffusers import WanPipeline
+    pipeline_class = "WanPipeline"
 
-        self.pipe = WanPipeline.from_pretrained(model_dir, transformer=None)
+    def __init__(self, model_dir: Path, max_sequence_length: int) -> None:
+        import diffusers
+        import torch
+
+        self.pipe = getattr(diffusers, self.pipeline_class).from_pretrained(model_dir, transformer=None)
         self.pipe.vae.eval()
         self.pipe.text_encoder.eval()
         self.max_sequence_length = max_sequence_length
@@ -82,6 +84,6 @@ FAMILY = DiffusionFamily(
     sample=sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("blocks",),
-    demo=write_demo_dataset,
-    preference_demo=write_preference_dataset,
+    demo=write_moving_squares,
+    preference_demo=write_moving_square_preferences,
 )
