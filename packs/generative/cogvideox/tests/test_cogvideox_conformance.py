@@ -1,0 +1,12 @@
+"""The mmcore conformance suite on this pack: every stage run once, checked against the contract."""
+
+from mmcore.testing.conformance import PackConformance
+
+
+class TestCogVideoXConformance(PackConformance):
+    pack_name = "cogvideox"
+    # held-out clips: the LoRA check reads their loss at fixed timesteps (the training loss of 6 steps is mostly its timesteps)
+    overrides = ("data.demo_samples=8", "data.eval_fraction=0.25")
+    infer_request = {"prompt": "a red square moves right"}
+    # the diffusion kit's LoRA, which wan runs in make test (make test-matrix runs it here)
+    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them",)
