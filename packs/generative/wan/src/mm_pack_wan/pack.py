@@ -30,3 +30,29 @@ wan = PackSpec(
         "infer": "mm_pack_wan.family:FAMILY.infer",
     },
 )
+
+
+wan_i2v = PackSpec(
+    name="wan-i2v",
+    category="generative",
+    summary="Wan2.1 / Wan2.2 image-to-video (diffusers): first-frame latents and mask, CLIP image features, cached",
+    sdk="1.9",
+    config_class="mm_pack_wan.config:WanConfig",
+    presets={"demo": "presets/i2v-demo.yaml", "tiny": "presets/i2v-tiny.yaml"},
+    default_preset="demo",
+    distributed_stages=("train",),
+    stage_sections={"extract": ("extract", "data.max_sequence_length")},
+    # Only the transformer converts and trains; the VAE, UMT5 and CLIP stay frozen as they are.
+    stages={
+        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_i2v_checkpoint"},
+                          options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder", "image_processor")}),
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_wan.adapter:ADAPTER", "build_model": "mm_pack_wan.i2v:FAMILY.build_model"},
+                         options={"subfolder": "transformer", "what": "transformer"}),
+        "preprocess": "mm_pack_wan.i2v:FAMILY.preprocess",
+        "extract": "mm_pack_wan.i2v:FAMILY.extract",
+        "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_wan.i2v:FAMILY.recipe"}),
+        "export": "mm_pack_wan.i2v:FAMILY.export",
+        "evaluate": "mm_pack_wan.i2v:FAMILY.evaluate",
+        "infer": "mm_pack_wan.i2v:FAMILY.infer",
+    },
+)

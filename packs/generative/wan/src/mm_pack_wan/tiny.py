@@ -52,3 +52,35 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     )
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer).save_pretrained(out)
+
+
+def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
+    """``WanImageToVideoPipeline``'s layout, Wan2.1 I2V's: the t2v parts, a transformer reading
+    16 + 20 channels and cross-attending to CLIP image features (``image_dim``), and
+    ``image_encoder/`` + ``image_processor/`` (a tiny CLIP vision tower at 32 px)."""
+    import torch
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline, WanTransformer3DModel
+    from diffusers.utils import logging as diffusers_logging
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
+    from transformers.utils import logging as hf_logging
+
+    p = pick_preset(PRESETS, preset)
+    hf_logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(vocab_size=len(tokenizer), d_model=p["text_dim"], d_kv=8, d_ff=2 * p["text_dim"], num_layers=p["text_layers"], num_heads=4,
+                   relative_attention_num_buckets=8, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    ).eval()
+    vae = AutoencoderKLWan(base_dim=p["vae_base"], z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
+    image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)).eval()
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], in_channels=36, out_channels=16,
+        text_dim=p["text_dim"], freq_dim=32, ffn_dim=p["ffn"], num_layers=p["layers"], rope_max_seq_len=64,
+        image_dim=32, added_kv_proj_dim=p["heads"] * p["head_dim"],
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, image_processor=image_processor,
+                            image_encoder=image_encoder, transformer=transformer).save_pretrained(out)
