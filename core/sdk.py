@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.9"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key, tiny.unigram_tokenizer/clip_tokenizer, DiffusionFamily.predict_options/flops, held-out eval/loss in the diffusion kit (kits.diffusion.EVAL_SIGMAS), TrainRecipe.sample_seeds and train.sample_seed; 1.9: training.ema (mmcore.ema, export.trained_checkpoint, ExportSection.weights), the diffusion kit's objectives (DiffusionFamily.objective, FlowMatching, NoiseSchedule, diffusion_loss, DiffusionTraining) and bucket rules (VideoData.size_multiple/frame_stride), synthetic.write_moving_squares
+SDK_VERSION = "1.9"  # 1.1: the kits (mmcore.kits.*), the chat-template encoder, FeatureCache, data.clips; 1.2: hub.remote_code, media limits, BadJSON, testing.crash; 1.3: TrainRecipe.weights/flops, mmcore.flops, mmcore.attention, VLMFamily.towers, kits.vlm.rows_of, kits.diffusion.denoiser_flops; 1.4: mmcore.data.workers (data.num_workers); 1.5: the evaluate stage and infer (RESULTS, ON_DEMAND, mmcore.generation, kits' evaluate/infer, EvaluateSection, GenerationSection, evaluation.char_errors); 1.6: LoRA (mmcore.lora, LoraSection, TrainRecipe.lora_targets, VLMFamily.lora_targets, ExportSection.merge_lora); DPO (mmcore.preference, DpoSection, TrainRecipe.prepare/step_metrics, VLMFamily.preference_demo, synthetic.write_shape_preferences); 1.7: mixtures of experts (convert.FusedExpertsAdapter, TrainingSection.moe_aux_loss_coef, VLMFamily.router_aux_loss, VLMFamily.forward); 1.8: audio clips for omni families (mmcore.kits.mel_audio), the omni demo (synthetic.write_shape_tone_questions), data.shards.split_key, tiny.unigram_tokenizer/clip_tokenizer, DiffusionFamily.predict_options/flops, held-out eval/loss in the diffusion kit (kits.diffusion.EVAL_SIGMAS), TrainRecipe.sample_seeds and train.sample_seed; 1.9: training.ema (mmcore.ema, export.trained_checkpoint, ExportSection.weights), the diffusion kit's objectives (DiffusionFamily.objective, FlowMatching, NoiseSchedule, diffusion_loss, DiffusionTraining) and bucket rules (VideoData.size_multiple/frame_stride), synthetic.write_moving_squares, per-clip conditions (DiffusionFamily.conditions), two-expert pipelines (training.expert, DiffusionFamily.expert/convert, EXPERTS), testing.cache_matches_on_the_fly
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -61,7 +61,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.data.clips": frozenset({"preprocess_captioned_videos"}),
     "mmcore.kits": frozenset({"blocks_at"}),
     "mmcore.kits.diffusion": frozenset({"DiffusionFamily", "VideoData", "DiffusionTraining", "FlowMatchingTraining", "SampleExport", "sigmas", "flow_matching_loss",
-                                       "diffusion_loss", "FlowMatching", "NoiseSchedule", "FLOW_MATCHING", "content_key", "collate", "denoiser_flops", "EVAL_SIGMAS"}),
+                                       "diffusion_loss", "FlowMatching", "NoiseSchedule", "FLOW_MATCHING", "EXPERTS", "content_key", "collate", "denoiser_flops", "EVAL_SIGMAS"}),
     "mmcore.data.badsamples": frozenset({"BadSample", "BadSamples"}),
     "mmcore.data.media": frozenset({"MediaError", "media_limits", "check_pixels", "check_seconds"}),
     "mmcore.data.video": frozenset({"MediaError", "Probe", "write_mp4", "contact_sheet", "load_image", "probe", "choose_bucket", "resize_crop", "sample_frames", "frames_at"}),
@@ -79,7 +79,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.attention": frozenset({"varlen_attention", "use_packed_attention", "segment_bounds"}),
     "mmcore.data.chat_template": frozenset({"IGNORE", "PART_TYPES", "ChatTemplateEncoder", "ChatTemplateError", "Encoded", "Piece", "Expander"}),
     "mmcore.data.conversations": frozenset({"preprocess_conversations", "dataset_files", "DemoWriter"}),
-    "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"}),
+    "mmcore.testing": frozenset({"plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes", "cache_matches_on_the_fly"}),
     "mmcore.testing.conformance": frozenset({"PackConformance"}),
     "mmcore.testing.crash": frozenset({"crash_chain", "straight_run", "differences", "points_for", "declined_stages", "losses", "run_args", "run_mmcore"}),
 }

@@ -47,6 +47,8 @@ PROMISES = {
     "whisper": ("eval/wer", "min", 0.1),
     "wan": ("eval_loss_ratio", "min", 0.6),
     "flux": ("eval_loss_ratio", "min", 0.6),
+    "wan-i2v": ("eval_loss_ratio", "min", 0.6),
+    "cogvideox": ("eval_loss_ratio", "min", 0.6),
     # other presets, as "pack:preset"
     "qwen2vl:lora": ("eval/accuracy", "max", 0.9),  # with --by 0.85: the slowest seed tried passes 0.9 near step 96 of 120
     "qwen2vl:dpo": ("eval/rewards/accuracy", "max", 0.9),

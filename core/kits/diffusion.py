@@ -103,6 +103,11 @@ class DiffusionTraining(TrainingSection):
 class FlowMatchingTraining(DiffusionTraining):
     flow_shift: float = Field(3.0, gt=0, description="Timestep shift of the flow-matching schedule.")
     timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
+    expert: Literal["none", "high_noise", "low_noise"] = Field("none", description="A pipeline of two denoisers split at a noise level (Wan2.2: model_index.json boundary_ratio): which one this run trains, on its own noise levels (high_noise: transformer, levels >= the boundary; low_noise: transformer_2, below). Export writes it beside the other, as downloaded.")
+
+
+#: ``training.expert`` -> the pipeline's subfolder of that denoiser (Wan2.2)
+EXPERTS = {"high_noise": "transformer", "low_noise": "transformer_2"}
 
 
 class SampleExport(ExportSection):
@@ -115,12 +120,25 @@ class SampleExport(ExportSection):
 EVAL_SIGMAS = (0.2, 0.4, 0.6, 0.8)
 
 
-def sigmas(batch: int, cfg: Any, generator: Any = None) -> Any:
-    """Noise levels in (0, 1): uniform or logit-normal, then shifted as flow-matching schedulers shift them."""
+def sigmas(batch: int, cfg: Any, generator: Any = None, within: tuple[float, float] = (0.0, 1.0)) -> Any:
+    """Noise levels in (0, 1): uniform or logit-normal, then shifted as flow-matching schedulers
+    shift them. ``within``: only levels in [lo, hi) (one expert's), drawn from the same
+    distribution cut to that range (its inverse CDF over the range's share)."""
     import torch
 
+    shift = cfg.flow_shift
+    if within != (0.0, 1.0):
+        unshift = lambda s: s / (shift - (shift - 1) * s)  # noqa: E731 - the inverse of the shift below
+        lo, hi = (torch.tensor(unshift(x), dtype=torch.float64) for x in within)
+        if cfg.timestep_sampling == "logit_normal":
+            cdf = lambda u: torch.special.ndtr(torch.logit(u))  # noqa: E731
+            p = cdf(lo) + (cdf(hi) - cdf(lo)) * torch.rand(batch, generator=generator, dtype=torch.float64)
+            u = torch.sigmoid(torch.special.ndtri(p)).float()
+        else:
+            u = (lo + (hi - lo) * torch.rand(batch, generator=generator, dtype=torch.float64)).float()
+        return (shift * u / (1 + (shift - 1) * u)).clamp(within[0], within[1])
     u = torch.sigmoid(torch.randn(batch, generator=generator)) if cfg.timestep_sampling == "logit_normal" else torch.rand(batch, generator=generator)
-    return cfg.flow_shift * u / (1 + (cfg.flow_shift - 1) * u)
+    return shift * u / (1 + (shift - 1) * u)
 
 
 def _per_sample(latents: Any) -> Any:
@@ -130,15 +148,20 @@ def _per_sample(latents: Any) -> Any:
 class FlowMatching:
     """Rectified flow (Wan, FLUX, HunyuanVideo): ``x_s = (1 - s) x + s n`` at a noise level
     ``s`` in (0, 1), the velocity ``n - x`` regressed; levels drawn uniform or logit-normal and
-    shifted (``training.flow_shift``, ``training.timestep_sampling``). ``predict`` gets ``s``."""
+    shifted (``training.flow_shift``, ``training.timestep_sampling``). ``predict`` gets ``s``.
+    ``within``: one expert's levels [lo, hi) only (drawn and held out there)."""
+
+    def __init__(self, within: tuple[float, float] = (0.0, 1.0)) -> None:
+        self.within = within
 
     def draw(self, batch: int, cfg: Any, generator: Any = None) -> Any:
-        return sigmas(batch, cfg, generator)
+        return sigmas(batch, cfg, generator, self.within)
 
     def eval_levels(self) -> Any:
         import torch
 
-        return torch.tensor(EVAL_SIGMAS)
+        lo, hi = self.within
+        return torch.tensor([lo + (hi - lo) * s for s in EVAL_SIGMAS])
 
     def errors(self, predict: Callable[..., Any], model: Any, latents: Any, noise: Any, levels: Any, text: Any) -> Any:
         """Per-sample mean squared error of the predicted velocity."""
@@ -175,6 +198,8 @@ class NoiseSchedule:
         if not hasattr(diffusers, name):
             raise StageError(f"{folder / 'scheduler_config.json'}: scheduler class {name!r} is not one diffusers has")
         return cls(getattr(diffusers, name).from_pretrained(folder))
+
+    within = (0.0, 1.0)
 
     def draw(self, batch: int, cfg: Any, generator: Any = None) -> Any:
         import torch
@@ -299,15 +324,42 @@ class DiffusionFamily:
 
         return getattr(diffusers, name)
 
-    def build_model(self, model_dir: Path, checkpoint: Path | None = None) -> Any:
-        """The denoiser of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
+    def build_model(self, model_dir: Path, checkpoint: Path | None = None, subfolder: str | None = None) -> Any:
+        """The denoiser of ``model_dir``'s config (in ``subfolder``, default the family's), weights
+        from a DCP ``checkpoint`` (convert's or train's)."""
         from mmcore.checkpointing import load_converted
 
         cls = self._class(self.transformer_class)
-        model = cls.from_config(cls.load_config(model_dir / self.subfolder))
+        model = cls.from_config(cls.load_config(model_dir / (subfolder or self.subfolder)))
         if checkpoint is not None:
             load_converted(model, checkpoint)
         return model
+
+    def expert(self, ctx: StageContext, model_dir: Path) -> tuple[str, tuple[float, float]]:
+        """(the subfolder of the denoiser this run trains, its noise levels): the family's one, all
+        levels; in a pipeline of two experts (``boundary_ratio`` in ``model_index.json``, Wan2.2)
+        the one ``training.expert`` names and its side of the boundary."""
+        import json
+
+        index = model_dir / "model_index.json"
+        boundary = json.loads(index.read_text()).get("boundary_ratio") if index.is_file() else None
+        chosen = getattr(ctx.config.training, "expert", "none")
+        if boundary is None:
+            if chosen != "none":
+                raise StageError(f"training.expert={chosen}: {model_dir} has one denoiser (no boundary_ratio in model_index.json); leave training.expert at none")
+            return self.subfolder, (0.0, 1.0)
+        if chosen == "none":
+            raise StageError(f"{index}: two denoisers split at noise level {boundary} (boundary_ratio): set training.expert to high_noise "
+                             f"(transformer, levels >= {boundary}) or low_noise (transformer_2, below); a run trains one")
+        return EXPERTS[chosen], ((float(boundary), 1.0) if chosen == "high_noise" else (0.0, float(boundary)))
+
+    def convert(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
+        """The convert stage (:func:`mmcore.convert.convert_stage`) on the denoiser this run trains."""
+        from mmcore.convert import convert_stage
+
+        subfolder, _ = self.expert(ctx, upstream["download"].output("model"))
+        return convert_stage(ctx, upstream, adapter=self.adapter, build_model=lambda folder: self.build_model(folder, subfolder=subfolder),
+                             subfolder=subfolder, what=subfolder)
 
     def predictor(self, ctx: StageContext) -> Callable[..., Any]:
         """``predict`` with the run's ``predict_options`` bound."""
@@ -381,6 +433,10 @@ class DiffusionFamily:
 
         cfg = ctx.config.training
         data = ShardDataset(upstream["preprocess"].output("dataset"))
+        model_dir = upstream["download"].output("model")
+        subfolder, levels = self.expert(ctx, model_dir)
+        if subfolder != self.subfolder and cfg.lora.r:
+            raise StageError(f"training.lora on one expert ({subfolder}) is not supported yet: train it whole (training.lora.r=0)")
         if cfg.method == "dpo":
             from mmcore.kits.diffusion_dpo import dpo_recipe
 
@@ -395,7 +451,11 @@ class DiffusionFamily:
         held = data.split("eval")
         held_samples, _, held_encoders = self.samples(ctx, upstream, held) if len(held) else (None, None, None)
         predict = self.predictor(ctx)
-        objective = self.objective(upstream["download"].output("model"))
+        objective = self.objective(model_dir)
+        if levels != (0.0, 1.0):
+            if not isinstance(objective, FlowMatching):
+                raise StageError("training.expert: only flow-matching families have experts split by noise level")
+            objective = FlowMatching(levels)
 
         def encoded(batch: dict[str, Any], encoders: Any) -> None:
             import torch
@@ -442,7 +502,7 @@ class DiffusionFamily:
             return {"loss": total / count}
 
         return TrainRecipe(
-            build_model=lambda ctx, upstream: self.build_model(upstream["download"].output("model")),
+            build_model=lambda ctx, upstream: self.build_model(model_dir, subfolder=subfolder),
             weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
             flops=(self.flops or denoiser_flops)(),
             dataset=lambda ctx, upstream: samples,
@@ -468,29 +528,32 @@ class DiffusionFamily:
         plan = LoraPlan.read(checkpoint)
         if plan is not None:
             return self._export_lora(ctx, source, checkpoint, plan)
-        trained = self.build_model(source, checkpoint).eval()
-        metrics, notes = self._write_pipeline(ctx, source, checkpoint, trained)
+        subfolder, _ = self.expert(ctx, source)
+        trained = self.build_model(source, checkpoint, subfolder).eval()
+        metrics, notes = self._write_pipeline(ctx, source, checkpoint, trained, subfolder)
         return StageResult(outputs={"model": "pipeline"}, metrics=metrics, notes=notes)
 
-    def _write_pipeline(self, ctx: StageContext, source: Path, checkpoint: Path, trained: Any) -> tuple[dict[str, Any], list[str]]:
-        """A copy of the downloaded pipeline with the denoiser of ``checkpoint`` (DCP) in it; every
-        weight reloaded must equal ``trained``'s, and its output too."""
+    def _write_pipeline(self, ctx: StageContext, source: Path, checkpoint: Path, trained: Any, subfolder: str | None = None) -> tuple[dict[str, Any], list[str]]:
+        """A copy of the downloaded pipeline with the denoiser of ``checkpoint`` (DCP) in it (in
+        ``subfolder``, default the family's: the other expert stays as downloaded); every weight
+        reloaded must equal ``trained``'s, and its output too."""
         import torch
 
         from mmcore.convert import dcp_to_hf
 
+        subfolder = subfolder or self.subfolder
         out = ctx.stage_dir / "pipeline"
         if out.exists():
             shutil.rmtree(out)
         weights = (self.weights_name, self.weights_name + ".index.json")
-        shutil.copytree(source, out, ignore=lambda folder, names: [n for n in names if n in weights and Path(folder).name == self.subfolder])
-        stats = dcp_to_hf(checkpoint, out / self.subfolder, self.adapter)
+        shutil.copytree(source, out, ignore=lambda folder, names: [n for n in names if n in weights and Path(folder).name == subfolder])
+        stats = dcp_to_hf(checkpoint, out / subfolder, self.adapter)
         if stats["shards"] > 1:  # diffusers' shard names
             raise StageError("multi-shard denoiser export is not supported yet; raise export max_shard_bytes")
-        (out / self.subfolder / "model.safetensors").rename(out / self.subfolder / self.weights_name)
+        (out / subfolder / "model.safetensors").rename(out / subfolder / self.weights_name)
 
         # The export must be the trained denoiser exactly: every weight bit-identical once loaded.
-        loaded = self._class(self.transformer_class).from_pretrained(out / self.subfolder).eval()
+        loaded = self._class(self.transformer_class).from_pretrained(out / subfolder).eval()
         ours, theirs = trained.state_dict(), loaded.state_dict()
         differing = [k for k in ours if k not in theirs or not torch.equal(ours[k], theirs[k])]
         if differing or set(theirs) != set(ours):
@@ -556,8 +619,9 @@ class DiffusionFamily:
         """The diffusers pipeline of ``source``: a training checkpoint's denoiser in the downloaded
         pipeline, or a pipeline folder (the export's, or any)."""
         if source.kind == "train":
-            denoiser = self.build_model(upstream["download"].output("model"), source.path).eval()
-            pipe = self._class(self.pipeline_class).from_pretrained(upstream["download"].output("model"), transformer=denoiser)
+            subfolder, _ = self.expert(ctx, upstream["download"].output("model"))
+            denoiser = self.build_model(upstream["download"].output("model"), source.path, subfolder).eval()
+            pipe = self._class(self.pipeline_class).from_pretrained(upstream["download"].output("model"), **{subfolder: denoiser})
         elif (source.path / LORA_WEIGHTS).is_file():  # a LoRA export: the downloaded pipeline plus the adapter
             pipe = self.lora_pipeline(upstream["download"].output("model"), source.path)
         else:
@@ -736,5 +800,5 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return batch
 
 
-__all__ = ["DiffusionFamily", "VideoData", "DiffusionTraining", "FlowMatchingTraining", "SampleExport", "sigmas", "FlowMatching", "NoiseSchedule", "FLOW_MATCHING",
+__all__ = ["DiffusionFamily", "VideoData", "DiffusionTraining", "FlowMatchingTraining", "EXPERTS", "SampleExport", "sigmas", "FlowMatching", "NoiseSchedule", "FLOW_MATCHING",
            "diffusion_loss", "flow_matching_loss", "content_key", "collate"]

@@ -133,6 +133,20 @@ def stage_manifest(run_dir: Path, stage: str) -> dict[str, Any]:
     return json.loads((Path(run_dir) / stage / "manifest.json").read_text())
 
 
+def cache_matches_on_the_fly(cli: Any, run_root: Path, args: Sequence[str]) -> None:
+    """``mmcore run ARGS`` (3 steps, held-out loss at step 3) from the extract stage's feature
+    cache and again encoding every batch during training (``extract.enabled=false``):
+    bit-identical losses and held-out loss. Bit-identical by construction: both run directories
+    preprocess the same bytes, and extract and the on-the-fly path call the same frozen encoders
+    on one clip or caption at a time, in processes with the same threads and kernels."""
+    common = [*args, "training.steps=3", "training.eval_every=3", "evaluate.enabled=false"]
+    cli("run", *common, "--run-dir", "cached")
+    cli("run", *common, "--run-dir", "fresh", "extract.enabled=false")
+    cached, fresh = train_losses(run_root / "cached"), train_losses(run_root / "fresh")
+    assert list(cached) == [1, 2, 3] and fresh == cached
+    assert stage_manifest(run_root / "fresh", "train")["metrics"].get("eval/loss") == stage_manifest(run_root / "cached", "train")["metrics"].get("eval/loss")
+
+
 
 def two_processes_match_one(cli: Any, run_root: Path, args: Sequence[str], rel: float = 1e-5) -> None:
     """``mmcore run ARGS`` on one process (micro-batches of 2) and on two (of 1 each, the same

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.testing import stage_manifest, train_losses, two_processes_match_one
+from mmcore.testing import cache_matches_on_the_fly, stage_manifest, two_processes_match_one
 
 TINY = ["--pack", "cogvideox", "--preset", "tiny"]
 
@@ -101,13 +101,7 @@ def test_two_builds_of_a_preset_are_identical(tmp_path: Path) -> None:
 def test_training_from_the_cache_equals_encoding_on_the_fly(cogvideox, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """3D-VAE latents and T5 states from the cache, or encoded per batch: bit-identical losses
     (the same frozen encoders on one clip or caption at a time), and the held-out loss too."""
-    common = [*TINY, "data.demo_samples=12", "data.eval_fraction=0.25", "training.steps=3", "training.eval_every=3", "evaluate.enabled=false"]
-    cogvideox("run", *common, "--run-dir", "cached")
-    cogvideox("run", *common, "--run-dir", "fresh", "extract.enabled=false")
-    cached, fresh = train_losses(tmp_path / "cached"), train_losses(tmp_path / "fresh")
-    assert list(cached) == [1, 2, 3] and fresh == cached
-    metrics = stage_manifest(tmp_path / "cached", "train")["metrics"]
-    assert metrics["eval/loss"] == stage_manifest(tmp_path / "fresh", "train")["metrics"]["eval/loss"]
+    cache_matches_on_the_fly(cogvideox, tmp_path, [*TINY, "data.demo_samples=12", "data.eval_fraction=0.25"])
 
 
 @pytest.mark.slow

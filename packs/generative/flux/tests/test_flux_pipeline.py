@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.testing import stage_manifest, train_losses, two_processes_match_one
+from mmcore.testing import cache_matches_on_the_fly, stage_manifest, two_processes_match_one
 
 TINY = ["--pack", "flux", "--preset", "tiny"]
 
@@ -46,13 +46,7 @@ def test_training_from_the_cache_equals_encoding_on_the_fly(flux, tmp_path: Path
     """VAE latents, T5 states and CLIP's pooled vector from the cache, or encoded per batch:
     bit-identical losses (the same frozen encoders on one image or caption at a time), and the
     held-out loss at fixed noise the same too."""
-    common = [*TINY, "data.demo_samples=12", "data.eval_fraction=0.25", "training.steps=3", "training.eval_every=3"]
-    flux("run", *common, "--run-dir", "cached")
-    flux("run", *common, "--run-dir", "fresh", "extract.enabled=false")
-    cached, fresh = train_losses(tmp_path / "cached"), train_losses(tmp_path / "fresh")
-    assert list(cached) == [1, 2, 3] and fresh == cached
-    metrics = stage_manifest(tmp_path / "cached", "train")["metrics"]
-    assert metrics["eval/loss"] == stage_manifest(tmp_path / "fresh", "train")["metrics"]["eval/loss"]
+    cache_matches_on_the_fly(flux, tmp_path, [*TINY, "data.demo_samples=12", "data.eval_fraction=0.25"])
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ class TestWanI2VConformance(PackConformance):
     pack_name = "wan-i2v"
     infer_request = {"prompt": "a red square moves right", "images": 1}
     # the diffusion kit's LoRA, which wan (t2v) runs in make test (make test-matrix runs it here)
-    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them",)
+    # and its kill-and-resume, which wan's and flux's run in make test (the kit's loop, the same path)
+    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_training_killed_mid_run_resumes_to_the_same_losses")
 
 
 def test_the_denoiser_gets_the_first_frame_as_the_pipeline_gives_it(tmp_path: Path) -> None:

@@ -219,3 +219,25 @@ def test_two_process_fsdp2_matches_one_process(wan, tmp_path: Path) -> None:  # 
     exported = [load_file(tmp_path / run / "export/pipeline/transformer/diffusion_pytorch_model.safetensors") for run in ("one", "two")]
     for name, one in exported[0].items():
         torch.testing.assert_close(exported[1][name], one, rtol=0, atol=1e-5, msg=name)
+
+
+def test_wan22_trains_one_expert_and_exports_it_beside_the_other(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Wan2.2 A14B's layout (transformer above the boundary, transformer_2 below): a run trains
+    the expert training.expert names on its noise levels; the export holds it and the other
+    expert as downloaded, and WanPipeline loads both."""
+    from diffusers import WanPipeline
+
+    a14b = [*TINY, "model.source=init:tiny-a14b", "data.demo_samples=8", "evaluate.enabled=false"]
+    proc = wan("run", *a14b, "--run-dir", "low", check=False)
+    assert proc.returncode != 0 and "set training.expert to high_noise" in proc.stderr and "Traceback" not in proc.stderr
+    wan("run", *a14b, "training.expert=low_noise", "--run-dir", "low")  # the download is kept
+    run = tmp_path / "low"
+    weights = "diffusion_pytorch_model.safetensors"
+    downloaded, exported = run / "download/model", run / "export/pipeline"
+    assert (exported / "transformer" / weights).read_bytes() == (downloaded / "transformer" / weights).read_bytes()
+    assert (exported / "transformer_2" / weights).read_bytes() != (downloaded / "transformer_2" / weights).read_bytes()
+    assert manifest(run, "export")["metrics"]["weights_identical"]
+    pipe = WanPipeline.from_pretrained(exported)
+    assert pipe.config.boundary_ratio == 0.875 and pipe.transformer_2 is not None
+    video = pipe("a red square moves right", height=32, width=32, num_frames=5, num_inference_steps=2, max_sequence_length=16, output_type="np").frames[0]
+    assert video.shape == (5, 32, 32, 3) and np.isfinite(video).all()

@@ -17,11 +17,11 @@ wan = PackSpec(
     default_preset="demo",
     distributed_stages=("train",),
     # extract reads the frame sampling and text length (data) as well as its own options.
-    stage_sections={"extract": ("extract", "data.max_sequence_length")},
+    stage_sections={"extract": ("extract", "data.max_sequence_length"), "convert": ("convert", "training.expert")},
     # Only the transformer converts and trains; the VAE and text encoder stay frozen as they are.
     stages={
         "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_init_checkpoint"}, options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_wan.adapter:ADAPTER", "build_model": "mm_pack_wan.family:FAMILY.build_model"}, options={"subfolder": "transformer", "what": "transformer"}),
+        "convert": "mm_pack_wan.family:FAMILY.convert",  # the transformer (Wan2.2: the expert training.expert names)
         "preprocess": "mm_pack_wan.family:FAMILY.preprocess",
         "extract": "mm_pack_wan.family:FAMILY.extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_wan.family:FAMILY.recipe"}),
@@ -41,13 +41,12 @@ wan_i2v = PackSpec(
     presets={"demo": "presets/i2v-demo.yaml", "tiny": "presets/i2v-tiny.yaml"},
     default_preset="demo",
     distributed_stages=("train",),
-    stage_sections={"extract": ("extract", "data.max_sequence_length")},
+    stage_sections={"extract": ("extract", "data.max_sequence_length"), "convert": ("convert", "training.expert")},
     # Only the transformer converts and trains; the VAE, UMT5 and CLIP stay frozen as they are.
     stages={
         "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_i2v_checkpoint"},
                           options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder", "image_processor")}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_wan.adapter:ADAPTER", "build_model": "mm_pack_wan.i2v:FAMILY.build_model"},
-                         options={"subfolder": "transformer", "what": "transformer"}),
+        "convert": "mm_pack_wan.i2v:FAMILY.convert",
         "preprocess": "mm_pack_wan.i2v:FAMILY.preprocess",
         "extract": "mm_pack_wan.i2v:FAMILY.extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_wan.i2v:FAMILY.recipe"}),

@@ -19,6 +19,8 @@ CORPUS = [
 PRESETS = {
     "tiny": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64},
     "demo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128},
+    # Wan2.2 A14B's layout: two experts, the high-noise one above the boundary (model_index.json)
+    "tiny-a14b": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64, "boundary_ratio": 0.875},
 }
 
 
@@ -29,14 +31,15 @@ def build_tokenizer():  # type: ignore[no-untyped-def]
     return unigram_tokenizer(CORPUS)
 
 
-def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
+def frozen_parts(p: dict, seed: int):  # type: ignore[no-untyped-def, type-arg]
+    """The seeded tokenizer, UMT5 and VAE every Wan pipeline here shares (built first: the
+    transformer's initialisation follows them in the generator)."""
     import torch
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
     from diffusers.utils import logging as diffusers_logging
     from transformers import UMT5Config, UMT5EncoderModel
     from transformers.utils import logging as hf_logging
 
-    p = pick_preset(PRESETS, preset)
     hf_logging.disable_progress_bar()
     diffusers_logging.disable_progress_bar()
     torch.manual_seed(seed)
@@ -46,34 +49,32 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
                    relative_attention_num_buckets=8, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     ).eval()
     vae = AutoencoderKLWan(base_dim=p["vae_base"], z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
-    transformer = WanTransformer3DModel(
+    return {"tokenizer": tokenizer, "text_encoder": text_encoder, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=3.0)}
+
+
+def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    p = pick_preset(PRESETS, preset)
+    parts = frozen_parts(p, seed)
+    experts = [WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], in_channels=16, out_channels=16,
         text_dim=p["text_dim"], freq_dim=32, ffn_dim=p["ffn"], num_layers=p["layers"], rope_max_seq_len=64,
-    )
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer).save_pretrained(out)
+    ) for _ in range(2 if "boundary_ratio" in p else 1)]
+    if len(experts) == 2:
+        parts.update(transformer_2=experts[1], boundary_ratio=p["boundary_ratio"])
+    WanPipeline(transformer=experts[0], **parts).save_pretrained(out)
 
 
 def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
     """``WanImageToVideoPipeline``'s layout, Wan2.1 I2V's: the t2v parts, a transformer reading
     16 + 20 channels and cross-attending to CLIP image features (``image_dim``), and
     ``image_encoder/`` + ``image_processor/`` (a tiny CLIP vision tower at 32 px)."""
-    import torch
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline, WanTransformer3DModel
-    from diffusers.utils import logging as diffusers_logging
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
-    from transformers.utils import logging as hf_logging
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
     p = pick_preset(PRESETS, preset)
-    hf_logging.disable_progress_bar()
-    diffusers_logging.disable_progress_bar()
-    torch.manual_seed(seed)
-    tokenizer = build_tokenizer()
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(vocab_size=len(tokenizer), d_model=p["text_dim"], d_kv=8, d_ff=2 * p["text_dim"], num_layers=p["text_layers"], num_heads=4,
-                   relative_attention_num_buckets=8, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    ).eval()
-    vae = AutoencoderKLWan(base_dim=p["vae_base"], z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
+    parts = frozen_parts(p, seed)
     image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)).eval()
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     transformer = WanTransformer3DModel(
@@ -81,6 +82,4 @@ def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
         text_dim=p["text_dim"], freq_dim=32, ffn_dim=p["ffn"], num_layers=p["layers"], rope_max_seq_len=64,
         image_dim=32, added_kv_proj_dim=p["heads"] * p["head_dim"],
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, image_processor=image_processor,
-                            image_encoder=image_encoder, transformer=transformer).save_pretrained(out)
+    WanImageToVideoPipeline(image_processor=image_processor, image_encoder=image_encoder, transformer=transformer, **parts).save_pretrained(out)
