@@ -148,6 +148,22 @@ def cache_matches_on_the_fly(cli: Any, run_root: Path, args: Sequence[str]) -> N
 
 
 
+def diffusion_demo_holds(cli: Any, run_root: Path, pack: str, samples: int) -> Path:
+    """``mmcore run --pack PACK`` (its demo) in ``run_root/demo``, then the diffusion demos'
+    promise as the READMEs state it: the held-out loss at fixed noise below 0.6x its start at the
+    end (``tools/demo_matrix.py`` holds the "by 60 % of the steps on any machine" part), the
+    export's weights bit-identical to training, and ``samples`` sample videos with a contact
+    sheet from evaluate. Returns the run directory for the pack's own checks."""
+    cli("run", "--pack", pack, "--run-dir", "demo")
+    run = Path(run_root) / "demo"
+    train = stage_manifest(run, "train")["metrics"]
+    assert train["eval/loss"] < 0.6 * train["eval/loss@0"], train
+    assert stage_manifest(run, "export")["metrics"]["weights_identical"]
+    assert stage_manifest(run, "evaluate")["metrics"]["samples"] == samples
+    assert (run / "evaluate/samples/contact_sheet.png").stat().st_size > 500
+    return run
+
+
 def two_processes_match_one(cli: Any, run_root: Path, args: Sequence[str], rel: float = 1e-5) -> None:
     """``mmcore run ARGS`` on one process (micro-batches of 2) and on two (of 1 each, the same
     global batch): three steps, equal losses to ``rel`` (fp32; only the reduction order differs),

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.testing import cache_matches_on_the_fly, stage_manifest, two_processes_match_one
+from mmcore.testing import cache_matches_on_the_fly, diffusion_demo_holds, two_processes_match_one
 
 TINY = ["--pack", "cogvideox", "--preset", "tiny"]
 
@@ -115,16 +115,10 @@ def test_two_process_fsdp2_matches_one_process(cogvideox, tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.compares_runs
 def test_demo_held_out_loss_falls_and_the_export_generates_in_plain_diffusers(cogvideox, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    cogvideox("run", "--pack", "cogvideox", "--run-dir", "demo")
-    run = tmp_path / "demo"
-    train = stage_manifest(run, "train")["metrics"]
     # The README's promise: the held-out v-prediction error at fixed timesteps and noise falls
-    # below 0.6x its start by 60 % of the steps with every seed, CPU instruction set and thread
-    # count tools/demo_matrix.py tried.
-    assert train["eval/loss"] < 0.6 * train["eval/loss@0"], train
-    assert stage_manifest(run, "export")["metrics"]["weights_identical"]
-    evaluate = stage_manifest(run, "evaluate")["metrics"]
-    assert evaluate["samples"] == 2 and (run / "evaluate/samples/contact_sheet.png").stat().st_size > 500
+    # below 0.6x its start (by 60 % of the steps with every seed, CPU instruction set and thread
+    # count tools/demo_matrix.py tried).
+    run = diffusion_demo_holds(cogvideox, tmp_path, "cogvideox", samples=2)
     from diffusers import CogVideoXPipeline
 
     pipe = CogVideoXPipeline.from_pretrained(run / "export/pipeline")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.testing import stage_manifest
+from mmcore.testing import diffusion_demo_holds
 from mmcore.testing.conformance import PackConformance
 
 
@@ -53,13 +53,9 @@ def test_the_denoiser_gets_the_first_frame_as_the_pipeline_gives_it(tmp_path: Pa
 @pytest.mark.compares_runs
 @pytest.mark.matrix  # its promise is held by tools/demo_matrix.py --pack wan-i2v; the conformance run generates from an image in make test
 def test_i2v_demo_learns_and_the_export_generates_from_a_first_frame(mmcore_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    mmcore_cli("run", "--pack", "wan-i2v", "--run-dir", "demo")
-    run = tmp_path / "demo"
-    train = stage_manifest(run, "train")["metrics"]
-    # The README's promise: the held-out velocity error at fixed noise below 0.6x its start by
-    # 60 % of the steps (measured: 0.45x at step 60, 0.29x at the end).
-    assert train["eval/loss"] < 0.6 * train["eval/loss@0"], train
-    assert stage_manifest(run, "evaluate")["metrics"]["samples"] == 4
+    # The README's promise: the held-out velocity error at fixed noise below 0.6x its start
+    # (by 60 % of the steps in tools/demo_matrix.py; measured: 0.45x at step 60, 0.29x at the end).
+    run = diffusion_demo_holds(mmcore_cli, tmp_path, "wan-i2v", samples=4)
     from diffusers import WanImageToVideoPipeline
     from PIL import Image
 
