@@ -106,6 +106,18 @@ class FlowMatchingTraining(DiffusionTraining):
     expert: Literal["none", "high_noise", "low_noise"] = Field("none", description="A pipeline of two denoisers split at a noise level (Wan2.2: model_index.json boundary_ratio): which one this run trains, on its own noise levels (high_noise: transformer, levels >= the boundary; low_noise: transformer_2, below). Export writes it beside the other, as downloaded.")
 
 
+class GuidanceEmbeddingTraining(FlowMatchingTraining):
+    """For a guidance-distilled denoiser (FLUX.1-dev, HunyuanVideo): it embeds a guidance value
+    beside the timestep, and training states which one (:func:`guidance_option` binds it)."""
+
+    guidance: float = Field(1.0, ge=0, description="The value the guidance embedding is given in training (models without the embedding ignore it).")
+
+
+def guidance_option(ctx: StageContext) -> Mapping[str, Any]:
+    """``DiffusionFamily.predict_options`` of a guidance-distilled family: ``training.guidance``."""
+    return {"guidance": ctx.config.training.guidance}
+
+
 #: ``training.expert`` -> the pipeline's subfolder of that denoiser (Wan2.2)
 EXPERTS = {"high_noise": "transformer", "low_noise": "transformer_2"}
 
@@ -435,8 +447,6 @@ class DiffusionFamily:
         data = ShardDataset(upstream["preprocess"].output("dataset"))
         model_dir = upstream["download"].output("model")
         subfolder, levels = self.expert(ctx, model_dir)
-        if subfolder != self.subfolder and cfg.lora.r:
-            raise StageError(f"training.lora on one expert ({subfolder}) is not supported yet: train it whole (training.lora.r=0)")
         if cfg.method == "dpo":
             from mmcore.kits.diffusion_dpo import dpo_recipe
 
@@ -582,35 +592,38 @@ class DiffusionFamily:
 
         from mmcore.lora import diffusers_lora_state, merged_state
 
-        trained = self.build_model(source, checkpoint).eval()
+        subfolder, _ = self.expert(ctx, source)
+        trained = self.build_model(source, checkpoint, subfolder).eval()
         out = ctx.stage_dir / "lora"
         shutil.rmtree(out, ignore_errors=True)
         state = diffusers_lora_state(trained, plan)
         pipeline_class = self._class(self.pipeline_class)
         pipeline_class.save_lora_weights(str(out), transformer_lora_layers=state, transformer_lora_adapter_metadata=plan.peft_config().to_dict())
-        pipe = self.lora_pipeline(source, out)
-        diff = self._output_diff(ctx, trained, pipe.transformer.eval())
+        pipe = self.lora_pipeline(source, out, subfolder)
+        diff = self._output_diff(ctx, trained, getattr(pipe, subfolder).eval())
         metrics: dict[str, Any] = {"adapter_tensors": len(state), "adapter_parameters": int(sum(t.numel() for t in state.values())),
                                    "max_abs_diff": diff, "lora_r": plan.r}
-        notes = [f"LoRA adapter for {self.pipeline_class}.load_lora_weights at {out}: {metrics['adapter_parameters']:,} parameters; "
+        how = "load_lora_weights" + (", load_into_transformer_2=True" if subfolder == "transformer_2" else "")
+        notes = [f"LoRA adapter of {subfolder} for {self.pipeline_class}.{how} at {out}: {metrics['adapter_parameters']:,} parameters; "
                  f"loaded into the downloaded pipeline, the denoiser's output max |diff| {diff:.2g}"]
         outputs = {"model": "lora", "adapter": "lora"}
         if ctx.config.export.merge_lora:
-            weights = merged_state(self.build_model(source, checkpoint))  # in fp32
-            merged = self.build_model(source).eval()
+            weights = merged_state(self.build_model(source, checkpoint, subfolder))  # in fp32
+            merged = self.build_model(source, subfolder=subfolder).eval()
             merged.load_state_dict(weights, strict=True)
             with tempfile.TemporaryDirectory(dir=ctx.stage_dir) as tmp:
                 dcp.save({f"model.{k}": v for k, v in weights.items()}, checkpoint_id=tmp, no_dist=True)
-                more, merged_notes = self._write_pipeline(ctx, source, Path(tmp), merged)
+                more, merged_notes = self._write_pipeline(ctx, source, Path(tmp), merged, subfolder)
             metrics.update({f"merged_{k}": v for k, v in more.items()})
             notes += merged_notes
             outputs["model"] = "pipeline"
         return StageResult(outputs=outputs, metrics=metrics, notes=notes)
 
-    def lora_pipeline(self, source: Path, adapter: Path) -> Any:
-        """The downloaded pipeline with a LoRA adapter folder loaded by diffusers."""
+    def lora_pipeline(self, source: Path, adapter: Path, subfolder: str | None = None) -> Any:
+        """The downloaded pipeline with a LoRA adapter folder loaded by diffusers (into
+        ``subfolder``'s denoiser: Wan2.2's low-noise expert is ``transformer_2``)."""
         pipe = self._class(self.pipeline_class).from_pretrained(source)
-        pipe.load_lora_weights(str(adapter))
+        pipe.load_lora_weights(str(adapter), **({"load_into_transformer_2": True} if subfolder == "transformer_2" else {}))
         return pipe
 
     # -- generation: infer and evaluate -------------------------------------------------------
@@ -623,7 +636,8 @@ class DiffusionFamily:
             denoiser = self.build_model(upstream["download"].output("model"), source.path, subfolder).eval()
             pipe = self._class(self.pipeline_class).from_pretrained(upstream["download"].output("model"), **{subfolder: denoiser})
         elif (source.path / LORA_WEIGHTS).is_file():  # a LoRA export: the downloaded pipeline plus the adapter
-            pipe = self.lora_pipeline(upstream["download"].output("model"), source.path)
+            subfolder, _ = self.expert(ctx, upstream["download"].output("model"))
+            pipe = self.lora_pipeline(upstream["download"].output("model"), source.path, subfolder)
         else:
             pipe = self._class(self.pipeline_class).from_pretrained(source.path)
         pipe.set_progress_bar_config(disable=True)
@@ -752,13 +766,15 @@ class FreshSamples:
         return {**{k: item[k] for k in ("frames", "rejected_frames") if k in item}, "caption": self.data.meta(i)["caption"]}
 
 
-def denoiser_flops(joint_text: bool = False) -> Callable[[Any, dict[str, Any]], float]:
-    """``(model, batch) -> FLOPs`` of a diffusion transformer's step on latents [B, C, F, H, W]:
-    its weights on every patch token, self-attention over each sample's tokens, cross-attention
-    to the caption (config: ``patch_size`` (and ``patch_size_t``), ``num_layers``,
-    ``num_attention_heads`` x ``attention_head_dim``, as diffusers' video transformers name
-    them). ``joint_text``: the caption's tokens join the video's in one sequence (CogVideoX)
-    instead: the weights see them too and attention runs over both."""
+def denoiser_flops(joint_text: bool = False, layers: Sequence[str] = ("num_layers",), side_rows: int = 0) -> Callable[[Any, dict[str, Any]], float]:
+    """``(model, batch) -> FLOPs`` of a diffusion transformer's step on latents [B, C, F, H, W]
+    (or [B, C, H, W]): its weights on every patch token, self-attention over each sample's
+    tokens, cross-attention to the caption (config: ``patch_size`` (and ``patch_size_t``),
+    ``num_attention_heads`` x ``attention_head_dim``, as diffusers' transformers name them).
+    ``joint_text``: the caption's tokens join the image's in one sequence (CogVideoX, FLUX,
+    HunyuanVideo) instead: the weights see them too and attention runs over both. ``layers``:
+    the config's block counts (FLUX and HunyuanVideo: double- and single-stream).
+    ``side_rows``: rows of the cached text that are not tokens (a pooled vector, a mask)."""
     import math
 
     from mmcore.flops import StepFlops, attention_flops, dense_flops
@@ -771,12 +787,13 @@ def denoiser_flops(joint_text: bool = False) -> Callable[[Any, dict[str, Any]], 
         samples, _, *grid = batch["latents"].shape
         tokens = math.prod(n // p for n, p in zip(grid, patch[-len(grid):]))
         width = config.num_attention_heads * config.attention_head_dim
-        caption = batch["text"].shape[1]
+        caption = batch["text"].shape[1] - side_rows
+        blocks = sum(getattr(config, name) for name in layers)
         if joint_text:
-            return dense_flops(seen.counts("", model), samples * (tokens + caption)) + attention_flops(config.num_layers, width, [tokens + caption] * samples)
+            return dense_flops(seen.counts("", model), samples * (tokens + caption)) + attention_flops(blocks, width, [tokens + caption] * samples)
         return (dense_flops(seen.counts("", model), samples * tokens)
-                + attention_flops(config.num_layers, width, [tokens] * samples)
-                + attention_flops(config.num_layers, width, [tokens] * samples, [caption] * samples))
+                + attention_flops(blocks, width, [tokens] * samples)
+                + attention_flops(blocks, width, [tokens] * samples, [caption] * samples))
 
     return flops
 

@@ -13,7 +13,7 @@ sequence [L, D] with the pooled CLIP vector as one more row (zero-padded to D).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import Field
 
@@ -21,7 +21,7 @@ from mmcore.config import RunConfig
 from mmcore.context import StageContext
 from mmcore.convert import RenameAdapter
 from mmcore.errors import StageError
-from mmcore.kits.diffusion import DiffusionFamily, FlowMatchingTraining, SampleExport, VideoData
+from mmcore.kits.diffusion import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option
 
 from mm_pack_flux.demo import write_demo_dataset
 
@@ -33,7 +33,7 @@ class FluxData(VideoData):
     buckets: list[tuple[int, int, int]] = Field(default_factory=lambda: [(32, 32, 1)], description="(height, width, 1) buckets.")
 
 
-class FluxTraining(FlowMatchingTraining):
+class FluxTraining(GuidanceEmbeddingTraining):
     guidance: float = Field(3.5, ge=0, description="The value the guidance embedding is given in training (FLUX.1-dev; models without the embedding ignore it).")
 
 
@@ -125,10 +125,6 @@ def predict(model: Any, noisy: Any, sigma: Any, text: Any, guidance: float = 1.0
     return unpack_latents(out, height, width)
 
 
-def training_guidance(ctx: StageContext) -> Mapping[str, Any]:
-    return {"guidance": ctx.config.training.guidance}
-
-
 def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
     """One small denoiser call's inputs (random 8 x 8 latents and caption features)."""
     import torch
@@ -147,24 +143,6 @@ def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
                 max_sequence_length=ctx.config.data.max_sequence_length, generator=generator, output_type="np").images[:1]
 
 
-def step_flops() -> Any:
-    """``(model, batch) -> FLOPs``: the weights on every image patch and caption token (the
-    double blocks keep the streams apart, the single ones join them: each weight sees one
-    token either way), joint attention over both, per sample."""
-    from mmcore.flops import StepFlops, attention_flops, dense_flops
-
-    seen = StepFlops()
-
-    def flops(model: Any, batch: dict[str, Any]) -> float:
-        config = model.config
-        samples, _, height, width = batch["latents"].shape
-        tokens = (height // 2) * (width // 2) + batch["text"].shape[1] - 1
-        layers = config.num_layers + config.num_single_layers
-        return dense_flops(seen.counts("", model), samples * tokens) + attention_flops(layers, config.num_attention_heads * config.attention_head_dim, [tokens] * samples)
-
-    return flops
-
-
 FAMILY = DiffusionFamily(
     transformer_class="FluxTransformer2DModel",
     pipeline_class="FluxPipeline",
@@ -176,6 +154,8 @@ FAMILY = DiffusionFamily(
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("transformer_blocks", "single_transformer_blocks"),
     demo=write_demo_dataset,
-    predict_options=training_guidance,
-    flops=step_flops,
+    predict_options=guidance_option,
+    # each weight sees every image patch and caption token once (the double blocks keep the
+    # streams apart, the single ones join them); joint attention over both; the pooled row is no token
+    flops=lambda: denoiser_flops(joint_text=True, layers=("num_layers", "num_single_layers"), side_rows=1),
 )
