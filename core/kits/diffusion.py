@@ -766,7 +766,17 @@ class FreshSamples:
         return {**{k: item[k] for k in ("frames", "rejected_frames") if k in item}, "caption": self.data.meta(i)["caption"]}
 
 
-def denoiser_flops(joint_text: bool = False, layers: Sequence[str] = ("num_layers",), side_rows: int = 0) -> Callable[[Any, dict[str, Any]], float]:
+def text_to_video_sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
+    """``DiffusionFamily.sample`` of a text-to-video pipeline called as diffusers' video pipelines
+    are (Wan, CogVideoX, HunyuanVideo): the first bucket's size, the export's steps and guidance,
+    the data's text length; frames [F, H, W, 3] in [0, 1]."""
+    height, width, frames = ctx.config.data.buckets[0]
+    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
+                guidance_scale=ctx.config.export.guidance_scale, max_sequence_length=ctx.config.data.max_sequence_length,
+                generator=generator, output_type="np").frames[0]
+
+
+def denoiser_flops(joint_text: bool = False, layers: Sequence[str] = ("num_layers",), side_rows: int | Callable[[Any, int], int] = 0) -> Callable[[Any, dict[str, Any]], float]:
     """``(model, batch) -> FLOPs`` of a diffusion transformer's step on latents [B, C, F, H, W]
     (or [B, C, H, W]): its weights on every patch token, self-attention over each sample's
     tokens, cross-attention to the caption (config: ``patch_size`` (and ``patch_size_t``),
@@ -774,7 +784,8 @@ def denoiser_flops(joint_text: bool = False, layers: Sequence[str] = ("num_layer
     ``joint_text``: the caption's tokens join the image's in one sequence (CogVideoX, FLUX,
     HunyuanVideo) instead: the weights see them too and attention runs over both. ``layers``:
     the config's block counts (FLUX and HunyuanVideo: double- and single-stream).
-    ``side_rows``: rows of the cached text that are not tokens (a pooled vector, a mask)."""
+    ``side_rows``: rows of the cached text that are not tokens (a pooled vector, a mask), or
+    ``(model, rows) -> that count``."""
     import math
 
     from mmcore.flops import StepFlops, attention_flops, dense_flops
@@ -787,7 +798,8 @@ def denoiser_flops(joint_text: bool = False, layers: Sequence[str] = ("num_layer
         samples, _, *grid = batch["latents"].shape
         tokens = math.prod(n // p for n, p in zip(grid, patch[-len(grid):]))
         width = config.num_attention_heads * config.attention_head_dim
-        caption = batch["text"].shape[1] - side_rows
+        rows = batch["text"].shape[1]
+        caption = rows - (side_rows(model, rows) if callable(side_rows) else side_rows)
         blocks = sum(getattr(config, name) for name in layers)
         if joint_text:
             return dense_flops(seen.counts("", model), samples * (tokens + caption)) + attention_flops(blocks, width, [tokens + caption] * samples)

@@ -21,7 +21,7 @@ from mmcore.context import StageContext
 from mmcore.convert import RenameAdapter
 from mmcore.data.synthetic import write_moving_squares
 from mmcore.errors import StageError
-from mmcore.kits.diffusion import DiffusionFamily, DiffusionTraining, NoiseSchedule, SampleExport, VideoData, denoiser_flops
+from mmcore.kits.diffusion import DiffusionFamily, DiffusionTraining, NoiseSchedule, SampleExport, VideoData, denoiser_flops, text_to_video_sample
 
 
 class CogVideoXData(VideoData):
@@ -119,13 +119,6 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
             "image_rotary_emb": rotary_embeddings(model, frames, 4, 4, torch.device("cpu"))}
 
 
-def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
-    height, width, frames = ctx.config.data.buckets[0]
-    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
-                guidance_scale=ctx.config.export.guidance_scale, max_sequence_length=ctx.config.data.max_sequence_length,
-                generator=generator, output_type="np").frames[0]
-
-
 FAMILY = DiffusionFamily(
     transformer_class="CogVideoXTransformer3DModel",
     pipeline_class="CogVideoXPipeline",
@@ -133,7 +126,7 @@ FAMILY = DiffusionFamily(
     encoders=Encoders,
     predict=predict,
     probe=probe,
-    sample=sample,
+    sample=text_to_video_sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("transformer_blocks",),
     demo=write_moving_squares,

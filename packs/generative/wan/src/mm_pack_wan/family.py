@@ -10,7 +10,7 @@ from typing import Any
 
 from mmcore.context import StageContext
 from mmcore.data.synthetic import write_moving_square_preferences, write_moving_squares
-from mmcore.kits.diffusion import DiffusionFamily
+from mmcore.kits.diffusion import DiffusionFamily, text_to_video_sample
 
 from mm_pack_wan.adapter import ADAPTER
 
@@ -67,13 +67,6 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
             "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_dim, generator=generator)}
 
 
-def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
-    height, width, frames = ctx.config.data.buckets[0]
-    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
-                guidance_scale=ctx.config.export.guidance_scale, max_sequence_length=ctx.config.data.max_sequence_length,
-                generator=generator, output_type="np").frames[0]
-
-
 FAMILY = DiffusionFamily(
     transformer_class="WanTransformer3DModel",
     pipeline_class="WanPipeline",
@@ -81,7 +74,7 @@ FAMILY = DiffusionFamily(
     encoders=Encoders,
     predict=predict,
     probe=probe,
-    sample=sample,
+    sample=text_to_video_sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("blocks",),
     demo=write_moving_squares,
