@@ -1,0 +1,59 @@
+"""HunyuanVideo 1.5 (``--pack hunyuanvideo1.5``): the denoiser gets what HunyuanVideo15Pipeline
+gives it (Qwen and ByT5 states with their masks, zero condition latents, mask and image tokens),
+the tiny tokenizer cut where the pipeline cuts, the conformance suite, and the demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmcore.testing import diffusion_demo_holds
+from mmcore.testing.conformance import PackConformance
+
+
+class TestHunyuanVideo15Conformance(PackConformance):
+    pack_name = "hunyuanvideo1.5"
+    overrides = ("data.demo_samples=8", "data.eval_fraction=0.25")
+    infer_request = {"prompt": "a red square moves right"}
+    # the diffusion kit's LoRA and kill-and-resume run in make test for wan (the same kit path)
+    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_training_killed_mid_run_resumes_to_the_same_losses")
+
+
+def test_the_denoiser_gets_what_the_pipeline_gives_it(tmp_path: Path) -> None:
+    """A cached caption through ``predict`` reaches the transformer as the pipeline's own call
+    does, bit for bit, and the caption's first token is the user's text, not the system prompt's."""
+    import torch
+    from diffusers import HunyuanVideo15Pipeline
+
+    from mm_pack_hunyuanvideo.tiny import build_v15_checkpoint
+    from mm_pack_hunyuanvideo.v15 import Encoders, predict
+
+    build_v15_checkpoint("tiny", tmp_path / "pipe", seed=0)
+    caption = 'a red square moves right, a sign says "hi"'  # quoted text: ByT5's glyph sequence is used
+    cached = Encoders(tmp_path / "pipe", 0).text(caption)
+    pipe = HunyuanVideo15Pipeline.from_pretrained(tmp_path / "pipe")
+    pipe.guider = pipe.guider.new(guidance_scale=1.0)  # one conditional pass
+    seen: dict = {}  # type: ignore[type-arg]
+    pipe.transformer.register_forward_pre_hook(lambda module, args, kwargs: seen.update(kwargs), with_kwargs=True)
+    pipe(caption, height=32, width=32, num_frames=5, num_inference_steps=1, output_type="latent")
+    theirs = dict(seen)
+    predict(pipe.transformer, theirs["hidden_states"][:, :8], theirs["timestep"] / 1000, cached[None])
+    for name in ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
+                 "encoder_attention_mask_2", "image_embeds"):
+        assert torch.equal(seen[name].float(), theirs[name].float()), name
+    assert theirs["encoder_attention_mask_2"].sum() > 0  # the quoted text was encoded
+    assert theirs["encoder_attention_mask"][0].sum() == len(pipe.tokenizer(caption).input_ids) + 5  # + <|im_end|>, \n, <|im_start|>assistant\n
+
+
+@pytest.mark.slow
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # ~9 min here: 2000 caption and image tokens attend in every block, as the pipeline runs it
+def test_v15_demo_learns_and_the_export_generates(mmcore_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = diffusion_demo_holds(mmcore_cli, tmp_path, "hunyuanvideo1.5", samples=2)
+    from diffusers import HunyuanVideo15Pipeline
+
+    pipe = HunyuanVideo15Pipeline.from_pretrained(run / "export/pipeline")
+    video = pipe("a red square moves right", height=32, width=32, num_frames=9, num_inference_steps=2, output_type="np").frames[0]
+    assert video.shape == (9, 32, 32, 3) and np.isfinite(video).all()
