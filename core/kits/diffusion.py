@@ -598,13 +598,19 @@ class DiffusionFamily:
         shutil.rmtree(out, ignore_errors=True)
         state = diffusers_lora_state(trained, plan)
         pipeline_class = self._class(self.pipeline_class)
-        pipeline_class.save_lora_weights(str(out), transformer_lora_layers=state, transformer_lora_adapter_metadata=plan.peft_config().to_dict())
+        if hasattr(pipeline_class, "save_lora_weights"):
+            pipeline_class.save_lora_weights(str(out), transformer_lora_layers=state, transformer_lora_adapter_metadata=plan.peft_config().to_dict())
+        else:  # a pipeline without a LoRA loader (HunyuanVideo 1.5): the same file, which its denoiser's load_lora_adapter reads
+            from diffusers.loaders.lora_base import LoraBaseMixin
+
+            LoraBaseMixin._save_lora_weights(save_directory=str(out), lora_layers={"transformer": state}, lora_metadata={"transformer": plan.peft_config().to_dict()})
         pipe = self.lora_pipeline(source, out, subfolder)
         diff = self._output_diff(ctx, trained, getattr(pipe, subfolder).eval())
         metrics: dict[str, Any] = {"adapter_tensors": len(state), "adapter_parameters": int(sum(t.numel() for t in state.values())),
                                    "max_abs_diff": diff, "lora_r": plan.r}
-        how = "load_lora_weights" + (", load_into_transformer_2=True" if subfolder == "transformer_2" else "")
-        notes = [f"LoRA adapter of {subfolder} for {self.pipeline_class}.{how} at {out}: {metrics['adapter_parameters']:,} parameters; "
+        how = (f"{self.pipeline_class}.load_lora_weights" + (", load_into_transformer_2=True" if subfolder == "transformer_2" else "")
+               if hasattr(pipeline_class, "load_lora_weights") else f"pipe.{subfolder}.load_lora_adapter(folder, prefix='transformer')")
+        notes = [f"LoRA adapter of {subfolder} for {how} at {out}: {metrics['adapter_parameters']:,} parameters; "
                  f"loaded into the downloaded pipeline, the denoiser's output max |diff| {diff:.2g}"]
         outputs = {"model": "lora", "adapter": "lora"}
         if ctx.config.export.merge_lora:
@@ -623,6 +629,9 @@ class DiffusionFamily:
         """The downloaded pipeline with a LoRA adapter folder loaded by diffusers (into
         ``subfolder``'s denoiser: Wan2.2's low-noise expert is ``transformer_2``)."""
         pipe = self._class(self.pipeline_class).from_pretrained(source)
+        if not hasattr(pipe, "load_lora_weights"):  # no LoRA loader in the pipeline: its denoiser loads the file
+            getattr(pipe, subfolder or self.subfolder).load_lora_adapter(str(adapter), prefix="transformer", weight_name=LORA_WEIGHTS)
+            return pipe
         pipe.load_lora_weights(str(adapter), **({"load_into_transformer_2": True} if subfolder == "transformer_2" else {}))
         return pipe
 

@@ -424,7 +424,10 @@ def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
         saved = load_file(str(adapter / "adapter_model.safetensors"))
     else:
         pipe = base_class.from_pretrained(base)
-        pipe.load_lora_weights(str(adapter))
+        if hasattr(pipe, "load_lora_weights"):
+            pipe.load_lora_weights(str(adapter))
+        else:  # a pipeline without a LoRA loader: its denoiser's own
+            pipe.transformer.load_lora_adapter(str(adapter), prefix="transformer", weight_name="pytorch_lora_weights.safetensors")
         held = {f"transformer.{k}": v for k, v in get_peft_model_state_dict(pipe.transformer, adapter_name=pipe.transformer.active_adapters()[0]).items()}
         saved = load_file(str(adapter / "pytorch_lora_weights.safetensors"))
     if set(held) != set(saved):
