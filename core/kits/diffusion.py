@@ -157,6 +157,20 @@ def _per_sample(latents: Any) -> Any:
     return tuple(range(1, latents.dim()))
 
 
+def _generated(output: Any) -> tuple[Any, Any]:
+    """``predict``'s output as (prediction, mask of what the pipeline generates or None)."""
+    return output if isinstance(output, tuple) else (output, None)
+
+
+def _mean_error(squared: Any, generated: Any = None) -> Any:
+    """Per-sample mean of ``squared``; with a ``generated`` mask (1 where the pipeline generates
+    the latents, 0 where a condition gives them: Wan2.2 TI2V's first frame), over those only."""
+    if generated is None:
+        return squared.mean(dim=_per_sample(squared))
+    generated = generated.to(squared.dtype).expand_as(squared)
+    return (squared * generated).sum(dim=_per_sample(squared)) / generated.sum(dim=_per_sample(squared))
+
+
 class FlowMatching:
     """Rectified flow (Wan, FLUX, HunyuanVideo): ``x_s = (1 - s) x + s n`` at a noise level
     ``s`` in (0, 1), the velocity ``n - x`` regressed; levels drawn uniform or logit-normal and
@@ -178,8 +192,8 @@ class FlowMatching:
     def errors(self, predict: Callable[..., Any], model: Any, latents: Any, noise: Any, levels: Any, text: Any) -> Any:
         """Per-sample mean squared error of the predicted velocity."""
         s = levels.view(-1, *[1] * (latents.dim() - 1))
-        prediction = predict(model, (1 - s) * latents + s * noise, levels, text)
-        return ((prediction.float() - (noise - latents).float()) ** 2).mean(dim=_per_sample(latents))
+        prediction, generated = _generated(predict(model, (1 - s) * latents + s * noise, levels, text))
+        return _mean_error((prediction.float() - (noise - latents).float()) ** 2, generated)
 
 
 class NoiseSchedule:
@@ -225,12 +239,13 @@ class NoiseSchedule:
 
     def errors(self, predict: Callable[..., Any], model: Any, latents: Any, noise: Any, levels: Any, text: Any) -> Any:
         noisy = self.scheduler.add_noise(latents, noise, levels)
-        output = predict(model, noisy, levels, text).float()
+        output, generated = _generated(predict(model, noisy, levels, text))
+        output = output.float()
         if self.prediction_type == "epsilon":
-            return ((output - noise.float()) ** 2).mean(dim=_per_sample(latents))
+            return _mean_error((output - noise.float()) ** 2, generated)
         estimate = self.scheduler.get_velocity(output, noisy.float(), levels)
         weights = (1 / (1 - self.scheduler.alphas_cumprod[levels.cpu()])).float().to(latents.device)  # the schedule is float64
-        return (weights.view(-1, *[1] * (latents.dim() - 1)) * (estimate - latents.float()) ** 2).mean(dim=_per_sample(latents))
+        return _mean_error(weights.view(-1, *[1] * (latents.dim() - 1)) * (estimate - latents.float()) ** 2, generated)
 
 
 #: the default objective of a family
@@ -286,7 +301,10 @@ class DiffusionFamily:
         encoders: ``(model dir, max text length) -> encoders`` with ``latents(frames)`` (uint8
             [F, H, W, 3] -> normalised latents) and ``text(caption)`` (-> embeddings), the frozen
             VAE and text encoder used exactly as the pipeline uses them.
-        predict: ``(model, noisy latents, sigma, text) -> prediction`` of the denoiser.
+        predict: ``(model, noisy latents, sigma, text) -> prediction`` of the denoiser, or
+            ``(prediction, generated)`` where a condition gives part of the latents (Wan2.2
+            TI2V's first frame): ``generated`` (broadcastable to the latents) is 1 where the
+            pipeline generates them, 0 where it does not, and the error counts there only.
         probe: ``(model, ctx, generator) -> inputs`` of one denoiser call, for the export check.
         sample: ``(pipeline, ctx, prompt, generator) -> frames`` float [F, H, W, 3] in [0, 1].
         freeze_groups: ``training.freeze`` names -> parameter globs.
@@ -298,6 +316,9 @@ class DiffusionFamily:
             DPO demo's data.
         predict_options: ``ctx -> keyword arguments`` the kit adds to every ``predict`` call
             in training, from the run's config (FLUX: the guidance value it trains with).
+        checkpoint_options: ``pipeline folder -> keyword arguments`` the kit adds to every
+            ``predict`` call, for what the checkpoint decides (Wan2.2 TI2V: ``expand_timesteps``
+            in ``model_index.json``, a timestep per token).
         flops: ``() -> (model, batch) -> FLOPs`` of a step, for a denoiser that is not a video
             transformer over patches of [B, C, F, H, W] latents (default :func:`denoiser_flops`).
         objective: ``model dir -> objective`` the denoiser is trained with (default flow
@@ -325,6 +346,7 @@ class DiffusionFamily:
     demo: Callable[[Path, int, int], Path] | None = None
     preference_demo: Callable[[Path, int, int], Path] | None = None
     predict_options: Callable[[StageContext], Mapping[str, Any]] | None = None
+    checkpoint_options: Callable[[Path], Mapping[str, Any]] | None = None
     flops: Callable[[], Callable[[Any, dict[str, Any]], float]] | None = None
     objective: Callable[[Path], Any] = lambda model_dir: FLOW_MATCHING
     conditions: Sequence[str] = ()
@@ -373,11 +395,14 @@ class DiffusionFamily:
         return convert_stage(ctx, upstream, adapter=self.adapter, build_model=lambda folder: self.build_model(folder, subfolder=subfolder),
                              subfolder=subfolder, what=subfolder)
 
-    def predictor(self, ctx: StageContext) -> Callable[..., Any]:
-        """``predict`` with the run's ``predict_options`` bound."""
+    def predictor(self, ctx: StageContext, model_dir: Path | None = None) -> Callable[..., Any]:
+        """``predict`` with the run's ``predict_options`` and, given the pipeline folder
+        ``model_dir``, the checkpoint's ``checkpoint_options`` bound."""
         import functools
 
-        return functools.partial(self.predict, **self.predict_options(ctx)) if self.predict_options else self.predict
+        options = {**(self.predict_options(ctx) if self.predict_options else {}),
+                   **(self.checkpoint_options(model_dir) if self.checkpoint_options and model_dir is not None else {})}
+        return functools.partial(self.predict, **options) if options else self.predict
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -460,7 +485,7 @@ class DiffusionFamily:
         samples, empty, encoders = self.samples(ctx, upstream, train)
         held = data.split("eval")
         held_samples, _, held_encoders = self.samples(ctx, upstream, held) if len(held) else (None, None, None)
-        predict = self.predictor(ctx)
+        predict = self.predictor(ctx, model_dir)
         objective = self.objective(model_dir)
         if levels != (0.0, 1.0):
             if not isinstance(objective, FlowMatching):

@@ -78,6 +78,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
     samples, empty, encoders = train
     device = ctx.accelerator.device(ctx.world.local_rank)
     objective = family.objective(upstream["download"].output("model"))
+    predict = family.predictor(ctx, upstream["download"].output("model"))
     sums: dict[str, Any] = {}
 
     def encoded(batch: dict[str, Any], encoders: Any) -> tuple[Any, Any, Any]:
@@ -94,7 +95,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
         text = torch.where(drop.view(-1, *[1] * (text.dim() - 1)).to(device), empty.to(device).expand_as(text), text)
         levels = torch.cat([objective.draw(1, cfg, g) for g in generators]).to(device)
         noise = torch.stack([torch.randn(winners.shape[1:], generator=g) for g in generators]).to(device)
-        losses, inside = diffusion_dpo_terms(objective, family.predictor(ctx), model, winners, losers, text, levels, noise, beta)
+        losses, inside = diffusion_dpo_terms(objective, predict, model, winners, losers, text, levels, noise, beta)
         sums["implicit_accuracy"] = sums.get("implicit_accuracy", 0) + accuracy_sum(inside)
         return losses.sum()
 
@@ -117,7 +118,7 @@ def dpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[s
             levels = objective.eval_levels().to(device)
             n = len(levels)
             noise = torch.randn((n, *winners.shape[1:]), generator=generator).to(device)
-            _, inside = diffusion_dpo_terms(objective, family.predictor(ctx), model, winners.expand(n, *winners.shape[1:]), losers.expand(n, *losers.shape[1:]),
+            _, inside = diffusion_dpo_terms(objective, predict, model, winners.expand(n, *winners.shape[1:]), losers.expand(n, *losers.shape[1:]),
                                             text.expand(n, *text.shape[1:]), levels, noise, beta)
             right += float(accuracy_sum(inside.sum(0, keepdim=True)))
         return {"implicit_accuracy": right / count}

@@ -7,18 +7,25 @@ models also cross-attend to the first frame's CLIP image features (``image_dim``
 models have none). Both are made by the pipeline's own ``prepare_latents`` and ``encode_image``
 and cached per clip (:attr:`DiffusionFamily.conditions`); the caption drops for guidance, the
 first frame does not (the pipeline keeps it in its unconditional pass too).
+
+Wan2.2 TI2V-5B (``expand_timesteps`` in ``model_index.json``) conditions differently, as its
+pipeline does: the first frame's latents replace the first latent frame (clean, timestep 0 for
+its tokens, a timestep per token), nothing is added on the channel axis, and the loss leaves out
+the frame the pipeline does not generate.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mmcore.context import StageContext
+from mmcore.errors import StageError
 from mmcore.data.synthetic import write_moving_squares
 from mmcore.kits.diffusion import DiffusionFamily
 
 from mm_pack_wan.adapter import ADAPTER
-from mm_pack_wan.family import FREEZE_GROUPS, Encoders
+from mm_pack_wan.family import FREEZE_GROUPS, Encoders, checkpoint_options, token_timesteps
 
 CONDITIONS = ("condition", "image_embeds")
 
@@ -27,6 +34,14 @@ class ImageEncoders(Encoders):
     """The text and video encoders of the t2v family, plus the first frame's conditions."""
 
     pipeline_class = "WanImageToVideoPipeline"
+
+    def __init__(self, model_dir: Path, max_sequence_length: int) -> None:
+        import json
+
+        config = model_dir / "transformer" / "config.json"
+        if json.loads(config.read_text()).get("image_dim") and not (model_dir / "image_encoder").is_dir():
+            raise StageError(f"{config}: the transformer reads CLIP image features (image_dim), but {model_dir} has no image_encoder/ to make them")
+        super().__init__(model_dir, max_sequence_length)
 
     def conditions(self, frames: Any) -> dict[str, Any]:
         """uint8 (F, H, W, 3) -> ``condition`` [4 + 16, F', H', W'] (mask and first-frame latents,
@@ -41,17 +56,36 @@ class ImageEncoders(Encoders):
                         height // self.pipe.vae_scale_factor_spatial, width // self.pipe.vae_scale_factor_spatial)
         with torch.no_grad():
             # given latents: the pipeline draws no noise here, it only builds the condition
-            _, condition = self.pipe.prepare_latents(first, 1, latent_shape[1], height, width, count, torch.float32, torch.device("cpu"),
-                                                     latents=torch.zeros(latent_shape))
+            # (Wan2.2 TI2V: the first frame's latents alone, which replace the first latent frame)
+            condition = self.pipe.prepare_latents(first, 1, latent_shape[1], height, width, count, torch.float32, torch.device("cpu"),
+                                                  latents=torch.zeros(latent_shape))[1]
             image = torch.zeros(0)
             if self.pipe.image_encoder is not None:
                 image = self.pipe.encode_image(Image.fromarray(frames[0].numpy()), torch.device("cpu"))[0]
         return {"condition": condition[0], "image_embeds": image}
 
 
-def predict(model: Any, noisy: Any, sigma: Any, text: Any, condition: Any, image_embeds: Any) -> Any:
+def predict(model: Any, noisy: Any, sigma: Any, text: Any, condition: Any, image_embeds: Any, expand_timesteps: bool = False) -> Any:
+    image = image_embeds if image_embeds.numel() else None
+    if expand_timesteps:
+        return first_frame_given(model, noisy, sigma, text, condition, image)
     return model(hidden_states=with_condition(noisy, condition), timestep=sigma * 1000, encoder_hidden_states=text,
-                 encoder_hidden_states_image=image_embeds if image_embeds.numel() else None, return_dict=False)[0]
+                 encoder_hidden_states_image=image, return_dict=False)[0]
+
+
+def first_frame_given(model: Any, noisy: Any, sigma: Any, text: Any, condition: Any, image: Any) -> tuple[Any, Any]:
+    """Wan2.2 TI2V (``expand_timesteps``) as its image-to-video pipeline runs it: the first latent
+    frame is the image's latents (``condition``), clean, at timestep 0; the rest is noisy, at
+    the sample's. (prediction, generated): the pipeline keeps the given frame, so its error
+    does not count."""
+    import torch
+
+    generated = torch.ones_like(noisy[:, :1], dtype=torch.float32)
+    generated[:, :, 0] = 0
+    inputs = ((1 - generated) * condition + generated * noisy).to(noisy.dtype)
+    prediction = model(hidden_states=inputs, timestep=token_timesteps(model, generated, sigma * 1000), encoder_hidden_states=text,
+                       encoder_hidden_states_image=image, return_dict=False)[0]
+    return prediction, generated
 
 
 def with_condition(noisy: Any, condition: Any) -> Any:
@@ -84,6 +118,7 @@ FAMILY = DiffusionFamily(
     encoders=ImageEncoders,
     predict=predict,
     probe=probe,
+    checkpoint_options=checkpoint_options,
     sample=sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("blocks",),

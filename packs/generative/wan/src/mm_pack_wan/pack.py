@@ -11,7 +11,7 @@ wan = PackSpec(
     name="wan",
     category="generative",
     summary="Wan2.1 / Wan2.2 text-to-video (diffusers), cached VAE and UMT5 features",
-    sdk="1.8",
+    sdk="1.11",
     config_class="mm_pack_wan.config:WanConfig",
     presets={"demo": "presets/demo.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -35,8 +35,8 @@ wan = PackSpec(
 wan_i2v = PackSpec(
     name="wan-i2v",
     category="generative",
-    summary="Wan2.1 / Wan2.2 image-to-video (diffusers): first-frame latents and mask, CLIP image features, cached",
-    sdk="1.9",
+    summary="Wan2.1 / Wan2.2 image-to-video (diffusers; TI2V-5B too): first-frame latents and mask, CLIP image features, cached",
+    sdk="1.11",
     config_class="mm_pack_wan.config:WanConfig",
     presets={"demo": "presets/i2v-demo.yaml", "tiny": "presets/i2v-tiny.yaml"},
     default_preset="demo",
@@ -44,8 +44,9 @@ wan_i2v = PackSpec(
     stage_sections={"extract": ("extract", "data.max_sequence_length"), "convert": ("convert", "training.expert")},
     # Only the transformer converts and trains; the VAE, UMT5 and CLIP stay frozen as they are.
     stages={
+        # image_encoder/ and image_processor/: Wan2.1's I2V models only (ImageEncoders checks)
         "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_i2v_checkpoint"},
-                          options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder", "image_processor")}),
+                          options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
         "convert": "mm_pack_wan.i2v:FAMILY.convert",
         "preprocess": "mm_pack_wan.i2v:FAMILY.preprocess",
         "extract": "mm_pack_wan.i2v:FAMILY.extract",
