@@ -124,6 +124,21 @@ class ExportSection(Section):
     weights: Literal["ema", "last"] = Field("ema", description="After training with training.ema: export the moving average of the weights (ema) or the last step's (last). Without training.ema, the last step's.")
 
 
+class MegatronConvertSection(ConvertSection):
+    """``convert`` of a pack with a Megatron table (:mod:`mmcore.parallel_map`)."""
+
+    mindspeed_mm: str | None = Field(None, description="Import the weights of this MindSpeed-MM (Megatron) checkpoint folder (the one with latest_checkpointed_iteration.txt, any TP/PP) instead of the downloaded ones; model.source still gives the config, tokenizer and processor (the HF model it was converted from).")
+
+
+class MegatronExportSection(ExportSection):
+    """``export`` of a pack with a Megatron table: also MindSpeed-MM's layout, at any TP/PP."""
+
+    format: Literal["hf", "mindspeed-mm"] = Field("hf", description="hf: the transformers folder; mindspeed-mm: that, plus MindSpeed-MM's Megatron layout (export/mindspeed-mm) at export.tensor_parallel x export.pipeline_parallel, read back and checked bit-identical.")
+    tensor_parallel: int = Field(1, ge=1, description="mindspeed-mm: tensor-parallel ranks to split the weights over.")
+    pipeline_parallel: int = Field(1, ge=1, description="mindspeed-mm: pipeline stages (the vision tower on the first).")
+    pipeline_layers: list[int] = Field(default_factory=list, description="mindspeed-mm: the language model's layers on each pipeline stage (MindSpeed-MM's llm pipeline_num_layers); empty: as even as they go, the later stages taking the remainder.")
+
+
 class EvaluateSection(Section):
     enabled: bool = Field(True, description="Run the evaluate stage when the pack offers it.")
     datasets: list[str] = Field(default_factory=list, description="Held-out files in the training data's format (default: the held-out split preprocess made).")

@@ -304,6 +304,7 @@ def convert_stage(
     build_model: Callable[[Path], "nn.Module"] | None = None,
     subfolder: str = "",
     what: str = "model",
+    parallel_map: "Callable[[Path], Any] | None" = None,
 ) -> "StageResult":
     """The convert stage: stream the downloaded safetensors to ``<stage>/dcp`` through
     ``adapter``, after checking that they cover exactly the tensors of the model
@@ -318,6 +319,11 @@ def convert_stage(
     ``subfolder``: where the weights are inside the download (``"transformer"`` for a
     diffusers pipeline); ``what`` names them in the notes. Without ``build_model`` the model
     is the class the folder's ``config.json`` names (``architectures``), where transformers has it.
+
+    ``parallel_map``: ``model folder -> ParallelMap``, the pack's Megatron table
+    (:mod:`mmcore.parallel_map`); with it, ``convert.mindspeed_mm`` imports the weights of a
+    MindSpeed-MM checkpoint (any TP/PP) in place of the downloaded ones
+    (:func:`mmcore.mindspeed_mm.import_mindspeed`).
 
     The SDK 1.0 call from a pack's own hook, ``convert_stage(ctx, source_folder, adapter)``,
     still works (coverage then against the class ``config.json`` names).
@@ -334,6 +340,14 @@ def convert_stage(
         source = model_dir / subfolder if subfolder else model_dir
     if adapter is None:
         raise TypeError("convert_stage needs an adapter")
+    imported_note = None
+    mindspeed = getattr(ctx.config.convert, "mindspeed_mm", None)
+    if mindspeed:
+        from mmcore.mindspeed_mm import import_mindspeed
+
+        if parallel_map is None:
+            raise StageError(f"convert.mindspeed_mm: the {ctx.pack} pack has no Megatron table to read a MindSpeed-MM checkpoint with")
+        source, imported_note = import_mindspeed(ctx, Path(mindspeed).expanduser(), model_dir, parallel_map)
     planned = {key: recipe.info for key, recipe in adapter.to_mm(SafetensorsFolder(source).index).items()}
     model = build_on_meta(build_model, model_dir) if build_model is not None else model_from_config(source)
     if model is not None:
@@ -347,7 +361,7 @@ def convert_stage(
         coverage = "key coverage NOT checked: no build_model given and config.json names no transformers class"
     out = ctx.stage_dir / "dcp"
     stats = hf_to_dcp(source, out, adapter, progress=lambda it: ctx.progress(it, description="convert", unit="tensor"))
-    notes = [f"{what}: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {out}", coverage]
+    notes = [*([imported_note] if imported_note else []), f"{what}: {stats['tensors']} tensors, {stats['bytes'] / 2**20:.1f} MiB -> {out}", coverage]
     if ctx.config.convert.verify:
         back = ctx.stage_dir / "verify"
         dcp_to_hf(out, back, adapter)
@@ -357,6 +371,8 @@ def convert_stage(
         if mismatches:
             raise StageError(f"round trip to mmcore and back is not exact: {mismatches[0]}" + (f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""))
         notes.append("verified: the round trip to mmcore and back is bit-identical for every tensor")
+    if imported_note:
+        shutil.rmtree(source)  # the DCP holds the weights now
     return StageResult(outputs={"checkpoint": "dcp"}, metrics={**stats, "verified": ctx.config.convert.verify}, notes=notes)
 
 

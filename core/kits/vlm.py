@@ -110,6 +110,9 @@ class VLMFamily:
         batch_apart: sample fields (``pixel_values_videos``) whose presence keeps samples in
             their own micro-batches and generation batches: for a model that cannot take the
             kinds in one forward (GLM-4V writes images and video frames with one token).
+        parallel_map: ``model folder -> ParallelMap``, the family's Megatron table
+            (:mod:`mmcore.parallel_map`): with it, ``export.format: mindspeed-mm`` also writes
+            MindSpeed-MM's layout (the pack's config uses ``MegatronExportSection``).
     """
 
     model_class: str | Callable[[Any], Any]
@@ -135,6 +138,7 @@ class VLMFamily:
     preference_demo: Any = None
     router_aux_loss: bool = True
     batch_apart: Sequence[str] = ()
+    parallel_map: Callable[[Path], Any] | None = None
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -356,7 +360,15 @@ class VLMFamily:
             probe=self.collate([chosen_view(probe[i]) for i in same_kind], self.token_ids(data)), logits=self.forward_logits,
             side_files=self.export_side_files,
         )
-        return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
+        outputs, metrics, notes = dict(done.outputs), dict(done.metrics), list(done.notes)
+        if getattr(ctx.config.export, "format", "hf") == "mindspeed-mm":
+            from mmcore.mindspeed_mm import export_mindspeed
+
+            if self.parallel_map is None:
+                raise StageError(f"export.format=mindspeed-mm: the {ctx.pack} pack has no Megatron table")
+            more = export_mindspeed(ctx, ctx.stage_dir / done.outputs["model"], self.parallel_map)
+            outputs.update(more[0]), metrics.update(more[1]), notes.extend(more[2])
+        return StageResult(outputs=outputs, metrics=metrics, notes=notes)
 
     # -- generation: infer and evaluate -------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mmcore.config import RunConfig
+from mmcore.config import MegatronConvertSection, MegatronExportSection, RunConfig
 from mm_qwen_vision import QwenVisionData
 
 
@@ -14,3 +14,5 @@ class Qwen2VLData(QwenVisionData):
 
 class Qwen2VLConfig(RunConfig):
     data: Qwen2VLData = Field(default_factory=Qwen2VLData)
+    convert: MegatronConvertSection = Field(default_factory=MegatronConvertSection)  # convert.mindspeed_mm: import MindSpeed-MM weights
+    export: MegatronExportSection = Field(default_factory=MegatronExportSection)  # export.format: mindspeed-mm

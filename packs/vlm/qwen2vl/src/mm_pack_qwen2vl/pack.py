@@ -10,7 +10,8 @@ from mm_qwen_vision.kernels import QwenKernelsPack
 
 STAGES = {
     "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen2vl.tiny:build_init_checkpoint"}),
-    "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen2vl.adapter:ADAPTER", "build_model": "mm_pack_qwen2vl.family:FAMILY.build_model"}),
+    "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen2vl.adapter:ADAPTER", "build_model": "mm_pack_qwen2vl.family:FAMILY.build_model",
+                                                          "parallel_map": "mm_pack_qwen2vl.megatron:of_checkpoint"}),
     "preprocess": "mm_pack_qwen2vl.family:FAMILY.preprocess",
     "extract": "mm_pack_qwen2vl.extract:extract",
     "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2vl.family:FAMILY.recipe"}),
@@ -25,7 +26,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.6",
+        sdk="1.11",
         config_class="mm_pack_qwen2vl.config:Qwen2VLConfig",
         presets=presets,
         default_preset=default_preset,

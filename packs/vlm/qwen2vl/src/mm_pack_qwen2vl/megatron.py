@@ -1,0 +1,72 @@
+"""Qwen2-VL and Qwen2.5-VL in Megatron's names, as MindSpeed-MM lays them out: one table
+(:class:`mmcore.parallel_map.ParallelMap`) that converts the hub checkpoint both ways and splits
+it over tensor-parallel ranks and pipeline stages.
+
+The language model is ``text_decoder`` (Megatron's ``GPTModel``: q, k and v fused per query
+group, gate and up fused, the norms before attention and MLP); the vision tower is
+``image_encoder.encoder`` (its qkv regrouped per head) and the merger
+``image_encoder.projector``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmcore.parallel_map import LayerStack, ParallelMap, Rule
+
+TEXT = "text_decoder.decoder.layers."
+VISION = "image_encoder.encoder.blocks.layers."
+
+
+def parallel_map(config: Any) -> ParallelMap:
+    """The table of a Qwen2-VL or Qwen2.5-VL config (``transformers``' composite config)."""
+    text, vision = config.get_text_config(), config.vision_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    q_rows = head_dim * text.num_attention_heads // text.num_key_value_heads
+    vision_width = getattr(vision, "embed_dim", None) or vision.hidden_size
+    vision_head = vision_width // vision.num_heads
+    two_five = config.model_type == "qwen2_5_vl"  # its vision MLP is gated (gate/up/down), its norms RMSNorm
+
+    def both(megatron: str, hf: str, kind: Any = "replicated", bias: Any = "replicated", **more: Any) -> list[Rule]:
+        """A layer's weight and (where the checkpoint has one) its bias."""
+        return [Rule(megatron + ".weight", tuple(h + ".weight" for h in hf.split("|")), kind, **more),
+                Rule(megatron + ".bias", tuple(h + ".bias" for h in hf.split("|")), bias, optional=True, **more)]
+
+    block, layer = "visual.blocks.{n}.", "model.layers.{n}."
+    vblock, tlayer = VISION + "{n}.", TEXT + "{n}."
+    vision_mlp = (both(vblock + "mlp.linear_fc1", f"{block}mlp.gate_proj|{block}mlp.up_proj", "gate_up", "gate_up")
+                  + both(vblock + "mlp.linear_fc2", block + "mlp.down_proj", "row")) if two_five else (
+                  both(vblock + "mlp.linear_fc1", block + "mlp.fc1", "column", "column") + both(vblock + "mlp.linear_fc2", block + "mlp.fc2", "row"))
+    rules = [
+        Rule("image_encoder.encoder.patch_embed.proj.weight", ("visual.patch_embed.proj.weight",)),
+        *both(vblock + "input_layernorm", block + "norm1"),
+        *both(vblock + "self_attention.linear_qkv", block + "attn.qkv", "heads_qkv", "heads_qkv", sizes=(vision_head,) * 3),
+        *both(vblock + "self_attention.linear_proj", block + "attn.proj", "row"),
+        *both(vblock + "pre_mlp_layernorm", block + "norm2"),
+        *vision_mlp,
+        *both("image_encoder.projector.layernorm", "visual.merger.ln_q"),
+        *both("image_encoder.projector.encoder.linear_fc1", "visual.merger.mlp.0", "column", "column"),
+        *both("image_encoder.projector.encoder.linear_fc2", "visual.merger.mlp.2", "row"),
+        Rule("text_decoder.embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "column", vocab=True),
+        Rule(tlayer + "input_layernorm.weight", (layer + "input_layernorm.weight",)),
+        *both(tlayer + "self_attention.linear_qkv", f"{layer}self_attn.q_proj|{layer}self_attn.k_proj|{layer}self_attn.v_proj",
+              "qkv", "qkv", sizes=(q_rows, head_dim, head_dim)),
+        *both(tlayer + "self_attention.linear_proj", layer + "self_attn.o_proj", "row"),
+        Rule(tlayer + "pre_mlp_layernorm.weight", (layer + "post_attention_layernorm.weight",)),
+        Rule(tlayer + "mlp.linear_fc1.weight", (layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"), "gate_up"),
+        Rule(tlayer + "mlp.linear_fc2.weight", (layer + "mlp.down_proj.weight",), "row"),
+        Rule("text_decoder.decoder.final_layernorm.weight", ("model.norm.weight",)),
+        Rule("text_decoder.output_layer.weight", ("lm_head.weight",), "column", optional=bool(config.tie_word_embeddings), vocab=True),
+    ]
+    stacks = (LayerStack(VISION, first=("image_encoder.encoder.patch_embed.",), last=("image_encoder.projector.",)),
+              LayerStack(TEXT, first=("text_decoder.embedding.",), last=("text_decoder.decoder.final_layernorm.", "text_decoder.output_layer.")))
+    tied = ("text_decoder.output_layer.weight", "text_decoder.embedding.word_embeddings.weight") if config.tie_word_embeddings else None
+    return ParallelMap(tuple(rules), stacks, tied=tied, vocab_size=text.vocab_size)
+
+
+def of_checkpoint(model_dir: Path) -> ParallelMap:
+    """The table of the checkpoint folder ``model_dir`` (its ``config.json``)."""
+    from transformers import AutoConfig
+
+    return parallel_map(AutoConfig.from_pretrained(model_dir))
