@@ -48,6 +48,17 @@ def list_cmd(as_json: bool) -> None:
     click.echo(f"plugins: {', '.join(p['name'] + ('' if p['ok'] else ' (BROKEN: ' + str(p['error']) + ')') for p in infra) or 'none'}")
 
 
+def _megatron_line(spec: Any) -> str | None:
+    """What the pack does with Megatron's layout, and whether megatron-core is usable here."""
+    from mmcore.megatron import status
+
+    if "convert" not in spec.stages or "parallel_map" not in (getattr(spec.declared("convert"), "parts", None) or {}):
+        return None
+    usable, why = status()
+    return ("MindSpeed-MM layout both ways (export.format=mindspeed-mm, convert.mindspeed_mm); "
+            + (f"{why}: usable" if usable else f"megatron-core models not usable: {why}"))
+
+
 @click.command("info")
 @click.argument("pack")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -75,6 +86,7 @@ def info_cmd(pack: str, as_json: bool) -> None:
         "sdk": spec.sdk,
         "declared_stages": {stage: spec.declared(stage).function for stage in spec.stages},
         "conformance": read_record(pack),
+        "megatron": _megatron_line(spec),
     }
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -89,6 +101,8 @@ def info_cmd(pack: str, as_json: bool) -> None:
     for stage, function in data["declared_stages"].items():
         click.echo(f"  {stage + ':':<13} {function}")
     click.echo(f"  requirements: {', '.join(data['requirements']) or 'none'}")
+    if data["megatron"]:
+        click.echo(f"  megatron:     {data['megatron']}")
     for problem in data["unmet_requirements"]:
         click.echo(f"  UNMET:        {problem}")
     if kernels:

@@ -72,6 +72,12 @@ def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto
     except Exception as exc:
         checks.append(Check("selected device", False, str(exc), "pick another with --device"))
 
+    from mmcore.megatron import status as megatron_status
+
+    usable, why = megatron_status()  # optional: only parallel.backend=megatron needs it
+    checks.append(Check("megatron-core", usable, why + (" (the megatron layout and models; CPU via mmcore's compatibility layer)" if usable else ""),
+                        "pip install 'mmcore[megatron]'", required=False))
+
     host, port = "127.0.0.1", DEFAULT_RDZV_PORT
     if rdzv_endpoint:
         host, _, port_text = rdzv_endpoint.rpartition(":")

@@ -70,3 +70,74 @@ def of_checkpoint(model_dir: Path) -> ParallelMap:
     from transformers import AutoConfig
 
     return parallel_map(AutoConfig.from_pretrained(model_dir))
+
+
+def rope_index(config: Any, input_ids: Any, mm_token_type_ids: Any, image_grid_thw: Any = None, video_grid_thw: Any = None) -> Any:
+    """M-RoPE positions [3, B, S] from the transformers model's own ``get_rope_index`` (it reads
+    only the config), without building that model."""
+    from transformers import Qwen2_5_VLModel, Qwen2VLModel
+
+    model_class = Qwen2_5_VLModel if config.model_type == "qwen2_5_vl" else Qwen2VLModel
+    reader = object.__new__(model_class)  # the class's methods over the config alone, no weights
+    reader.__dict__["config"] = config
+    positions, _ = reader.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw)
+    return positions
+
+
+class MegatronQwen2VL:
+    """Qwen2-VL / Qwen2.5-VL on megatron-core, one tensor-parallel rank of it: the vision tower as
+    transformers has it (replicated on every rank), its features scattered into the decoder's
+    input embeddings at the image/video tokens, the language model a ``GPTModel`` with M-RoPE
+    positions from the model's own rope-index function. ``forward`` returns the logits
+    [B, S, vocab] (the tensor-parallel vocabulary padding stripped)."""
+
+    def __new__(cls, config: Any, tensor_parallel: int) -> Any:
+        import torch
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        from mmcore.megatron.gpt import gpt_model
+
+        text = config.get_text_config()
+        vision_class = Qwen2_5_VisionTransformerPretrainedModel if config.model_type == "qwen2_5_vl" else Qwen2VisionTransformerPretrainedModel
+
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.config = config
+                self.visual = vision_class._from_config(config.vision_config)
+                self.language_model = gpt_model(text, tensor_parallel, tied=config.tie_word_embeddings, mrope_section=text.rope_parameters["mrope_section"])
+
+            def forward(self, input_ids: Any, mm_token_type_ids: Any, pixel_values: Any = None, image_grid_thw: Any = None,
+                        pixel_values_videos: Any = None, video_grid_thw: Any = None) -> Any:
+                positions = rope_index(config, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw)
+                embeds = self.language_model.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
+                for pixels, grid, token in ((pixel_values, image_grid_thw, config.image_token_id), (pixel_values_videos, video_grid_thw, config.video_token_id)):
+                    if pixels is not None:
+                        features = self.visual(pixels.to(self.visual.dtype), grid_thw=grid).pooler_output.to(embeds.dtype)
+                        embeds = embeds.masked_scatter((input_ids == token)[..., None].expand_as(embeds), features)
+                logits = self.language_model(input_ids=None, position_ids=positions, attention_mask=None, decoder_input=embeds.transpose(0, 1).contiguous())
+                return logits[..., : text.vocab_size]
+
+        return Model()
+
+
+def load_megatron_model(model_dir: Path, tensor_parallel: int, rank: int) -> Any:
+    """:class:`MegatronQwen2VL` of a hub checkpoint folder, this tensor-parallel ``rank``'s shard
+    of the language model cut by the table, the vision tower whole."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from mmcore.megatron.gpt import load_rank_state
+
+    config = AutoConfig.from_pretrained(model_dir)
+    pmap = parallel_map(config)
+    hub: dict[str, Any] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        hub.update(load_file(path))
+    model = MegatronQwen2VL(config, tensor_parallel)
+    model.visual.load_state_dict({k[len("visual."):]: v for k, v in hub.items() if k.startswith("visual.")}, strict=True)
+    language = {k: v for k, v in pmap.to_megatron(hub).items() if k.startswith("text_decoder.")}
+    shard = pmap.split_tp(language, tensor_parallel)[rank]
+    load_rank_state(model.language_model, shard, prefix="text_decoder.")
+    return model.eval()

@@ -1,0 +1,98 @@
+"""A megatron-core ``GPTModel`` for a transformers decoder (Llama / Qwen2 style: RMSNorm, SwiGLU,
+rotary or multimodal rotary positions, optional q/k/v biases), and its weights from a family's
+:class:`mmcore.parallel_map.ParallelMap`.
+
+The model is single-device code built per rank; tensor parallelism is Megatron's own layers
+(column-/row-parallel linears, a vocab-parallel embedding and output layer), which the table's
+split matches. Local layer spec (no Transformer Engine) with every fusion off, so the same
+model runs on the CPU accelerator (:mod:`mmcore.megatron.cpu`) and on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from mmcore.errors import StageError
+
+
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: int = 0) -> None:
+    """Megatron's parallel groups over the default process group (already initialised: torchrun,
+    or one process with world size 1), and its model-parallel RNG seeded."""
+    import torch.distributed as dist
+
+    from mmcore.megatron.cpu import activate
+
+    activate()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    world = dist.get_world_size()
+    if world % (tensor_parallel * pipeline_parallel):
+        raise StageError(f"parallel.tensor_parallel={tensor_parallel} x parallel.pipeline_parallel={pipeline_parallel} does not divide the {world} processes")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def padded_vocab(vocab_size: int, tensor_parallel: int) -> int:
+    """The vocabulary rows each rank's shards add up to: the smallest multiple of the TP size
+    (as :class:`mmcore.parallel_map.Rule` pads ``vocab`` tensors)."""
+    return -(-vocab_size // tensor_parallel) * tensor_parallel
+
+
+def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mrope_section: Sequence[int] | None = None,
+              qkv_bias: bool = True, dtype: Any = None) -> Any:
+    """This rank's ``GPTModel`` of a transformers text config (``hidden_size``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
+    ``num_hidden_layers``, ``rms_norm_eps``, ``vocab_size``, rope theta), uninitialised (weights
+    come from :func:`load_rank_state`); ``mrope_section``: Qwen2-VL's multimodal rotary sections."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    if getattr(text_config, "hidden_act", "silu") != "silu":
+        raise StageError(f"text config hidden_act={text_config.hidden_act}: the Megatron GPT here is SwiGLU (silu) only")
+    rope = getattr(text_config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    config = TransformerConfig(
+        num_layers=text_config.num_hidden_layers, hidden_size=text_config.hidden_size, ffn_hidden_size=text_config.intermediate_size,
+        num_attention_heads=text_config.num_attention_heads, num_query_groups=text_config.num_key_value_heads, kv_channels=head_dim,
+        normalization="RMSNorm", layernorm_epsilon=text_config.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=qkv_bias, attention_dropout=0.0, hidden_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel, sequence_parallel=False, params_dtype=dtype or torch.float32,
+        mrope_section=list(mrope_section) if mrope_section else None,
+        # fusions are CUDA kernels; the layers' plain torch paths compute the same
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False,
+        use_cpu_initialization=True, perform_initialization=False,
+    )
+    return GPTModel(
+        config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
+        position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
+        share_embeddings_and_output_weights=tied, parallel_output=False,
+    )
+
+
+def load_rank_state(model: Any, state: Mapping[str, Any], prefix: str = "") -> None:
+    """This rank's tensors (a :meth:`ParallelMap.split_tp` shard) into ``model``, the names under
+    ``prefix`` (``"text_decoder."``); every parameter must be given and every tensor used."""
+    import torch
+
+    mine = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    expected = {k for k in model.state_dict() if not k.endswith("._extra_state")}
+    missing, unexpected = sorted(expected - set(mine)), sorted(set(mine) - expected)
+    if missing or unexpected:
+        raise StageError(f"the Megatron model and the table disagree: {'missing ' + prefix + missing[0] if missing else 'unexpected ' + prefix + unexpected[0]}")
+    with torch.no_grad():
+        own = model.state_dict()
+        for name, tensor in mine.items():
+            if own[name].shape != tensor.shape:
+                raise StageError(f"{prefix}{name}: the table gives {tuple(tensor.shape)}, the Megatron model has {tuple(own[name].shape)}")
+            own[name].copy_(tensor)
+
+
+__all__ = ["init_model_parallel", "padded_vocab", "gpt_model", "load_rank_state"]
