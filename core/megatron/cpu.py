@@ -31,6 +31,14 @@ MODULES = (
     "megatron.core.tensor_parallel.layers",
     "megatron.core.tensor_parallel.cross_entropy",
     "megatron.core.tensor_parallel.data",
+    # dist_checkpointing: the checkpoint format that reshards at load
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.tensor_aware_state_dict",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.strategies.torch",
 )
 
 _FACTORIES = frozenset({"empty", "zeros", "ones", "full", "tensor", "arange", "randn", "rand", "empty_like", "zeros_like", "ones_like", "as_tensor"})

@@ -41,19 +41,53 @@ def test_megatron_logits_equal_transformers_with_images(preset: str, tmp_path: P
         assert result["max_abs_diff"] <= 1e-5, result
 
 
-def _worker(model_dir: Path, out: Path) -> None:
+@needs_megatron
+@pytest.mark.slow
+def test_a_megatron_checkpoint_saved_at_one_tp_size_loads_at_another(tmp_path: Path) -> None:
+    """Reshard on load: the model converted at TP=2 into megatron-core's dist_checkpointing
+    format loads at TP=1 (and one saved at TP=1 loads at TP=2) with every parameter equal to
+    the table's own split and the logits still equal to transformers'."""
+    from mm_pack_qwen2vl.tiny import build_init_checkpoint
+
+    build_init_checkpoint("tiny", tmp_path / "model", seed=0)
+    for saved_at, loaded_at in ((2, 1), (1, 2)):
+        checkpoint = tmp_path / f"saved-tp{saved_at}"
+        for tp, mode in ((saved_at, "save"), (loaded_at, "load")):
+            out = tmp_path / f"{mode}-{saved_at}-{loaded_at}.json"
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp), __file__,
+                                   str(tmp_path / "model"), str(out), mode, str(checkpoint)], capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(out.read_text())
+        assert result["parameters_differing"] == [] and result["parameters"] > 20, result
+        assert result["max_abs_diff"] <= 1e-5, result
+
+
+def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path | None = None) -> None:
     import torch
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForImageTextToText
 
+    from mmcore.megatron import checkpoint as megatron_checkpoint
     from mmcore.megatron.gpt import init_model_parallel
-    from mm_pack_qwen2vl.megatron import load_megatron_model
+    from mm_pack_qwen2vl.megatron import MegatronQwen2VL, load_megatron_model
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     init_model_parallel(tensor_parallel=world)
     config = AutoConfig.from_pretrained(model_dir)
     ours = load_megatron_model(model_dir, world, rank)
+    differing: list[str] = []
+    if mode == "save":  # convert: the table's split into megatron-core's checkpoint
+        megatron_checkpoint.save(ours, checkpoint)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    if mode == "load":  # a model at this TP size, uninitialised, filled from a checkpoint of another
+        reference, ours = ours, MegatronQwen2VL(config, world)
+        megatron_checkpoint.load(ours, checkpoint)
+        ours.eval()
+        mine = reference.state_dict()
+        differing = [k for k, v in ours.state_dict().items() if isinstance(v, torch.Tensor) and not torch.equal(v, mine[k])]
     theirs = AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="eager").eval()
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 380, (2, 20), generator=generator)
@@ -66,10 +100,11 @@ def _worker(model_dir: Path, out: Path) -> None:
         got = ours(ids, types, pixel_values=pixels, image_grid_thw=grid)
     if rank == 0:
         out.write_text(json.dumps({"shape": list(got.shape), "max_abs_diff": float((got - expected).abs().max()),
-                                   "max_logit": float(expected.abs().max())}))
+                                   "max_logit": float(expected.abs().max()), "parameters_differing": differing,
+                                   "parameters": len(ours.state_dict())}))
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]), Path(sys.argv[2]))
+    _worker(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4], *(Path(a) for a in sys.argv[4:5]))
