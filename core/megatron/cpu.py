@@ -31,6 +31,9 @@ MODULES = (
     "megatron.core.tensor_parallel.layers",
     "megatron.core.tensor_parallel.cross_entropy",
     "megatron.core.tensor_parallel.data",
+    # pipeline stages: the schedules and their point-to-point transfers
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",
     # dist_checkpointing: the checkpoint format that reshards at load
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.dist_checkpointing.tensor_aware_state_dict",

@@ -41,11 +41,15 @@ def padded_vocab(vocab_size: int, tensor_parallel: int) -> int:
 
 
 def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mrope_section: Sequence[int] | None = None,
-              qkv_bias: bool = True, dtype: Any = None) -> Any:
+              qkv_bias: bool = True, dtype: Any = None, pipeline_parallel: int = 1, stage_layers: Sequence[int] | None = None,
+              pre_process: bool = True, post_process: bool = True) -> Any:
     """This rank's ``GPTModel`` of a transformers text config (``hidden_size``,
     ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
     ``num_hidden_layers``, ``rms_norm_eps``, ``vocab_size``, rope theta), uninitialised (weights
-    come from :func:`load_rank_state`); ``mrope_section``: Qwen2-VL's multimodal rotary sections."""
+    come from :func:`load_rank_state`); ``mrope_section``: Qwen2-VL's multimodal rotary sections.
+    With ``pipeline_parallel`` > 1: this stage's layers (``stage_layers``: the count on each
+    stage, as :func:`mmcore.parallel_map.even_layers` places them), the embedding where
+    ``pre_process``, the final norm and output layer where ``post_process``."""
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
@@ -63,6 +67,7 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
         normalization="RMSNorm", layernorm_epsilon=text_config.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=False, add_qkv_bias=qkv_bias, attention_dropout=0.0, hidden_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel, sequence_parallel=False, params_dtype=dtype or torch.float32,
+        pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=dtype or torch.float32, **_stage_counts(stage_layers, pipeline_parallel),
         mrope_section=list(mrope_section) if mrope_section else None,
         # fusions are CUDA kernels; the layers' plain torch paths compute the same
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
@@ -73,8 +78,19 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
         config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
         position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
-        share_embeddings_and_output_weights=tied, parallel_output=False,
+        share_embeddings_and_output_weights=tied, parallel_output=False, pre_process=pre_process, post_process=post_process,
     )
+
+
+def _stage_counts(stage_layers: Sequence[int] | None, stages: int) -> dict[str, int]:
+    """Megatron's names for uneven stages: the first and last stage's layer counts (the middle
+    ones share the rest evenly)."""
+    if stages == 1 or not stage_layers or len(set(stage_layers)) == 1:
+        return {}
+    middle = set(stage_layers[1:-1])
+    if len(middle) > 1:
+        raise StageError(f"pipeline stages of {list(stage_layers)} layers: Megatron takes the first and last stage's counts and the same count on every middle stage")
+    return {"num_layers_in_first_pipeline_stage": stage_layers[0], "num_layers_in_last_pipeline_stage": stage_layers[-1]}
 
 
 def load_rank_state(model: Any, state: Mapping[str, Any], prefix: str = "") -> None:

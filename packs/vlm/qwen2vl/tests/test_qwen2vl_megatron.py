@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ needs_megatron = pytest.mark.skipif(not USABLE, reason=WHY)
 
 @needs_megatron
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["tiny", "tiny-2.5"])
+@pytest.mark.parametrize("preset", ["tiny", pytest.param("tiny-2.5", marks=pytest.mark.matrix)])  # the same language model; its vision tower and rope index in make test-matrix
 def test_megatron_logits_equal_transformers_with_images(preset: str, tmp_path: Path) -> None:
     """A batch of two rows with an image each (4 merged vision tokens between
     vision_start/vision_end): megatron-core's logits equal transformers' to 1e-5 (fp32; measured
@@ -43,23 +44,111 @@ def test_megatron_logits_equal_transformers_with_images(preset: str, tmp_path: P
 
 @needs_megatron
 @pytest.mark.slow
-def test_a_megatron_checkpoint_saved_at_one_tp_size_loads_at_another(tmp_path: Path) -> None:
+@pytest.mark.parametrize("saved_at,loaded_at", [(2, 1), pytest.param(1, 2, marks=pytest.mark.matrix)])
+def test_a_megatron_checkpoint_saved_at_one_tp_size_loads_at_another(saved_at: int, loaded_at: int, tmp_path: Path) -> None:
     """Reshard on load: the model converted at TP=2 into megatron-core's dist_checkpointing
     format loads at TP=1 (and one saved at TP=1 loads at TP=2) with every parameter equal to
     the table's own split and the logits still equal to transformers'."""
     from mm_pack_qwen2vl.tiny import build_init_checkpoint
 
     build_init_checkpoint("tiny", tmp_path / "model", seed=0)
-    for saved_at, loaded_at in ((2, 1), (1, 2)):
-        checkpoint = tmp_path / f"saved-tp{saved_at}"
-        for tp, mode in ((saved_at, "save"), (loaded_at, "load")):
-            out = tmp_path / f"{mode}-{saved_at}-{loaded_at}.json"
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp), __file__,
-                                   str(tmp_path / "model"), str(out), mode, str(checkpoint)], capture_output=True, text=True, timeout=600)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-        result = json.loads(out.read_text())
-        assert result["parameters_differing"] == [] and result["parameters"] > 20, result
-        assert result["max_abs_diff"] <= 1e-5, result
+    checkpoint = tmp_path / f"saved-tp{saved_at}"
+    for tp, mode in ((saved_at, "save"), (loaded_at, "load")):
+        out = tmp_path / f"{mode}-{saved_at}-{loaded_at}.json"
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp), __file__,
+                               str(tmp_path / "model"), str(out), mode, str(checkpoint)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["parameters_differing"] == [] and result["parameters"] > 20, result
+    assert result["max_abs_diff"] <= 1e-5, result
+
+
+@needs_megatron
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,pp", [(1, 2), pytest.param(2, 2, marks=pytest.mark.matrix)])  # TP x PP: 4 processes, in make test-matrix
+def test_the_pipeline_schedule_gives_transformers_loss_and_gradients(tp: int, pp: int, tmp_path: Path) -> None:
+    """The vision tower and first layers on stage 0, the rest and the output layer on stage 1,
+    run through Megatron's 1F1B schedule (forward and backward, one micro-batch): the summed
+    next-token loss equals transformers' and so do the gradients of the embedding, the vision
+    tower's patch embedding (stage 0) and the final norm (the last stage), to 1e-5 relative."""
+    from mm_pack_qwen2vl.tiny import build_init_checkpoint
+
+    build_init_checkpoint("tiny", tmp_path / "model", seed=0)
+    out = tmp_path / "pipeline.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp), __file__,
+                           str(tmp_path / "model"), str(out), "pipeline", str(tp), str(pp)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert abs(result["loss"] - result["expected_loss"]) <= 1e-5 * abs(result["expected_loss"]), result
+    assert set(result["gradients"]) == {"embedding", "patch_embed", "final_norm"}, result
+    for name, (difference, scale) in result["gradients"].items():
+        assert scale > 0 and difference <= 1e-5 * scale, (name, difference, scale)
+
+
+def _pipeline(model_dir: Path, out: Path, tp: int, pp: int) -> None:
+    """A forward and backward step through Megatron's schedule, compared with transformers."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from transformers import AutoModelForImageTextToText
+
+    from mmcore.megatron.gpt import init_model_parallel
+    from mm_pack_qwen2vl.megatron import load_megatron_model
+
+    dist.init_process_group("gloo")
+    init_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
+    stage, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
+    model = load_megatron_model(model_dir, tp, tp_rank, pp, stage).train()
+    batch, labels = _batch(model_dir)
+
+    def loss_func(logits: Any) -> Any:
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum")
+        return loss, {"loss": loss.detach()}
+
+    def forward_step(data: Any, module: Any) -> Any:
+        return module(**next(data)), loss_func
+
+    model.config.deallocate_pipeline_outputs = False
+    losses = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([batch]), model=[model], num_microbatches=1,
+                                         seq_length=batch["input_ids"].shape[1], micro_batch_size=batch["input_ids"].shape[0], forward_only=False)
+    reference = AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="eager").train()
+    expected, _ = loss_func(reference(**batch).logits)
+    expected.backward()
+    vocab = reference.config.get_text_config().vocab_size
+    per_rank = -(-vocab // tp)  # this rank's vocabulary rows: the vocabulary padded to a multiple of TP, cut in TP parts
+    start, real = tp_rank * per_rank, min(per_rank, vocab - tp_rank * per_rank)
+    pairs = {"embedding": (lambda: model.language_model.embedding.word_embeddings.weight.grad[:real],
+                           lambda: reference.model.language_model.embed_tokens.weight.grad[start:start + real]),
+             "patch_embed": (lambda: model.visual.patch_embed.proj.weight.grad, lambda: reference.model.visual.patch_embed.proj.weight.grad),
+             "final_norm": (lambda: model.language_model.decoder.final_layernorm.weight.grad, lambda: reference.model.language_model.norm.weight.grad)}
+    mine = {name: [float((ours() - theirs()).abs().max()), float(theirs().abs().max())] for name, (ours, theirs) in pairs.items()
+            if (name == "final_norm") == parallel_state.is_pipeline_last_stage()}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"gradients": mine, "loss": float(losses[0]["loss"]) if losses else None})
+    if dist.get_rank() == 0:
+        gradients = {name: max(g["gradients"][name] for g in gathered if name in g["gradients"]) for name in pairs}
+        loss = next(g["loss"] for g in gathered if g["loss"] is not None)
+        out.write_text(json.dumps({"loss": loss, "expected_loss": float(expected), "gradients": gradients}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _batch(model_dir: Path) -> tuple[dict, Any]:  # type: ignore[type-arg]
+    """Two rows with an image each (4 merged vision tokens between vision_start/vision_end), and
+    labels on the text after the image."""
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 380, (2, 20), generator=generator)
+    ids[:, 3], ids[:, 4:8], ids[:, 8] = config.vision_start_token_id, config.image_token_id, config.vision_end_token_id
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])  # 16 patches of 14x14 (x2 frames) each, merged 2x2 into 4 tokens
+    pixels = torch.randn(32, 3 * 2 * 14 * 14, generator=generator)
+    labels = ids.clone()
+    labels[:, :9] = -100
+    return {"input_ids": ids, "mm_token_type_ids": (ids == config.image_token_id).long(), "pixel_values": pixels, "image_grid_thw": grid}, labels
 
 
 def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path | None = None) -> None:
@@ -107,4 +196,7 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
 
 
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4], *(Path(a) for a in sys.argv[4:5]))
+    if sys.argv[3:4] == ["pipeline"]:
+        _pipeline(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        _worker(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4], *(Path(a) for a in sys.argv[4:5]))

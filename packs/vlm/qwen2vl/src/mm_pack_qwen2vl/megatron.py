@@ -85,59 +85,79 @@ def rope_index(config: Any, input_ids: Any, mm_token_type_ids: Any, image_grid_t
 
 
 class MegatronQwen2VL:
-    """Qwen2-VL / Qwen2.5-VL on megatron-core, one tensor-parallel rank of it: the vision tower as
-    transformers has it (replicated on every rank), its features scattered into the decoder's
-    input embeddings at the image/video tokens, the language model a ``GPTModel`` with M-RoPE
-    positions from the model's own rope-index function. ``forward`` returns the logits
-    [B, S, vocab] (the tensor-parallel vocabulary padding stripped)."""
+    """Qwen2-VL / Qwen2.5-VL on megatron-core, one (tensor-parallel rank, pipeline stage) of it:
+    the vision tower as transformers has it (on the first stage, replicated over tensor-parallel
+    ranks), its features scattered into the decoder's input embeddings at the image/video
+    tokens, the language model a ``GPTModel`` with M-RoPE positions from the model's own
+    rope-index function. ``forward`` returns the logits [B, S, vocab] (the tensor-parallel
+    vocabulary padding stripped) on the last stage, the hidden states [S, B, H] it hands on
+    elsewhere; a later stage gets its input through ``set_input_tensor`` (Megatron's schedules)."""
 
-    def __new__(cls, config: Any, tensor_parallel: int) -> Any:
+    def __new__(cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0) -> Any:
         import torch
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
         from mmcore.megatron.gpt import gpt_model
+        from mmcore.parallel_map import even_layers
 
         text = config.get_text_config()
         vision_class = Qwen2_5_VisionTransformerPretrainedModel if config.model_type == "qwen2_5_vl" else Qwen2VisionTransformerPretrainedModel
+        first, last = stage == 0, stage == pipeline_parallel - 1
 
         class Model(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.config = config
-                self.visual = vision_class._from_config(config.vision_config)
-                self.language_model = gpt_model(text, tensor_parallel, tied=config.tie_word_embeddings, mrope_section=text.rope_parameters["mrope_section"])
+                self.hf_config = config
+                if first:
+                    self.visual = vision_class._from_config(config.vision_config)
+                self.language_model = gpt_model(text, tensor_parallel, tied=config.tie_word_embeddings, mrope_section=text.rope_parameters["mrope_section"],
+                                                pipeline_parallel=pipeline_parallel, stage_layers=even_layers(text.num_hidden_layers, pipeline_parallel),
+                                                pre_process=first, post_process=last)
+                # what Megatron's schedules read of a model
+                self.config, self.model_type = self.language_model.config, self.language_model.model_type
+
+            def set_input_tensor(self, tensor: Any) -> None:
+                self.language_model.set_input_tensor(tensor)
 
             def forward(self, input_ids: Any, mm_token_type_ids: Any, pixel_values: Any = None, image_grid_thw: Any = None,
                         pixel_values_videos: Any = None, video_grid_thw: Any = None) -> Any:
                 positions = rope_index(config, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw)
-                embeds = self.language_model.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
-                for pixels, grid, token in ((pixel_values, image_grid_thw, config.image_token_id), (pixel_values_videos, video_grid_thw, config.video_token_id)):
-                    if pixels is not None:
-                        features = self.visual(pixels.to(self.visual.dtype), grid_thw=grid).pooler_output.to(embeds.dtype)
-                        embeds = embeds.masked_scatter((input_ids == token)[..., None].expand_as(embeds), features)
-                logits = self.language_model(input_ids=None, position_ids=positions, attention_mask=None, decoder_input=embeds.transpose(0, 1).contiguous())
-                return logits[..., : text.vocab_size]
+                embeds = None
+                if first:
+                    embeds = self.language_model.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
+                    for pixels, grid, token in ((pixel_values, image_grid_thw, config.image_token_id), (pixel_values_videos, video_grid_thw, config.video_token_id)):
+                        if pixels is not None:
+                            features = self.visual(pixels.to(self.visual.dtype), grid_thw=grid).pooler_output.to(embeds.dtype)
+                            embeds = embeds.masked_scatter((input_ids == token)[..., None].expand_as(embeds), features)
+                    embeds = embeds.transpose(0, 1).contiguous()
+                out = self.language_model(input_ids=None, position_ids=positions, attention_mask=None, decoder_input=embeds)
+                return out[..., : text.vocab_size] if last else out
 
         return Model()
 
 
-def load_megatron_model(model_dir: Path, tensor_parallel: int, rank: int) -> Any:
-    """:class:`MegatronQwen2VL` of a hub checkpoint folder, this tensor-parallel ``rank``'s shard
-    of the language model cut by the table, the vision tower whole."""
+def load_megatron_model(model_dir: Path, tensor_parallel: int, rank: int, pipeline_parallel: int = 1, stage: int = 0) -> Any:
+    """:class:`MegatronQwen2VL` of a hub checkpoint folder: tensor-parallel ``rank``'s shard of
+    pipeline ``stage``, cut by the table (the vision tower whole, on the first stage)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     from mmcore.megatron.gpt import load_rank_state
+    from mmcore.parallel_map import even_layers
 
     config = AutoConfig.from_pretrained(model_dir)
     pmap = parallel_map(config)
     hub: dict[str, Any] = {}
     for path in sorted(model_dir.glob("*.safetensors")):
         hub.update(load_file(path))
-    model = MegatronQwen2VL(config, tensor_parallel)
-    model.visual.load_state_dict({k[len("visual."):]: v for k, v in hub.items() if k.startswith("visual.")}, strict=True)
+    model = MegatronQwen2VL(config, tensor_parallel, pipeline_parallel, stage)
+    if stage == 0:
+        model.visual.load_state_dict({k[len("visual."):]: v for k, v in hub.items() if k.startswith("visual.")}, strict=True)
     language = {k: v for k, v in pmap.to_megatron(hub).items() if k.startswith("text_decoder.")}
     shard = pmap.split_tp(language, tensor_parallel)[rank]
+    if pipeline_parallel > 1:
+        layers = {VISION: [0] * pipeline_parallel, TEXT: even_layers(config.get_text_config().num_hidden_layers, pipeline_parallel)}
+        shard = pmap.split_pp(shard, layers)[stage]
     load_rank_state(model.language_model, shard, prefix="text_decoder.")
     return model.eval()
