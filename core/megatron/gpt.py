@@ -74,12 +74,29 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
         persist_layer_norm=False, gradient_accumulation_fusion=False,
         use_cpu_initialization=True, perform_initialization=False,
     )
-    return GPTModel(
+    model = GPTModel(
         config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
         position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
         share_embeddings_and_output_weights=tied, parallel_output=False, pre_process=pre_process, post_process=post_process,
     )
+    mark_parallel_weights(model)
+    return model
+
+
+def mark_parallel_weights(model: Any) -> None:
+    """Mark each tensor-parallel weight as Megatron's initialisers would have (``tensor_model_parallel``,
+    its partition dim). Without initialisation (``perform_initialization=False``: the weights are
+    loaded) megatron-core 0.16 leaves them unmarked, and whatever tells shards from replicas
+    (gradient norms, Megatron's optimizer) would take a shard for a replica."""
+    from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                                      set_tensor_model_parallel_attributes)
+
+    for module in model.modules():
+        dim = 0 if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)) else 1 if isinstance(module, RowParallelLinear) else None
+        weight = getattr(module, "weight", None)
+        if dim is not None and weight is not None and not getattr(weight, "tensor_model_parallel", False):
+            set_tensor_model_parallel_attributes(weight, True, dim, 1)
 
 
 def _stage_counts(stage_layers: Sequence[int] | None, stages: int) -> dict[str, int]:

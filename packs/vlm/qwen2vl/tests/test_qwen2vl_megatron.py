@@ -65,7 +65,8 @@ def test_a_megatron_checkpoint_saved_at_one_tp_size_loads_at_another(saved_at: i
 
 @needs_megatron
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp", [(1, 2), pytest.param(2, 2, marks=pytest.mark.matrix)])  # TP x PP: 4 processes, in make test-matrix
+@pytest.mark.matrix  # make test runs the pipeline through ten training steps (test_training_steps_follow_transformers); this names the gradients
+@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)])
 def test_the_pipeline_schedule_gives_transformers_loss_and_gradients(tp: int, pp: int, tmp_path: Path) -> None:
     """The vision tower and first layers on stage 0, the rest and the output layer on stage 1,
     run through Megatron's 1F1B schedule (forward and backward, one micro-batch): the summed
@@ -134,14 +135,99 @@ def _pipeline(model_dir: Path, out: Path, tp: int, pp: int) -> None:
     dist.destroy_process_group()
 
 
-def _batch(model_dir: Path) -> tuple[dict, Any]:  # type: ignore[type-arg]
+@needs_megatron
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,pp,dp", [(2, 1, 1), (1, 2, 1), pytest.param(1, 1, 2, marks=pytest.mark.matrix), pytest.param(2, 1, 2, marks=pytest.mark.matrix)])
+def test_training_steps_follow_transformers(tp: int, pp: int, dp: int, tmp_path: Path) -> None:
+    """Ten AdamW steps with clipping (max norm 1.0, which the first steps hit) on two batches of
+    two image rows each: the loss at every step equals that of the transformers model trained
+    the plain single-process way, at TP=2, PP=2 (and DP=2, TP=2 x DP=2 in the matrix)."""
+    from mm_pack_qwen2vl.tiny import build_init_checkpoint
+
+    build_init_checkpoint("tiny", tmp_path / "model", seed=0)
+    out = tmp_path / "train.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp * dp), __file__,
+                           str(tmp_path / "model"), str(out), "train", str(tp), str(pp)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    ours, theirs = result["losses"], result["expected"]
+    assert len(ours) == len(theirs) == 10 and theirs[-1] < 0.9 * theirs[0], result  # it learns
+    assert result["clipped_steps"] >= 1, result
+    for step, (a, b) in enumerate(zip(ours, theirs), start=1):
+        assert abs(a - b) <= 1e-5 * abs(b), (step, a, b)
+
+
+def _train(model_dir: Path, out: Path, tp: int, pp: int) -> None:
+    """Ten steps on Megatron (this rank's share) and, on rank 0, ten on transformers."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from transformers import AutoModelForImageTextToText
+
+    from mmcore.megatron.gpt import init_model_parallel
+    from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients
+    from mm_pack_qwen2vl.megatron import load_megatron_model
+
+    dist.init_process_group("gloo")
+    init_model_parallel(tensor_parallel=tp, pipeline_parallel=pp)
+    stage, tp_rank = parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()
+    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    model = load_megatron_model(model_dir, tp, tp_rank, pp, stage).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=False)
+    steps = [_batch(model_dir, seed) for seed in (0, 1)] * 5
+
+    def loss_sum(logits: Any, batch: dict) -> Any:  # type: ignore[type-arg]
+        labels = batch["labels"]
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum")
+
+    losses, clipped = [], 0
+    for batch, labels in steps:
+        tokens = float((labels[:, 1:] != -100).sum())
+        mine = _rows(batch, labels, dp_rank, dp)
+        loss = forward_backward(model, [mine], loss_sum, tokens)
+        reduce_gradients(params)
+        clipped += clip_gradients(params, 1.0) > 1.0
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        summed = torch.tensor([loss])
+        dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
+        losses.append(float(summed) / tokens)
+    if dist.get_rank() == 0:
+        reference = AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="eager").train()
+        ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
+        expected = []
+        for batch, labels in steps:
+            tokens = float((labels[:, 1:] != -100).sum())
+            summed = loss_sum(reference(**batch).logits, {"labels": labels})
+            (summed / tokens).backward()
+            torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0, foreach=False)
+            ref_optimizer.step()
+            ref_optimizer.zero_grad(set_to_none=True)
+            expected.append(float(summed) / tokens)
+        out.write_text(json.dumps({"losses": losses, "expected": expected, "clipped_steps": int(clipped)}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _rows(batch: dict, labels: Any, rank: int, ranks: int) -> dict:  # type: ignore[type-arg]
+    """This data-parallel rank's rows of a batch (each row has one image of 16 patches)."""
+    rows = list(range(rank, batch["input_ids"].shape[0], ranks))
+    patches = [slice(16 * r, 16 * (r + 1)) for r in rows]
+    import torch
+
+    return {"input_ids": batch["input_ids"][rows], "mm_token_type_ids": batch["mm_token_type_ids"][rows],
+            "pixel_values": torch.cat([batch["pixel_values"][p] for p in patches]), "image_grid_thw": batch["image_grid_thw"][rows], "labels": labels[rows]}
+
+
+def _batch(model_dir: Path, seed: int = 0) -> tuple[dict, Any]:  # type: ignore[type-arg]
     """Two rows with an image each (4 merged vision tokens between vision_start/vision_end), and
     labels on the text after the image."""
     import torch
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_dir)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 380, (2, 20), generator=generator)
     ids[:, 3], ids[:, 4:8], ids[:, 8] = config.vision_start_token_id, config.image_token_id, config.vision_end_token_id
     grid = torch.tensor([[1, 4, 4], [1, 4, 4]])  # 16 patches of 14x14 (x2 frames) each, merged 2x2 into 4 tokens
@@ -198,5 +284,7 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
 if __name__ == "__main__":
     if sys.argv[3:4] == ["pipeline"]:
         _pipeline(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5]))
+    elif sys.argv[3:4] == ["train"]:
+        _train(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5]))
     else:
         _worker(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4], *(Path(a) for a in sys.argv[4:5]))
