@@ -1,11 +1,13 @@
-"""megatron-core's distributed checkpoint (``dist_checkpointing``) of a model: saved at one
-tensor-parallel size, loaded at another (each tensor's global shape and its shard's offsets are
-in the checkpoint, so it reshards at load; MindSpeed-MM's "TP at convert must match training"
-does not apply).
+"""megatron-core's distributed checkpoint (``dist_checkpointing``) of a model and its optimizer:
+saved at one tensor-/pipeline-parallel layout, loaded at another (each tensor's global shape and
+its shard's offsets are in the checkpoint, so it reshards at load; MindSpeed-MM's "TP/PP at
+convert must match training" does not apply).
 
 A model here is a module whose megatron-core children (``GPTModel``) say how they are sharded
 (``sharded_state_dict``) and whose other children (a transformers vision tower) are replicated
-on every rank.
+on every rank. The optimizer is a torch optimizer over the model's parameters (AdamW): each
+state tensor is sharded as its parameter is; the step count, the same for every parameter, is
+kept once.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+#: optimizer state entries that are not shaped like their parameter (AdamW's step count)
+SCALAR_STATE = ("step",)
+
 
 def sharded_state(model: Any) -> dict[str, Any]:
     """The model's ``dist_checkpointing`` state: megatron-core children by their own sharding,
-    every other child's tensors as replicated."""
+    every other child's tensors as replicated (the parameters themselves, so that an
+    optimizer's state can be matched to them)."""
     from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
     state: dict[str, Any] = {}
@@ -24,24 +30,56 @@ def sharded_state(model: Any) -> dict[str, Any]:
         if hasattr(child, "sharded_state_dict"):
             state.update(child.sharded_state_dict(prefix=f"{name}."))
         else:
-            state.update(make_sharded_tensors_for_checkpoint(child.state_dict(), f"{name}."))
+            state.update(make_sharded_tensors_for_checkpoint(child.state_dict(keep_vars=True), f"{name}."))
     return state
 
 
-def save(model: Any, folder: Path) -> None:
-    """Every rank calls it: each writes its shards once (replicas are written by one of them)."""
+def _optimizer_state(model_state: dict[str, Any], optimizer: Any) -> dict[str, Any]:
+    """The optimizer's state, each tensor sharded as its parameter, the step count apart."""
+    from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map, optim_state_to_sharding_state
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = optimizer.state_dict()
+    steps = {float(s["step"]) for s in state["state"].values() if "step" in s}
+    optim_state_to_sharding_state(state, get_param_id_to_sharded_param_map(model_state, params), exclude_keys=SCALAR_STATE)
+    return {"optimizer": state, "optimizer_step": steps.pop() if steps else 0.0}
+
+
+def save(model: Any, folder: Path, optimizer: Any = None, common: dict[str, Any] | None = None) -> None:
+    """Every rank calls it: each writes its shards once (replicas are written by one of them).
+    ``common``: small objects every rank holds alike (the data position, the scheduler)."""
     from megatron.core import dist_checkpointing
 
+    state = sharded_state(model)
+    everything: dict[str, Any] = {"model": state, "common": common or {}}
+    if optimizer is not None:
+        everything.update(_optimizer_state(state, optimizer))
     folder.mkdir(parents=True, exist_ok=True)
-    dist_checkpointing.save(sharded_state(model), str(folder))
+    dist_checkpointing.save(everything, str(folder))
 
 
-def load(model: Any, folder: Path) -> None:
-    """Every rank calls it: fills ``model`` (built at any tensor-parallel size) from the
-    checkpoint, every tensor the model has."""
+def load(model: Any, folder: Path, optimizer: Any = None) -> dict[str, Any]:
+    """Every rank calls it: fills ``model`` (built at any layout) and ``optimizer`` (over its
+    parameters) from the checkpoint; returns the saved ``common`` objects."""
+    import torch
     from megatron.core import dist_checkpointing
 
-    model.load_state_dict(dist_checkpointing.load(sharded_state(model), str(folder)), strict=True)
+    state = sharded_state(model)
+    wanted: dict[str, Any] = {"model": state, "common": {}}
+    if optimizer is not None:
+        for group in optimizer.param_groups:  # state tensors to load into, shaped as the parameters
+            for parameter in group["params"]:
+                optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(parameter), "exp_avg_sq": torch.zeros_like(parameter)}
+        wanted.update(_optimizer_state(state, optimizer))
+    loaded = dist_checkpointing.load(wanted, str(folder))
+    model.load_state_dict(loaded["model"], strict=True)
+    if optimizer is not None:
+        optimizer_state = loaded["optimizer"]
+        for entry in optimizer_state["state"].values():
+            entry["step"] = torch.tensor(float(loaded["optimizer_step"]))
+        optimizer_state["param_groups"] = [{**group, "params": own["params"]} for group, own in zip(optimizer_state["param_groups"], optimizer.state_dict()["param_groups"])]
+        optimizer.load_state_dict(optimizer_state)
+    return dict(loaded.get("common", {}))
 
 
-__all__ = ["sharded_state", "save", "load"]
+__all__ = ["sharded_state", "save", "load", "SCALAR_STATE"]
