@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.testing import diffusion_demo_holds
+from mmcore.testing import cache_matches_on_the_fly, diffusion_demo_holds, two_processes_match_one
 from mmcore.testing.conformance import PackConformance
 
 
@@ -58,3 +58,20 @@ def test_v15_demo_learns_and_the_export_generates(mmcore_cli, tmp_path: Path) ->
     pipe = HunyuanVideo15Pipeline.from_pretrained(run / "export/pipeline")
     video = pipe("a red square moves right", height=32, width=32, num_frames=9, num_inference_steps=2, output_type="np").frames[0]
     assert video.shape == (9, 32, 32, 3) and np.isfinite(video).all()
+
+
+V15_TINY = ["--pack", "hunyuanvideo1.5", "--preset", "tiny"]
+
+
+@pytest.mark.compares_runs
+def test_v15_training_from_the_cache_equals_encoding_on_the_fly(mmcore_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """1.5's own encoders (Qwen2.5-VL and ByT5 states, masks and their layout in one cached
+    tensor) give the same losses cached as encoded during training."""
+    cache_matches_on_the_fly(mmcore_cli, tmp_path, [*V15_TINY, "data.demo_samples=8", "data.eval_fraction=0.25"])
+
+
+@pytest.mark.slow
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # hunyuanvideo (1.0)'s and wan's run the same kit path
+def test_v15_two_process_fsdp2_matches_one_process(mmcore_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    two_processes_match_one(mmcore_cli, tmp_path, [*V15_TINY, "data.demo_samples=8", "training.caption_dropout=0.5"])
