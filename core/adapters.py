@@ -69,6 +69,10 @@ class RenameAdapter(StateDictAdapter):
         """The name a hub tensor gets after conversion in and back out (None: left out)."""
         return None if self._ignored(hub_key) else self._rename(self._rename(hub_key, True), False)
 
+    def model_name(self, hub_key: str) -> str:
+        """The in-memory model's name of a hub tensor (where a PEFT adapter addresses it)."""
+        return self._rename(hub_key, True)
+
     def _rename(self, key: str, forward: bool) -> str:
         for hf_pat, mm_rep, mm_pat, hf_rep in self.rules:
             pattern, replacement = (hf_pat, mm_rep) if forward else (mm_pat, hf_rep)

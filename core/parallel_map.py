@@ -203,7 +203,12 @@ class ParallelMap:
             raise StageError(f"Megatron tensor {unknown[0]} has no HF counterpart in the table" + (f" (+{len(unknown) - 1} more)" if len(unknown) > 1 else ""))
         return out
 
-    def _rule_of(self, name: str) -> Rule:
+    def layer_of(self, rule: Rule, name: str) -> str | None:
+        """The layer index (``{n}``) in ``name``, a tensor of ``rule`` (None: not a layer's)."""
+        match = self._pattern(rule.megatron).match(name)
+        return match.group(1) if match and "{n}" in rule.megatron else None
+
+    def rule_of(self, name: str) -> Rule:
         for rule in self.rules:
             if self._pattern(rule.megatron).match(name):
                 return rule
@@ -213,7 +218,7 @@ class ParallelMap:
         """The ``tp`` tensor-parallel ranks' states of a whole Megatron state."""
         ranks: list[State] = [{} for _ in range(tp)]
         for name, tensor in megatron.items():
-            for rank, shard in zip(ranks, self._rule_of(name).split(tensor, tp)):
+            for rank, shard in zip(ranks, self.rule_of(name).split(tensor, tp)):
                 rank[name] = shard
         return ranks
 
@@ -224,7 +229,7 @@ class ParallelMap:
             if set(state) != set(names):
                 odd = sorted(set(state) ^ set(names))[0]
                 raise StageError(f"tensor-parallel rank {rank} and rank 0 hold different tensors ({odd})")
-        return {name: self._rule_of(name).merge([state[name] for state in ranks]) for name in names}
+        return {name: self.rule_of(name).merge([state[name] for state in ranks]) for name in names}
 
     # -- pipeline stages ---------------------------------------------------------------------
 

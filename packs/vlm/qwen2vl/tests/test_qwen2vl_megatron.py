@@ -183,6 +183,71 @@ def test_saved_at_tp2_resumes_at_pp2_to_the_same_losses(tmp_path: Path) -> None:
         assert abs(a - b) <= 1e-5 * abs(b), (step, a, b)
 
 
+@needs_megatron
+@pytest.mark.slow
+def test_lora_on_the_parallel_layers_exports_what_peft_loads(tmp_path: Path) -> None:
+    """LoRA (r=4) on every linear of the language model at TP=2, its B given random values (as
+    after training): the adapter merged from both ranks and written in PEFT's format loads with
+    PeftModel.from_pretrained on the transformers model, and the logits equal Megatron's to 1e-5."""
+    from mm_pack_qwen2vl.tiny import build_init_checkpoint
+
+    build_init_checkpoint("tiny", tmp_path / "model", seed=0)
+    out = tmp_path / "lora.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
+                           str(tmp_path / "model"), str(out), "lora", str(tmp_path / "adapter")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["adapter_tensors"] == 2 * 7 * 2, result  # 2 layers x (q, k, v, o, gate, up, down) x (A, B)
+    assert result["lora_effect"] > 1e-3, result  # the adapters change the logits ...
+    assert result["max_abs_diff"] <= 1e-5, result  # ... and peft reproduces the change
+
+
+def _lora(model_dir: Path, out: Path, adapter: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from mmcore.megatron.gpt import init_model_parallel
+    from mmcore.megatron.lora import add_adapters, adapter_shards, peft_state, write_peft
+    from mm_pack_qwen2vl.adapter import ADAPTER
+    from mm_pack_qwen2vl.megatron import load_megatron_model, of_checkpoint
+
+    dist.init_process_group("gloo")
+    init_model_parallel(tensor_parallel=2)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    model = load_megatron_model(model_dir, 2, tp_rank)
+    batch, _ = _batch(model_dir)
+    with torch.no_grad():
+        before = model(**batch)
+    add_adapters(model.language_model, r=4, alpha=8)
+    torch.manual_seed(100 + tp_rank)  # B differs per rank where it is a shard; replicated B must agree, so broadcast them
+    for module in model.language_model.modules():
+        if hasattr(module, "lora_B"):
+            with torch.no_grad():
+                module.lora_B.normal_(0, 0.05)
+                if not module.column:
+                    dist.broadcast(module.lora_B, src=0)
+                else:
+                    dist.broadcast(module.lora_A, src=0)
+    with torch.no_grad():
+        ours = model(**batch)
+    shards: list[Any] = [None, None]
+    dist.all_gather_object(shards, adapter_shards(model.language_model, prefix="text_decoder."))
+    if dist.get_rank() == 0:
+        tensors = peft_state(of_checkpoint(model_dir), shards, ADAPTER.model_name)
+        write_peft(adapter, tensors, r=4, alpha=8, base_model=model_dir)
+        base = AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="eager").eval()
+        loaded = PeftModel.from_pretrained(base, str(adapter)).eval()
+        with torch.no_grad():
+            theirs = loaded(**batch).logits
+        out.write_text(json.dumps({"adapter_tensors": len(tensors), "max_abs_diff": float((ours - theirs).abs().max()),
+                                   "lora_effect": float((ours - before).abs().max())}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _train(model_dir: Path, out: Path, tp: int, pp: int, *options: str) -> None:
     """Ten steps on Megatron (this rank's share) and, on rank 0, ten on transformers. Options:
     ``--stop N`` (train steps 1..N), ``--save DIR`` (then save there), ``--resume DIR`` (load
@@ -319,6 +384,8 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
 if __name__ == "__main__":
     if sys.argv[3:4] == ["pipeline"]:
         _pipeline(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5]))
+    elif sys.argv[3:4] == ["lora"]:
+        _lora(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[4]))
     elif sys.argv[3:4] == ["train"]:
         _train(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5]), *sys.argv[6:])
     else:

@@ -1,0 +1,111 @@
+"""LoRA on megatron-core's parallel linears, exported in the PEFT format transformers' models load.
+
+peft's own Megatron path is broken in 0.21 (FACTS: it reads a ``fan_in_fan_out`` key the parallel
+layers lack and scales the ``(output, bias)`` tuple they return), so this is a small own layer:
+``out = base(x) + alpha / r * B(A(x))``, split as its base is.
+
+* Column-parallel base (q/k/v, gate/up): ``A`` [r, in] whole on every rank, ``B`` [out / TP, r]
+  cut as the base's rows; ``A x`` passes Megatron's copy-to-TP region, so the gradient reaching
+  ``A`` is summed over the ranks' ``B`` shards and ``A`` stays the same everywhere.
+* Row-parallel base (o_proj, down_proj): ``A`` [r, in / TP] cut as the base's columns, its
+  partial products summed over the ranks (reduce-from-TP region), ``B`` [out, r] whole.
+
+Export: shards merged by the family's table as their base weights are, then split to HF's
+modules (a fused q/k/v's ``B`` per query group into q, k and v, each with the same ``A``), under
+PEFT's names (``base_model.model.<module>.lora_A.weight``) with an ``adapter_config.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from mmcore.errors import StageError
+
+#: the Megatron linears that get adapters by default: every linear of the language model's layers
+DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+class ParallelLoRA(torch.nn.Module):
+    """A parallel linear with a low-rank adapter beside it (the module docstring says how it splits)."""
+
+    def __init__(self, base: Any, r: int, alpha: float) -> None:
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, set_tensor_model_parallel_attributes
+
+        super().__init__()
+        self.base, self.r, self.scaling = base, r, alpha / r
+        self.column = isinstance(base, ColumnParallelLinear)
+        if not self.column and not isinstance(base, RowParallelLinear):
+            raise StageError(f"LoRA on megatron-core: {type(base).__name__} is neither a column- nor a row-parallel linear")
+        weight = base.weight
+        self.lora_A = torch.nn.Parameter(torch.empty(r, weight.shape[1], dtype=weight.dtype))
+        self.lora_B = torch.nn.Parameter(torch.zeros(weight.shape[0] if self.column else base.output_size, r, dtype=weight.dtype))
+        torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's and peft's default
+        set_tensor_model_parallel_attributes(self.lora_B if self.column else self.lora_A, True, 0 if self.column else 1, 1)
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
+
+        out, bias = self.base(x, *args, **kwargs)
+        low = torch.nn.functional.linear(x, self.lora_A)
+        low = copy_to_tensor_model_parallel_region(low) if self.column else reduce_from_tensor_model_parallel_region(low)
+        return out + self.scaling * torch.nn.functional.linear(low, self.lora_B), bias
+
+
+def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS) -> list[str]:
+    """Put a :class:`ParallelLoRA` on every parallel linear named in ``targets``, freeze every
+    other parameter; returns the wrapped modules' names."""
+    wrapped = []
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name in targets and not isinstance(child, ParallelLoRA) and hasattr(child, "weight"):
+                setattr(module, child_name, ParallelLoRA(child, r, alpha))
+                wrapped.append(f"{name}.{child_name}" if name else child_name)
+    if not wrapped:
+        raise StageError(f"LoRA on megatron-core: no parallel linear named {', '.join(targets)}")
+    for parameter_name, parameter in model.named_parameters():
+        parameter.requires_grad_(".lora_A" in parameter_name or ".lora_B" in parameter_name)
+    return wrapped
+
+
+def adapter_shards(model: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """This rank's adapters: the base weight's Megatron name (under ``prefix``) -> (A, B)."""
+    return {f"{prefix}{name}.weight": (module.lora_A.detach(), module.lora_B.detach())
+            for name, module in model.named_modules() if isinstance(module, ParallelLoRA)}
+
+
+def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_module: Callable[[str], str]) -> dict[str, Any]:
+    """PEFT's tensors of the adapters of every tensor-parallel rank (``ranks``: each rank's
+    :func:`adapter_shards`, under the table's Megatron names): the shards merged as their base
+    weight is, a fused base's ``B`` split into the HF modules' (``A`` shared by them).
+    ``hf_module``: a hub weight name -> the module path in the transformers model."""
+    out: dict[str, Any] = {}
+    for name in ranks[0]:
+        rule = pmap.rule_of(name)
+        a_shards, b_shards = [rank[name][0] for rank in ranks], [rank[name][1] for rank in ranks]
+        column = rule.kind != "row"
+        a = a_shards[0] if column else torch.cat(a_shards, dim=1)
+        b = rule.merge(b_shards) if column else b_shards[0]
+        index = pmap.layer_of(rule, name)
+        for hf_name, b_part in zip(rule.hf, rule.unfuse(b) if column else [b]):
+            module = hf_module(hf_name.format(n=index) if index is not None else hf_name).removesuffix(".weight")
+            out[f"base_model.model.{module}.lora_A.weight"] = a.clone()  # each module its own copy (safetensors stores no shared memory)
+            out[f"base_model.model.{module}.lora_B.weight"] = b_part.contiguous()
+    return out
+
+
+def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, base_model: Path) -> None:
+    """``adapter_model.safetensors`` and ``adapter_config.json`` as peft saves them."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(dict(tensors), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    modules = sorted({key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for key in tensors})
+    LoraConfig(r=r, lora_alpha=alpha, target_modules=modules, base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
+
+
+__all__ = ["DEFAULT_TARGETS", "ParallelLoRA", "add_adapters", "adapter_shards", "peft_state", "write_peft"]
