@@ -42,7 +42,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.megatron.gpt": frozenset({"init_model_parallel", "padded_vocab", "gpt_model", "load_rank_state", "mark_parallel_weights"}),
     "mmcore.megatron.train": frozenset({"forward_backward", "reduce_gradients", "grad_norm", "clip_gradients"}),
     "mmcore.megatron.checkpoint": frozenset({"sharded_state", "save", "load"}),
-    "mmcore.megatron.lora": frozenset({"DEFAULT_TARGETS", "ParallelLoRA", "add_adapters", "adapter_shards", "peft_state", "write_peft"}),
+    "mmcore.megatron.lora": frozenset({"DEFAULT_TARGETS", "parallel_lora", "add_adapters", "adapter_shards", "peft_state", "write_peft"}),
     "mmcore.preference": frozenset({"Pair", "read_pairs", "sequence_logps", "dpo_terms", "reward_sums", "ReferenceLogps", "reference_mode"}),
     "mmcore.lora": frozenset({"LoraPlan", "with_adapters", "load_adapter_folder", "is_adapter_folder", "merged_state", "write_peft_adapter", "diffusers_lora_state", "is_adapter"}),
     # engines: the stages a pack binds to its parts

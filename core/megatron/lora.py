@@ -17,11 +17,10 @@ PEFT's names (``base_model.model.<module>.lora_A.weight``) with an ``adapter_con
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
-
-import torch
 
 from mmcore.errors import StageError
 
@@ -29,40 +28,50 @@ from mmcore.errors import StageError
 DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
-class ParallelLoRA(torch.nn.Module):
+def parallel_lora(base: Any, r: int, alpha: float) -> Any:
     """A parallel linear with a low-rank adapter beside it (the module docstring says how it splits)."""
+    return _lora_class()(base, r, alpha)
 
-    def __init__(self, base: Any, r: int, alpha: float) -> None:
-        from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, set_tensor_model_parallel_attributes
 
-        super().__init__()
-        self.base, self.r, self.scaling = base, r, alpha / r
-        self.column = isinstance(base, ColumnParallelLinear)
-        if not self.column and not isinstance(base, RowParallelLinear):
-            raise StageError(f"LoRA on megatron-core: {type(base).__name__} is neither a column- nor a row-parallel linear")
-        weight = base.weight
-        self.lora_A = torch.nn.Parameter(torch.empty(r, weight.shape[1], dtype=weight.dtype))
-        self.lora_B = torch.nn.Parameter(torch.zeros(weight.shape[0] if self.column else base.output_size, r, dtype=weight.dtype))
-        torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's and peft's default
-        set_tensor_model_parallel_attributes(self.lora_B if self.column else self.lora_A, True, 0 if self.column else 1, 1)
+@functools.cache
+def _lora_class() -> type:
+    """The adapter module's class, made on first use (importing this module needs no torch)."""
+    import torch
 
-    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
+    class ParallelLoRA(torch.nn.Module):
+        def __init__(self, base: Any, r: int, alpha: float) -> None:
+            from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, set_tensor_model_parallel_attributes
 
-        out, bias = self.base(x, *args, **kwargs)
-        low = torch.nn.functional.linear(x, self.lora_A)
-        low = copy_to_tensor_model_parallel_region(low) if self.column else reduce_from_tensor_model_parallel_region(low)
-        return out + self.scaling * torch.nn.functional.linear(low, self.lora_B), bias
+            super().__init__()
+            self.base, self.r, self.scaling = base, r, alpha / r
+            self.column = isinstance(base, ColumnParallelLinear)
+            if not self.column and not isinstance(base, RowParallelLinear):
+                raise StageError(f"LoRA on megatron-core: {type(base).__name__} is neither a column- nor a row-parallel linear")
+            weight = base.weight
+            self.lora_A = torch.nn.Parameter(torch.empty(r, weight.shape[1], dtype=weight.dtype))
+            self.lora_B = torch.nn.Parameter(torch.zeros(weight.shape[0] if self.column else base.output_size, r, dtype=weight.dtype))
+            torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's and peft's default
+            set_tensor_model_parallel_attributes(self.lora_B if self.column else self.lora_A, True, 0 if self.column else 1, 1)
+
+        def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+            from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
+
+            out, bias = self.base(x, *args, **kwargs)
+            low = torch.nn.functional.linear(x, self.lora_A)
+            low = copy_to_tensor_model_parallel_region(low) if self.column else reduce_from_tensor_model_parallel_region(low)
+            return out + self.scaling * torch.nn.functional.linear(low, self.lora_B), bias
+
+    return ParallelLoRA
 
 
 def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS) -> list[str]:
-    """Put a :class:`ParallelLoRA` on every parallel linear named in ``targets``, freeze every
+    """Put a :func:`parallel_lora` on every parallel linear named in ``targets``, freeze every
     other parameter; returns the wrapped modules' names."""
     wrapped = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
-            if child_name in targets and not isinstance(child, ParallelLoRA) and hasattr(child, "weight"):
-                setattr(module, child_name, ParallelLoRA(child, r, alpha))
+            if child_name in targets and not isinstance(child, _lora_class()) and hasattr(child, "weight"):
+                setattr(module, child_name, parallel_lora(child, r, alpha))
                 wrapped.append(f"{name}.{child_name}" if name else child_name)
     if not wrapped:
         raise StageError(f"LoRA on megatron-core: no parallel linear named {', '.join(targets)}")
@@ -74,7 +83,7 @@ def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFA
 def adapter_shards(model: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     """This rank's adapters: the base weight's Megatron name (under ``prefix``) -> (A, B)."""
     return {f"{prefix}{name}.weight": (module.lora_A.detach(), module.lora_B.detach())
-            for name, module in model.named_modules() if isinstance(module, ParallelLoRA)}
+            for name, module in model.named_modules() if isinstance(module, _lora_class())}
 
 
 def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_module: Callable[[str], str]) -> dict[str, Any]:
@@ -82,6 +91,8 @@ def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_mod
     :func:`adapter_shards`, under the table's Megatron names): the shards merged as their base
     weight is, a fused base's ``B`` split into the HF modules' (``A`` shared by them).
     ``hf_module``: a hub weight name -> the module path in the transformers model."""
+    import torch
+
     out: dict[str, Any] = {}
     for name in ranks[0]:
         rule = pmap.rule_of(name)
@@ -108,4 +119,4 @@ def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, b
     LoraConfig(r=r, lora_alpha=alpha, target_modules=modules, base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
 
 
-__all__ = ["DEFAULT_TARGETS", "ParallelLoRA", "add_adapters", "adapter_shards", "peft_state", "write_peft"]
+__all__ = ["DEFAULT_TARGETS", "parallel_lora", "add_adapters", "adapter_shards", "peft_state", "write_peft"]
