@@ -168,14 +168,15 @@ class ParallelMap:
         out: State = {}
         used: set[str] = set()
         for rule in self.rules:
-            for n in self._instances(hf.keys(), rule.hf[0]):
+            instances = self._instances(hf.keys(), rule.hf[0])
+            for n in instances:
                 names = [h.format(n=n) for h in rule.hf] if n is not None else list(rule.hf)
                 missing = [name for name in names if name not in hf]
                 if missing:
                     raise StageError(f"checkpoint tensor {missing[0]} is missing (it is fused into {rule.megatron.format(n=n)})")
                 out[rule.megatron.format(n=n) if n is not None else rule.megatron] = rule.fuse([hf[name] for name in names])
                 used.update(names)
-            if not self._instances(hf.keys(), rule.hf[0]) and not rule.optional and "{n}" not in rule.hf[0]:
+            if not instances and not rule.optional and "{n}" not in rule.hf[0]:
                 raise StageError(f"checkpoint tensor {rule.hf[0]} is missing")
         unknown = sorted(set(hf) - used)
         if unknown:

@@ -366,8 +366,10 @@ class VLMFamily:
 
             if self.parallel_map is None:
                 raise StageError(f"export.format=mindspeed-mm: the {ctx.pack} pack has no Megatron table")
-            more = export_mindspeed(ctx, ctx.stage_dir / done.outputs["model"], self.parallel_map)
-            outputs.update(more[0]), metrics.update(more[1]), notes.extend(more[2])
+            more_outputs, more_metrics, more_notes = export_mindspeed(ctx, ctx.stage_dir / done.outputs["model"], self.parallel_map)
+            outputs.update(more_outputs)
+            metrics.update(more_metrics)
+            notes.extend(more_notes)
         return StageResult(outputs=outputs, metrics=metrics, notes=notes)
 
     # -- generation: infer and evaluate -------------------------------------------------------
