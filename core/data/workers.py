@@ -10,9 +10,14 @@ the bad-sample report, the shard writer, the progress bar.
 from __future__ import annotations
 
 import pickle
+from collections import deque
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from mmcore.errors import StageError
+
 T = TypeVar("T")
+_CHUNK = 4  # items per task: one pipe round trip per few samples
+_WINDOW = 4  # tasks in flight per worker
 
 # Set in the parent just before the pool forks; each worker inherits it (nothing is pickled
 # but the items and the results).
@@ -33,6 +38,10 @@ def _start_worker() -> None:
     import torch
 
     torch.set_num_threads(1)  # the workers are the parallelism
+
+
+def _encode_chunk(chunk: list[Any]) -> list[bytes]:
+    return [_encode(item) for item in chunk]
 
 
 def _encode(item: Any) -> bytes:
@@ -71,16 +80,41 @@ def map_in_order(fn: Callable[[T], Any], items: Iterable[T], num_workers: int, *
                 yield item, Failed(str(exc))
         return
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     items = list(items)
+    chunks = [items[start:start + _CHUNK] for start in range(0, len(items), _CHUNK)]
     _TASK = (fn, errors, passes)
+    # Not multiprocessing.Pool: its terminate() (what leaving it on an error does) can deadlock
+    # on a lock a worker held when it was killed (CPython gh-96995; CI hung on it), and a worker
+    # that dies makes imap wait forever. The executor lets running chunks finish, cancels the
+    # rest, and turns a dead worker into BrokenProcessPool. The workers fork on the first submit,
+    # after _TASK is set.
+    executor = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker)
     try:
-        with multiprocessing.get_context("fork").Pool(num_workers, initializer=_start_worker) as pool:
-            for item, result in zip(items, pool.imap(_encode, items, chunksize=4)):
-                # bytes this process's own forked worker pickled, read from the pool's pipe (which
-                # unpickles every result anyway); nothing from a file or another machine
+        in_flight: deque[Any] = deque()
+        submitted = 0
+        for first in range(0, len(items), _CHUNK):
+            try:
+                # a bounded window: results wait here only as long as the writer is behind by it
+                while submitted < len(chunks) and len(in_flight) < _WINDOW * num_workers:
+                    in_flight.append(executor.submit(_encode_chunk, chunks[submitted]))
+                    submitted += 1
+                results = in_flight.popleft().result()
+            except BrokenProcessPool:
+                raise StageError(
+                    # the first unfinished chunk: at or before the one whose worker died
+                    f"a data.num_workers process died while encoding the file's samples from #{first + 1} on "
+                    "(killed for memory, or a crash in a media decoder)",
+                    hint="rerun preprocess with data.num_workers=0 to see which sample",
+                ) from None
+            for item, result in zip(items[first:first + _CHUNK], results):
+                # bytes this process's own forked worker pickled, read from the executor's pipe
+                # (which unpickles every result anyway); nothing from a file or another machine
                 yield item, pickle.loads(result)
     finally:
+        executor.shutdown(wait=True, cancel_futures=True)
         _TASK = None
 
 
