@@ -1,7 +1,7 @@
 """Starting a stage on several processes through torchrun, from the same command line.
 
 The parent (the user's ``mmcore`` command) prepares the stage, then runs
-``python -m torch.distributed.run <torchrun options> -m mmcore.worker <stage options>``.
+``python -m mmcore.torchrun <torchrun options> -m mmcore.worker <stage options>`` (torchrun, quiet when a worker fails).
 Every worker reads the run directory's ``config.yaml``: only paths cross the boundary.
 """
 
@@ -54,9 +54,10 @@ def torchrun_args(parallel: ParallelSection) -> list[str]:
 
 def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) -> None:
     """Run ``mmcore.worker`` under torchrun and wait; Ctrl-C stops every worker."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(parallel), "-m", "mmcore.worker", *worker_args]
+    cmd = [sys.executable, "-m", "mmcore.torchrun", *torchrun_args(parallel), "-m", "mmcore.worker", *worker_args]
     env = dict(os.environ, **{WORKER_ENV: "1"})
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets where it is unset, without its banner saying so
     if parallel.nnodes > 1:
         from mmcore.console import say
 
