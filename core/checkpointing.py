@@ -16,7 +16,7 @@ import shutil
 import socket
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from mmcore.faults import crash_point
 from mmcore.io import atomic_write_json, fsync_dir
@@ -121,21 +121,40 @@ def _point_latest(root: Path, target: Path) -> None:
 
 def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,
                     loss: float | None = None, keep: set[str] | None = None, files: dict[str, Any] | None = None, ema: dict[str, Any] | None = None) -> None:
-    """Write ``root/step-N``, then point ``root/latest`` at it.
+    """Write ``root/step-N`` (model and optimizer as DCP), then point ``root/latest`` at it
+    (:func:`commit_checkpoint` says how, and what is kept).
+
+    ``keep`` limits the model state saved to these keys (LoRA: adapters, not the frozen base);
+    ``files`` are JSON files written into the checkpoint (LoRA: its plan, ``lora.json``);
+    ``ema`` the moving average of the trained weights (:mod:`mmcore.ema`), saved as ``ema.<name>``.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    def write(partial: Path) -> None:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        if keep is not None:
+            model_sd = {k: v for k, v in model_sd.items() if k in keep}
+        state = {"model": model_sd, "optim": optim_sd, **({"ema": ema} if ema is not None else {})}
+        dcp.save(state, checkpoint_id=str(partial), no_dist=not world.distributed)
+
+    trainer_state = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position}
+    commit_checkpoint(root, step, world, write, trainer_state, files)
+
+
+def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path], None], trainer_state: dict[str, Any],
+                      files: dict[str, Any] | None = None) -> None:
+    """Every rank calls it: ``write(folder)`` (each rank its part, ending with DCP's
+    ``.metadata``), then every rank's RNG state, ``files`` and ``trainer_state`` (the step, the
+    scheduler, the data position), into ``root/step-N``; then ``root/latest`` points at it.
 
     The checkpoint is written under ``step-N.incomplete`` and renamed into place only once
     every rank has finished, so a complete checkpoint is never deleted or overwritten for a
     new one: if a complete ``step-N`` exists already (a run resumed at its last step, or
     killed after the rename and before ``latest`` moved), it is the same state and is kept.
     Only the two newest complete checkpoints are kept.
-
-    ``keep`` limits the model state saved to these keys (LoRA: adapters, not the frozen base);
-    ``files`` are JSON files written into the checkpoint (LoRA: its plan, ``lora.json``);
-    ``ema`` the moving average of the trained weights (:mod:`mmcore.ema`), saved as ``ema.<name>``.
     """
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = root / f"{STEP_PREFIX}{step:08d}"
     partial = root / f"{final.name}{INCOMPLETE}"
@@ -150,11 +169,7 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
             shutil.rmtree(final, ignore_errors=True)  # a directory of that name that never completed
         if world.distributed:
             dist.barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        if keep is not None:
-            model_sd = {k: v for k, v in model_sd.items() if k in keep}
-        state = {"model": model_sd, "optim": optim_sd, **({"ema": ema} if ema is not None else {})}
-        dcp.save(state, checkpoint_id=str(partial), no_dist=not world.distributed)
+        write(partial)
         crash_point("checkpoint-write", step)
         atomic_write_json(partial / f"rng-rank{world.rank:05d}.json", _rng_state())
         if world.distributed:
@@ -162,8 +177,7 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         if world.is_local_main:
             for name, content in (files or {}).items():
                 atomic_write_json(partial / name, content)
-            extra = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position}
-            atomic_write_json(partial / TRAINER_STATE, extra)  # last: the checkpoint is complete
+            atomic_write_json(partial / TRAINER_STATE, trainer_state)  # last: the checkpoint is complete
         if world.distributed:
             dist.barrier()
         if world.is_local_main:
@@ -186,6 +200,14 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
         dist.barrier()
 
 
+def restore_rng(path: Path, world: Any) -> None:
+    """This rank's RNG state from checkpoint ``path`` (absent when resuming on more ranks than
+    saved: those start fresh streams)."""
+    rng_file = path / f"rng-rank{world.rank:05d}.json"
+    if rng_file.exists():
+        _set_rng_state(json.loads(rng_file.read_text()))
+
+
 def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,
                     keep: set[str] | None = None, ema: dict[str, Any] | None = None) -> dict[str, Any]:
     """Restore everything :func:`save_checkpoint` wrote (with the same ``keep``; ``ema`` is
@@ -196,6 +218,9 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, samp
     from mmcore import safe_dcp
 
     path = path.resolve()
+    extra = json.loads((path / TRAINER_STATE).read_text())
+    if extra.get("backend", "fsdp2") != "fsdp2":
+        raise StageError(f"{path}: saved by parallel.backend: {extra['backend']}; resume with that backend (its checkpoints hold another layout)")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     if keep is not None:
         model_sd = {k: v for k, v in model_sd.items() if k in keep}
@@ -214,12 +239,9 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, samp
     # strict=False lets those parameters go without state; dcp.load above already required every
     # model tensor and every optimizer state the checkpoint should hold.
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=StateDictOptions(strict=False))
-    extra = json.loads((path / TRAINER_STATE).read_text())
     scheduler.load_state_dict(extra["scheduler"])
     sampler.position = extra["sampler_position"]
-    rng_file = path / f"rng-rank{world.rank:05d}.json"
-    if rng_file.exists():  # absent when resuming on more ranks than saved: those start fresh streams
-        _set_rng_state(json.loads(rng_file.read_text()))
+    restore_rng(path, world)
     return extra
 
 
@@ -267,4 +289,4 @@ def save_average(folder: Path, model: Any, average: dict[str, Any], world: Any, 
         dist.barrier()
 
 
-__all__ = ["CHECKPOINTS", "LATEST", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "save_average", "seed_everything"]
+__all__ = ["CHECKPOINTS", "LATEST", "TRAINER_STATE", "commit_checkpoint", "restore_rng", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "save_average", "seed_everything"]
