@@ -116,6 +116,8 @@ class ParallelSection(Section):
     rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous; default: a free local port.")
     rdzv_timeout_s: int = Field(900, ge=1, description="How long a node waits for the others: node 0's announcement in the shared run directory, and torchrun's rendezvous.")
     replicate: int = Field(1, ge=1, description="HSDP: replicas of the model, each sharded over world / replicate processes (e.g. the number of nodes: shard within a node, replicate across); 1: shard over every process.")
+    tensor_parallel: int = Field(1, ge=1, description="backend megatron: tensor-parallel ranks each layer is split over (attention heads, MLP columns, the vocabulary).")
+    pipeline_parallel: int = Field(1, ge=1, description="backend megatron: pipeline stages the layers are placed on (the vision tower on the first); data-parallel replicas = processes / (tensor_parallel x pipeline_parallel).")
 
 
 class ExportSection(Section):
@@ -179,7 +181,10 @@ class RunConfig(Section):
         ``sections`` are section names or dotted paths to single fields (``training.freeze``).
         """
         data = self.model_dump(mode="json")
-        data["parallel"].pop("node_rank", None)  # which node reads the slice, not what the stage does
+        for name in ("node_rank", "tensor_parallel", "pipeline_parallel"):
+            # which node reads the slice, how the model is split over processes: not what the
+            # stage computes (a run resumes at another tensor/pipeline layout)
+            data["parallel"].pop(name, None)
         out: dict[str, Any] = {}
         for path in sections:
             value: Any = data

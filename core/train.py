@@ -84,6 +84,8 @@ class TrainRecipe:
             that draws random numbers (noise levels, noise, caption dropout) per sample. The draws
             then do not depend on how samples are cut into micro-batches or ranks, nor on a
             resume (``sample_seed``).
+        megatron: optional ``(ctx, upstream) -> MegatronFamily`` (:mod:`mmcore.megatron.engine`):
+            the family on megatron-core, for ``parallel.backend: megatron``.
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -102,6 +104,7 @@ class TrainRecipe:
     prepare: Callable[[StageContext, "nn.Module"], None] | None = None
     step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
     sample_seeds: bool = False
+    megatron: Callable[[StageContext, Mapping[str, Manifest]], Any] | None = None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -136,6 +139,10 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if cfg.cpu_offload and accelerator.device_type == "cpu":
         raise StageError("training.cpu_offload keeps weights in host memory while an accelerator computes; this run computes on the CPU (run.device: cpu)")
     backend = import_object(ctx.plugins.registry.backend(ctx.config.parallel.backend).factory)() if ctx.plugins else None
+    if hasattr(backend, "train"):  # a backend that owns the loop (pipeline schedules): megatron
+        return backend.train(ctx, upstream, recipe)
+    if ctx.config.parallel.tensor_parallel > 1 or ctx.config.parallel.pipeline_parallel > 1:
+        raise StageError(f"parallel.tensor_parallel / parallel.pipeline_parallel split the model on parallel.backend: megatron; this run's backend is {ctx.config.parallel.backend}")
     own_group = _process_group_for_one(backend, world, accelerator, bf16=use_bf16, offload=cfg.cpu_offload)
     if recipe.weights is not None:
         with parameters_on_meta():

@@ -113,6 +113,9 @@ class VLMFamily:
         parallel_map: ``model folder -> ParallelMap``, the family's Megatron table
             (:mod:`mmcore.parallel_map`): with it, ``export.format: mindspeed-mm`` also writes
             MindSpeed-MM's layout (the pack's config uses ``MegatronExportSection``).
+        megatron: ``model folder -> MegatronFamily`` (:mod:`mmcore.megatron.engine`): the family
+            on megatron-core, so SFT runs on ``parallel.backend: megatron`` (tensor and pipeline
+            parallelism).
     """
 
     model_class: str | Callable[[Any], Any]
@@ -139,6 +142,7 @@ class VLMFamily:
     router_aux_loss: bool = True
     batch_apart: Sequence[str] = ()
     parallel_map: Callable[[Path], Any] | None = None
+    megatron: Callable[[Path], Any] | None = None
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -318,6 +322,7 @@ class VLMFamily:
         return TrainRecipe(
             build_model=build,
             weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
+            megatron=(lambda ctx, upstream: self.megatron(upstream["download"].output("model"))) if self.megatron else None,  # type: ignore[misc]
             flops=self.step_flops(),
             dataset=lambda ctx, upstream: train,
             length_of=train.length,

@@ -50,12 +50,28 @@ def save(model: Any, folder: Path, optimizer: Any = None, common: dict[str, Any]
     ``common``: small objects every rank holds alike (the data position, the scheduler)."""
     from megatron.core import dist_checkpointing
 
+    _results_in_process()
     state = sharded_state(model)
     everything: dict[str, Any] = {"model": state, "common": common or {}}
     if optimizer is not None:
         everything.update(_optimizer_state(state, optimizer))
     folder.mkdir(parents=True, exist_ok=True)
     dist_checkpointing.save(everything, str(folder))
+
+
+def _results_in_process() -> None:
+    """megatron-core 0.16's writer collects its write results through a queue of a
+    ``multiprocessing`` Manager: a server process, stopped only by the interpreter's exit hooks.
+    A training process that ends by ``os._exit`` (mmcore's workers do) or is killed leaves it
+    running, holding the run's stdout. This save is synchronous (the writer's own processes
+    report through a queue of their own), so the results never leave this process: a plain
+    queue serves, and there is no server to leave behind."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not isinstance(filesystem_async._results_queue, queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
 
 
 def load(model: Any, folder: Path, optimizer: Any = None) -> dict[str, Any]:

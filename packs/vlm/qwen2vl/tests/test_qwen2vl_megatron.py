@@ -44,7 +44,7 @@ def test_megatron_logits_equal_transformers_with_images(preset: str, tmp_path: P
 
 @needs_megatron
 @pytest.mark.slow
-@pytest.mark.matrix  # make test reshards model and optimizer in test_saved_at_tp2_resumes_at_pp2_to_the_same_losses
+@pytest.mark.matrix  # make test reshards model and optimizer through `mmcore run` (test_qwen2vl_megatron_engine.py)
 @pytest.mark.parametrize("saved_at,loaded_at", [(2, 1), (1, 2)])
 def test_a_megatron_checkpoint_saved_at_one_tp_size_loads_at_another(saved_at: int, loaded_at: int, tmp_path: Path) -> None:
     """Reshard on load: the model converted at TP=2 into megatron-core's dist_checkpointing
@@ -160,6 +160,7 @@ def test_training_steps_follow_transformers(tp: int, pp: int, dp: int, tmp_path:
 
 @needs_megatron
 @pytest.mark.slow
+@pytest.mark.matrix  # make test resumes TP=2 at PP=2 through `mmcore run` (test_qwen2vl_megatron_engine.py)
 def test_saved_at_tp2_resumes_at_pp2_to_the_same_losses(tmp_path: Path) -> None:
     """Four steps at TP=2, saved (model, AdamW's moments and step) in megatron-core's
     checkpoint; resumed at TP=1 x PP=2 for steps 5-10: every loss equals the uninterrupted

@@ -16,7 +16,7 @@ from mmcore.rundir import Manifest
 from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, mm_token_types, rope_index_positions
 
 from mm_pack_qwen2vl.adapter import ADAPTER
-from mm_pack_qwen2vl.megatron import of_checkpoint
+from mm_pack_qwen2vl.megatron import megatron_family, of_checkpoint
 
 # training.freeze accepts these names as well as parameter globs.
 FREEZE_GROUPS = {
@@ -64,6 +64,7 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
 
 FAMILY = VLMFamily(
     parallel_map=of_checkpoint,  # export.format: mindspeed-mm
+    megatron=megatron_family,  # parallel.backend: megatron
     model_class=model_class,
     encoder=encoder,
     adapter=ADAPTER,

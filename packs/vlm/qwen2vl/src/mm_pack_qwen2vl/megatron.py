@@ -161,3 +161,17 @@ def load_megatron_model(model_dir: Path, tensor_parallel: int, rank: int, pipeli
         shard = pmap.split_pp(shard, layers)[stage]
     load_rank_state(model.language_model, shard, prefix="text_decoder.")
     return model.eval()
+
+
+def megatron_family(model_dir: Path) -> Any:
+    """The family on megatron-core for ``parallel.backend: megatron`` (the train engine's
+    :class:`mmcore.megatron.engine.MegatronFamily`) of the checkpoint folder ``model_dir``."""
+    from transformers import AutoConfig
+
+    from mmcore.megatron.engine import MegatronFamily
+    from mm_pack_qwen2vl.adapter import ADAPTER
+
+    config = AutoConfig.from_pretrained(model_dir)
+    return MegatronFamily(build=lambda tp, pp, stage: MegatronQwen2VL(config, tp, pp, stage), parallel_map=parallel_map(config), adapter=ADAPTER,
+                          inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
+                          whole={"visual.": "visual"})

@@ -1,0 +1,380 @@
+"""``parallel.backend: megatron``: the train engine's loop for a family on megatron-core.
+
+The same promises as the FSDP2 loop (:mod:`mmcore.train`), read top to bottom: setup, step,
+checkpoint, log. What differs is where the model lives: each process holds one tensor-parallel
+shard of one pipeline stage (:class:`MegatronFamily` builds it; the family's table,
+:class:`mmcore.parallel_map.ParallelMap`, cuts the converted weights for it), the
+micro-batches of a step run through Megatron's forward-backward schedule, and the
+*data-parallel* group (processes / (TP x PP)), not the world, drives the sampler, the token
+counts and the gradient sum.
+
+Checkpoints are megatron-core's ``dist_checkpointing`` (model and AdamW state, each tensor with
+its global shape and offsets), inside the engine's ``checkpoints/step-N`` protocol (written
+under ``.incomplete``, renamed when whole, ``latest``, the last two kept) with the scheduler,
+the data position and every rank's RNG state: a run resumes exactly, at the same or another
+TP/PP. At the end the trained weights are gathered through the table into the family's
+training names (``checkpoints/trained``, a DCP checkpoint as the FSDP2 loop's), which export
+reads as it reads any other.
+
+Not on this backend yet (each a one-line error): bf16 (Megatron keeps fp32 main weights beside
+bf16 ones; its optimizer that does it needs CUDA), LoRA, EMA, freezing, recompute, CPU offload,
+token-budget packing, the feature cache, held-out evaluation during training, and a tied output
+layer over several pipeline stages.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from mmcore.checkpointing import CHECKPOINTS, INCOMPLETE, LATEST, TRAINER_STATE, commit_checkpoint, newest_complete, restore_rng, seed_everything
+from mmcore.errors import StageError
+from mmcore.faults import crash_point
+from mmcore.pack import StageResult
+
+if TYPE_CHECKING:
+    from mmcore.adapters import StateDictAdapter
+    from mmcore.context import StageContext
+    from mmcore.parallel_map import ParallelMap
+    from mmcore.rundir import Manifest
+    from mmcore.train import TrainRecipe
+
+TRAINED = "trained"  # checkpoints/trained: the final weights in the family's training names
+
+
+def _next_token_loss(logits: Any, batch: dict[str, Any]) -> Any:
+    from mmcore.causal_lm import next_token_loss_sum
+
+    return next_token_loss_sum(logits, batch["labels"])
+
+
+@dataclass
+class MegatronFamily:
+    """What a family gives the megatron backend (its pack's ``megatron.py``).
+
+    Attributes:
+        build: ``(tensor_parallel, pipeline_parallel, stage) -> module``: this rank's part of the
+            model, uninitialised (the engine loads it). Its megatron-core ``GPTModel`` is the
+            attribute ``decoder``; on the first stage, the modules of ``whole`` are too. It
+            follows Megatron's schedule protocol (``config``, ``set_input_tensor``) and returns
+            the logits on the last stage.
+        parallel_map: the family's table (hub names <-> Megatron names, how each is split).
+        adapter: the family's state-dict adapter (hub names <-> training names), to read
+            convert's checkpoint and to write the trained one.
+        inputs: the batch fields ``build``'s module takes (``labels`` go to ``loss_sum``).
+        decoder: the attribute holding the ``GPTModel``; ``decoder_prefix`` its tensors'
+            prefix in the table (``"text_decoder."``).
+        whole: hub name prefix -> attribute of a module every tensor-parallel rank of the first
+            stage holds whole, as transformers has it (a vision tower: ``{"visual.": "visual"}``).
+        loss_sum: ``(logits, batch) -> summed loss`` of a micro-batch on the last stage
+            (default: next-token cross-entropy over ``batch["labels"]``).
+    """
+
+    build: Callable[[int, int, int], Any]
+    parallel_map: "ParallelMap"
+    adapter: "StateDictAdapter"
+    inputs: Sequence[str]
+    decoder: str = "language_model"
+    decoder_prefix: str = "text_decoder."
+    whole: Mapping[str, str] = field(default_factory=dict)
+    loss_sum: Callable[[Any, dict[str, Any]], Any] = _next_token_loss
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank."""
+
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    stage: int
+    dp_rank: int
+
+    @classmethod
+    def current(cls) -> "Layout":
+        from megatron.core import parallel_state as ps
+
+        return cls(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(), ps.get_data_parallel_world_size(),
+                   ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank())
+
+    def describe(self) -> str:
+        return f"TP={self.tp} x PP={self.pp} x DP={self.dp}"
+
+
+class MegatronBackend:
+    """The backend object ``parallel.backend: megatron`` names: it owns the training loop."""
+
+    name = "megatron"
+
+    def train(self, ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "TrainRecipe") -> StageResult:
+        return run_megatron_training(ctx, upstream, recipe)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "TrainRecipe") -> StageResult:
+    import torch
+    import torch.distributed as dist
+
+    from mmcore import megatron
+    from mmcore.megatron.checkpoint import load as load_megatron_checkpoint
+    from mmcore.megatron.gpt import init_model_parallel
+    from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients
+    from mmcore.optim import lr_lambda
+    from mmcore.plot import plot_training
+    from mmcore.sampler import EpochSampler
+    from mmcore.train import utilisation
+
+    cfg, parallel, world, accelerator = ctx.config.training, ctx.config.parallel, ctx.world, ctx.accelerator
+    usable, why = megatron.status()
+    if not usable:
+        raise StageError(f"parallel.backend: megatron: {why}")
+    family = _family(ctx, upstream, recipe)
+    device = accelerator.device(world.local_rank)
+
+    # ---- setup: the process groups, this rank's part of the model, its weights
+    own_group = False
+    if not dist.is_initialized():  # one process: Megatron's groups still need a process group
+        dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
+        own_group = True
+    init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed)
+    layout = Layout.current()
+    seed_everything(ctx.seed + world.rank)
+    if family.parallel_map.tied and layout.pp > 1:
+        raise StageError("parallel.pipeline_parallel > 1 with a tied output layer (tie_word_embeddings): the embedding's gradient "
+                         "is not yet summed between the first and last stage on this backend; use parallel.pipeline_parallel=1")
+    model = family.build(layout.tp, layout.pp, layout.stage)
+    ckpt_root = ctx.stage_dir / CHECKPOINTS
+    resume_from = newest_complete(ckpt_root) if ctx.resume else None
+    if resume_from is None:
+        load_stage(model, family, _hub_state(recipe.weights(ctx, upstream), family.adapter), layout)  # type: ignore[misc]
+    model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+    data = recipe.dataset(ctx, upstream)
+    groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
+    sampler = EpochSampler(len(data), ctx.seed, layout.dp_rank, layout.dp, cfg.micro_batch_size, groups)
+    ctx.say(f"megatron-core: {layout.describe()} over {world.world_size} process(es)")
+
+    step = 0
+    last_loss = float("nan")
+    if resume_from is not None:
+        state = json.loads((resume_from / TRAINER_STATE).read_text())
+        if state.get("backend") != "megatron":
+            raise StageError(f"{resume_from}: saved by parallel.backend: {state.get('backend', 'fsdp2')}; resume with that backend, or start a new run")
+        load_megatron_checkpoint(model, resume_from, optimizer)
+        scheduler.load_state_dict(state["scheduler"])
+        sampler.position = state["sampler_position"]
+        restore_rng(resume_from, world)
+        step, last_loss = int(state["step"]), float("nan") if state.get("loss") is None else float(state["loss"])
+        saved = state.get("layout", {})
+        moved = "" if saved == _layout_record(layout) else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}, resharded)"
+        ctx.say(f"resumed from step {step}{moved}")
+    model.train()
+    dp_group = _dp_group()
+    shapes = None  # the training model on the meta device: what the recipe counts FLOPs on
+    if recipe.flops is not None:
+        from mmcore.sharded_load import parameters_on_meta
+
+        with parameters_on_meta():
+            shapes = recipe.build_model(ctx, upstream)
+    accelerator.reset_peak_memory()
+    history: list[dict[str, float]] = []
+    for step in ctx.progress(range(step, cfg.steps), total=cfg.steps - step, description="train", unit="step"):
+        # ---- step
+        t0 = time.perf_counter()
+        micro, flops = [], 0.0
+        for _ in range(cfg.grad_accum_steps):
+            batch = recipe.collate([data[i] for i in sampler.next_batch()[0]])
+            if shapes is not None:
+                flops += recipe.flops(shapes, batch)  # type: ignore[misc]
+            micro.append({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+                          if k in family.inputs or k in ("labels", "num_loss_tokens")})
+        data_time = time.perf_counter() - t0
+        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro))], device=device)
+        dist.all_reduce(counts, group=dp_group)
+        global_tokens = max(counts.item(), 1.0)
+        loss_sum = forward_backward(model, micro, family.loss_sum, global_tokens)
+        reduce_gradients(params)
+        grad_norm = clip_gradients(params, cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        total = torch.tensor([loss_sum], dtype=torch.float64, device=device)
+        dist.all_reduce(total, group=dp_group)
+        last_loss = total.item() / global_tokens
+        elapsed = time.perf_counter() - t0
+        done = step + 1
+        metrics = {"loss": last_loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm, f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
+                   "step_time_s": elapsed, "data_time_s": data_time, "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30}
+        if shapes is not None:  # this replica's FLOPs, shared by its TP x PP processes
+            metrics.update(utilisation(flops * layout.dp / world.world_size, elapsed, accelerator))
+        history.append({"step": done, **metrics})
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            ctx.log_metrics(done, metrics)
+        # ---- checkpoint
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            save(ckpt_root, done, model, optimizer, scheduler, sampler, world, layout, last_loss)
+        crash_point("train-step", done)
+    # ---- finish: the last checkpoint, then the trained weights in the family's names for export
+    final_step = max(cfg.steps, step)
+    save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss)
+    write_trained(ckpt_root / TRAINED, model, family, layout, world)
+    crash_point("train-end", 1)
+    if world.is_main:
+        plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
+    if own_group:
+        dist.destroy_process_group()
+    return StageResult(
+        outputs={"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}"},
+        metrics={"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": False},
+        notes=[f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
+               f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
+               f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"],
+    )
+
+
+def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "TrainRecipe") -> MegatronFamily:
+    """The recipe's megatron part, after refusing what this backend does not do yet."""
+    cfg, parallel = ctx.config.training, ctx.config.parallel
+    if recipe.megatron is None:
+        raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not run on megatron-core" + (" for training.method: dpo" if cfg.method == "dpo" else ""))
+    world = ctx.world.world_size
+    if world % (parallel.tensor_parallel * parallel.pipeline_parallel):
+        raise StageError(f"parallel.tensor_parallel={parallel.tensor_parallel} x parallel.pipeline_parallel={parallel.pipeline_parallel} does not divide the {world} process(es) (--nproc-per-node x nodes)")
+    refused = {
+        "training.precision: bf16 (Megatron's bf16 keeps fp32 main weights in an optimizer that needs CUDA; set training.precision: fp32)":
+            cfg.precision == "bf16" or (cfg.precision == "auto" and ctx.accelerator.device_type != "cpu" and ctx.accelerator.supports_bf16()),
+        "training.lora": bool(cfg.lora.r), "training.ema": bool(cfg.ema), "training.freeze": bool(cfg.freeze),
+        "training.recompute": cfg.recompute != "none", "training.cpu_offload": bool(cfg.cpu_offload),
+        "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
+        "the extract stage's feature cache (rerun without extract)": "extract" in upstream,
+        "training.eval_every (held-out evaluation runs on the export)": bool(cfg.eval_every),
+    }
+    for what, asked in refused.items():
+        if asked:
+            raise StageError(f"parallel.backend: megatron does not support {what} yet")
+    if recipe.weights is None:
+        raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not load its weights through the engine")
+    return recipe.megatron(ctx, upstream)
+
+
+def _layout_record(layout: Layout) -> dict[str, int]:
+    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp}
+
+
+def _dp_group() -> Any:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_group()
+
+
+# --------------------------------------------------------------------------- weights in and out
+
+
+def _hub_state(checkpoint: Path, adapter: "StateDictAdapter") -> dict[str, Any]:
+    """Convert's checkpoint (training names, DCP) as hub-named tensors."""
+    from mmcore.adapters import materialize
+    from mmcore.convert import dcp_index, load_dcp_tensors
+
+    index = dcp_index(checkpoint)
+    tensors = load_dcp_tensors(checkpoint, index.keys(), index)
+    return {hub: materialize(recipe, tensors.__getitem__) for hub, recipe in adapter.to_hf(index).items()}
+
+
+def _stage_layers(family: MegatronFamily, megatron_state: Mapping[str, Any], pp: int) -> dict[str, list[int]]:
+    """Layers per stage of each of the table's stacks: the decoder's as even as they go (as
+    ``build`` places them, :func:`mmcore.parallel_map.even_layers`), none of any other."""
+    from mmcore.parallel_map import even_layers
+
+    pmap = family.parallel_map
+    return {stack.prefix: even_layers(pmap.layer_count(megatron_state, stack), pp) if stack.prefix.startswith(family.decoder_prefix) else [0] * pp
+            for stack in pmap.stacks}
+
+
+def load_stage(model: Any, family: MegatronFamily, hub: Mapping[str, Any], layout: Layout) -> None:
+    """Fill this rank's ``model`` from a whole hub-named state: the decoder's tensor-parallel
+    shard of this stage, cut by the table; the ``whole`` modules on the first stage."""
+    from mmcore.megatron.gpt import load_rank_state
+
+    pmap = family.parallel_map
+    decoder = {k: v for k, v in pmap.to_megatron(hub).items() if k.startswith(family.decoder_prefix)}
+    shard = pmap.split_tp(decoder, layout.tp)[layout.tp_rank]
+    if layout.pp > 1:
+        shard = pmap.split_pp(shard, _stage_layers(family, decoder, layout.pp))[layout.stage]
+    load_rank_state(getattr(model, family.decoder), shard, prefix=family.decoder_prefix)
+    if layout.stage == 0:
+        for prefix, attribute in family.whole.items():
+            getattr(model, attribute).load_state_dict({k[len(prefix):]: v for k, v in hub.items() if k.startswith(prefix)}, strict=True)
+
+
+def gather_hub_state(model: Any, family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
+    """The whole model as hub-named tensors on global rank 0 (None elsewhere): every rank of
+    data-parallel replica 0 sends its shard there, where the table merges them. Holds the whole
+    model in rank 0's memory (as an export does)."""
+    import torch.distributed as dist
+
+    mine = None
+    if layout.dp_rank == 0:
+        decoder = {family.decoder_prefix + k: v.detach().cpu() for k, v in getattr(model, family.decoder).state_dict().items() if not k.endswith("._extra_state")}
+        whole = {}
+        if layout.stage == 0 and layout.tp_rank == 0:
+            whole = {prefix + k: v.detach().cpu() for prefix, attribute in family.whole.items() for k, v in getattr(model, attribute).state_dict().items()}
+        mine = (layout.stage, layout.tp_rank, decoder, whole)
+    parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    pmap = family.parallel_map
+    received = [p for p in parts if p is not None]
+    stages = [pmap.merge_tp([d for s, r, d, _ in sorted(received, key=lambda p: p[1]) if s == stage]) for stage in range(layout.pp)]
+    hub = pmap.to_hf(pmap.merge_pp(stages) if layout.pp > 1 else stages[0])
+    for _, _, _, whole in received:
+        hub.update(whole)
+    return hub
+
+
+def write_trained(folder: Path, model: Any, family: MegatronFamily, layout: Layout, world: Any) -> None:
+    """The trained weights in the family's training names as a DCP model checkpoint
+    (``model.<name>``: what export and :func:`mmcore.checkpointing.load_converted` read),
+    replacing ``folder`` only once complete."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from mmcore.adapters import TensorInfo, materialize
+    from mmcore.io import fsync_dir
+
+    hub = gather_hub_state(model, family, layout)
+    if hub is not None:
+        plan = family.adapter.to_mm({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in hub.items()})
+        state = {name: materialize(recipe, hub.__getitem__).contiguous() for name, recipe in plan.items()}
+        partial = folder.with_name(folder.name + INCOMPLETE)
+        shutil.rmtree(partial, ignore_errors=True)
+        dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(partial, folder)
+        fsync_dir(folder.parent)
+    if world.distributed:
+        dist.barrier()
+
+
+def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float) -> None:
+    """``root/step-N``: the model and optimizer in megatron-core's ``dist_checkpointing``,
+    with the scheduler, data position, layout and RNG states, by the engine's protocol."""
+    from mmcore.megatron.checkpoint import save as save_megatron_checkpoint
+
+    trainer_state = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position,
+                     "backend": "megatron", "layout": _layout_record(layout)}
+    commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer), trainer_state)
+
+
+__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "run_megatron_training", "load_stage", "gather_hub_state", "write_trained"]
