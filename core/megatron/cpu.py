@@ -13,10 +13,11 @@ Engine layers are not covered (they need CUDA): those run in the GPU script.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import types
-from typing import Any
+from typing import Any, Iterator
 
 from mmcore.errors import StageError
 
@@ -142,4 +143,23 @@ def activate() -> None:
     _active = True
 
 
-__all__ = ["MODULES", "activate"]
+@contextlib.contextmanager
+def tensor_cuda_stays() -> Iterator[None]:
+    """While building a model: ``Tensor.cuda()`` gives the tensor itself on a machine without
+    CUDA. megatron-core 0.16 moves a tied output layer's copy on the last pipeline stage to CUDA
+    (``weight.data.cuda()``) to all-reduce it with the embedding as the model is built; a method
+    call no module swap can reach. Nothing else runs inside."""
+    import torch
+
+    if not _active:
+        yield
+        return
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original  # type: ignore[method-assign]
+
+
+__all__ = ["MODULES", "activate", "tensor_cuda_stays"]

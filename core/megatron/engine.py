@@ -18,8 +18,7 @@ reads as it reads any other.
 
 Not on this backend yet (each a one-line error): bf16 (Megatron keeps fp32 main weights beside
 bf16 ones; its optimizer that does it needs CUDA), LoRA, EMA, freezing, recompute, CPU offload,
-token-budget packing, the feature cache, held-out evaluation during training, and a tied output
-layer over several pipeline stages.
+token-budget packing, the feature cache and held-out evaluation during training.
 """
 
 from __future__ import annotations
@@ -125,7 +124,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     from mmcore import megatron
     from mmcore.megatron.checkpoint import load as load_megatron_checkpoint
     from mmcore.megatron.gpt import init_model_parallel
-    from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients
+    from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients, sum_tied_gradients
     from mmcore.optim import lr_lambda
     from mmcore.plot import plot_training
     from mmcore.sampler import EpochSampler
@@ -146,9 +145,6 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed)
     layout = Layout.current()
     seed_everything(ctx.seed + world.rank)
-    if family.parallel_map.tied and layout.pp > 1:
-        raise StageError("parallel.pipeline_parallel > 1 with a tied output layer (tie_word_embeddings): the embedding's gradient "
-                         "is not yet summed between the first and last stage on this backend; use parallel.pipeline_parallel=1")
     model = family.build(layout.tp, layout.pp, layout.stage)
     ckpt_root = ctx.stage_dir / CHECKPOINTS
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
@@ -202,6 +198,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         dist.all_reduce(counts, group=dp_group)
         global_tokens = max(counts.item(), 1.0)
         loss_sum = forward_backward(model, micro, family.loss_sum, global_tokens)
+        sum_tied_gradients(getattr(model, family.decoder))
         reduce_gradients(params)
         grad_norm = clip_gradients(params, cfg.max_grad_norm)
         optimizer.step()

@@ -74,12 +74,15 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
         persist_layer_norm=False, gradient_accumulation_fusion=False,
         use_cpu_initialization=True, perform_initialization=False,
     )
-    model = GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
-        position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
-        share_embeddings_and_output_weights=tied, parallel_output=False, pre_process=pre_process, post_process=post_process,
-    )
+    from mmcore.megatron.cpu import tensor_cuda_stays
+
+    with tensor_cuda_stays():  # a tied output layer's copy on the last stage is all-reduced as it is built
+        model = GPTModel(
+            config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
+            position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
+            share_embeddings_and_output_weights=tied, parallel_output=False, pre_process=pre_process, post_process=post_process,
+        )
     mark_parallel_weights(model)
     return model
 

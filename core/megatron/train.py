@@ -63,6 +63,22 @@ def reduce_gradients(parameters: Iterable[Any]) -> None:
             dist.all_reduce(parameter.grad, group=group)
 
 
+def sum_tied_gradients(gpt: Any) -> None:
+    """A tied output layer over several pipeline stages: the last stage holds a copy of the
+    embedding (:meth:`mmcore.parallel_map.ParallelMap.split_pp`); sum the two gradients
+    between the first and last stage, so both copies take the same update and stay equal."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() == 1 or not gpt.share_embeddings_and_output_weights:
+        return
+    if not parallel_state.is_rank_in_embedding_group(ignore_virtual=True):
+        return
+    weight = gpt.shared_embedding_or_output_weight()
+    if weight is not None and weight.grad is not None:
+        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+
 def grad_norm(parameters: Iterable[Any]) -> float:
     """The gradients' L2 norm over the whole model: tensor-parallel shards summed across their
     ranks, a tensor every tensor-parallel rank holds whole counted once, stages summed."""
@@ -73,7 +89,8 @@ def grad_norm(parameters: Iterable[Any]) -> float:
 
     squares = torch.zeros(1, dtype=torch.float64)
     for parameter in parameters:
-        if parameter.grad is not None and param_is_not_tensor_parallel_duplicate(parameter):
+        # a tied output layer's copy on the last stage (``shared``) is the embedding: counted there
+        if parameter.grad is not None and param_is_not_tensor_parallel_duplicate(parameter) and not getattr(parameter, "shared", False):
             squares += parameter.grad.detach().double().pow(2).sum().cpu()
     dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
     return float(squares.sqrt())
@@ -91,4 +108,4 @@ def clip_gradients(parameters: Sequence[Any], max_norm: float) -> float:
     return norm
 
 
-__all__ = ["forward_backward", "reduce_gradients", "grad_norm", "clip_gradients"]
+__all__ = ["forward_backward", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"]
