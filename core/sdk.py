@@ -40,7 +40,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     # megatron-core models (optional extra): build, train, checkpoint, LoRA
     "mmcore.megatron": frozenset({"status", "TESTED_MINOR"}),
     "mmcore.megatron.gpt": frozenset({"init_model_parallel", "padded_vocab", "gpt_model", "load_rank_state", "mark_parallel_weights"}),
-    "mmcore.megatron.train": frozenset({"forward_backward", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"}),
+    "mmcore.megatron.train": frozenset({"forward_backward", "vocab_parallel_loss_sum", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"}),
     "mmcore.megatron.checkpoint": frozenset({"sharded_state", "save", "load"}),
     "mmcore.megatron.engine": frozenset({"MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "run_megatron_training", "load_stage", "gather_hub_state", "write_trained"}),
     "mmcore.megatron.lora": frozenset({"DEFAULT_TARGETS", "parallel_lora", "add_adapters", "adapter_shards", "peft_state", "write_peft"}),

@@ -42,14 +42,16 @@ def padded_vocab(vocab_size: int, tensor_parallel: int) -> int:
 
 def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mrope_section: Sequence[int] | None = None,
               qkv_bias: bool = True, dtype: Any = None, pipeline_parallel: int = 1, stage_layers: Sequence[int] | None = None,
-              pre_process: bool = True, post_process: bool = True) -> Any:
+              pre_process: bool = True, post_process: bool = True, parallel_output: bool = False) -> Any:
     """This rank's ``GPTModel`` of a transformers text config (``hidden_size``,
     ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
     ``num_hidden_layers``, ``rms_norm_eps``, ``vocab_size``, rope theta), uninitialised (weights
     come from :func:`load_rank_state`); ``mrope_section``: Qwen2-VL's multimodal rotary sections.
     With ``pipeline_parallel`` > 1: this stage's layers (``stage_layers``: the count on each
     stage, as :func:`mmcore.parallel_map.even_layers` places them), the embedding where
-    ``pre_process``, the final norm and output layer where ``post_process``."""
+    ``pre_process``, the final norm and output layer where ``post_process``. ``parallel_output``:
+    the last stage returns each tensor-parallel rank's slice of the (padded) vocabulary's
+    logits, for :func:`mmcore.megatron.train.vocab_parallel_loss_sum`; else the whole."""
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
@@ -81,7 +83,7 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
             config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
             vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
             position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
-            share_embeddings_and_output_weights=tied, parallel_output=False, pre_process=pre_process, post_process=post_process,
+            share_embeddings_and_output_weights=tied, parallel_output=parallel_output, pre_process=pre_process, post_process=post_process,
         )
     mark_parallel_weights(model)
     return model

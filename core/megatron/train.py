@@ -49,6 +49,30 @@ def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Ca
     return float(total)
 
 
+def vocab_parallel_loss_sum(logits: Any, labels: Any, vocab_size: int) -> Any:
+    """Summed next-token cross-entropy from this tensor-parallel rank's slice of the logits
+    ``[B, S, padded vocab / TP]`` (Megatron's vocab-parallel cross entropy: no rank holds a row's
+    whole vocabulary). The padding columns (the zero rows a TP size adds to the vocabulary) are
+    left out of the softmax, as the HF model, which has none, leaves them."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    from mmcore.causal_lm import IGNORE
+
+    shard = logits[:, :-1].float()
+    width = shard.shape[-1]
+    first = parallel_state.get_tensor_model_parallel_rank() * width
+    padding = torch.arange(first, first + width, device=shard.device) >= vocab_size
+    if bool(padding.any()):
+        shard = shard.masked_fill(padding, float("-inf"))
+    targets = labels[:, 1:]
+    supervised = targets != IGNORE
+    # Megatron's layout is [S, B, V]; it returns the per-token loss [S, B]
+    losses = vocab_parallel_cross_entropy(shard.transpose(0, 1).contiguous(), targets.clamp(min=0).transpose(0, 1).contiguous())
+    return (losses.transpose(0, 1) * supervised).sum()
+
+
 def reduce_gradients(parameters: Iterable[Any]) -> None:
     """Sum each gradient over the data-parallel ranks (each rank's loss is already divided by
     the step's tokens across all of them)."""
@@ -108,4 +132,4 @@ def clip_gradients(parameters: Sequence[Any], max_norm: float) -> float:
     return norm
 
 
-__all__ = ["forward_backward", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"]
+__all__ = ["forward_backward", "vocab_parallel_loss_sum", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"]

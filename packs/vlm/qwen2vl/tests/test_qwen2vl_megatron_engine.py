@@ -88,3 +88,21 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     proc = mm("train", *TINY, "--run-dir", "plain", "parallel.tensor_parallel=2", "--force", check=False)
     assert proc.returncode != 0 and "split the model on parallel.backend: megatron; this run's backend is fsdp2" in proc.stderr + proc.stdout
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # make test runs TP=2 and PP=2 through the engine; this, its data-parallel group
+def test_megatron_data_parallel_run_follows_the_plain_run(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two processes at TP=1 x PP=1 are two data-parallel replicas: each takes one sample of the
+    global micro-batch of two (the sampler, token counts and gradient sum over the DP group),
+    so the losses are the one-process run's with both samples in one micro-batch."""
+    tied_checkpoint(tmp_path / "tied")
+    mm("run", *TINY, "--run-dir", "plain")
+    mm("run", *[a for a in TINY if a != "training.micro_batch_size=2"], "training.micro_batch_size=1", "--run-dir", "dp2", *MEGATRON)
+    assert manifest(tmp_path / "dp2", "train")["metrics"]["data_parallel"] == 2
+    plain, megatron = losses(tmp_path / "plain"), losses(tmp_path / "dp2")
+    assert list(plain) == list(megatron) == [1, 2, 3, 4, 5, 6]
+    for step in plain:
+        assert megatron[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, megatron)

@@ -90,10 +90,11 @@ class MegatronQwen2VL:
     ranks), its features scattered into the decoder's input embeddings at the image/video
     tokens, the language model a ``GPTModel`` with M-RoPE positions from the model's own
     rope-index function. ``forward`` returns the logits [B, S, vocab] (the tensor-parallel
-    vocabulary padding stripped) on the last stage, the hidden states [S, B, H] it hands on
+    vocabulary padding stripped; with ``parallel_output`` this rank's slice of the padded
+    vocabulary, for Megatron's vocab-parallel cross entropy) on the last stage, the hidden states [S, B, H] it hands on
     elsewhere; a later stage gets its input through ``set_input_tensor`` (Megatron's schedules)."""
 
-    def __new__(cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0) -> Any:
+    def __new__(cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0, parallel_output: bool = False) -> Any:
         import torch
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
@@ -113,7 +114,7 @@ class MegatronQwen2VL:
                     self.visual = vision_class._from_config(config.vision_config)
                 self.language_model = gpt_model(text, tensor_parallel, tied=config.tie_word_embeddings, mrope_section=text.rope_parameters["mrope_section"],
                                                 pipeline_parallel=pipeline_parallel, stage_layers=even_layers(text.num_hidden_layers, pipeline_parallel),
-                                                pre_process=first, post_process=last)
+                                                pre_process=first, post_process=last, parallel_output=parallel_output)
                 # what Megatron's schedules read of a model
                 self.config, self.model_type = self.language_model.config, self.language_model.model_type
 
@@ -132,7 +133,7 @@ class MegatronQwen2VL:
                             embeds = embeds.masked_scatter((input_ids == token)[..., None].expand_as(embeds), features)
                     embeds = embeds.transpose(0, 1).contiguous()
                 out = self.language_model(input_ids=None, position_ids=positions, attention_mask=None, decoder_input=embeds)
-                return out[..., : text.vocab_size] if last else out
+                return out[..., : text.vocab_size] if last and not parallel_output else out
 
         return Model()
 
@@ -169,9 +170,12 @@ def megatron_family(model_dir: Path) -> Any:
     from transformers import AutoConfig
 
     from mmcore.megatron.engine import MegatronFamily
+    from mmcore.megatron.train import vocab_parallel_loss_sum
     from mm_pack_qwen2vl.adapter import ADAPTER
 
     config = AutoConfig.from_pretrained(model_dir)
-    return MegatronFamily(build=lambda tp, pp, stage: MegatronQwen2VL(config, tp, pp, stage), parallel_map=parallel_map(config), adapter=ADAPTER,
+    vocab = config.get_text_config().vocab_size
+    return MegatronFamily(build=lambda tp, pp, stage: MegatronQwen2VL(config, tp, pp, stage, parallel_output=True), parallel_map=parallel_map(config),
+                          adapter=ADAPTER, whole={"visual.": "visual"},
                           inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
-                          whole={"visual.": "visual"})
+                          loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab))
