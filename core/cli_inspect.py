@@ -56,7 +56,7 @@ def _megatron_line(spec: Any) -> str | None:
         return None
     usable, why = status()
     return ("MindSpeed-MM layout both ways (export.format=mindspeed-mm, convert.mindspeed_mm); "
-            + (f"{why}: usable" if usable else f"megatron-core models not usable: {why}"))
+            + (f"tensor/pipeline-parallel training (parallel.backend=megatron) on {why}: usable" if usable else f"parallel.backend=megatron not usable: {why}"))
 
 
 @click.command("info")

@@ -75,7 +75,7 @@ def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto
     from mmcore.megatron import status as megatron_status
 
     usable, why = megatron_status()  # optional: only parallel.backend=megatron needs it
-    checks.append(Check("megatron-core", usable, why + (" (the megatron layout and models; CPU via mmcore's compatibility layer)" if usable else ""),
+    checks.append(Check("megatron-core", usable, why + (" (parallel.backend=megatron; CPU via mmcore's compatibility layer)" if usable else ""),
                         "pip install 'mmcore[megatron]'", required=False))
 
     host, port = "127.0.0.1", DEFAULT_RDZV_PORT

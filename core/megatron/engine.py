@@ -253,7 +253,7 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         "training.recompute": cfg.recompute != "none", "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
         "the extract stage's feature cache (rerun without extract)": "extract" in upstream,
-        "training.eval_every (held-out evaluation runs on the export)": bool(cfg.eval_every),
+        "training.eval_every (set training.eval_every=0: the evaluate stage measures the export)": bool(cfg.eval_every),
     }
     for what, asked in refused.items():
         if asked:
