@@ -162,26 +162,33 @@ class ParallelMap:
         found = {m.group(1) for m in map(self._pattern(pattern).match, names) if m}
         return sorted(found, key=int)
 
-    def to_megatron(self, hf: Mapping[str, "torch.Tensor"]) -> State:
-        """The whole (tensor-parallel size 1) Megatron state of an HF state dict. An HF tensor no
-        rule takes, or a missing part of a fused one, is an error naming it."""
-        out: State = {}
+    def plan(self, hf_names: Iterable[str]) -> dict[str, tuple[Rule, tuple[str, ...]]]:
+        """What :meth:`to_megatron` makes of HF tensors of these names, from the names alone:
+        Megatron name -> (its rule, the HF names fused into it). An HF tensor no rule takes, or
+        a missing part of a fused one, is an error naming it."""
+        names = set(hf_names)
+        out: dict[str, tuple[Rule, tuple[str, ...]]] = {}
         used: set[str] = set()
         for rule in self.rules:
-            instances = self._instances(hf.keys(), rule.hf[0])
+            instances = self._instances(names, rule.hf[0])
             for n in instances:
-                names = [h.format(n=n) for h in rule.hf] if n is not None else list(rule.hf)
-                missing = [name for name in names if name not in hf]
+                parts = tuple(h.format(n=n) for h in rule.hf) if n is not None else rule.hf
+                missing = [name for name in parts if name not in names]
                 if missing:
                     raise StageError(f"checkpoint tensor {missing[0]} is missing (it is fused into {rule.megatron.format(n=n)})")
-                out[rule.megatron.format(n=n) if n is not None else rule.megatron] = rule.fuse([hf[name] for name in names])
-                used.update(names)
+                out[rule.megatron.format(n=n) if n is not None else rule.megatron] = (rule, parts)
+                used.update(parts)
             if not instances and not rule.optional and "{n}" not in rule.hf[0]:
                 raise StageError(f"checkpoint tensor {rule.hf[0]} is missing")
-        unknown = sorted(set(hf) - used)
+        unknown = sorted(names - used)
         if unknown:
             raise StageError(f"checkpoint tensor {unknown[0]} has no Megatron counterpart in the table" + (f" (+{len(unknown) - 1} more)" if len(unknown) > 1 else ""))
         return out
+
+    def to_megatron(self, hf: Mapping[str, "torch.Tensor"]) -> State:
+        """The whole (tensor-parallel size 1) Megatron state of an HF state dict (:meth:`plan`
+        says which tensors make which)."""
+        return {name: rule.fuse([hf[part] for part in parts]) for name, (rule, parts) in self.plan(hf.keys()).items()}
 
     def to_hf(self, megatron: Mapping[str, "torch.Tensor"]) -> State:
         """The HF state dict of a whole Megatron state (the inverse of :meth:`to_megatron`); a

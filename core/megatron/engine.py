@@ -149,7 +149,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     ckpt_root = ctx.stage_dir / CHECKPOINTS
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
     if resume_from is None:
-        load_stage(model, family, _hub_state(recipe.weights(ctx, upstream), family.adapter), layout)  # type: ignore[misc]
+        load_rank(model, family, recipe.weights(ctx, upstream), layout)  # type: ignore[misc]
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
@@ -276,40 +276,49 @@ def _dp_group() -> Any:
 # --------------------------------------------------------------------------- weights in and out
 
 
-def _hub_state(checkpoint: Path, adapter: "StateDictAdapter") -> dict[str, Any]:
-    """Convert's checkpoint (training names, DCP) as hub-named tensors."""
-    from mmcore.adapters import materialize
-    from mmcore.convert import dcp_index, load_dcp_tensors
-
-    index = dcp_index(checkpoint)
-    tensors = load_dcp_tensors(checkpoint, index.keys(), index)
-    return {hub: materialize(recipe, tensors.__getitem__) for hub, recipe in adapter.to_hf(index).items()}
-
-
-def _stage_layers(family: MegatronFamily, megatron_state: Mapping[str, Any], pp: int) -> dict[str, list[int]]:
+def _stage_layers(family: MegatronFamily, megatron_names: Mapping[str, Any], pp: int) -> dict[str, list[int]]:
     """Layers per stage of each of the table's stacks: the decoder's as even as they go (as
     ``build`` places them, :func:`mmcore.parallel_map.even_layers`), none of any other."""
     from mmcore.parallel_map import even_layers
 
     pmap = family.parallel_map
-    return {stack.prefix: even_layers(pmap.layer_count(megatron_state, stack), pp) if stack.prefix.startswith(family.decoder_prefix) else [0] * pp
+    return {stack.prefix: even_layers(pmap.layer_count(megatron_names, stack), pp) if stack.prefix.startswith(family.decoder_prefix) else [0] * pp
             for stack in pmap.stacks}
 
 
-def load_stage(model: Any, family: MegatronFamily, hub: Mapping[str, Any], layout: Layout) -> None:
-    """Fill this rank's ``model`` from a whole hub-named state: the decoder's tensor-parallel
-    shard of this stage, cut by the table; the ``whole`` modules on the first stage."""
+def rank_sources(family: MegatronFamily, hub_names: Sequence[str], layout: Layout) -> tuple[dict[str, tuple[Any, tuple[str, ...]]], list[str]]:
+    """From the names alone: this rank's decoder tensors (its stage's local Megatron names ->
+    (the table's rule, the hub tensors fused into it)) and the hub tensors of the ``whole``
+    modules it holds (on the first stage), so a rank reads only its stage's part."""
+    pmap = family.parallel_map
+    plan = {name: made for name, made in pmap.plan(hub_names).items() if name.startswith(family.decoder_prefix)}
+    local = {name: name for name in plan}  # split_pp only moves values: here, each tensor's global name
+    if layout.pp > 1:
+        local = pmap.split_pp(local, _stage_layers(family, local, layout.pp))[layout.stage]
+    whole = [name for name in hub_names if layout.stage == 0 and name.startswith(tuple(family.whole))]
+    return {name: plan[global_name] for name, global_name in local.items()}, whole
+
+
+def load_rank(model: Any, family: MegatronFamily, checkpoint: Path, layout: Layout) -> None:
+    """Fill this rank's ``model`` from convert's checkpoint (training names, DCP): the decoder's
+    tensor-parallel shard of this stage, cut by the table, and the ``whole`` modules on the
+    first stage. Only the tensors this stage is made of are read (host memory follows the
+    stage, whole tensors before their TP cut)."""
+    from mmcore.adapters import materialize
+    from mmcore.convert import dcp_index, load_dcp_tensors
     from mmcore.megatron.gpt import load_rank_state
 
-    pmap = family.parallel_map
-    decoder = {k: v for k, v in pmap.to_megatron(hub).items() if k.startswith(family.decoder_prefix)}
-    shard = pmap.split_tp(decoder, layout.tp)[layout.tp_rank]
-    if layout.pp > 1:
-        shard = pmap.split_pp(shard, _stage_layers(family, decoder, layout.pp))[layout.stage]
+    index = dcp_index(checkpoint)
+    to_hub = family.adapter.to_hf(index)  # hub name -> how to make it from training names
+    mine, whole = rank_sources(family, list(to_hub), layout)
+    needed = {part for _, parts in mine.values() for part in parts} | set(whole)
+    tensors = load_dcp_tensors(checkpoint, {source for name in needed for source in to_hub[name].sources}, index)
+    hub = {name: materialize(to_hub[name], tensors.__getitem__) for name in needed}
+    shard = {name: rule.split(rule.fuse([hub[part] for part in parts]), layout.tp)[layout.tp_rank] for name, (rule, parts) in mine.items()}
     load_rank_state(getattr(model, family.decoder), shard, prefix=family.decoder_prefix)
     if layout.stage == 0:
         for prefix, attribute in family.whole.items():
-            getattr(model, attribute).load_state_dict({k[len(prefix):]: v for k, v in hub.items() if k.startswith(prefix)}, strict=True)
+            getattr(model, attribute).load_state_dict({k[len(prefix):]: hub[k] for k in whole if k.startswith(prefix)}, strict=True)
 
 
 def gather_hub_state(model: Any, family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
@@ -374,4 +383,4 @@ def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, samp
     commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer), trainer_state)
 
 
-__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "run_megatron_training", "load_stage", "gather_hub_state", "write_trained"]
+__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "run_megatron_training", "rank_sources", "load_rank", "gather_hub_state", "write_trained"]

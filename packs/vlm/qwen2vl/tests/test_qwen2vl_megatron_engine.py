@@ -106,3 +106,28 @@ def test_megatron_data_parallel_run_follows_the_plain_run(mm, tmp_path: Path) ->
     assert list(plain) == list(megatron) == [1, 2, 3, 4, 5, 6]
     for step in plain:
         assert megatron[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, megatron)
+
+
+def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Path) -> None:
+    """At PP=2 a rank reads the tensors of its own stage: the first its layer, the embedding and
+    the vision tower; the last its layer (renumbered from 0), the final norm and, the output
+    layer being tied, the embedding it copies. (From the names alone: no process group.)"""
+    from safetensors import safe_open
+
+    from mmcore.megatron.engine import Layout, rank_sources
+    from mm_pack_qwen2vl.megatron import megatron_family
+
+    tied_checkpoint(tmp_path / "tied")
+    family = megatron_family(tmp_path / "tied")
+    with safe_open(tmp_path / "tied/model.safetensors", "pt") as f:
+        hub = list(f.keys())
+    (first, first_whole), (last, last_whole) = (rank_sources(family, hub, Layout(2, 2, 1, 0, stage, 0)) for stage in (0, 1))
+    read = [{part for _, parts in mine.values() for part in parts} for mine in (first, last)]
+    assert "model.layers.0.self_attn.q_proj.weight" in read[0] and not any(".layers.1." in name for name in read[0])
+    assert "model.layers.1.self_attn.q_proj.weight" in read[1] and not any(".layers.0." in name for name in read[1])
+    assert first["text_decoder.decoder.layers.0.self_attention.linear_qkv.weight"][1][0] == "model.layers.0.self_attn.q_proj.weight"
+    assert last["text_decoder.decoder.layers.0.self_attention.linear_qkv.weight"][1][0] == "model.layers.1.self_attn.q_proj.weight"
+    assert "model.norm.weight" in read[1] and "model.norm.weight" not in read[0]
+    assert last["text_decoder.output_layer.weight"][1] == ("model.embed_tokens.weight",)  # the tied copy
+    assert first_whole and all(name.startswith("visual.") for name in first_whole) and last_whole == []
+    assert len(read[0] | set(first_whole)) + len(read[1]) < len(hub) + 2  # only the embedding is read twice
