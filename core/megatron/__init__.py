@@ -9,8 +9,16 @@ from a transformers config and loads it from a family's :class:`mmcore.parallel_
 
 from __future__ import annotations
 
+import warnings
+
 #: the megatron-core minor version the CPU compatibility layer and the tests were written for
 TESTED_MINOR = "0.16"
+
+# megatron-core announces at import every optional accelerator library it falls back from (a
+# dozen lines per process): mmcore builds the local spec on purpose, and `mmcore doctor` says
+# what is installed.
+warnings.filterwarnings("ignore", message=r"(Transformer Engine and Apex are|Apex is) not installed", category=UserWarning)
+warnings.filterwarnings("ignore", message=r"full scope is deprecated", category=UserWarning)
 
 
 def status() -> tuple[bool, str]:

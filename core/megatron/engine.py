@@ -16,8 +16,13 @@ TP/PP. At the end the trained weights are gathered through the table into the fa
 training names (``checkpoints/trained``, a DCP checkpoint as the FSDP2 loop's), which export
 reads as it reads any other.
 
+With ``training.lora`` the adapters sit on every linear of the language model
+(:mod:`mmcore.megatron.lora`, split over TP as their base), the rest frozen; the trained
+checkpoint holds them merged into the base, ``checkpoints/adapter`` in PEFT's format.
+
 Not on this backend yet (each a one-line error): bf16 (Megatron keeps fp32 main weights beside
-bf16 ones; its optimizer that does it needs CUDA), LoRA, EMA, freezing, recompute, CPU offload,
+bf16 ones; its optimizer that does it needs CUDA), LoRA's target choice, dropout and
+modules_to_save, EMA, freezing, recompute, CPU offload,
 token-budget packing, the feature cache and held-out evaluation during training.
 """
 
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
     from mmcore.train import TrainRecipe
 
 TRAINED = "trained"  # checkpoints/trained: the final weights in the family's training names
+ADAPTER = "adapter"  # checkpoints/adapter: with training.lora, the adapters in PEFT's format
 
 
 def _next_token_loss(logits: Any, batch: dict[str, Any]) -> Any:
@@ -150,6 +156,13 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
     if resume_from is None:
         load_rank(model, family, recipe.weights(ctx, upstream), layout)  # type: ignore[misc]
+    lora = cfg.lora.r > 0
+    if lora:  # adapters on every linear of the language model, the rest frozen (after loading: the base keeps its names)
+        from mmcore.megatron.lora import add_adapters, init_adapters
+
+        model.requires_grad_(False)
+        add_adapters(getattr(model, family.decoder), cfg.lora.r, cfg.lora.alpha)
+        init_adapters(getattr(model, family.decoder), ctx.seed, cfg.lora.init)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
@@ -224,13 +237,15 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     final_step = max(cfg.steps, step)
     save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss)
     write_trained(ckpt_root / TRAINED, model, family, layout, world)
+    if lora:
+        write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"))
     crash_point("train-end", 1)
     if world.is_main:
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
     if own_group:
         dist.destroy_process_group()
     return StageResult(
-        outputs={"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}"},
+        outputs={"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}", **({"adapter": f"{CHECKPOINTS}/{ADAPTER}"} if lora else {})},
         metrics={"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": False},
         notes=[f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
                f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
@@ -249,7 +264,9 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     refused = {
         "training.precision: bf16 (Megatron's bf16 keeps fp32 main weights in an optimizer that needs CUDA; set training.precision: fp32)":
             cfg.precision == "bf16" or (cfg.precision == "auto" and ctx.accelerator.device_type != "cpu" and ctx.accelerator.supports_bf16()),
-        "training.lora": bool(cfg.lora.r), "training.ema": bool(cfg.ema), "training.freeze": bool(cfg.freeze),
+        "training.lora.target_modules / modules_to_save / dropout (LoRA here: every linear of the language model, no dropout)":
+            bool(cfg.lora.r) and bool(cfg.lora.target_modules or cfg.lora.modules_to_save or cfg.lora.dropout),
+        "training.ema": bool(cfg.ema), "training.freeze": bool(cfg.freeze),
         "training.recompute": cfg.recompute != "none", "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
         "the extract stage's feature cache (rerun without extract)": "extract" in upstream,
@@ -323,13 +340,16 @@ def load_rank(model: Any, family: MegatronFamily, checkpoint: Path, layout: Layo
 
 def gather_hub_state(model: Any, family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
     """The whole model as hub-named tensors on global rank 0 (None elsewhere): every rank of
-    data-parallel replica 0 sends its shard there, where the table merges them. Holds the whole
-    model in rank 0's memory (as an export does)."""
+    data-parallel replica 0 sends its shard there, where the table merges them (LoRA adapters
+    merged into their base weights first). Holds the whole model in rank 0's memory (as an
+    export does)."""
     import torch.distributed as dist
+
+    from mmcore.megatron.lora import merged_state
 
     mine = None
     if layout.dp_rank == 0:
-        decoder = {family.decoder_prefix + k: v.detach().cpu() for k, v in getattr(model, family.decoder).state_dict().items() if not k.endswith("._extra_state")}
+        decoder = {family.decoder_prefix + k: v.cpu() for k, v in merged_state(getattr(model, family.decoder)).items()}
         whole = {}
         if layout.stage == 0 and layout.tp_rank == 0:
             whole = {prefix + k: v.detach().cpu() for prefix, attribute in family.whole.items() for k, v in getattr(model, attribute).state_dict().items()}
@@ -373,6 +393,27 @@ def write_trained(folder: Path, model: Any, family: MegatronFamily, layout: Layo
         dist.barrier()
 
 
+def write_adapter(folder: Path, model: Any, family: MegatronFamily, layout: Layout, world: Any, lora: Any, base_model: Path) -> None:
+    """The LoRA adapters in PEFT's format (``PeftModel.from_pretrained`` on the base model loads
+    them): every tensor-parallel rank's shards of every stage, merged by the table on rank 0."""
+    import torch.distributed as dist
+
+    from mmcore.megatron.lora import adapter_shards, peft_state, write_peft
+
+    mine = (layout.stage, layout.tp_rank, adapter_shards(getattr(model, family.decoder), prefix=family.decoder_prefix)) if layout.dp_rank == 0 else None
+    parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
+    if dist.get_rank() == 0:
+        received = [p for p in parts if p is not None]
+        tensors: dict[str, Any] = {}
+        for stage in range(layout.pp):
+            tensors.update(peft_state(family.parallel_map, [a for s, _, a in sorted(received, key=lambda p: p[1]) if s == stage], family.adapter.model_name))
+        shutil.rmtree(folder, ignore_errors=True)
+        write_peft(folder, tensors, lora.r, lora.alpha, base_model)
+    if world.distributed:
+        dist.barrier()
+
+
 def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float) -> None:
     """``root/step-N``: the model and optimizer in megatron-core's ``dist_checkpointing``,
     with the scheduler, data position, layout and RNG states, by the engine's protocol."""
@@ -383,4 +424,4 @@ def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, samp
     commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer), trainer_state)
 
 
-__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "run_megatron_training", "rank_sources", "load_rank", "gather_hub_state", "write_trained"]
+__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "gather_hub_state", "write_trained"]

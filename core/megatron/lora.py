@@ -53,6 +53,26 @@ def _lora_class() -> type:
             torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's and peft's default
             set_tensor_model_parallel_attributes(self.lora_B if self.column else self.lora_A, True, 0 if self.column else 1, 1)
 
+        def sharded_state_dict(self, prefix: str = "", sharded_offsets: Any = (), metadata: Any = None) -> Any:
+            """For ``dist_checkpointing``: the base linear's own sharding (under ``base.``), the
+            adapters split over TP as their base (column: ``B`` by rows; row: ``A`` by columns)."""
+            from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
+
+            from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+
+            metadata = ensure_metadata_has_dp_cp_group(metadata)
+            state = self.base.sharded_state_dict(prefix=f"{prefix}base.", sharded_offsets=sharded_offsets, metadata=metadata)
+            state.update(make_sharded_tensors_for_checkpoint({"lora_A": self.lora_A, "lora_B": self.lora_B}, prefix,
+                                                             {"lora_B": 0} if self.column else {"lora_A": 1}, sharded_offsets,
+                                                             tp_group=self.base.tp_group, dp_cp_group=metadata["dp_cp_group"]))
+            if prefix.endswith("linear_fc1.") and self.base.config.gated_linear_unit:
+                # a rank's rows are [gate_r; up_r]: saved as gate and up halves so another TP size
+                # reads them back (Megatron's MLP does this to the keys of an unwrapped linear_fc1)
+                for key in (f"{prefix}base.weight", f"{prefix}base.bias", f"{prefix}lora_B"):
+                    if key in state:
+                        state[key] = apply_swiglu_sharded_factory(state[key], sharded_offsets, (metadata or {}).get("singleton_local_shards", False))
+            return state
+
         def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
             from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
 
@@ -80,10 +100,69 @@ def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFA
     return wrapped
 
 
+def _global_names(gpt: Any) -> dict[str, str]:
+    """Module name in this pipeline stage's ``GPTModel`` -> its name in the whole model (a
+    stage numbers its layers from 0; each layer knows its global ``layer_number``, from 1)."""
+    names = {}
+    for name, module in gpt.named_modules():
+        names[name] = name
+    layers = getattr(getattr(gpt, "decoder", None), "layers", [])
+    for local, layer in enumerate(layers):
+        for name, _ in layer.named_modules():
+            here = f"decoder.layers.{local}" + (f".{name}" if name else "")
+            names[here] = f"decoder.layers.{layer.layer_number - 1}" + (f".{name}" if name else "")
+    return names
+
+
 def adapter_shards(model: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """This rank's adapters: the base weight's Megatron name (under ``prefix``) -> (A, B)."""
-    return {f"{prefix}{name}.weight": (module.lora_A.detach(), module.lora_B.detach())
+    """This rank's adapters: the base weight's Megatron name in the whole model (under
+    ``prefix``) -> (A, B)."""
+    names = _global_names(model)
+    return {f"{prefix}{names.get(name, name)}.weight": (module.lora_A.detach(), module.lora_B.detach())
             for name, module in model.named_modules() if isinstance(module, _lora_class())}
+
+
+def init_adapters(gpt: Any, seed: int, kind: str = "default") -> None:
+    """Start every adapter as peft does (``A`` kaiming-uniform as ``nn.Linear``, or normal with
+    std 1/r for ``gaussian``; ``B`` zero), drawn for the whole ``A`` from ``seed`` and the
+    module's name in the whole model, each rank keeping its part: the same adapters whatever
+    the tensor/pipeline layout."""
+    import hashlib
+
+    import torch
+    from megatron.core import parallel_state
+
+    rank, tp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+    names = _global_names(gpt)
+    for name, module in gpt.named_modules():
+        if not isinstance(module, _lora_class()):
+            continue
+        digest = hashlib.sha256(f"{seed}:{names.get(name, name)}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+        r, width = module.lora_A.shape
+        whole_width = width if module.column else width * tp
+        if kind == "gaussian":
+            whole = torch.randn(r, whole_width, generator=generator) / r
+        else:
+            bound = 1 / math.sqrt(whole_width)  # kaiming_uniform_(a=sqrt(5)) on [r, in]
+            whole = (torch.rand(r, whole_width, generator=generator) * 2 - 1) * bound
+        with torch.no_grad():
+            module.lora_A.copy_(whole if module.column else whole[:, rank * width:(rank + 1) * width])
+            module.lora_B.zero_()
+
+
+def merged_state(gpt: Any) -> dict[str, Any]:
+    """This rank's ``GPTModel`` state with every adapter merged into its base weight
+    (``W + alpha / r * B A``, on the rank's shard: the product of the shards is the shard of the
+    product), under the base's own names; without adapters, the plain state."""
+    state = {k: v.detach() for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+    for name, module in gpt.named_modules():
+        if isinstance(module, _lora_class()):
+            del state[f"{name}.lora_A"], state[f"{name}.lora_B"]
+            state[f"{name}.weight"] = state.pop(f"{name}.base.weight") + module.scaling * (module.lora_B.detach() @ module.lora_A.detach())
+            if f"{name}.base.bias" in state:
+                state[f"{name}.bias"] = state.pop(f"{name}.base.bias")
+    return state
 
 
 def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_module: Callable[[str], str]) -> dict[str, Any]:
@@ -119,4 +198,4 @@ def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, b
     LoraConfig(r=r, lora_alpha=alpha, target_modules=modules, base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
 
 
-__all__ = ["DEFAULT_TARGETS", "parallel_lora", "add_adapters", "adapter_shards", "peft_state", "write_peft"]
+__all__ = ["DEFAULT_TARGETS", "parallel_lora", "add_adapters", "init_adapters", "adapter_shards", "merged_state", "peft_state", "write_peft"]

@@ -138,7 +138,9 @@ def _pipeline(model_dir: Path, out: Path, tp: int, pp: int) -> None:
 
 @needs_megatron
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp,dp", [(2, 1, 1), (1, 2, 1), pytest.param(1, 1, 2, marks=pytest.mark.matrix), pytest.param(2, 1, 2, marks=pytest.mark.matrix)])
+# make test: TP=2 here; PP=2 (a tied model) through `mmcore run` in test_qwen2vl_megatron_engine.py
+@pytest.mark.parametrize("tp,pp,dp", [(2, 1, 1), pytest.param(1, 2, 1, marks=pytest.mark.matrix), pytest.param(1, 1, 2, marks=pytest.mark.matrix),
+                                      pytest.param(2, 1, 2, marks=pytest.mark.matrix)])
 def test_training_steps_follow_transformers(tp: int, pp: int, dp: int, tmp_path: Path) -> None:
     """Ten AdamW steps with clipping (max norm 1.0, which the first steps hit) on two batches of
     two image rows each: the loss at every step equals that of the transformers model trained
@@ -186,6 +188,7 @@ def test_saved_at_tp2_resumes_at_pp2_to_the_same_losses(tmp_path: Path) -> None:
 
 @needs_megatron
 @pytest.mark.slow
+@pytest.mark.matrix  # make test: LoRA trained through `mmcore run` at TP=2 and PP=2, loaded by peft (test_qwen2vl_megatron_engine.py)
 def test_lora_on_the_parallel_layers_exports_what_peft_loads(tmp_path: Path) -> None:
     """LoRA (r=4) on every linear of the language model at TP=2, its B given random values (as
     after training): the adapter merged from both ranks and written in PEFT's format loads with

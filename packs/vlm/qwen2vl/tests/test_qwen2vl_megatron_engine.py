@@ -81,7 +81,7 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     # What this backend does not do is refused in one line, before any work.
     for overrides, message in [
         (["parallel.tensor_parallel=3"], "parallel.tensor_parallel=3 x parallel.pipeline_parallel=1 does not divide the 2 process(es)"),
-        (["parallel.tensor_parallel=2", "training.lora.r=4"], "parallel.backend: megatron does not support training.lora yet"),
+        (["parallel.tensor_parallel=2", "training.ema=0.99"], "parallel.backend: megatron does not support training.ema yet"),
     ]:
         proc = mm("train", *TINY, "--run-dir", "mg", *MEGATRON, *overrides, "--force", check=False)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout, proc.stderr[-2000:]
@@ -131,3 +131,39 @@ def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Pat
     assert last["text_decoder.output_layer.weight"][1] == ("model.embed_tokens.weight",)  # the tied copy
     assert first_whole and all(name.startswith("visual.") for name in first_whole) and last_whole == []
     assert len(read[0] | set(first_whole)) + len(read[1]) < len(hub) + 2  # only the embedding is read twice
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+@pytest.mark.compares_runs
+def test_megatron_lora_trains_the_same_adapters_at_any_layout_and_peft_loads_them(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """LoRA (r=4 on every linear of the language model) on megatron-core: one process, and two
+    at TP=2 killed after step 3 and resumed at PP=2, train the same adapters (each drawn whole
+    from the seed and its module's name, then split) to the same losses; the adapters written in
+    PEFT's format, on the base model, give the export's logits (the trained weights with them
+    merged)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    tied_checkpoint(tmp_path / "tied")
+    lora = ["training.lora.r=4", "training.lr=1e-2", "training.checkpoint_every=2"]
+    mm("run", *TINY, *lora, "--run-dir", "one", "parallel.backend=megatron")
+    killed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.tensor_parallel=2", check=False, MMCORE_TEST_KILL="train-step:3")
+    assert killed.returncode != 0
+    resumed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.pipeline_parallel=2")
+    assert "resumed from step 2 (saved at TP=2 x PP=1, resharded)" in resumed.stdout, resumed.stdout
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(one) == list(two) == [1, 2, 3, 4, 5, 6]
+    for step in one:  # fp32, the same adapters and batches; the layouts reorder sums (measured ~1e-7)
+        assert two[step] == pytest.approx(one[step], rel=1e-5), (step, one, two)
+    assert one[6] < one[1] - 0.1, one  # the adapters learn
+
+    export = AutoModelForImageTextToText.from_pretrained(tmp_path / "two/export/hf").eval()
+    base = AutoModelForImageTextToText.from_pretrained(tmp_path / "tied").eval()
+    adapted = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(tmp_path / "tied"), str(tmp_path / "two/train/checkpoints/adapter")).eval()
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        merged, unmerged, plain = export(input_ids=ids).logits, adapted(input_ids=ids).logits, base(input_ids=ids).logits
+    assert float((merged - plain).abs().max()) > 1e-2  # the adapters changed the model ...
+    assert float((merged - unmerged).abs().max()) < 1e-4  # ... and peft's unmerged adapters are the same change (fp32 sums in another order)
