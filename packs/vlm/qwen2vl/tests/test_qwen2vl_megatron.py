@@ -188,7 +188,6 @@ def test_saved_at_tp2_resumes_at_pp2_to_the_same_losses(tmp_path: Path) -> None:
 
 @needs_megatron
 @pytest.mark.slow
-@pytest.mark.matrix  # make test: LoRA trained through `mmcore run` at TP=2 and PP=2, loaded by peft (test_qwen2vl_megatron_engine.py)
 def test_lora_on_the_parallel_layers_exports_what_peft_loads(tmp_path: Path) -> None:
     """LoRA (r=4) on every linear of the language model at TP=2, its B given random values (as
     after training): the adapter merged from both ranks and written in PEFT's format loads with
