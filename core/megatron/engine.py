@@ -343,28 +343,39 @@ def gather_hub_state(model: Any, family: MegatronFamily, layout: Layout) -> dict
     data-parallel replica 0 sends its shard there, where the table merges them (LoRA adapters
     merged into their base weights first). Holds the whole model in rank 0's memory (as an
     export does)."""
-    import torch.distributed as dist
-
     from mmcore.megatron.lora import merged_state
 
-    mine = None
-    if layout.dp_rank == 0:
+    def part() -> tuple[dict[str, Any], dict[str, Any]]:
         decoder = {family.decoder_prefix + k: v.cpu() for k, v in merged_state(getattr(model, family.decoder)).items()}
         whole = {}
         if layout.stage == 0 and layout.tp_rank == 0:
             whole = {prefix + k: v.detach().cpu() for prefix, attribute in family.whole.items() for k, v in getattr(model, attribute).state_dict().items()}
-        mine = (layout.stage, layout.tp_rank, decoder, whole)
+        return decoder, whole
+
+    stages = _gather_by_stage(layout, part)
+    if stages is None:
+        return None
+    pmap = family.parallel_map
+    merged = [pmap.merge_tp([decoder for decoder, _ in ranks]) for ranks in stages]
+    hub = pmap.to_hf(pmap.merge_pp(merged) if layout.pp > 1 else merged[0])
+    for ranks in stages:
+        for _, whole in ranks:
+            hub.update(whole)
+    return hub
+
+
+def _gather_by_stage(layout: Layout, part: Callable[[], Any]) -> list[list[Any]] | None:
+    """``part()`` of every rank of data-parallel replica 0, on global rank 0: one list per
+    pipeline stage, in tensor-parallel rank order (None on the other ranks)."""
+    import torch.distributed as dist
+
+    mine = (layout.stage, layout.tp_rank, part()) if layout.dp_rank == 0 else None
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
     dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return None
-    pmap = family.parallel_map
-    received = [p for p in parts if p is not None]
-    stages = [pmap.merge_tp([d for s, r, d, _ in sorted(received, key=lambda p: p[1]) if s == stage]) for stage in range(layout.pp)]
-    hub = pmap.to_hf(pmap.merge_pp(stages) if layout.pp > 1 else stages[0])
-    for _, _, _, whole in received:
-        hub.update(whole)
-    return hub
+    received = sorted((p for p in parts if p is not None), key=lambda p: (p[0], p[1]))
+    return [[payload for stage, _, payload in received if stage == s] for s in range(layout.pp)]
 
 
 def write_trained(folder: Path, model: Any, family: MegatronFamily, layout: Layout, world: Any) -> None:
@@ -400,14 +411,15 @@ def write_adapter(folder: Path, model: Any, family: MegatronFamily, layout: Layo
 
     from mmcore.megatron.lora import adapter_shards, peft_state, write_peft
 
-    mine = (layout.stage, layout.tp_rank, adapter_shards(getattr(model, family.decoder), prefix=family.decoder_prefix)) if layout.dp_rank == 0 else None
-    parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
-    if dist.get_rank() == 0:
-        received = [p for p in parts if p is not None]
+    def part() -> dict[str, Any]:
+        shards = adapter_shards(getattr(model, family.decoder), prefix=family.decoder_prefix)
+        return {name: (a.cpu(), b.cpu()) for name, (a, b) in shards.items()}
+
+    stages = _gather_by_stage(layout, part)
+    if stages is not None:
         tensors: dict[str, Any] = {}
-        for stage in range(layout.pp):
-            tensors.update(peft_state(family.parallel_map, [a for s, _, a in sorted(received, key=lambda p: p[1]) if s == stage], family.adapter.model_name))
+        for ranks in stages:
+            tensors.update(peft_state(family.parallel_map, ranks, family.adapter.model_name))
         shutil.rmtree(folder, ignore_errors=True)
         write_peft(folder, tensors, lora.r, lora.alpha, base_model)
     if world.distributed:
