@@ -62,8 +62,9 @@ class MegatronFamily:
     """What a family gives the megatron backend (its pack's ``megatron.py``).
 
     Attributes:
-        build: ``(tensor_parallel, pipeline_parallel, stage) -> module``: this rank's part of the
-            model, uninitialised (the engine loads it). Its megatron-core ``GPTModel`` is the
+        build: ``(layout) -> module``: this rank's part of the model (:class:`Layout`: its TP
+            size, pipeline stage, whether sequence-parallel), uninitialised (the engine loads
+            it). Its megatron-core ``GPTModel`` is the
             attribute ``decoder``; on the first stage, the modules of ``whole`` are too. It
             follows Megatron's schedule protocol (``config``, ``set_input_tensor``) and returns
             the logits on the last stage.
@@ -79,7 +80,7 @@ class MegatronFamily:
             (default: next-token cross-entropy over ``batch["labels"]``).
     """
 
-    build: Callable[[int, int, int], Any]
+    build: Callable[["Layout"], Any]
     parallel_map: "ParallelMap"
     adapter: "StateDictAdapter"
     inputs: Sequence[str]
@@ -91,7 +92,8 @@ class MegatronFamily:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank."""
+    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank, and
+    whether the sequence is split over the tensor-parallel ranks between their layers."""
 
     tp: int
     pp: int
@@ -99,16 +101,17 @@ class Layout:
     tp_rank: int
     stage: int
     dp_rank: int
+    sequence_parallel: bool = False
 
     @classmethod
-    def current(cls) -> "Layout":
+    def current(cls, sequence_parallel: bool = False) -> "Layout":
         from megatron.core import parallel_state as ps
 
         return cls(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(), ps.get_data_parallel_world_size(),
-                   ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank())
+                   ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(), sequence_parallel)
 
     def describe(self) -> str:
-        return f"TP={self.tp} x PP={self.pp} x DP={self.dp}"
+        return f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp} x DP={self.dp}"
 
 
 class MegatronBackend:
@@ -149,9 +152,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
         own_group = True
     init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed)
-    layout = Layout.current()
+    layout = Layout.current(parallel.sequence_parallel)
     seed_everything(ctx.seed + world.rank)
-    model = family.build(layout.tp, layout.pp, layout.stage)
+    model = family.build(layout)
     ckpt_root = ctx.stage_dir / CHECKPOINTS
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
     if resume_from is None:
@@ -184,7 +187,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         restore_rng(resume_from, world)
         step, last_loss = int(state["step"]), float("nan") if state.get("loss") is None else float(state["loss"])
         saved = state.get("layout", {})
-        moved = "" if saved == _layout_record(layout) else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}, resharded)"
+        moved = "" if (saved.get("tensor_parallel"), saved.get("pipeline_parallel")) == (layout.tp, layout.pp) else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}, resharded)"
         ctx.say(f"resumed from step {step}{moved}")
     model.train()
     dp_group = _dp_group()
@@ -261,6 +264,8 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     world = ctx.world.world_size
     if world % (parallel.tensor_parallel * parallel.pipeline_parallel):
         raise StageError(f"parallel.tensor_parallel={parallel.tensor_parallel} x parallel.pipeline_parallel={parallel.pipeline_parallel} does not divide the {world} process(es) (--nproc-per-node x nodes)")
+    if parallel.sequence_parallel and parallel.tensor_parallel == 1:
+        raise StageError("parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too")
     refused = {
         "training.precision: bf16 (Megatron's bf16 keeps fp32 main weights in an optimizer that needs CUDA; set training.precision: fp32)":
             cfg.precision == "bf16" or (cfg.precision == "auto" and ctx.accelerator.device_type != "cpu" and ctx.accelerator.supports_bf16()),
@@ -280,8 +285,8 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     return recipe.megatron(ctx, upstream)
 
 
-def _layout_record(layout: Layout) -> dict[str, int]:
-    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp}
+def _layout_record(layout: Layout) -> dict[str, int | bool]:
+    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp, "sequence_parallel": layout.sequence_parallel}
 
 
 def _dp_group() -> Any:

@@ -6,6 +6,15 @@ The model is single-device code built per rank; tensor parallelism is Megatron's
 (column-/row-parallel linears, a vocab-parallel embedding and output layer), which the table's
 split matches. Local layer spec (no Transformer Engine) with every fusion off, so the same
 model runs on the CPU accelerator (:mod:`mmcore.megatron.cpu`) and on CUDA.
+
+Sequence parallelism (``sequence_parallel``): between the tensor-parallel regions (the norms,
+the residual stream) each TP rank holds 1/TP of the sequence instead of all of it, so those
+activations take 1/TP of the memory; the linears gather the sequence before and scatter it
+after (Megatron's own layers). megatron-core's local spec norm refuses it ("not supported by
+torch LayerNorm"), for the one reason that a norm's weight then sees only its rank's tokens:
+:class:`SequenceParallelNorm` is the same ``torch.nn.RMSNorm`` with its weight marked
+``sequence_parallel``, whose gradient the engine sums over the TP ranks
+(:func:`mmcore.megatron.train.reduce_gradients`).
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ def padded_vocab(vocab_size: int, tensor_parallel: int) -> int:
 
 def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mrope_section: Sequence[int] | None = None,
               qkv_bias: bool = True, dtype: Any = None, pipeline_parallel: int = 1, stage_layers: Sequence[int] | None = None,
-              pre_process: bool = True, post_process: bool = True, parallel_output: bool = False) -> Any:
+              pre_process: bool = True, post_process: bool = True, parallel_output: bool = False, sequence_parallel: bool = False) -> Any:
     """This rank's ``GPTModel`` of a transformers text config (``hidden_size``,
     ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
     ``num_hidden_layers``, ``rms_norm_eps``, ``vocab_size``, rope theta), uninitialised (weights
@@ -51,11 +60,13 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
     stage, as :func:`mmcore.parallel_map.even_layers` places them), the embedding where
     ``pre_process``, the final norm and output layer where ``post_process``. ``parallel_output``:
     the last stage returns each tensor-parallel rank's slice of the (padded) vocabulary's
-    logits, for :func:`mmcore.megatron.train.vocab_parallel_loss_sum`; else the whole."""
+    logits, for :func:`mmcore.megatron.train.vocab_parallel_loss_sum`; else the whole.
+    ``sequence_parallel``: the layers take and give [S / TP, B, H] (the module docstring); the
+    embedding is not scattered (the caller adds its own features first:
+    :func:`scatter_sequence`)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
     if getattr(text_config, "hidden_act", "silu") != "silu":
@@ -68,7 +79,7 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
         num_attention_heads=text_config.num_attention_heads, num_query_groups=text_config.num_key_value_heads, kv_channels=head_dim,
         normalization="RMSNorm", layernorm_epsilon=text_config.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
         add_bias_linear=False, add_qkv_bias=qkv_bias, attention_dropout=0.0, hidden_dropout=0.0,
-        tensor_model_parallel_size=tensor_parallel, sequence_parallel=False, params_dtype=dtype or torch.float32,
+        tensor_model_parallel_size=tensor_parallel, sequence_parallel=sequence_parallel, params_dtype=dtype or torch.float32,
         pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=dtype or torch.float32, **_stage_counts(stage_layers, pipeline_parallel),
         mrope_section=list(mrope_section) if mrope_section else None,
         # fusions are CUDA kernels; the layers' plain torch paths compute the same
@@ -80,13 +91,61 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
 
     with tensor_cuda_stays():  # a tied output layer's copy on the last stage is all-reduced as it is built
         model = GPTModel(
-            config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            config=config, transformer_layer_spec=_block_spec(config),
             vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
             position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
             share_embeddings_and_output_weights=tied, parallel_output=parallel_output, pre_process=pre_process, post_process=post_process,
+            scatter_embedding_sequence_parallel=False,
         )
     mark_parallel_weights(model)
     return model
+
+
+class SequenceParallelNorm:
+    """megatron-core's norm protocol (``(config, hidden_size, eps) -> module``): ``torch.nn.RMSNorm``
+    (what the local spec builds), its weight marked ``sequence_parallel`` when the config is, so
+    its gradient, from this rank's part of the sequence only, is summed over the TP ranks."""
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> Any:
+        import torch
+
+        norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+        norm.weight.sequence_parallel = config.sequence_parallel
+        return norm
+
+
+def _block_spec(config: Any) -> Any:
+    """The local layer spec with :class:`SequenceParallelNorm` for every norm, as the decoder block
+    of this pipeline stage's layers."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=SequenceParallelNorm)
+
+
+def pad_sequence(tensor: Any, tensor_parallel: int, dim: int = 1, value: int = 0) -> Any:
+    """``tensor`` padded with ``value`` along ``dim`` to a length the TP size divides, as sequence
+    parallelism cuts the sequence (causal attention: tokens after the last change nothing
+    before them; the caller strips their outputs)."""
+    import torch.nn.functional as F
+
+    extra = -tensor.shape[dim] % tensor_parallel
+    if not extra:
+        return tensor
+    pad = [0, 0] * (tensor.dim() - 1 - dim % tensor.dim()) + [0, extra]
+    return F.pad(tensor, pad, value=value)
+
+
+def scatter_sequence(embeds: Any, config: Any) -> Any:
+    """Decoder input [S, B, H] -> this rank's part of the sequence under sequence parallelism
+    (unchanged without); the backward gathers the gradient back."""
+    if not config.sequence_parallel:
+        return embeds
+    from megatron.core.tensor_parallel import scatter_to_sequence_parallel_region
+
+    return scatter_to_sequence_parallel_region(embeds)
 
 
 def mark_parallel_weights(model: Any) -> None:
@@ -133,4 +192,4 @@ def load_rank_state(model: Any, state: Mapping[str, Any], prefix: str = "") -> N
             own[name].copy_(tensor)
 
 
-__all__ = ["init_model_parallel", "padded_vocab", "gpt_model", "load_rank_state"]
+__all__ = ["init_model_parallel", "padded_vocab", "gpt_model", "SequenceParallelNorm", "pad_sequence", "scatter_sequence", "load_rank_state"]

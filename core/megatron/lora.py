@@ -10,6 +10,11 @@ layers lack and scales the ``(output, bias)`` tuple they return), so this is a s
 * Row-parallel base (o_proj, down_proj): ``A`` [r, in / TP] cut as the base's columns, its
   partial products summed over the ranks (reduce-from-TP region), ``B`` [out, r] whole.
 
+Under sequence parallelism the base takes (column) or gives (row) this rank's part of the
+sequence: ``A x`` is gathered over the sequence before ``B`` (column), the row adapter's partial
+products reduce-scattered over it instead of summed; the weight that then sees only this rank's
+tokens (column: ``A``; row: ``B``) is marked ``sequence_parallel``, its gradient summed over TP.
+
 Export: shards merged by the family's table as their base weights are, then split to HF's
 modules (a fused q/k/v's ``B`` per query group into q, k and v, each with the same ``A``), under
 PEFT's names (``base_model.model.<module>.lora_A.weight``) with an ``adapter_config.json``.
@@ -52,6 +57,8 @@ def _lora_class() -> type:
             self.lora_B = torch.nn.Parameter(torch.zeros(weight.shape[0] if self.column else base.output_size, r, dtype=weight.dtype))
             torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's and peft's default
             set_tensor_model_parallel_attributes(self.lora_B if self.column else self.lora_A, True, 0 if self.column else 1, 1)
+            self.sequence_parallel = bool(base.config.sequence_parallel)
+            (self.lora_A if self.column else self.lora_B).sequence_parallel = self.sequence_parallel
 
         def sharded_state_dict(self, prefix: str = "", sharded_offsets: Any = (), metadata: Any = None) -> Any:
             """For ``dist_checkpointing``: the base linear's own sharding (under ``base.``), the
@@ -74,11 +81,14 @@ def _lora_class() -> type:
             return state
 
         def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-            from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
+            from megatron.core.tensor_parallel import mappings
 
             out, bias = self.base(x, *args, **kwargs)
             low = torch.nn.functional.linear(x, self.lora_A)
-            low = copy_to_tensor_model_parallel_region(low) if self.column else reduce_from_tensor_model_parallel_region(low)
+            if self.sequence_parallel:
+                low = mappings.gather_from_sequence_parallel_region(low) if self.column else mappings.reduce_scatter_to_sequence_parallel_region(low)
+            else:
+                low = mappings.copy_to_tensor_model_parallel_region(low) if self.column else mappings.reduce_from_tensor_model_parallel_region(low)
             return out + self.scaling * torch.nn.functional.linear(low, self.lora_B), bias
 
     return ParallelLoRA

@@ -28,6 +28,9 @@ def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Ca
     config = model.config
     config.calculate_per_token_loss = True  # the loss below is already per step token; no division by micro-batches
     config.deallocate_pipeline_outputs = False
+    # micro-batches are padded to their own longest sample: between pipeline stages each
+    # activation's shape is sent ahead of it (else the receiver assumes the first's shape)
+    config.variable_seq_lengths = True
     feed = iter(batches)
 
     def forward_step(data: Any, module: Any) -> Any:
@@ -75,16 +78,23 @@ def vocab_parallel_loss_sum(logits: Any, labels: Any, vocab_size: int) -> Any:
 
 def reduce_gradients(parameters: Iterable[Any]) -> None:
     """Sum each gradient over the data-parallel ranks (each rank's loss is already divided by
-    the step's tokens across all of them)."""
+    the step's tokens across all of them); under sequence parallelism first the gradient of each
+    weight marked ``sequence_parallel`` (a norm's: each tensor-parallel rank saw only its part
+    of the sequence) over the tensor-parallel ranks."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    parameters = [p for p in parameters if p.grad is not None]
+    tensor_group = parallel_state.get_tensor_model_parallel_group()
+    if dist.get_world_size(tensor_group) > 1:
+        for parameter in parameters:
+            if getattr(parameter, "sequence_parallel", False):
+                dist.all_reduce(parameter.grad, group=tensor_group)
     group = parallel_state.get_data_parallel_group()
     if dist.get_world_size(group) == 1:
         return
     for parameter in parameters:
-        if parameter.grad is not None:
-            dist.all_reduce(parameter.grad, group=group)
+        dist.all_reduce(parameter.grad, group=group)
 
 
 def sum_tied_gradients(gpt: Any) -> None:

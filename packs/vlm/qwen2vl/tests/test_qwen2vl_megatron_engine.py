@@ -15,7 +15,10 @@ import pytest
 from mmcore.megatron import status
 
 USABLE, WHY = status()
-TINY = ["--pack", "qwen2vl", "--preset", "tiny", "--model", "./tied", "data.demo_samples=40", "convert.verify=false", "training.steps=6", "training.micro_batch_size=2"]
+# Two micro-batches of one sample a step: samples differ in length, so pipeline stages send
+# activations of changing shapes and sequence parallelism pads odd lengths.
+TINY = ["--pack", "qwen2vl", "--preset", "tiny", "--model", "./tied", "data.demo_samples=40", "convert.verify=false", "training.steps=6",
+        "training.micro_batch_size=1", "training.grad_accum_steps=2"]
 MEGATRON = ["--nproc-per-node", "2", "parallel.backend=megatron", "training.checkpoint_every=2"]
 
 
@@ -78,11 +81,21 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     # differs by the weights' scale (~2e-2)
     assert worst < 5e-4, worst
 
+    # Sequence parallelism (TP=2): the same losses; a norm's weight sees half the sequence on each
+    # rank, and unless its gradient is summed over both the two copies drift apart, which the
+    # gather at the end refuses ("a replicated tensor differs between tensor-parallel ranks").
+    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "--force")
+    sequence_parallel = losses(tmp_path / "mg")
+    for step in plain:
+        assert sequence_parallel[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, sequence_parallel)
+    assert manifest(tmp_path / "mg", "train")["metrics"]["sequence_parallel"] is True
+
     # What this backend does not do is refused in one line, before any work (one process: the
     # checks are the same on every rank, and torchrun's start is the slow part).
     for overrides, message in [
         (["parallel.tensor_parallel=3"], "parallel.tensor_parallel=3 x parallel.pipeline_parallel=1 does not divide the 1 process(es)"),
         (["training.ema=0.99"], "parallel.backend: megatron does not support training.ema yet"),
+        (["parallel.sequence_parallel=true"], "parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too"),
     ]:
         proc = mm("train", *TINY, "--run-dir", "plain", "parallel.backend=megatron", *overrides, "--force", check=False)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout, proc.stderr[-2000:]
@@ -96,12 +109,12 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
 @pytest.mark.compares_runs
 @pytest.mark.matrix  # make test runs TP=2 and PP=2 through the engine; this, its data-parallel group
 def test_megatron_data_parallel_run_follows_the_plain_run(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Two processes at TP=1 x PP=1 are two data-parallel replicas: each takes one sample of the
+    """Two processes at TP=1 x PP=1 are two data-parallel replicas: each takes one sample of each
     global micro-batch of two (the sampler, token counts and gradient sum over the DP group),
     so the losses are the one-process run's with both samples in one micro-batch."""
     tied_checkpoint(tmp_path / "tied")
-    mm("run", *TINY, "--run-dir", "plain")
-    mm("run", *[a for a in TINY if a != "training.micro_batch_size=2"], "training.micro_batch_size=1", "--run-dir", "dp2", *MEGATRON)
+    mm("run", *[a for a in TINY if a != "training.micro_batch_size=1"], "training.micro_batch_size=2", "--run-dir", "plain")
+    mm("run", *TINY, "--run-dir", "dp2", *MEGATRON)
     assert manifest(tmp_path / "dp2", "train")["metrics"]["data_parallel"] == 2
     plain, megatron = losses(tmp_path / "plain"), losses(tmp_path / "dp2")
     assert list(plain) == list(megatron) == [1, 2, 3, 4, 5, 6]
@@ -140,7 +153,7 @@ def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Pat
 @pytest.mark.matrix  # make test: the engine's resume at another layout above, and test_qwen2vl_megatron.py's TP=2 LoRA export loaded by peft
 def test_megatron_lora_trains_the_same_adapters_at_any_layout_and_peft_loads_them(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """LoRA (r=4 on every linear of the language model) on megatron-core: one process, and two
-    at TP=2 killed after step 3 and resumed at PP=2, train the same adapters (each drawn whole
+    at TP=2 (sequence-parallel) killed after step 3 and resumed at PP=2, train the same adapters (each drawn whole
     from the seed and its module's name, then split) to the same losses; the adapters written in
     PEFT's format, on the base model, give the export's logits (the trained weights with them
     merged)."""
@@ -151,7 +164,8 @@ def test_megatron_lora_trains_the_same_adapters_at_any_layout_and_peft_loads_the
     tied_checkpoint(tmp_path / "tied")
     lora = ["training.lora.r=4", "training.lr=1e-2", "training.checkpoint_every=2"]
     mm("run", *TINY, *lora, "--run-dir", "one", "parallel.backend=megatron")
-    killed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.tensor_parallel=2", check=False, MMCORE_TEST_KILL="train-step:3")
+    killed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.tensor_parallel=2", "parallel.sequence_parallel=true", check=False,
+                MMCORE_TEST_KILL="train-step:3")
     assert killed.returncode != 0
     resumed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.pipeline_parallel=2")
     assert "resumed from step 2 (saved at TP=2 x PP=1, resharded)" in resumed.stdout, resumed.stdout

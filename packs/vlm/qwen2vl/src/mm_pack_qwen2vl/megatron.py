@@ -92,14 +92,18 @@ class MegatronQwen2VL:
     rope-index function. ``forward`` returns the logits [B, S, vocab] (the tensor-parallel
     vocabulary padding stripped; with ``parallel_output`` this rank's slice of the padded
     vocabulary, for Megatron's vocab-parallel cross entropy) on the last stage, the hidden states [S, B, H] it hands on
-    elsewhere; a later stage gets its input through ``set_input_tensor`` (Megatron's schedules)."""
+    elsewhere; a later stage gets its input through ``set_input_tensor`` (Megatron's schedules).
+    With ``sequence_parallel`` the sequence is padded to a length the TP size divides and the
+    decoder input scattered over the TP ranks after the image features are in; the logits
+    are cut back to the batch's length."""
 
-    def __new__(cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0, parallel_output: bool = False) -> Any:
+    def __new__(cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0, parallel_output: bool = False,
+                sequence_parallel: bool = False) -> Any:
         import torch
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-        from mmcore.megatron.gpt import gpt_model
+        from mmcore.megatron.gpt import gpt_model, pad_sequence, scatter_sequence
         from mmcore.parallel_map import even_layers
 
         text = config.get_text_config()
@@ -114,7 +118,7 @@ class MegatronQwen2VL:
                     self.visual = vision_class._from_config(config.vision_config)
                 self.language_model = gpt_model(text, tensor_parallel, tied=config.tie_word_embeddings, mrope_section=text.rope_parameters["mrope_section"],
                                                 pipeline_parallel=pipeline_parallel, stage_layers=even_layers(text.num_hidden_layers, pipeline_parallel),
-                                                pre_process=first, post_process=last, parallel_output=parallel_output)
+                                                pre_process=first, post_process=last, parallel_output=parallel_output, sequence_parallel=sequence_parallel)
                 # what Megatron's schedules read of a model
                 self.config, self.model_type = self.language_model.config, self.language_model.model_type
 
@@ -123,6 +127,9 @@ class MegatronQwen2VL:
 
             def forward(self, input_ids: Any, mm_token_type_ids: Any, pixel_values: Any = None, image_grid_thw: Any = None,
                         pixel_values_videos: Any = None, video_grid_thw: Any = None) -> Any:
+                length = input_ids.shape[1]
+                if sequence_parallel:
+                    input_ids, mm_token_type_ids = pad_sequence(input_ids, tensor_parallel), pad_sequence(mm_token_type_ids, tensor_parallel)
                 positions = rope_index(config, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw)
                 embeds = None
                 if first:
@@ -131,9 +138,11 @@ class MegatronQwen2VL:
                         if pixels is not None:
                             features = self.visual(pixels.to(self.visual.dtype), grid_thw=grid).pooler_output.to(embeds.dtype)
                             embeds = embeds.masked_scatter((input_ids == token)[..., None].expand_as(embeds), features)
-                    embeds = embeds.transpose(0, 1).contiguous()
+                    embeds = scatter_sequence(embeds.transpose(0, 1).contiguous(), self.config)
                 out = self.language_model(input_ids=None, position_ids=positions, attention_mask=None, decoder_input=embeds)
-                return out[..., : text.vocab_size] if last and not parallel_output else out
+                if not last:
+                    return out
+                return out[:, :length] if parallel_output else out[:, :length, : text.vocab_size]
 
         return Model()
 
@@ -175,7 +184,8 @@ def megatron_family(model_dir: Path) -> Any:
 
     config = AutoConfig.from_pretrained(model_dir)
     vocab = config.get_text_config().vocab_size
-    return MegatronFamily(build=lambda tp, pp, stage: MegatronQwen2VL(config, tp, pp, stage, parallel_output=True), parallel_map=parallel_map(config),
+    return MegatronFamily(build=lambda layout: MegatronQwen2VL(config, layout.tp, layout.pp, layout.stage, parallel_output=True, sequence_parallel=layout.sequence_parallel),
+                          parallel_map=parallel_map(config),
                           adapter=ADAPTER, whole={"visual.": "visual"},
                           inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
                           loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab))
