@@ -205,19 +205,15 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             recipe.prepare(ctx, model)
     model.train()
 
-    evals: list[tuple[int, dict[str, float]]] = []
+    evals = HeldOutLog(ctx)
 
     def log_eval(at: int) -> None:
         if recipe.evaluate is None:
             return
         model.eval()
         with torch.no_grad():
-            metrics = recipe.evaluate(ctx, model, at)
+            evals.record(at, recipe.evaluate(ctx, model, at))
         model.train()
-        if metrics:
-            evals.append((at, metrics))
-            ctx.log_metrics(at, {f"eval/{k}": v for k, v in metrics.items()})
-            ctx.say(f"eval at step {at}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
     if step == 0:
         log_eval(0)
@@ -303,19 +299,39 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         result_metrics["lora"] = {"r": plan.r, "alpha": plan.alpha, "targets": len(plan.targets), "modules_to_save": len(plan.modules_to_save),
                                   "trained_parameters": trained}
         notes.append(f"LoRA r={plan.r} on {len(plan.targets)} layer(s): {trained:,} trained parameters; the base stays as converted")
-    if evals:
-        (first_step, first), (last_step, last) = evals[0], evals[-1]
-        for name in last:
-            result_metrics[f"eval/{name}"] = last[name]
-            if name in first:
-                result_metrics[f"eval/{name}@{first_step}"] = first[name]
-                notes.insert(0, f"held-out {name}: {first[name]:.4g} at step {first_step} -> {last[name]:.4g} at step {last_step}")
+    evals.summarise(result_metrics, notes)
     if own_group:
         dist.destroy_process_group()
     if averaged is not None:
         result_metrics["ema"] = cfg.ema
         notes.append(f"moving average of the trained weights (decay {cfg.ema}) at {ckpt_root / EMA_OUTPUT}: what export writes (export.weights)")
     return StageResult(outputs=outputs, metrics=result_metrics, notes=notes)
+
+
+class HeldOutLog:
+    """Held-out metrics through a run: each logged as ``eval/<name>`` at its step and said, the
+    first and last summed up in the stage's result (any backend's loop)."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        self.ctx, self.evals = ctx, []  # type: list[tuple[int, dict[str, float]]]
+
+    def record(self, at: int, metrics: Mapping[str, float]) -> None:
+        if metrics:
+            self.evals.append((at, dict(metrics)))
+            self.ctx.log_metrics(at, {f"eval/{k}": v for k, v in metrics.items()})
+            self.ctx.say(f"eval at step {at}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+
+    def summarise(self, result_metrics: dict[str, Any], notes: list[str]) -> None:
+        """``eval/<name>`` (the last) and ``eval/<name>@<first step>`` into ``result_metrics``, a
+        first -> last line per metric at the top of ``notes``."""
+        if not self.evals:
+            return
+        (first_step, first), (last_step, last) = self.evals[0], self.evals[-1]
+        for name in last:
+            result_metrics[f"eval/{name}"] = last[name]
+            if name in first:
+                result_metrics[f"eval/{name}@{first_step}"] = first[name]
+                notes.insert(0, f"held-out {name}: {first[name]:.4g} at step {first_step} -> {last[name]:.4g} at step {last_step}")
 
 
 def _add_adapters(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: TrainRecipe, model: Any, blocks: list[Any], ckpt_root: Path) -> Any:

@@ -38,6 +38,7 @@ What the kit does with it:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -322,7 +323,8 @@ class VLMFamily:
         return TrainRecipe(
             build_model=build,
             weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
-            megatron=(lambda ctx, upstream: self.megatron(upstream["download"].output("model"))) if self.megatron else None,  # type: ignore[misc]
+            megatron=(lambda ctx, upstream: dataclasses.replace(self.megatron(upstream["download"].output("model")),  # type: ignore[misc]
+                                                                held_out=load("eval"), collate_one=lambda s: self.collate([s], ids))) if self.megatron else None,
             flops=self.step_flops(),
             dataset=lambda ctx, upstream: train,
             length_of=train.length,

@@ -20,10 +20,15 @@ With ``training.lora`` the adapters sit on every linear of the language model
 (:mod:`mmcore.megatron.lora`, split over TP as their base), the rest frozen; the trained
 checkpoint holds them merged into the base, ``checkpoints/adapter`` in PEFT's format.
 
+Held-out evaluation (``training.eval_every``) runs the family's ``score`` forward only through
+the same schedule, each data-parallel replica its share of the samples. Sequence parallelism
+is the family's model's (:mod:`mmcore.megatron.gpt`); the loop sums the gradients it leaves
+partial (:func:`mmcore.megatron.train.reduce_gradients`).
+
 Not on this backend yet (each a one-line error): bf16 (Megatron keeps fp32 main weights beside
 bf16 ones; its optimizer that does it needs CUDA), LoRA's target choice, dropout and
-modules_to_save, EMA, freezing, recompute, CPU offload,
-token-budget packing, the feature cache and held-out evaluation during training.
+modules_to_save, EMA, freezing, recompute, CPU offload, token-budget packing and the feature
+cache.
 """
 
 from __future__ import annotations
@@ -78,6 +83,14 @@ class MegatronFamily:
             stage holds whole, as transformers has it (a vision tower: ``{"visual.": "visual"}``).
         loss_sum: ``(logits, batch) -> summed loss`` of a micro-batch on the last stage
             (default: next-token cross-entropy over ``batch["labels"]``).
+        score: ``(logits, batch) -> {name: (numerator, denominator)}`` of a held-out micro-batch
+            on the last stage (``accuracy``: (rows right, rows)); with ``held_out``, logged as
+            ``eval/<name>`` = sum of numerators / sum of denominators at step 0, every
+            ``training.eval_every`` steps and at the end, as the FSDP2 loop's evaluation.
+            ``score_names``: the names it gives (every rank needs them, the last stage alone
+            computes them).
+        held_out: the held-out samples (``len`` and indexing; the kit's ``eval`` split);
+            ``collate_one`` makes one sample a micro-batch.
     """
 
     build: Callable[["Layout"], Any]
@@ -88,6 +101,10 @@ class MegatronFamily:
     decoder_prefix: str = "text_decoder."
     whole: Mapping[str, str] = field(default_factory=dict)
     loss_sum: Callable[[Any, dict[str, Any]], Any] = _next_token_loss
+    score: Callable[[Any, dict[str, Any]], Mapping[str, tuple[float, float]]] | None = None
+    score_names: Sequence[str] = ()
+    held_out: Any = None
+    collate_one: Callable[[Any], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +154,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     from mmcore.optim import lr_lambda
     from mmcore.plot import plot_training
     from mmcore.sampler import EpochSampler
-    from mmcore.train import utilisation
+    from mmcore.train import HeldOutLog, utilisation
 
     cfg, parallel, world, accelerator = ctx.config.training, ctx.config.parallel, ctx.world, ctx.accelerator
     usable, why = megatron.status()
@@ -197,6 +214,15 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
 
         with parameters_on_meta():
             shapes = recipe.build_model(ctx, upstream)
+    evals = HeldOutLog(ctx)
+
+    def log_eval(at: int) -> None:
+        model.eval()
+        evals.record(at, evaluate_held_out(model, family, layout, device))
+        model.train()
+
+    if step == 0:
+        log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
     for step in ctx.progress(range(step, cfg.steps), total=cfg.steps - step, description="train", unit="step"):
@@ -235,6 +261,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
             save(ckpt_root, done, model, optimizer, scheduler, sampler, world, layout, last_loss)
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+            log_eval(done)
         crash_point("train-step", done)
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
     final_step = max(cfg.steps, step)
@@ -243,17 +271,39 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     if lora:
         write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"))
     crash_point("train-end", 1)
+    log_eval(final_step)
     if world.is_main:
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
     if own_group:
         dist.destroy_process_group()
+    metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": False}
+    notes = [f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
+             f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
+             f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
+    evals.summarise(metrics, notes)
     return StageResult(
         outputs={"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}", **({"adapter": f"{CHECKPOINTS}/{ADAPTER}"} if lora else {})},
-        metrics={"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": False},
-        notes=[f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
-               f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
-               f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"],
+        metrics=metrics, notes=notes,
     )
+
+
+def evaluate_held_out(model: Any, family: MegatronFamily, layout: Layout, device: Any) -> dict[str, float]:
+    """The family's held-out figures (``score`` over ``held_out``, one sample a micro-batch,
+    forward only): each data-parallel replica takes every DP-th sample, all its TP x PP ranks
+    the same ones; empty without a score or held-out samples."""
+    import torch
+
+    from mmcore.megatron.train import forward_scores
+
+    if family.score is None or not family.score_names or family.held_out is None or family.collate_one is None or len(family.held_out) == 0:
+        return {}
+    collate_one = family.collate_one
+    batches = []
+    for i in range(layout.dp_rank, len(family.held_out), layout.dp):
+        batch = collate_one(family.held_out[i])
+        batches.append({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k in family.inputs or k == "labels"})
+    sums = forward_scores(model, batches, family.score, family.score_names)
+    return {name: numerator / denominator for name, (numerator, denominator) in sums.items() if denominator}
 
 
 def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "TrainRecipe") -> MegatronFamily:
@@ -275,7 +325,6 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         "training.recompute": cfg.recompute != "none", "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
         "the extract stage's feature cache (rerun without extract)": "extract" in upstream,
-        "training.eval_every (set training.eval_every=0: the evaluate stage measures the export)": bool(cfg.eval_every),
     }
     for what, asked in refused.items():
         if asked:

@@ -10,23 +10,54 @@ fused gradient clipping need CUDA (the GPU script runs them).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 
-def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Callable[[Any, dict[str, Any]], Any], total_tokens: float,
-                     *, forward_only: bool = False) -> float:
+def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Callable[[Any, dict[str, Any]], Any], total_tokens: float) -> float:
     """Run ``batches`` (micro-batches of one step) forward and backward through Megatron's schedule.
 
     ``loss_sum(output, batch)``: the summed loss of a micro-batch from the last stage's output.
     The gradients are those of (sum over micro-batches) / ``total_tokens``. Returns the summed
     loss of this data-parallel rank's micro-batches (on every rank of its pipeline)."""
+    def measure(output: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        summed = loss_sum(output, batch)
+        return summed / total_tokens, {"loss_sum": summed.detach()}
+
+    results = _schedule(model, batches, measure, forward_only=False)
+    return float(_on_every_stage([sum(float(r["loss_sum"]) for r in results)])[0])
+
+
+def forward_scores(model: Any, batches: Sequence[dict[str, Any]], score: Callable[[Any, dict[str, Any]], Mapping[str, tuple[float, float]]],
+                   names: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Held-out figures of ``batches`` (this data-parallel rank's), forward only: ``score(output,
+    batch)`` on the last stage gives ``name -> (numerator, denominator)`` of a micro-batch; the
+    sums over the micro-batches of every data-parallel rank, on every rank, for ``names``."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
+
+    def measure(output: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        figures = score(output, batch)
+        return torch.zeros(()), {name: torch.tensor([float(figures[name][0]), float(figures[name][1])]) for name in names}
+
+    with torch.no_grad():
+        results = _schedule(model, batches, measure, forward_only=True) if batches else []
+    sums = [sum(float(r[name][i]) for r in results) for name in names for i in (0, 1)]
+    total = torch.tensor(_on_every_stage(sums), dtype=torch.float64)
+    dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return {name: (float(total[2 * i]), float(total[2 * i + 1])) for i, name in enumerate(names)}
+
+
+def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]],
+              forward_only: bool) -> list[dict[str, Any]]:
+    """``batches`` through Megatron's forward-backward schedule (1F1B over pipeline stages, or
+    none); ``measure(output, batch) -> (loss to differentiate, figures)`` on the last stage,
+    whose figures it returns (an empty list on the other stages)."""
+    import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     config = model.config
-    config.calculate_per_token_loss = True  # the loss below is already per step token; no division by micro-batches
+    config.calculate_per_token_loss = True  # the loss is already per step token; no division by micro-batches
     config.deallocate_pipeline_outputs = False
     # micro-batches are padded to their own longest sample: between pipeline stages each
     # activation's shape is sent ahead of it (else the receiver assumes the first's shape)
@@ -37,19 +68,27 @@ def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Ca
         batch = next(data)
 
         def loss_func(output: Any) -> Any:
-            summed = loss_sum(output, batch)
-            return summed / total_tokens, torch.tensor(1, dtype=torch.int), {"loss_sum": summed.detach()}
+            loss, figures = measure(output, batch)
+            return loss, torch.tensor(1, dtype=torch.int), figures
 
         inputs = {k: v for k, v in batch.items() if k not in ("labels", "num_loss_tokens")}
         return module(**inputs), loss_func
 
     first = batches[0]["input_ids"]
-    results = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=feed, model=[model], num_microbatches=len(batches),
-                                          seq_length=first.shape[1], micro_batch_size=first.shape[0], forward_only=forward_only)
-    total = torch.tensor([sum(float(r["loss_sum"]) for r in results)] if results else [0.0])
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:  # the last stage has it; every stage reports it
+    return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=feed, model=[model], num_microbatches=len(batches),
+                                       seq_length=first.shape[1], micro_batch_size=first.shape[0], forward_only=forward_only)
+
+
+def _on_every_stage(sums: list[float]) -> list[float]:
+    """The last pipeline stage's sums, on every stage (the others hold zeros)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    total = torch.tensor(sums, dtype=torch.float64)
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         dist.all_reduce(total, group=parallel_state.get_pipeline_model_parallel_group())
-    return float(total)
+    return total.tolist()
 
 
 def vocab_parallel_loss_sum(logits: Any, labels: Any, vocab_size: int) -> Any:
@@ -74,6 +113,35 @@ def vocab_parallel_loss_sum(logits: Any, labels: Any, vocab_size: int) -> Any:
     # Megatron's layout is [S, B, V]; it returns the per-token loss [S, B]
     losses = vocab_parallel_cross_entropy(shard.transpose(0, 1).contiguous(), targets.clamp(min=0).transpose(0, 1).contiguous())
     return (losses.transpose(0, 1) * supervised).sum()
+
+
+def vocab_parallel_exact_match(logits: Any, labels: Any, vocab_size: int) -> Any:
+    """Per row: every supervised next token is the argmax over the whole vocabulary (what greedy
+    decoding would answer; :func:`mmcore.causal_lm.exact_match`), from this tensor-parallel
+    rank's slice of the logits: each rank's best (value, token) of its slice, the ranks' best
+    taken (the lowest token among equal values, as ``argmax`` over the whole row takes)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from mmcore.causal_lm import IGNORE
+
+    shard = logits[:, :-1].float()
+    width = shard.shape[-1]
+    first = parallel_state.get_tensor_model_parallel_rank() * width
+    shard = shard.masked_fill(torch.arange(first, first + width, device=shard.device) >= vocab_size, float("-inf"))
+    value, token = shard.max(-1)
+    token = token + first
+    group = parallel_state.get_tensor_model_parallel_group()
+    ranks = dist.get_world_size(group)
+    if ranks > 1:
+        values, tokens = [torch.empty_like(value) for _ in range(ranks)], [torch.empty_like(token) for _ in range(ranks)]
+        dist.all_gather(values, value, group=group)
+        dist.all_gather(tokens, token, group=group)
+        best = torch.stack(values).argmax(0, keepdim=True)  # the first rank holding the maximum: the lowest token
+        token = torch.stack(tokens).gather(0, best)[0]
+    targets = labels[:, 1:]
+    return ((token == targets) | (targets == IGNORE)).all(dim=1)
 
 
 def reduce_gradients(parameters: Iterable[Any]) -> None:
@@ -142,4 +210,4 @@ def clip_gradients(parameters: Sequence[Any], max_norm: float) -> float:
     return norm
 
 
-__all__ = ["forward_backward", "vocab_parallel_loss_sum", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"]
+__all__ = ["forward_backward", "forward_scores", "vocab_parallel_loss_sum", "vocab_parallel_exact_match", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"]

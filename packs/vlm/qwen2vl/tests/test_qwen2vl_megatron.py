@@ -28,7 +28,9 @@ needs_megatron = pytest.mark.skipif(not USABLE, reason=WHY)
 def test_megatron_logits_equal_transformers_with_images(preset: str, tmp_path: Path) -> None:
     """A batch of two rows with an image each (4 merged vision tokens between
     vision_start/vision_end): megatron-core's logits equal transformers' to 1e-5 (fp32; measured
-    ~2e-7: the attention and row-parallel sums run in another order), at TP=1 and TP=2."""
+    ~2e-7: the attention and row-parallel sums run in another order), at TP=1 and TP=2, and at
+    TP=2 with sequence parallelism on an odd length; the held-out exact match from each rank's
+    slice of the vocabulary is the whole logits'."""
     from mm_pack_qwen2vl.tiny import build_init_checkpoint
 
     build_init_checkpoint(preset, tmp_path / "model", seed=0)
@@ -40,6 +42,9 @@ def test_megatron_logits_equal_transformers_with_images(preset: str, tmp_path: P
         result = json.loads(out.read_text())
         assert result["shape"] == [2, 20, 391] and result["max_logit"] > 0.1
         assert result["max_abs_diff"] <= 1e-5, result
+        assert result["exact_match"] == result["exact_match_whole"] == [True, False], result
+        if tp > 1:  # 19 tokens padded to 20 for the split, cut back; transformers' first 19 (causal)
+            assert result["sequence_parallel"]["shape"] == [2, 19, 391] and result["sequence_parallel"]["max_abs_diff"] <= 1e-5, result
 
 
 @needs_megatron
@@ -376,12 +381,41 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
     with torch.no_grad():
         expected = theirs(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=types).logits
         got = ours(ids, types, pixel_values=pixels, image_grid_thw=grid)
+    result = {"shape": list(got.shape), "max_abs_diff": float((got - expected).abs().max()), "max_logit": float(expected.abs().max()),
+              "parameters_differing": differing, "parameters": len(ours.state_dict())}
+    if mode == "compare":
+        result.update(_parallel_figures(ours, config, expected, ids, types, pixels, grid, rank, world))
     if rank == 0:
-        out.write_text(json.dumps({"shape": list(got.shape), "max_abs_diff": float((got - expected).abs().max()),
-                                   "max_logit": float(expected.abs().max()), "parameters_differing": differing,
-                                   "parameters": len(ours.state_dict())}))
+        out.write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _parallel_figures(ours: Any, config: Any, expected: Any, ids: Any, types: Any, pixels: Any, grid: Any, rank: int, world: int) -> dict[str, Any]:
+    """What the engine computes from a rank's slice of the vocabulary and, at TP > 1, a
+    sequence-parallel model: the held-out exact match (against the whole logits' own), and the
+    logits of 19 tokens (padded to 20 for the split) against transformers' first 19."""
+    import torch
+
+    from mmcore.causal_lm import exact_match
+    from mmcore.megatron.train import vocab_parallel_exact_match
+    from mm_pack_qwen2vl.megatron import MegatronQwen2VL
+
+    vocab = expected.shape[-1]
+    labels = torch.cat([torch.full((2, 1), -100), expected[:, :-1].argmax(-1)], dim=1)  # the greedy answer: a hit ...
+    labels[:, :9] = -100
+    labels[1, 15] = (labels[1, 15] + 1) % vocab  # ... but one token of row 1
+    width = -(-vocab // world)
+    padded = torch.cat([expected, torch.full((2, 20, width * world - vocab), 1e4)], dim=-1)  # a padding column must not win
+    hits = vocab_parallel_exact_match(padded[..., rank * width : (rank + 1) * width], labels, vocab)
+    figures = {"exact_match": hits.tolist(), "exact_match_whole": exact_match(expected, labels).tolist()}
+    if world > 1:
+        sequence_parallel = MegatronQwen2VL(config, world, sequence_parallel=True)
+        sequence_parallel.load_state_dict(ours.state_dict())
+        with torch.no_grad():
+            got = sequence_parallel.eval()(ids[:, :19], types[:, :19], pixel_values=pixels, image_grid_thw=grid)
+        figures["sequence_parallel"] = {"shape": list(got.shape), "max_abs_diff": float((got - expected[:, :19]).abs().max())}
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``mmcore run`` on ``parallel.backend: megatron``: the user's path end to end. Training at
-TP=2, killed, resumed at TP=1 x PP=2, follows the plain (FSDP2, one process) run's losses; the
-export of its gathered weights reproduces them; what the backend does not do is a one-line error.
+TP=2, killed, resumed at TP=1 x PP=2, follows the plain (FSDP2, one process) run's losses and
+held-out accuracy; sequence parallelism too; the export of its gathered weights reproduces them;
+what the backend does not do is a one-line error.
 
 The model ties its output layer to the embedding (as Qwen2-VL-2B does): at PP=2 the last stage
 holds a copy whose gradient is summed with the embedding's, the case an untied model skips."""
@@ -18,7 +19,7 @@ USABLE, WHY = status()
 # Two micro-batches of one sample a step: samples differ in length, so pipeline stages send
 # activations of changing shapes and sequence parallelism pads odd lengths.
 TINY = ["--pack", "qwen2vl", "--preset", "tiny", "--model", "./tied", "data.demo_samples=40", "convert.verify=false", "training.steps=6",
-        "training.micro_batch_size=1", "training.grad_accum_steps=2"]
+        "training.micro_batch_size=1", "training.grad_accum_steps=2", "training.eval_every=3"]
 MEGATRON = ["--nproc-per-node", "2", "parallel.backend=megatron", "training.checkpoint_every=2"]
 
 
@@ -40,6 +41,11 @@ def tied_checkpoint(out: Path) -> None:
 def losses(run: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}  # a resumed run repeats steps: keep the last
+
+
+def accuracies(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
 
 
 def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
@@ -66,6 +72,9 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     for step in plain:  # fp32, the same batches; TP and PP only change the order of sums (measured ~1e-7)
         assert megatron[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, megatron)
     assert plain[6] < plain[1]
+    # Held-out accuracy during training (steps 0, 3 and 6; the killed run logged 0 and 3), from
+    # each rank's slice of the vocabulary: the plain run's (exact match on 8 samples).
+    assert accuracies(tmp_path / "mg") == accuracies(tmp_path / "plain") and list(accuracies(tmp_path / "plain")) == [0, 3, 6]
     train = manifest(tmp_path / "mg", "train")["metrics"]
     assert (train["backend"], train["tensor_parallel"], train["pipeline_parallel"], train["data_parallel"]) == ("megatron", 1, 2, 1)
     # The weights gathered through the table export like any run's: the export reproduces them,

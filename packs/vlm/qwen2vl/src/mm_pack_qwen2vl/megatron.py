@@ -179,7 +179,7 @@ def megatron_family(model_dir: Path) -> Any:
     from transformers import AutoConfig
 
     from mmcore.megatron.engine import MegatronFamily
-    from mmcore.megatron.train import vocab_parallel_loss_sum
+    from mmcore.megatron.train import vocab_parallel_exact_match, vocab_parallel_loss_sum
     from mm_pack_qwen2vl.adapter import ADAPTER
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -188,4 +188,7 @@ def megatron_family(model_dir: Path) -> Any:
                           parallel_map=parallel_map(config),
                           adapter=ADAPTER, whole={"visual.": "visual"},
                           inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
-                          loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab))
+                          loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab),
+                          # the held-out exact-match accuracy the FSDP2 loop logs (mmcore.causal_lm.exact_match)
+                          score=lambda logits, batch: {"accuracy": (float(vocab_parallel_exact_match(logits, batch["labels"], vocab).sum()), len(logits))},
+                          score_names=("accuracy",))
