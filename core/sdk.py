@@ -39,10 +39,10 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.mindspeed_mm": frozenset({"write_checkpoint", "read_checkpoint", "read_stages", "is_checkpoint", "export_mindspeed", "import_mindspeed"}),
     # megatron-core models (optional extra): build, train, checkpoint, LoRA
     "mmcore.megatron": frozenset({"status", "TESTED_MINOR"}),
-    "mmcore.megatron.gpt": frozenset({"init_model_parallel", "padded_vocab", "gpt_model", "SequenceParallelNorm", "pad_sequence", "scatter_sequence", "load_rank_state", "mark_parallel_weights"}),
+    "mmcore.megatron.gpt": frozenset({"init_model_parallel", "padded_vocab", "gpt_model", "SequenceParallelNorm", "pad_sequence", "scatter_sequence", "load_rank_state", "check_rank_names", "copy_rank_state", "mark_parallel_weights"}),
     "mmcore.megatron.train": frozenset({"forward_backward", "forward_scores", "vocab_parallel_loss_sum", "vocab_parallel_exact_match", "reduce_gradients", "sum_tied_gradients", "grad_norm", "clip_gradients"}),
     "mmcore.megatron.checkpoint": frozenset({"sharded_state", "save", "load"}),
-    "mmcore.megatron.engine": frozenset({"MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "gather_hub_state", "write_trained"}),
+    "mmcore.megatron.engine": frozenset({"MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "fill_rank", "gather_hub_state", "write_trained"}),
     "mmcore.megatron.lora": frozenset({"DEFAULT_TARGETS", "parallel_lora", "add_adapters", "init_adapters", "adapter_shards", "merged_state", "peft_state", "write_peft"}),
     "mmcore.preference": frozenset({"Pair", "read_pairs", "sequence_logps", "dpo_terms", "reward_sums", "ReferenceLogps", "reference_mode"}),
     "mmcore.lora": frozenset({"LoraPlan", "with_adapters", "load_adapter_folder", "is_adapter_folder", "merged_state", "write_peft_adapter", "diffusers_lora_state", "is_adapter"}),

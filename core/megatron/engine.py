@@ -371,25 +371,51 @@ def rank_sources(family: MegatronFamily, hub_names: Sequence[str], layout: Layou
 
 
 def load_rank(model: Any, family: MegatronFamily, checkpoint: Path, layout: Layout) -> None:
-    """Fill this rank's ``model`` from convert's checkpoint (training names, DCP): the decoder's
-    tensor-parallel shard of this stage, cut by the table, and the ``whole`` modules on the
-    first stage. Only the tensors this stage is made of are read (host memory follows the
-    stage, whole tensors before their TP cut)."""
+    """Fill this rank's ``model`` from convert's checkpoint (training names, DCP) by
+    :func:`fill_rank`: only the tensors this stage is made of are read, one layer at a time."""
     from mmcore.adapters import materialize
     from mmcore.convert import dcp_index, load_dcp_tensors
-    from mmcore.megatron.gpt import load_rank_state
 
     index = dcp_index(checkpoint)
     to_hub = family.adapter.to_hf(index)  # hub name -> how to make it from training names
-    mine, whole = rank_sources(family, list(to_hub), layout)
-    needed = {part for _, parts in mine.values() for part in parts} | set(whole)
-    tensors = load_dcp_tensors(checkpoint, {source for name in needed for source in to_hub[name].sources}, index)
-    hub = {name: materialize(to_hub[name], tensors.__getitem__) for name in needed}
-    shard = {name: rule.split(rule.fuse([hub[part] for part in parts]), layout.tp)[layout.tp_rank] for name, (rule, parts) in mine.items()}
-    load_rank_state(getattr(model, family.decoder), shard, prefix=family.decoder_prefix)
-    if layout.stage == 0:
+
+    def read(hub_names: set[str]) -> dict[str, Any]:
+        tensors = load_dcp_tensors(checkpoint, {source for name in hub_names for source in to_hub[name].sources}, index)
+        return {name: materialize(to_hub[name], tensors.__getitem__) for name in hub_names}
+
+    fill_rank(model, family, layout, list(to_hub), read)
+
+
+def fill_rank(model: Any, family: MegatronFamily, layout: Layout, hub_names: Sequence[str], read: Callable[[set[str]], Mapping[str, Any]]) -> None:
+    """Fill this rank's ``model`` from hub-named tensors (``read(names) -> {name: tensor}``, any
+    storage): the decoder's tensor-parallel shard of this stage, cut by the table, and the
+    ``whole`` modules on the first stage. One layer is read at a time: a rank holds its shard
+    plus one layer's whole tensors (host memory ~ model / (TP x PP) + a layer)."""
+    from mmcore.megatron.gpt import check_rank_names, copy_rank_state
+
+    mine, whole = rank_sources(family, hub_names, layout)
+    decoder = getattr(model, family.decoder)
+    check_rank_names(decoder, list(mine), family.decoder_prefix)
+    for group in _by_layer(mine):
+        hub = read({part for name in group for part in mine[name][1]})
+        copy_rank_state(decoder, {name: rule.split(rule.fuse([hub[part] for part in parts]), layout.tp)[layout.tp_rank]
+                                  for name, (rule, parts) in ((name, mine[name]) for name in group)}, family.decoder_prefix)
+    if layout.stage == 0 and whole:
+        hub = read(set(whole))
         for prefix, attribute in family.whole.items():
-            getattr(model, attribute).load_state_dict({k[len(prefix):]: hub[k] for k in whole if k.startswith(prefix)}, strict=True)
+            getattr(model, attribute).load_state_dict({k[len(prefix):]: v for k, v in hub.items() if k.startswith(prefix)}, strict=True)
+
+
+def _by_layer(names: Mapping[str, Any]) -> list[list[str]]:
+    """Megatron names grouped by the decoder layer they belong to (``...layers.N.``); every
+    other tensor (embedding, final norm, output layer) a group of its own."""
+    import re
+
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        found = re.search(r"\.layers\.(\d+)\.", name)
+        groups.setdefault(found.group(0) if found else name, []).append(name)
+    return list(groups.values())
 
 
 def gather_hub_state(model: Any, family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
@@ -490,4 +516,4 @@ def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, samp
     commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer), trainer_state)
 
 
-__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "gather_hub_state", "write_trained"]
+__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "fill_rank", "gather_hub_state", "write_trained"]

@@ -177,19 +177,31 @@ def _stage_counts(stage_layers: Sequence[int] | None, stages: int) -> dict[str, 
 def load_rank_state(model: Any, state: Mapping[str, Any], prefix: str = "") -> None:
     """This rank's tensors (a :meth:`ParallelMap.split_tp` shard) into ``model``, the names under
     ``prefix`` (``"text_decoder."``); every parameter must be given and every tensor used."""
-    import torch
+    check_rank_names(model, [k for k in state if k.startswith(prefix)], prefix)
+    copy_rank_state(model, state, prefix)
 
-    mine = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+def check_rank_names(model: Any, names: Sequence[str], prefix: str = "") -> None:
+    """The tensors a rank will be given (``names``, under ``prefix``) are exactly ``model``'s
+    parameters and buffers: a one-line error naming the first missing or unexpected one."""
+    given = {name[len(prefix):] for name in names}
     expected = {k for k in model.state_dict() if not k.endswith("._extra_state")}
-    missing, unexpected = sorted(expected - set(mine)), sorted(set(mine) - expected)
+    missing, unexpected = sorted(expected - given), sorted(given - expected)
     if missing or unexpected:
         raise StageError(f"the Megatron model and the table disagree: {'missing ' + prefix + missing[0] if missing else 'unexpected ' + prefix + unexpected[0]}")
+
+
+def copy_rank_state(model: Any, state: Mapping[str, Any], prefix: str = "") -> None:
+    """Copy some of this rank's tensors (names under ``prefix``) into ``model``, shapes checked."""
+    import torch
+
+    own = model.state_dict()
     with torch.no_grad():
-        own = model.state_dict()
-        for name, tensor in mine.items():
-            if own[name].shape != tensor.shape:
-                raise StageError(f"{prefix}{name}: the table gives {tuple(tensor.shape)}, the Megatron model has {tuple(own[name].shape)}")
-            own[name].copy_(tensor)
+        for name, tensor in state.items():
+            local = name[len(prefix):]
+            if own[local].shape != tensor.shape:
+                raise StageError(f"{name}: the table gives {tuple(tensor.shape)}, the Megatron model has {tuple(own[local].shape)}")
+            own[local].copy_(tensor)
 
 
-__all__ = ["init_model_parallel", "padded_vocab", "gpt_model", "SequenceParallelNorm", "pad_sequence", "scatter_sequence", "load_rank_state"]
+__all__ = ["init_model_parallel", "padded_vocab", "gpt_model", "SequenceParallelNorm", "pad_sequence", "scatter_sequence", "load_rank_state", "check_rank_names", "copy_rank_state"]

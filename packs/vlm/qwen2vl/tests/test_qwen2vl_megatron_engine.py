@@ -134,7 +134,8 @@ def test_megatron_data_parallel_run_follows_the_plain_run(mm, tmp_path: Path) ->
 def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Path) -> None:
     """At PP=2 a rank reads the tensors of its own stage: the first its layer, the embedding and
     the vision tower; the last its layer (renumbered from 0), the final norm and, the output
-    layer being tied, the embedding it copies. (From the names alone: no process group.)"""
+    layer being tied, the embedding it copies; a layer's tensors are read together, apart from
+    any other's. (From the names alone: no process group.)"""
     from safetensors import safe_open
 
     from mmcore.megatron.engine import Layout, rank_sources
@@ -154,6 +155,13 @@ def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Pat
     assert last["text_decoder.output_layer.weight"][1] == ("model.embed_tokens.weight",)  # the tied copy
     assert first_whole and all(name.startswith("visual.") for name in first_whole) and last_whole == []
     assert len(read[0] | set(first_whole)) + len(read[1]) < len(hub) + 2  # only the embedding is read twice
+    # ... and one layer at a time (a rank holds its shard and one layer's whole tensors)
+    from mmcore.megatron.engine import _by_layer
+
+    whole_model, _ = rank_sources(family, hub, Layout(1, 1, 1, 0, 0, 0))
+    groups = {tuple(sorted({name.split(".")[3] if ".layers." in name else name for name in group})) for group in _by_layer(whole_model)}
+    assert groups == {("0",), ("1",), ("text_decoder.embedding.word_embeddings.weight",), ("text_decoder.decoder.final_layernorm.weight",)}
+    assert sum(len(group) for group in _by_layer(whole_model)) == len(whole_model)
 
 
 @pytest.mark.skipif(not USABLE, reason=WHY)

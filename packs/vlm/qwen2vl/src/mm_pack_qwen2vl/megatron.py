@@ -149,27 +149,27 @@ class MegatronQwen2VL:
 
 def load_megatron_model(model_dir: Path, tensor_parallel: int, rank: int, pipeline_parallel: int = 1, stage: int = 0) -> Any:
     """:class:`MegatronQwen2VL` of a hub checkpoint folder: tensor-parallel ``rank``'s shard of
-    pipeline ``stage``, cut by the table (the vision tower whole, on the first stage)."""
-    from safetensors.torch import load_file
+    pipeline ``stage``, cut by the table (the vision tower whole, on the first stage), as the
+    engine fills a rank (:func:`mmcore.megatron.engine.fill_rank`)."""
+    from safetensors import safe_open
     from transformers import AutoConfig
 
-    from mmcore.megatron.gpt import load_rank_state
-    from mmcore.parallel_map import even_layers
+    from mmcore.megatron.engine import Layout, fill_rank
 
-    config = AutoConfig.from_pretrained(model_dir)
-    pmap = parallel_map(config)
-    hub: dict[str, Any] = {}
+    files = {}
     for path in sorted(model_dir.glob("*.safetensors")):
-        hub.update(load_file(path))
-    model = MegatronQwen2VL(config, tensor_parallel, pipeline_parallel, stage)
-    if stage == 0:
-        model.visual.load_state_dict({k[len("visual."):]: v for k, v in hub.items() if k.startswith("visual.")}, strict=True)
-    language = {k: v for k, v in pmap.to_megatron(hub).items() if k.startswith("text_decoder.")}
-    shard = pmap.split_tp(language, tensor_parallel)[rank]
-    if pipeline_parallel > 1:
-        layers = {VISION: [0] * pipeline_parallel, TEXT: even_layers(config.get_text_config().num_hidden_layers, pipeline_parallel)}
-        shard = pmap.split_pp(shard, layers)[stage]
-    load_rank_state(model.language_model, shard, prefix="text_decoder.")
+        with safe_open(path, "pt") as f:
+            files.update(dict.fromkeys(f.keys(), path))
+
+    def read(names: set[str]) -> dict[str, Any]:
+        out = {}
+        for name in names:
+            with safe_open(files[name], "pt") as f:
+                out[name] = f.get_tensor(name)
+        return out
+
+    model = MegatronQwen2VL(AutoConfig.from_pretrained(model_dir), tensor_parallel, pipeline_parallel, stage)
+    fill_rank(model, megatron_family(model_dir), Layout(tensor_parallel, pipeline_parallel, 1, rank, stage, 0), list(files), read)
     return model.eval()
 
 
