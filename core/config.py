@@ -118,6 +118,7 @@ class ParallelSection(Section):
     replicate: int = Field(1, ge=1, description="HSDP: replicas of the model, each sharded over world / replicate processes (e.g. the number of nodes: shard within a node, replicate across); 1: shard over every process.")
     tensor_parallel: int = Field(1, ge=1, description="backend megatron: tensor-parallel ranks each layer is split over (attention heads, MLP columns, the vocabulary).")
     pipeline_parallel: int = Field(1, ge=1, description="backend megatron: pipeline stages the layers are placed on (the vision tower on the first); data-parallel replicas = processes / (tensor_parallel x pipeline_parallel).")
+    virtual_pipeline: int = Field(1, ge=1, description="backend megatron, pipeline_parallel > 1: model chunks per pipeline rank, run by Megatron's interleaved 1F1B schedule (a smaller pipeline bubble for more transfers); the layers must divide into pipeline_parallel x virtual_pipeline equal runs, and training.grad_accum_steps >= pipeline_parallel.")
     sequence_parallel: bool = Field(False, description="backend megatron, tensor_parallel > 1: between the split layers each tensor-parallel rank keeps 1/tensor_parallel of the sequence (norms, residuals, dropout: their activation memory / tensor_parallel); the same losses.")
 
 
@@ -182,7 +183,7 @@ class RunConfig(Section):
         ``sections`` are section names or dotted paths to single fields (``training.freeze``).
         """
         data = self.model_dump(mode="json")
-        for name in ("node_rank", "tensor_parallel", "pipeline_parallel", "sequence_parallel"):
+        for name in ("node_rank", "tensor_parallel", "pipeline_parallel", "sequence_parallel", "virtual_pipeline"):
             # which node reads the slice, how the model is split over processes: not what the
             # stage computes (a run resumes at another tensor/pipeline layout)
             data["parallel"].pop(name, None)

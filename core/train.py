@@ -141,8 +141,9 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     backend = import_object(ctx.plugins.registry.backend(ctx.config.parallel.backend).factory)() if ctx.plugins else None
     if hasattr(backend, "train"):  # a backend that owns the loop (pipeline schedules): megatron
         return backend.train(ctx, upstream, recipe)
-    if ctx.config.parallel.tensor_parallel > 1 or ctx.config.parallel.pipeline_parallel > 1 or ctx.config.parallel.sequence_parallel:
-        raise StageError(f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel split the model on parallel.backend: megatron; this run's backend is {ctx.config.parallel.backend}")
+    split = ctx.config.parallel
+    if split.tensor_parallel > 1 or split.pipeline_parallel > 1 or split.sequence_parallel or split.virtual_pipeline > 1:
+        raise StageError(f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on parallel.backend: megatron; this run's backend is {split.backend}")
     own_group = _process_group_for_one(backend, world, accelerator, bf16=use_bf16, offload=cfg.cpu_offload)
     if recipe.weights is not None:
         with parameters_on_meta():

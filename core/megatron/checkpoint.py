@@ -22,9 +22,14 @@ SCALAR_STATE = ("step",)
 def sharded_state(model: Any) -> dict[str, Any]:
     """The model's ``dist_checkpointing`` state: megatron-core children by their own sharding,
     every other child's tensors as replicated (the parameters themselves, so that an
-    optimizer's state can be matched to them)."""
+    optimizer's state can be matched to them). A ``ModuleList`` of virtual-stage chunks: each
+    chunk's, under the list's own state-dict names (``0.``, ``1.``); the checkpoint's keys
+    stay the chunks' (each layer under its global number), so any layout reads them."""
+    import torch
     from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
+    if isinstance(model, torch.nn.ModuleList):
+        return {f"{v}.{key}": value for v, chunk in enumerate(model) for key, value in sharded_state(chunk).items()}
     state: dict[str, Any] = {}
     for name, child in model.named_children():
         if hasattr(child, "sharded_state_dict"):

@@ -20,6 +20,10 @@ With ``training.lora`` the adapters sit on every linear of the language model
 (:mod:`mmcore.megatron.lora`, split over TP as their base), the rest frozen; the trained
 checkpoint holds them merged into the base, ``checkpoints/adapter`` in PEFT's format.
 
+With ``parallel.virtual_pipeline`` = V a rank holds V model chunks (``build`` once per chunk),
+chunk v of stage s the (v x PP + s)-th run of layers, run by Megatron's interleaved schedule;
+the chunks' checkpoint keys are the layers' global ones, so a run resumes at any V.
+
 Held-out evaluation (``training.eval_every``) runs the family's ``score`` forward only through
 the same schedule, each data-parallel replica its share of the samples. Sequence parallelism
 is the family's model's (:mod:`mmcore.megatron.gpt`); the loop sums the gradients it leaves
@@ -33,6 +37,7 @@ cache.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -109,8 +114,10 @@ class MegatronFamily:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank, and
-    whether the sequence is split over the tensor-parallel ranks between their layers."""
+    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank; whether
+    the sequence is split over the tensor-parallel ranks between their layers; how many model
+    chunks a pipeline rank holds (``virtual``: the interleaved schedule) and which of them a
+    module is (``chunk``: what ``MegatronFamily.build`` builds)."""
 
     tp: int
     pp: int
@@ -119,16 +126,27 @@ class Layout:
     stage: int
     dp_rank: int
     sequence_parallel: bool = False
+    virtual: int = 1
+    chunk: int = 0
 
     @classmethod
-    def current(cls, sequence_parallel: bool = False) -> "Layout":
+    def current(cls, sequence_parallel: bool = False, virtual: int = 1) -> "Layout":
         from megatron.core import parallel_state as ps
 
         return cls(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(), ps.get_data_parallel_world_size(),
-                   ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(), sequence_parallel)
+                   ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(), sequence_parallel, virtual)
+
+    def of_chunk(self, chunk: int) -> "Layout":
+        return dataclasses.replace(self, chunk=chunk)
+
+    @property
+    def virtual_stage(self) -> int:
+        """This chunk's place among the PP x V runs of layers (Megatron's interleaved order)."""
+        return self.chunk * self.pp + self.stage
 
     def describe(self) -> str:
-        return f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp} x DP={self.dp}"
+        return (f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp}"
+                f"{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''} x DP={self.dp}")
 
 
 class MegatronBackend:
@@ -168,21 +186,25 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     if not dist.is_initialized():  # one process: Megatron's groups still need a process group
         dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
         own_group = True
-    init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed)
-    layout = Layout.current(parallel.sequence_parallel)
+    init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed, virtual_pipeline=parallel.virtual_pipeline)
+    layout = Layout.current(parallel.sequence_parallel, parallel.virtual_pipeline)
     seed_everything(ctx.seed + world.rank)
-    model = family.build(layout)
+    # this rank's model chunks (one, or one per virtual stage): a ModuleList names them 0, 1, ...
+    model = torch.nn.ModuleList([family.build(layout.of_chunk(v)) for v in range(layout.virtual)])
+    decoders = [getattr(chunk, family.decoder) for chunk in model]
     ckpt_root = ctx.stage_dir / CHECKPOINTS
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
     if resume_from is None:
-        load_rank(model, family, recipe.weights(ctx, upstream), layout)  # type: ignore[misc]
+        for v, chunk in enumerate(model):
+            load_rank(chunk, family, recipe.weights(ctx, upstream), layout.of_chunk(v))  # type: ignore[misc]
     lora = cfg.lora.r > 0
     if lora:  # adapters on every linear of the language model, the rest frozen (after loading: the base keeps its names)
         from mmcore.megatron.lora import add_adapters, init_adapters
 
         model.requires_grad_(False)
-        add_adapters(getattr(model, family.decoder), cfg.lora.r, cfg.lora.alpha)
-        init_adapters(getattr(model, family.decoder), ctx.seed, cfg.lora.init)
+        for decoder in decoders:
+            add_adapters(decoder, cfg.lora.r, cfg.lora.alpha)
+            init_adapters(decoder, ctx.seed, cfg.lora.init)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
@@ -204,7 +226,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         restore_rng(resume_from, world)
         step, last_loss = int(state["step"]), float("nan") if state.get("loss") is None else float(state["loss"])
         saved = state.get("layout", {})
-        moved = "" if (saved.get("tensor_parallel"), saved.get("pipeline_parallel")) == (layout.tp, layout.pp) else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}, resharded)"
+        moved = ("" if (saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("virtual_pipeline", 1)) == (layout.tp, layout.pp, layout.virtual)
+                 else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}"
+                      f"{' x ' + str(saved['virtual_pipeline']) + ' virtual' if saved.get('virtual_pipeline', 1) > 1 else ''}, resharded)")
         ctx.say(f"resumed from step {step}{moved}")
     model.train()
     dp_group = _dp_group()
@@ -218,7 +242,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
 
     def log_eval(at: int) -> None:
         model.eval()
-        evals.record(at, evaluate_held_out(model, family, layout, device))
+        evals.record(at, evaluate_held_out(list(model), family, layout, device))
         model.train()
 
     if step == 0:
@@ -239,8 +263,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro))], device=device)
         dist.all_reduce(counts, group=dp_group)
         global_tokens = max(counts.item(), 1.0)
-        loss_sum = forward_backward(model, micro, family.loss_sum, global_tokens)
-        sum_tied_gradients(getattr(model, family.decoder))
+        loss_sum = forward_backward(list(model), micro, family.loss_sum, global_tokens)
+        for decoder in decoders:
+            sum_tied_gradients(decoder)
         reduce_gradients(params)
         grad_norm = clip_gradients(params, cfg.max_grad_norm)
         optimizer.step()
@@ -287,7 +312,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     )
 
 
-def evaluate_held_out(model: Any, family: MegatronFamily, layout: Layout, device: Any) -> dict[str, float]:
+def evaluate_held_out(model: Sequence[Any], family: MegatronFamily, layout: Layout, device: Any) -> dict[str, float]:
     """The family's held-out figures (``score`` over ``held_out``, one sample a micro-batch,
     forward only): each data-parallel replica takes every DP-th sample, all its TP x PP ranks
     the same ones; empty without a score or held-out samples."""
@@ -316,6 +341,11 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         raise StageError(f"parallel.tensor_parallel={parallel.tensor_parallel} x parallel.pipeline_parallel={parallel.pipeline_parallel} does not divide the {world} process(es) (--nproc-per-node x nodes)")
     if parallel.sequence_parallel and parallel.tensor_parallel == 1:
         raise StageError("parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too")
+    if parallel.virtual_pipeline > 1 and parallel.pipeline_parallel == 1:
+        raise StageError("parallel.virtual_pipeline interleaves model chunks over pipeline stages: set parallel.pipeline_parallel > 1 too")
+    if parallel.virtual_pipeline > 1 and cfg.grad_accum_steps < parallel.pipeline_parallel:
+        raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
+                         f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
     refused = {
         "training.precision: bf16 (Megatron's bf16 keeps fp32 main weights in an optimizer that needs CUDA; set training.precision: fp32)":
             cfg.precision == "bf16" or (cfg.precision == "auto" and ctx.accelerator.device_type != "cpu" and ctx.accelerator.supports_bf16()),
@@ -335,7 +365,8 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
 
 
 def _layout_record(layout: Layout) -> dict[str, int | bool]:
-    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp, "sequence_parallel": layout.sequence_parallel}
+    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp, "sequence_parallel": layout.sequence_parallel,
+            "virtual_pipeline": layout.virtual}
 
 
 def _dp_group() -> Any:
@@ -360,13 +391,15 @@ def _stage_layers(family: MegatronFamily, megatron_names: Mapping[str, Any], pp:
 def rank_sources(family: MegatronFamily, hub_names: Sequence[str], layout: Layout) -> tuple[dict[str, tuple[Any, tuple[str, ...]]], list[str]]:
     """From the names alone: this rank's decoder tensors (its stage's local Megatron names ->
     (the table's rule, the hub tensors fused into it)) and the hub tensors of the ``whole``
-    modules it holds (on the first stage), so a rank reads only its stage's part."""
+    modules it holds (on the first stage), so a rank reads only its stage's part. With
+    virtual stages, the part of the chunk ``layout.chunk``."""
     pmap = family.parallel_map
     plan = {name: made for name, made in pmap.plan(hub_names).items() if name.startswith(family.decoder_prefix)}
     local = {name: name for name in plan}  # split_pp only moves values: here, each tensor's global name
-    if layout.pp > 1:
-        local = pmap.split_pp(local, _stage_layers(family, local, layout.pp))[layout.stage]
-    whole = [name for name in hub_names if layout.stage == 0 and name.startswith(tuple(family.whole))]
+    stages = layout.pp * layout.virtual  # virtual stages: chunk v of stage s is the (v x PP + s)-th
+    if stages > 1:
+        local = pmap.split_pp(local, _stage_layers(family, local, stages))[layout.virtual_stage]
+    whole = [name for name in hub_names if layout.virtual_stage == 0 and name.startswith(tuple(family.whole))]
     return {name: plan[global_name] for name, global_name in local.items()}, whole
 
 
@@ -400,7 +433,7 @@ def fill_rank(model: Any, family: MegatronFamily, layout: Layout, hub_names: Seq
         hub = read({part for name in group for part in mine[name][1]})
         copy_rank_state(decoder, {name: rule.split(rule.fuse([hub[part] for part in parts]), layout.tp)[layout.tp_rank]
                                   for name, (rule, parts) in ((name, mine[name]) for name in group)}, family.decoder_prefix)
-    if layout.stage == 0 and whole:
+    if layout.virtual_stage == 0 and whole:
         hub = read(set(whole))
         for prefix, attribute in family.whole.items():
             getattr(model, attribute).load_state_dict({k[len(prefix):]: v for k, v in hub.items() if k.startswith(prefix)}, strict=True)
@@ -418,18 +451,18 @@ def _by_layer(names: Mapping[str, Any]) -> list[list[str]]:
     return list(groups.values())
 
 
-def gather_hub_state(model: Any, family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
+def gather_hub_state(model: Sequence[Any], family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
     """The whole model as hub-named tensors on global rank 0 (None elsewhere): every rank of
-    data-parallel replica 0 sends its shard there, where the table merges them (LoRA adapters
-    merged into their base weights first). Holds the whole model in rank 0's memory (as an
-    export does)."""
+    data-parallel replica 0 sends its chunks' shards there, where the table merges them (LoRA
+    adapters merged into their base weights first). Holds the whole model in rank 0's memory
+    (as an export does)."""
     from mmcore.megatron.lora import merged_state
 
-    def part() -> tuple[dict[str, Any], dict[str, Any]]:
-        decoder = {family.decoder_prefix + k: v.cpu() for k, v in merged_state(getattr(model, family.decoder)).items()}
+    def part(chunk: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        decoder = {family.decoder_prefix + k: v.cpu() for k, v in merged_state(getattr(model[chunk], family.decoder)).items()}
         whole = {}
-        if layout.stage == 0 and layout.tp_rank == 0:
-            whole = {prefix + k: v.detach().cpu() for prefix, attribute in family.whole.items() for k, v in getattr(model, attribute).state_dict().items()}
+        if layout.of_chunk(chunk).virtual_stage == 0 and layout.tp_rank == 0:
+            whole = {prefix + k: v.detach().cpu() for prefix, attribute in family.whole.items() for k, v in getattr(model[chunk], attribute).state_dict().items()}
         return decoder, whole
 
     stages = _gather_by_stage(layout, part)
@@ -437,28 +470,29 @@ def gather_hub_state(model: Any, family: MegatronFamily, layout: Layout) -> dict
         return None
     pmap = family.parallel_map
     merged = [pmap.merge_tp([decoder for decoder, _ in ranks]) for ranks in stages]
-    hub = pmap.to_hf(pmap.merge_pp(merged) if layout.pp > 1 else merged[0])
+    hub = pmap.to_hf(pmap.merge_pp(merged) if len(merged) > 1 else merged[0])
     for ranks in stages:
         for _, whole in ranks:
             hub.update(whole)
     return hub
 
 
-def _gather_by_stage(layout: Layout, part: Callable[[], Any]) -> list[list[Any]] | None:
-    """``part()`` of every rank of data-parallel replica 0, on global rank 0: one list per
-    pipeline stage, in tensor-parallel rank order (None on the other ranks)."""
+def _gather_by_stage(layout: Layout, part: Callable[[int], Any]) -> list[list[Any]] | None:
+    """``part(chunk)`` of every chunk of every rank of data-parallel replica 0, on global rank 0:
+    one list per (virtual) pipeline stage in the model's order, in tensor-parallel rank order
+    (None on the other ranks)."""
     import torch.distributed as dist
 
-    mine = (layout.stage, layout.tp_rank, part()) if layout.dp_rank == 0 else None
+    mine = (layout.stage, layout.tp_rank, [part(v) for v in range(layout.virtual)]) if layout.dp_rank == 0 else None
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
     dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return None
     received = sorted((p for p in parts if p is not None), key=lambda p: (p[0], p[1]))
-    return [[payload for stage, _, payload in received if stage == s] for s in range(layout.pp)]
+    return [[chunks[v] for stage, _, chunks in received if stage == s] for v in range(layout.virtual) for s in range(layout.pp)]
 
 
-def write_trained(folder: Path, model: Any, family: MegatronFamily, layout: Layout, world: Any) -> None:
+def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any) -> None:
     """The trained weights in the family's training names as a DCP model checkpoint
     (``model.<name>``: what export and :func:`mmcore.checkpointing.load_converted` read),
     replacing ``folder`` only once complete."""
@@ -484,15 +518,15 @@ def write_trained(folder: Path, model: Any, family: MegatronFamily, layout: Layo
         dist.barrier()
 
 
-def write_adapter(folder: Path, model: Any, family: MegatronFamily, layout: Layout, world: Any, lora: Any, base_model: Path) -> None:
+def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any, lora: Any, base_model: Path) -> None:
     """The LoRA adapters in PEFT's format (``PeftModel.from_pretrained`` on the base model loads
     them): every tensor-parallel rank's shards of every stage, merged by the table on rank 0."""
     import torch.distributed as dist
 
     from mmcore.megatron.lora import adapter_shards, peft_state, write_peft
 
-    def part() -> dict[str, Any]:
-        shards = adapter_shards(getattr(model, family.decoder), prefix=family.decoder_prefix)
+    def part(chunk: int) -> dict[str, Any]:
+        shards = adapter_shards(getattr(model[chunk], family.decoder), prefix=family.decoder_prefix)
         return {name: (a.cpu(), b.cpu()) for name, (a, b) in shards.items()}
 
     stages = _gather_by_stage(layout, part)

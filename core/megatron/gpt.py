@@ -24,9 +24,10 @@ from typing import Any, Mapping, Sequence
 from mmcore.errors import StageError
 
 
-def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: int = 0) -> None:
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: int = 0, virtual_pipeline: int = 1) -> None:
     """Megatron's parallel groups over the default process group (already initialised: torchrun,
-    or one process with world size 1), and its model-parallel RNG seeded."""
+    or one process with world size 1), and its model-parallel RNG seeded. ``virtual_pipeline``:
+    model chunks per pipeline rank (the interleaved schedule), > 1 only with pipeline stages."""
     import torch.distributed as dist
 
     from mmcore.megatron.cpu import activate
@@ -39,7 +40,8 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: 
     if world % (tensor_parallel * pipeline_parallel):
         raise StageError(f"parallel.tensor_parallel={tensor_parallel} x parallel.pipeline_parallel={pipeline_parallel} does not divide the {world} processes")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+                                                 virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None)
     model_parallel_cuda_manual_seed(seed)
 
 
@@ -51,7 +53,8 @@ def padded_vocab(vocab_size: int, tensor_parallel: int) -> int:
 
 def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mrope_section: Sequence[int] | None = None,
               qkv_bias: bool = True, dtype: Any = None, pipeline_parallel: int = 1, stage_layers: Sequence[int] | None = None,
-              pre_process: bool = True, post_process: bool = True, parallel_output: bool = False, sequence_parallel: bool = False) -> Any:
+              pre_process: bool = True, post_process: bool = True, parallel_output: bool = False, sequence_parallel: bool = False,
+              virtual_pipeline: int = 1, chunk: int = 0) -> Any:
     """This rank's ``GPTModel`` of a transformers text config (``hidden_size``,
     ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
     ``num_hidden_layers``, ``rms_norm_eps``, ``vocab_size``, rope theta), uninitialised (weights
@@ -63,7 +66,9 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
     logits, for :func:`mmcore.megatron.train.vocab_parallel_loss_sum`; else the whole.
     ``sequence_parallel``: the layers take and give [S / TP, B, H] (the module docstring); the
     embedding is not scattered (the caller adds its own features first:
-    :func:`scatter_sequence`)."""
+    :func:`scatter_sequence`). ``virtual_pipeline`` > 1: this is virtual stage ``chunk`` of the
+    rank's stage (Megatron's interleaved placement: chunk v of stage s holds the (v x PP + s)-th
+    of PP x V equal runs of layers; ``stage_layers`` is not used)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
@@ -74,6 +79,11 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
     rope = getattr(text_config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))
     head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    if virtual_pipeline > 1:
+        if text_config.num_hidden_layers % (pipeline_parallel * virtual_pipeline):
+            raise StageError(f"parallel.virtual_pipeline={virtual_pipeline} x parallel.pipeline_parallel={pipeline_parallel} does not divide the "
+                             f"{text_config.num_hidden_layers} layers (the interleaved schedule places equal runs of layers)")
+        stage_layers = None
     config = TransformerConfig(
         num_layers=text_config.num_hidden_layers, hidden_size=text_config.hidden_size, ffn_hidden_size=text_config.intermediate_size,
         num_attention_heads=text_config.num_attention_heads, num_query_groups=text_config.num_key_value_heads, kv_channels=head_dim,
@@ -81,6 +91,7 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
         add_bias_linear=False, add_qkv_bias=qkv_bias, attention_dropout=0.0, hidden_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel, sequence_parallel=sequence_parallel, params_dtype=dtype or torch.float32,
         pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=dtype or torch.float32, **_stage_counts(stage_layers, pipeline_parallel),
+        virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         mrope_section=list(mrope_section) if mrope_section else None,
         # fusions are CUDA kernels; the layers' plain torch paths compute the same
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
@@ -91,11 +102,11 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
 
     with tensor_cuda_stays():  # a tied output layer's copy on the last stage is all-reduced as it is built
         model = GPTModel(
-            config=config, transformer_layer_spec=_block_spec(config),
+            config=config, transformer_layer_spec=_block_spec(config, chunk if virtual_pipeline > 1 else None),
             vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
             position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
             share_embeddings_and_output_weights=tied, parallel_output=parallel_output, pre_process=pre_process, post_process=post_process,
-            scatter_embedding_sequence_parallel=False,
+            scatter_embedding_sequence_parallel=False, vp_stage=chunk if virtual_pipeline > 1 else None,
         )
     mark_parallel_weights(model)
     return model
@@ -114,7 +125,7 @@ class SequenceParallelNorm:
         return norm
 
 
-def _block_spec(config: Any) -> Any:
+def _block_spec(config: Any, vp_stage: int | None) -> Any:
     """The local layer spec with :class:`SequenceParallelNorm` for every norm, as the decoder block
     of this pipeline stage's layers."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -122,7 +133,7 @@ def _block_spec(config: Any) -> Any:
 
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
     layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
-    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=SequenceParallelNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage), layer_norm=SequenceParallelNorm)
 
 
 def pad_sequence(tensor: Any, tensor_parallel: int, dim: int = 1, value: int = 0) -> Any:

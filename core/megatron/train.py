@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 
 def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Callable[[Any, dict[str, Any]], Any], total_tokens: float) -> float:
-    """Run ``batches`` (micro-batches of one step) forward and backward through Megatron's schedule.
+    """Run ``batches`` (micro-batches of one step) forward and backward through Megatron's schedule
+    (``model``: this rank's module, or its list of virtual-stage chunks).
 
     ``loss_sum(output, batch)``: the summed loss of a micro-batch from the last stage's output.
     The gradients are those of (sum over micro-batches) / ``total_tokens``. Returns the summed
@@ -37,9 +38,13 @@ def forward_scores(model: Any, batches: Sequence[dict[str, Any]], score: Callabl
     from megatron.core import parallel_state
 
     def measure(output: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        figures = score(output, batch)
-        return torch.zeros(()), {name: torch.tensor([float(figures[name][0]), float(figures[name][1])]) for name in names}
+        figures, weight = score(output, batch), batch.get("_weight", 1.0)
+        return torch.zeros(()), {name: torch.tensor([weight * float(figures[name][0]), weight * float(figures[name][1])]) for name in names}
 
+    stages = parallel_state.get_pipeline_model_parallel_world_size()
+    if isinstance(model, (list, tuple)) and len(model) > 1 and 0 < len(batches) < stages:
+        # the interleaved schedule takes at least PP micro-batches: repeats of the first, not counted
+        batches = [*batches, *({**batches[0], "_weight": 0.0} for _ in range(stages - len(batches)))]
     with torch.no_grad():
         results = _schedule(model, batches, measure, forward_only=True) if batches else []
     sums = [sum(float(r[name][i]) for r in results) for name in names for i in (0, 1)]
@@ -50,19 +55,30 @@ def forward_scores(model: Any, batches: Sequence[dict[str, Any]], score: Callabl
 
 def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]],
               forward_only: bool) -> list[dict[str, Any]]:
-    """``batches`` through Megatron's forward-backward schedule (1F1B over pipeline stages, or
-    none); ``measure(output, batch) -> (loss to differentiate, figures)`` on the last stage,
-    whose figures it returns (an empty list on the other stages)."""
+    """``batches`` through Megatron's forward-backward schedule (1F1B over pipeline stages,
+    interleaved when ``model`` is a list of virtual-stage chunks, or none); ``measure(output,
+    batch) -> (loss to differentiate, figures)`` on the last stage, whose figures it returns (an
+    empty list on the other stages). Keys of a batch starting with ``_`` are not the model's."""
     import torch
+    from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    config = model.config
-    config.calculate_per_token_loss = True  # the loss is already per step token; no division by micro-batches
-    config.deallocate_pipeline_outputs = False
-    # micro-batches are padded to their own longest sample: between pipeline stages each
-    # activation's shape is sent ahead of it (else the receiver assumes the first's shape)
-    config.variable_seq_lengths = True
-    feed = iter(batches)
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    stages = parallel_state.get_pipeline_model_parallel_world_size()
+    for config in {id(c.config): c.config for c in chunks}.values():
+        config.calculate_per_token_loss = True  # the loss is already per step token; no division by micro-batches
+        config.deallocate_pipeline_outputs = False
+        # micro-batches are padded to their own longest sample: between pipeline stages each
+        # activation's shape is sent ahead of it (else the receiver assumes the first's shape)
+        config.variable_seq_lengths = len(chunks) == 1
+        if len(chunks) > 1:  # interleaved: run the micro-batches through each chunk in groups of PP (all at once when PP does not divide them)
+            config.microbatch_group_size_per_vp_stage = stages if len(batches) % stages == 0 else len(batches)
+            # it sends to the previous and the next stage at once: at PP=2 one peer, and only
+            # Megatron's unbatched transfers tell the two apart (a second group); they need
+            # one activation shape for the step's micro-batches
+            config.batch_p2p_comm = False
+    if len(chunks) > 1:
+        batches = _same_length(batches, parallel_state.get_tensor_model_parallel_world_size())
 
     def forward_step(data: Any, module: Any) -> Any:
         batch = next(data)
@@ -71,12 +87,31 @@ def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[
             loss, figures = measure(output, batch)
             return loss, torch.tensor(1, dtype=torch.int), figures
 
-        inputs = {k: v for k, v in batch.items() if k not in ("labels", "num_loss_tokens")}
+        inputs = {k: v for k, v in batch.items() if k not in ("labels", "num_loss_tokens") and not k.startswith("_")}
         return module(**inputs), loss_func
 
     first = batches[0]["input_ids"]
-    return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=feed, model=[model], num_microbatches=len(batches),
-                                       seq_length=first.shape[1], micro_batch_size=first.shape[0], forward_only=forward_only)
+    return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=[iter(batches) for _ in chunks], model=chunks,
+                                       num_microbatches=len(batches), seq_length=first.shape[1], micro_batch_size=first.shape[0], forward_only=forward_only)
+
+
+def _same_length(batches: Sequence[dict[str, Any]], multiple: int) -> list[dict[str, Any]]:
+    """The micro-batches padded at the end of the sequence to one length (a multiple of
+    ``multiple``): every tensor shaped [B, S, ...] as ``input_ids``, with ``labels`` -100 (not
+    learned), the rest 0. Causal attention: the real tokens see none of it."""
+    import torch.nn.functional as F
+
+    from mmcore.causal_lm import IGNORE
+
+    longest = max(b["input_ids"].shape[1] for b in batches)
+    longest += -longest % multiple
+    out = []
+    for batch in batches:
+        rows, length = batch["input_ids"].shape[:2]
+        out.append({k: F.pad(v, [0, 0] * (v.dim() - 2) + [0, longest - length], value=IGNORE if k == "labels" else 0)
+                    if hasattr(v, "shape") and v.dim() >= 2 and tuple(v.shape[:2]) == (rows, length) and longest > length else v
+                    for k, v in batch.items()})
+    return out
 
 
 def _on_every_stage(sums: list[float]) -> list[float]:

@@ -1,6 +1,7 @@
 """``mmcore run`` on ``parallel.backend: megatron``: the user's path end to end. Training at
 TP=2, killed, resumed at TP=1 x PP=2, follows the plain (FSDP2, one process) run's losses and
-held-out accuracy; sequence parallelism too; the export of its gathered weights reproduces them;
+held-out accuracy; sequence parallelism and virtual pipeline stages too; the export of its
+gathered weights reproduces them;
 what the backend does not do is a one-line error.
 
 The model ties its output layer to the embedding (as Qwen2-VL-2B does): at PP=2 the last stage
@@ -23,8 +24,9 @@ TINY = ["--pack", "qwen2vl", "--preset", "tiny", "--model", "./tied", "data.demo
 MEGATRON = ["--nproc-per-node", "2", "parallel.backend=megatron", "training.checkpoint_every=2"]
 
 
-def tied_checkpoint(out: Path) -> None:
-    """The tiny Qwen2-VL with ``tie_word_embeddings``, as a hub folder stores it (no lm_head)."""
+def tied_checkpoint(out: Path, layers: int = 2) -> None:
+    """The tiny Qwen2-VL with ``tie_word_embeddings``, as a hub folder stores it (no lm_head);
+    ``layers``: language-model layers (the preset's 2, or more, drawn from the same seed)."""
     from safetensors.torch import load_file, save_file
 
     from mm_pack_qwen2vl.tiny import build_init_checkpoint
@@ -32,9 +34,19 @@ def tied_checkpoint(out: Path) -> None:
     build_init_checkpoint("tiny", out, seed=0)
     config = json.loads((out / "config.json").read_text())
     config["tie_word_embeddings"] = config["text_config"]["tie_word_embeddings"] = True
+    if layers != config["text_config"]["num_hidden_layers"]:
+        import torch
+        from transformers import AutoConfig, Qwen2VLForConditionalGeneration
+
+        config["text_config"]["num_hidden_layers"] = layers
+        config["text_config"].pop("layer_types", None)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        torch.manual_seed(0)
+        Qwen2VLForConditionalGeneration(AutoConfig.from_pretrained(out)).save_pretrained(out)
+        config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(config, indent=2))
     weights = load_file(out / "model.safetensors")
-    del weights["lm_head.weight"]
+    weights.pop("lm_head.weight", None)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -56,7 +68,7 @@ def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.slow
 @pytest.mark.compares_runs
 def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_exports(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    tied_checkpoint(tmp_path / "tied")
+    tied_checkpoint(tmp_path / "tied", layers=4)  # 4 layers: 2 per stage, or 1 per chunk of 2 virtual stages
     mm("run", *TINY, "--run-dir", "plain")
     # TP=2 (DP=1: the same global batches as one process), a checkpoint every 2 steps, killed
     # (kill -9, every rank) after step 3: the step-2 checkpoint is what survives.
@@ -98,6 +110,13 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     for step in plain:
         assert sequence_parallel[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, sequence_parallel)
     assert manifest(tmp_path / "mg", "train")["metrics"]["sequence_parallel"] is True
+    # Virtual pipeline stages (Megatron's interleaved 1F1B, 2 chunks of one layer per stage):
+    # the same losses.
+    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2", "parallel.virtual_pipeline=2", "--force")
+    interleaved = losses(tmp_path / "mg")
+    for step in plain:
+        assert interleaved[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, interleaved)
+    assert manifest(tmp_path / "mg", "train")["metrics"]["virtual_pipeline"] == 2
 
     # What this backend does not do is refused in one line, before any work (one process: the
     # checks are the same on every rank, and torchrun's start is the slow part).
@@ -105,6 +124,7 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
         (["parallel.tensor_parallel=3"], "parallel.tensor_parallel=3 x parallel.pipeline_parallel=1 does not divide the 1 process(es)"),
         (["training.ema=0.99"], "parallel.backend: megatron does not support training.ema yet"),
         (["parallel.sequence_parallel=true"], "parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too"),
+        (["parallel.virtual_pipeline=2"], "parallel.virtual_pipeline interleaves model chunks over pipeline stages: set parallel.pipeline_parallel > 1 too"),
     ]:
         proc = mm("train", *TINY, "--run-dir", "plain", "parallel.backend=megatron", *overrides, "--force", check=False)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout, proc.stderr[-2000:]
@@ -135,7 +155,8 @@ def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Pat
     """At PP=2 a rank reads the tensors of its own stage: the first its layer, the embedding and
     the vision tower; the last its layer (renumbered from 0), the final norm and, the output
     layer being tied, the embedding it copies; a layer's tensors are read together, apart from
-    any other's. (From the names alone: no process group.)"""
+    any other's; with virtual stages, each chunk its interleaved layer. (From the names alone:
+    no process group.)"""
     from safetensors import safe_open
 
     from mmcore.megatron.engine import Layout, rank_sources
@@ -162,6 +183,19 @@ def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Pat
     groups = {tuple(sorted({name.split(".")[3] if ".layers." in name else name for name in group})) for group in _by_layer(whole_model)}
     assert groups == {("0",), ("1",), ("text_decoder.embedding.word_embeddings.weight",), ("text_decoder.decoder.final_layernorm.weight",)}
     assert sum(len(group) for group in _by_layer(whole_model)) == len(whole_model)
+
+    # Virtual stages (PP=2 x 2 chunks, 4 layers): chunk v of stage s holds layer 2v + s, the
+    # vision tower and embedding on stage 0's first chunk, the norm and tied copy on stage 1's last.
+    tied_checkpoint(tmp_path / "tied4", layers=4)
+    with safe_open(tmp_path / "tied4/model.safetensors", "pt") as f:
+        hub4 = list(f.keys())
+    family4 = megatron_family(tmp_path / "tied4")
+    for stage, chunk, layer in [(0, 0, 0), (1, 0, 1), (0, 1, 2), (1, 1, 3)]:
+        mine, whole = rank_sources(family4, hub4, Layout(1, 2, 1, 0, stage, 0, virtual=2, chunk=chunk))
+        sources = {part for _, parts in mine.values() for part in parts}
+        assert {name.split(".")[2] for name in sources if name.startswith("model.layers.")} == {str(layer)}, (stage, chunk, sorted(sources))
+        assert ("model.embed_tokens.weight" in sources) == ((stage, chunk) in [(0, 0), (1, 1)]) and bool(whole) == ((stage, chunk) == (0, 0))
+        assert ("model.norm.weight" in sources) == ((stage, chunk) == (1, 1))
 
 
 @pytest.mark.skipif(not USABLE, reason=WHY)

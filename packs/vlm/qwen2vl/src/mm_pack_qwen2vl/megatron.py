@@ -93,12 +93,14 @@ class MegatronQwen2VL:
     vocabulary padding stripped; with ``parallel_output`` this rank's slice of the padded
     vocabulary, for Megatron's vocab-parallel cross entropy) on the last stage, the hidden states [S, B, H] it hands on
     elsewhere; a later stage gets its input through ``set_input_tensor`` (Megatron's schedules).
+    With ``virtual_pipeline`` > 1 it is one chunk (``chunk``) of the stage: the vision tower and
+    embedding on the first stage's first chunk, the logits from the last stage's last.
     With ``sequence_parallel`` the sequence is padded to a length the TP size divides and the
     decoder input scattered over the TP ranks after the image features are in; the logits
     are cut back to the batch's length."""
 
     def __new__(cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0, parallel_output: bool = False,
-                sequence_parallel: bool = False) -> Any:
+                sequence_parallel: bool = False, virtual_pipeline: int = 1, chunk: int = 0) -> Any:
         import torch
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
@@ -108,7 +110,7 @@ class MegatronQwen2VL:
 
         text = config.get_text_config()
         vision_class = Qwen2_5_VisionTransformerPretrainedModel if config.model_type == "qwen2_5_vl" else Qwen2VisionTransformerPretrainedModel
-        first, last = stage == 0, stage == pipeline_parallel - 1
+        first, last = stage == 0 and chunk == 0, stage == pipeline_parallel - 1 and chunk == virtual_pipeline - 1
 
         class Model(torch.nn.Module):
             def __init__(self) -> None:
@@ -118,7 +120,8 @@ class MegatronQwen2VL:
                     self.visual = vision_class._from_config(config.vision_config)
                 self.language_model = gpt_model(text, tensor_parallel, tied=config.tie_word_embeddings, mrope_section=text.rope_parameters["mrope_section"],
                                                 pipeline_parallel=pipeline_parallel, stage_layers=even_layers(text.num_hidden_layers, pipeline_parallel),
-                                                pre_process=first, post_process=last, parallel_output=parallel_output, sequence_parallel=sequence_parallel)
+                                                pre_process=first, post_process=last, parallel_output=parallel_output, sequence_parallel=sequence_parallel,
+                                                virtual_pipeline=virtual_pipeline, chunk=chunk)
                 # what Megatron's schedules read of a model
                 self.config, self.model_type = self.language_model.config, self.language_model.model_type
 
@@ -184,7 +187,8 @@ def megatron_family(model_dir: Path) -> Any:
 
     config = AutoConfig.from_pretrained(model_dir)
     vocab = config.get_text_config().vocab_size
-    return MegatronFamily(build=lambda layout: MegatronQwen2VL(config, layout.tp, layout.pp, layout.stage, parallel_output=True, sequence_parallel=layout.sequence_parallel),
+    return MegatronFamily(build=lambda layout: MegatronQwen2VL(config, layout.tp, layout.pp, layout.stage, parallel_output=True, sequence_parallel=layout.sequence_parallel,
+                                                               virtual_pipeline=layout.virtual, chunk=layout.chunk),
                           parallel_map=parallel_map(config),
                           adapter=ADAPTER, whole={"visual.": "visual"},
                           inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
