@@ -73,9 +73,9 @@ class MegatronFamily:
 
     Attributes:
         build: ``(layout) -> module``: this rank's part of the model (:class:`Layout`: its TP
-            size, pipeline stage, whether sequence-parallel), uninitialised (the engine loads
-            it). Its megatron-core ``GPTModel`` is the
-            attribute ``decoder``; on the first stage, the modules of ``whole`` are too. It
+            size, pipeline stage and virtual-stage chunk, whether sequence-parallel),
+            uninitialised (the engine loads it). Its megatron-core ``GPTModel`` is the
+            attribute ``decoder``; on the first (virtual) stage, the modules of ``whole`` are too. It
             follows Megatron's schedule protocol (``config``, ``set_input_tensor``) and returns
             the logits on the last stage.
         parallel_map: the family's table (hub names <-> Megatron names, how each is split).
