@@ -135,7 +135,7 @@ def main() -> None:
             results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns") if k in old})
             results["figures"] = [f for f in results["figures"] if f.get("benchmark") not in only]
             results["failures"] = [f for f in results["failures"] if f["benchmark"] not in only]
-            results["skipped"] = [f for f in results["skipped"] if f["benchmark"] not in only and f["benchmark"] != "gpu_step"]
+            results["skipped"] = [f for f in results["skipped"] if f["benchmark"] not in only and f["benchmark"] not in ("gpu_step", "gpu_megatron")]
             results["reruns"] = [*results.get("reruns", []), {"benchmarks": only, "date": now, "commit": commit()}]
             results["previous_duration_s"] = old.get("duration_s", 0)
     for script, covers, quick_args in BENCHMARKS:
@@ -156,6 +156,8 @@ def main() -> None:
     if not results["machine"]["cuda"]:  # bench/gpu_step.py records its own figures where a GPU is lent
         results["skipped"].append({"benchmark": "gpu_step", "covers": "8. one-GPU step: tokens/s, MFU, peak memory vs transformers + FSDP2",
                                    "why": "no CUDA device on this machine (run bench/gpu_step.py on one)"})
+        results["skipped"].append({"benchmark": "gpu_megatron", "covers": "8. megatron backend on one GPU: bf16 + Megatron's distributed optimizer vs mmcore's fp32 step, MFU",
+                                   "why": "no CUDA device on this machine (run bench/gpu_megatron.py on one)"})
     results["duration_s"] = round(time.perf_counter() - started + results.pop("previous_duration_s", 0), 1)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     Path(args.markdown).write_text(markdown(results))

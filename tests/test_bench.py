@@ -44,7 +44,7 @@ def test_markdown_shows_every_figure_its_goal_and_the_failures() -> None:
     assert "dispatching to **AVX512**" in text and "- `engine_overhead/toy`: 2 reps." in text
 
 
-@pytest.mark.parametrize("script", [name for name, _, _ in suite.BENCHMARKS] + ["suite", "gpu_step"])
+@pytest.mark.parametrize("script", [name for name, _, _ in suite.BENCHMARKS] + ["suite", "gpu_step", "gpu_megatron"])
 def test_every_benchmark_script_starts(script: str) -> None:
     proc = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--help"], cwd=BENCH, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
