@@ -97,8 +97,8 @@ def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[
 
 def _same_length(batches: Sequence[dict[str, Any]], multiple: int) -> list[dict[str, Any]]:
     """The micro-batches padded at the end of the sequence to one length (a multiple of
-    ``multiple``): every tensor shaped [B, S, ...] as ``input_ids``, with ``labels`` -100 (not
-    learned), the rest 0. Causal attention: the real tokens see none of it."""
+    ``multiple``): every token-level tensor (integer, shaped [B, S, ...] as ``input_ids``), with
+    ``labels`` -100 (not learned), the rest 0. Causal attention: the real tokens see none of it."""
     import torch.nn.functional as F
 
     from mmcore.causal_lm import IGNORE
@@ -109,7 +109,7 @@ def _same_length(batches: Sequence[dict[str, Any]], multiple: int) -> list[dict[
     for batch in batches:
         rows, length = batch["input_ids"].shape[:2]
         out.append({k: F.pad(v, [0, 0] * (v.dim() - 2) + [0, longest - length], value=IGNORE if k == "labels" else 0)
-                    if hasattr(v, "shape") and v.dim() >= 2 and tuple(v.shape[:2]) == (rows, length) and longest > length else v
+                    if hasattr(v, "shape") and v.dim() >= 2 and tuple(v.shape[:2]) == (rows, length) and not v.is_floating_point() and longest > length else v
                     for k, v in batch.items()})
     return out
 
