@@ -9,7 +9,8 @@
 
 A stage without ``manifest.json`` is unfinished; its outputs are never handed to a later stage.
 A finished stage that must run again is moved aside to ``.<stage>.replaced`` until its
-replacement has finished, so a failed or killed rerun loses nothing.
+replacement has finished, so a failed or killed rerun loses nothing; asked for again with the
+config that made it, it comes back instead of running again.
 """
 
 from __future__ import annotations
@@ -210,6 +211,23 @@ class RunDir:
 
     def finish_replacing(self, stage: str) -> None:
         shutil.rmtree(self.replaced_dir(stage), ignore_errors=True)
+
+    def restore_replaced(self, stage: str, plan: str) -> bool:
+        """Put back the finished stage a rerun set aside and did not replace (it failed or was
+        killed), when it is what ``plan`` asks for again (the config went back to it); the
+        rerun's unfinished leftovers are deleted. True when restored."""
+        aside = self.replaced_dir(stage)
+        try:
+            set_aside = json.loads((aside / MANIFEST).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return False
+        if not isinstance(set_aside, dict) or set_aside.get("plan") != plan:
+            return False
+        folder = self.stage_dir(stage)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(aside, folder)
+        fsync_dir(self.root)
+        return True
 
     # ---------------------------------------------------------------- run metadata
     @property

@@ -145,6 +145,9 @@ class Runner:
         upstream = self.upstream(stage)
         plan = self.plan(stage, upstream)
         fresh, why = self.freshness(stage, plan)
+        if not fresh and not force and self.run_dir.restore_replaced(stage, plan):
+            say(f"[{stage}] restored the finished run of this config that an unfinished rerun had set aside (--force runs it again)")
+            fresh, why = self.freshness(stage, plan)
         if fresh and not force:
             self._skipped(stage, why)
             return self.run_dir.read_manifest(stage)

@@ -106,6 +106,20 @@ def test_a_rerun_that_fails_keeps_the_finished_stage_until_it_succeeds(cli: CLI,
     assert not (run / ".train.replaced").exists()  # deleted once the replacement finished
 
 
+def test_a_failed_rerun_then_the_old_config_gets_the_finished_stage_back(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data))
+    run = tmp_path / "runs" / "toy-tiny"
+    finished = (run / "train" / "checkpoint.json").read_bytes()
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "training.steps=9", check=False, TOY_DIE_AT_STEP="2")
+    assert proc.returncode != 0 and (run / ".train.replaced").is_dir()
+    # Back to the config that finished: the set-aside stage is restored, not trained again.
+    again = cli("run", "--pack", "toy", "--data", str(line_data))
+    assert "[train] restored the finished run of this config" in again.stdout, again.stdout
+    assert "[train] skipped: up to date" in again.stdout
+    assert (run / "train" / "checkpoint.json").read_bytes() == finished and not (run / ".train.replaced").exists()
+    assert cli("verify", "--run-dir", str(run)).returncode == 0
+
+
 def test_tampered_output_is_found_before_a_later_stage_reads_it(cli: CLI, line_data: Path, tmp_path: Path) -> None:
     cli("run", "--pack", "toy", "--data", str(line_data))
     run = tmp_path / "runs" / "toy-tiny"
