@@ -2,12 +2,13 @@
 peak after building the model), step time beside it:
 
 * recompute: ``training.recompute`` none / full / selective on a Qwen2-style decoder
-  (hidden 1024, 8 layers, one 4096-token row), forward + backward;
+  (hidden 1024, 8 layers, one 4096-token row), forward + backward; the same on the megatron
+  backend's ``GPTModel`` of that shape (TP = PP = 1, the engine's ``forward_backward``);
 * packed attention: a packed row of 4k, 8k and 16k tokens (512-token samples) through a 2-layer
   decoder, transformers' SDPA with its block-diagonal mask vs the varlen kernel path
   (``mmcore.attention``): the mask is T x T, so that path's memory grows with T^2.
 
-    python bench/activation_memory.py [--only recompute|attention]
+    python bench/activation_memory.py [--only recompute|megatron|attention]
 
 Figures go into notes, never tests.
 """
@@ -57,6 +58,44 @@ def recompute_case(mode: str, queue: object) -> None:
     queue.put({"case": "recompute", "mode": mode, "activation_peak_mib": round(peak_mib() - base), "step_s": round(time.perf_counter() - t0, 2)})
 
 
+def megatron_recompute_case(mode: str, queue: object) -> None:
+    """The engine's wrapping of a megatron-core GPTModel's layers (its ``kept_ops`` for selective)."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from mmcore.megatron.engine import RECOMPUTE_KEPT_OPS
+    from mmcore.megatron.gpt import gpt_model, init_model_parallel
+    from mmcore.megatron.train import forward_backward, vocab_parallel_loss_sum
+    from mmcore.recompute import apply_recompute
+
+    torch.set_num_threads(2)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    init_model_parallel(1, 1, seed=0)
+    config = SimpleNamespace(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+                             rms_norm_eps=1e-6, vocab_size=1024, max_position_embeddings=4096, rope_theta=1e6, hidden_act="silu")
+    model = gpt_model(config, 1, qkv_bias=True, parallel_output=True)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(torch.ones(parameter.shape) if "layernorm" in name else torch.randn(parameter.shape, generator=generator) * 0.02)
+    apply_recompute(list(model.decoder.layers), mode, kept_ops=RECOMPUTE_KEPT_OPS)
+    model.train()
+    ids = torch.randint(0, 1024, (1, 4096), generator=torch.Generator().manual_seed(0))
+
+    def step(length: int) -> None:
+        batch = {"input_ids": ids[:, :length], "position_ids": torch.arange(length)[None], "attention_mask": None, "labels": ids[:, :length]}
+        forward_backward([model], [batch], lambda logits, b: vocab_parallel_loss_sum(logits, b["labels"], 1024), float(length - 1))
+
+    step(64)  # warm-up
+    model.zero_grad(set_to_none=False)
+    base = peak_mib()
+    t0 = time.perf_counter()
+    step(4096)
+    queue.put({"case": "megatron recompute", "mode": mode, "activation_peak_mib": round(peak_mib() - base), "step_s": round(time.perf_counter() - t0, 2)})
+
+
 def attention_case(path: str, tokens: int, queue: object) -> None:
     import torch
 
@@ -89,7 +128,7 @@ def run(target: object, *args: object) -> dict:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--only", choices=["recompute", "attention"])
+    p.add_argument("--only", choices=["recompute", "megatron", "attention"])
     args = p.parse_args()
     # Peak memory of one step is deterministic: one measurement per case (reps apply to time only).
     if args.only in (None, "recompute"):
@@ -99,6 +138,14 @@ def main() -> None:
                         [rows[mode]["activation_peak_mib"]], [rows["none"]["activation_peak_mib"]], baseline_name="recompute: none",
                         how="Qwen2-style decoder, hidden 1024, 8 layers, one 4096-token row, forward + backward, peak RSS above the built model, "
                             "one fresh process per case, 2 threads",
+                        step_time_ratio=round(rows[mode]["step_s"] / rows["none"]["step_s"], 2)))
+    if args.only in (None, "megatron"):
+        rows = {mode: run(megatron_recompute_case, mode) for mode in ("none", "full", "selective")}
+        for mode in ("full", "selective"):
+            emit(figure(f"recompute/megatron-{mode}-activation-memory", f"activation memory on parallel.backend: megatron, training.recompute: {mode} vs none",
+                        "MiB", [rows[mode]["activation_peak_mib"]], [rows["none"]["activation_peak_mib"]], baseline_name="recompute: none",
+                        how="megatron-core GPTModel (local spec), hidden 1024, 8 layers, one 4096-token row, the engine's forward_backward at "
+                            "TP = PP = 1, peak RSS above the built model, one fresh process per case, 2 threads",
                         step_time_ratio=round(rows[mode]["step_s"] / rows["none"]["step_s"], 2)))
     if args.only in (None, "attention"):
         lengths = (4096, 8192) if args.quick else (4096, 8192, 16384)

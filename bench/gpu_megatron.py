@@ -10,15 +10,18 @@ vocab 151936, tied), random weights, as mmcore builds it (``mmcore.megatron.gpt.
 local layer spec); text batches of ``--micro`` micro-batches of one ``--tokens`` row.
 
 * **A, mmcore's engine step**: fp32 weights, ``mmcore.megatron.train.forward_backward`` (the
-  per-token loss over the step's tokens), the model-wide clip (1.0), torch AdamW.
+  per-token loss over the step's tokens), the model-wide clip (1.0), torch AdamW; run twice:
+  fp32 compute, and bf16 compute (``mmcore.megatron.precision.Bf16Compute``, what
+  ``training.precision: bf16`` does on this backend).
 * **B, Megatron's own**: bf16 weights (``Float16Module``), its ``DistributedDataParallel``
   with fp32 gradient buffers, its distributed optimizer (fp32 main weights, Adam), its gradient
   clipping (``OptimizerConfig.clip_grad`` 1.0), ``finalize_model_grads`` dividing by the step's
-  tokens: the bf16 path the backend refuses today until this has run.
+  tokens.
 
 Prints per way: the losses, step time, tokens/s, TFLOP/s, MFU (FLOPs from ``mmcore.flops``;
-the device's bf16 peak from ``mmcore.accelerator``) and peak memory; then B's losses against
-A's (bf16 against fp32: they should agree to ~1e-2 relative) and the speed ratio. The Transformer
+the device's bf16 peak from ``mmcore.accelerator``) and peak memory; then each bf16 way's losses
+against the fp32 one's (they should agree to ~1e-2 relative) and the speed and memory ratios
+of mmcore's bf16 against Megatron's. The Transformer
 Engine layer spec is measured only where ``transformer_engine`` imports (it is printed as
 skipped otherwise: the H200 image has none).
 """
@@ -77,13 +80,15 @@ def step_flops(model: Any, config: Any, args: argparse.Namespace) -> float:
     return dense_flops(parameter_counts(model), tokens) + attention_flops(config.num_hidden_layers, config.hidden_size, [args.tokens] * args.micro)
 
 
-def way_a(config: Any, args: argparse.Namespace, device: Any, accelerator: Any) -> dict[str, Any]:
-    """mmcore's engine step, fp32."""
+def way_a(config: Any, args: argparse.Namespace, device: Any, accelerator: Any, bf16: bool) -> dict[str, Any]:
+    """mmcore's engine step: fp32 weights, fp32 or bf16 compute."""
     import torch
 
+    from mmcore.megatron.precision import Bf16Compute
     from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients, vocab_parallel_loss_sum
 
     model = build(config, device, torch.float32).train()
+    precision = Bf16Compute(model.parameters(), enabled=bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=device.type == "cuda")
 
@@ -92,14 +97,15 @@ def way_a(config: Any, args: argparse.Namespace, device: Any, accelerator: Any) 
 
     def step(micro: list[dict[str, Any]]) -> float:
         total = float(sum(b["num_loss_tokens"] for b in micro))
-        summed = forward_backward([model], [{k: v for k, v in b.items() if k != "num_loss_tokens"} | {"attention_mask": None} for b in micro], loss_sum, total)
+        with precision.step():
+            summed = forward_backward([model], [{k: v for k, v in b.items() if k != "num_loss_tokens"} | {"attention_mask": None} for b in micro], loss_sum, total)
         reduce_gradients(params)
         clip_gradients(params, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return summed / total
 
-    return measure("A: mmcore engine, fp32", model, config, args, accelerator, step, batches(config, args, device))
+    return measure(f"A: mmcore engine, {'bf16' if bf16 else 'fp32'} compute", model, config, args, accelerator, step, batches(config, args, device))
 
 
 def way_b(config: Any, args: argparse.Namespace, device: Any, accelerator: Any) -> dict[str, Any]:
@@ -189,7 +195,7 @@ def main() -> None:
     init_model_parallel(1, 1, seed=0)
     config = text_config(args.tiny, args.layers)
     print(json.dumps({"device": accelerator.describe(), "tokens_per_step": args.tokens * args.micro, "layers": config.num_hidden_layers}), flush=True)
-    results = [way_a(config, args, device, accelerator)]
+    results = [way_a(config, args, device, accelerator, bf16=False), way_a(config, args, device, accelerator, bf16=True)]
     if device.type == "cuda":
         results.append(way_b(config, args, device, accelerator))
     else:
@@ -198,11 +204,14 @@ def main() -> None:
         print(json.dumps({"way": "Transformer Engine spec", "skipped": "transformer_engine is not installed here"}), flush=True)
     for result in results:
         print(json.dumps(result), flush=True)
-    if len(results) == 2:
-        a, b = results
-        worst = max(abs(x - y) / abs(x) for x, y in zip(a["losses"], b["losses"]))
-        print(f"B / A: tokens/s {b['tokens_per_s'] / a['tokens_per_s']:.3f}, peak memory {b['peak_memory_gib'] / max(a['peak_memory_gib'], 1e-9):.3f}; "
-              f"bf16 losses against fp32: max relative difference {worst:.2e}", flush=True)
+    fp32 = results[0]
+    for bf16 in results[1:]:
+        worst = max(abs(x - y) / abs(x) for x, y in zip(fp32["losses"], bf16["losses"]))
+        print(f"{bf16['way']}: losses against fp32 compute's: max relative difference {worst:.2e}", flush=True)
+    if len(results) == 3:
+        ours, theirs = results[1], results[2]
+        print(f"mmcore bf16 / Megatron bf16: tokens/s {ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}, "
+              f"peak memory {ours['peak_memory_gib'] / max(theirs['peak_memory_gib'], 1e-9):.3f}", flush=True)
 
 
 if __name__ == "__main__":

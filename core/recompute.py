@@ -22,13 +22,16 @@ from typing import Any, Callable, Sequence
 MODES = ("none", "full", "selective")
 
 
-def _kept_ops() -> set[Any]:
+#: the aten ops whose outputs ``selective`` keeps: matrix multiplies and attention kernels
+KEPT_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+            "_efficient_attention_forward")
+
+
+def _kept_ops(names: Sequence[str]) -> set[Any]:
     import torch
 
     aten = torch.ops.aten
-    names = ["mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
-             "_efficient_attention_forward"]
     ops = set()
     for name in names:
         packet = getattr(aten, name, None)
@@ -37,10 +40,10 @@ def _kept_ops() -> set[Any]:
     return ops
 
 
-def _selective_context() -> Any:
+def _selective_context(names: Sequence[str]) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    kept = _kept_ops()
+    kept = _kept_ops(names)
 
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
@@ -48,10 +51,10 @@ def _selective_context() -> Any:
     return create_selective_checkpoint_contexts(policy)
 
 
-def _recomputed(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
+def _recomputed(forward: Callable[..., Any], mode: str, kept_ops: Sequence[str]) -> Callable[..., Any]:
     from torch.utils.checkpoint import checkpoint
 
-    extra = {"context_fn": _selective_context} if mode == "selective" else {}
+    extra = {"context_fn": functools.partial(_selective_context, kept_ops)} if mode == "selective" else {}
 
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -60,15 +63,16 @@ def _recomputed(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
     return run
 
 
-def apply_recompute(blocks: Sequence[Any], mode: str) -> int:
-    """Wrap each block's forward for ``mode``; returns how many blocks were wrapped."""
+def apply_recompute(blocks: Sequence[Any], mode: str, kept_ops: Sequence[str] = KEPT_OPS) -> int:
+    """Wrap each block's forward for ``mode``; returns how many blocks were wrapped.
+    ``kept_ops``: the aten ops (by name) whose outputs ``selective`` keeps."""
     if mode not in MODES:
         raise ValueError(f"training.recompute must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "none":
         return 0
     for block in blocks:
-        block.forward = _recomputed(block.forward, mode)
+        block.forward = _recomputed(block.forward, mode, kept_ops)
     return len(blocks)
 
 
-__all__ = ["MODES", "apply_recompute"]
+__all__ = ["MODES", "KEPT_OPS", "apply_recompute"]

@@ -135,7 +135,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
 
     # ---- setup: build (without memory where the recipe loads through the engine), freeze,
     # recompute, shard, then materialise and load each rank's shards
-    use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and accelerator.device_type != "cpu" and accelerator.supports_bf16())
+    use_bf16 = computes_in_bf16(cfg.precision, accelerator)
     if cfg.cpu_offload and accelerator.device_type == "cpu":
         raise StageError("training.cpu_offload keeps weights in host memory while an accelerator computes; this run computes on the CPU (run.device: cpu)")
     backend = import_object(ctx.plugins.registry.backend(ctx.config.parallel.backend).factory)() if ctx.plugins else None
@@ -452,6 +452,11 @@ def utilisation(flops: float, seconds: float, accelerator: Any) -> dict[str, flo
     if peak:
         out["mfu"] = achieved / peak
     return out
+
+
+def computes_in_bf16(precision: str, accelerator: Any) -> bool:
+    """``training.precision``: ``bf16``, or ``auto`` on an accelerator (not the CPU) that has it."""
+    return precision == "bf16" or (precision == "auto" and accelerator.device_type != "cpu" and accelerator.supports_bf16())
 
 
 def backend_handles_precision(backend: Any, world: Any) -> bool:

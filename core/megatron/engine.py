@@ -29,10 +29,18 @@ the same schedule, each data-parallel replica its share of the samples. Sequence
 is the family's model's (:mod:`mmcore.megatron.gpt`); the loop sums the gradients it leaves
 partial (:func:`mmcore.megatron.train.reduce_gradients`).
 
-Not on this backend yet (each a one-line error): bf16 (Megatron keeps fp32 main weights beside
-bf16 ones; its optimizer that does it needs CUDA), LoRA's target choice, dropout and
-modules_to_save, EMA, freezing, recompute, CPU offload, token-budget packing and the feature
-cache.
+``training.precision: bf16`` (and ``auto`` on an accelerator with bf16) is the FSDP2 loop's
+policy: bf16 compute, fp32 weights, gradient sums and optimizer state
+(:class:`mmcore.megatron.precision.Bf16Compute`: the model computes on bf16 copies of its
+weights during a step and evaluation). Megatron's own bf16 path, its distributed optimizer,
+needs CUDA: ``bench/gpu_megatron.py`` runs it beside this one.
+
+``training.recompute`` wraps each transformer layer of the language model as the FSDP2 loop
+wraps a recipe's blocks (:mod:`mmcore.recompute`: full, or selective keeping the matrix
+multiplies' outputs).
+
+Not on this backend yet (each a one-line error): LoRA's target choice, dropout and
+modules_to_save, EMA, freezing, CPU offload, token-budget packing and the feature cache.
 """
 
 from __future__ import annotations
@@ -57,6 +65,11 @@ if TYPE_CHECKING:
     from mmcore.rundir import Manifest
     from mmcore.train import TrainRecipe
 
+#: what ``training.recompute: selective`` keeps of a megatron-core layer: the linears' outputs; the
+#: attention scores and probabilities are recomputed (Megatron's own selective recompute, of
+#: the core attention; its local attention also masks the scores in place, which a kept output
+#: must not be)
+RECOMPUTE_KEPT_OPS = ("mm", "addmm")
 TRAINED = "trained"  # checkpoints/trained: the final weights in the family's training names
 ADAPTER = "adapter"  # checkpoints/adapter: with training.lora, the adapters in PEFT's format
 
@@ -168,11 +181,13 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     from mmcore import megatron
     from mmcore.megatron.checkpoint import load as load_megatron_checkpoint
     from mmcore.megatron.gpt import init_model_parallel
+    from mmcore.megatron.precision import Bf16Compute
     from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients, sum_tied_gradients
     from mmcore.optim import lr_lambda
+    from mmcore.recompute import apply_recompute
     from mmcore.plot import plot_training
     from mmcore.sampler import EpochSampler
-    from mmcore.train import HeldOutLog, utilisation
+    from mmcore.train import HeldOutLog, computes_in_bf16, utilisation
 
     cfg, parallel, world, accelerator = ctx.config.training, ctx.config.parallel, ctx.world, ctx.accelerator
     usable, why = megatron.status()
@@ -180,6 +195,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         raise StageError(f"parallel.backend: megatron: {why}")
     family = _family(ctx, upstream, recipe)
     device = accelerator.device(world.local_rank)
+    bf16 = computes_in_bf16(cfg.precision, accelerator)
 
     # ---- setup: the process groups, this rank's part of the model, its weights
     own_group = False
@@ -205,8 +221,12 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         for decoder in decoders:
             add_adapters(decoder, cfg.lora.r, cfg.lora.alpha)
             init_adapters(decoder, ctx.seed, cfg.lora.init)
+    # training.recompute: each transformer layer of the language model, as the FSDP2 loop's blocks
+    apply_recompute([layer for decoder in decoders for layer in decoder.decoder.layers], cfg.recompute, kept_ops=RECOMPUTE_KEPT_OPS)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
+    # bf16: each step computes on bf16 copies of the fp32 weights (mmcore.megatron.precision)
+    precision = Bf16Compute(model.parameters(), enabled=bf16)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
@@ -242,7 +262,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
 
     def log_eval(at: int) -> None:
         model.eval()
-        evals.record(at, evaluate_held_out(list(model), family, layout, device))
+        with precision.step():
+            evals.record(at, evaluate_held_out(list(model), family, layout, device))
         model.train()
 
     if step == 0:
@@ -263,7 +284,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro))], device=device)
         dist.all_reduce(counts, group=dp_group)
         global_tokens = max(counts.item(), 1.0)
-        loss_sum = forward_backward(list(model), micro, family.loss_sum, global_tokens)
+        with precision.step():
+            loss_sum = forward_backward(list(model), micro, family.loss_sum, global_tokens)
         for decoder in decoders:
             sum_tied_gradients(decoder)
         reduce_gradients(params)
@@ -301,7 +323,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
     if own_group:
         dist.destroy_process_group()
-    metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": False}
+    metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": bf16, "recompute": cfg.recompute}
     notes = [f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
              f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
              f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
@@ -347,12 +369,10 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
                          f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
     refused = {
-        "training.precision: bf16 (Megatron's bf16 keeps fp32 main weights in an optimizer that needs CUDA; set training.precision: fp32)":
-            cfg.precision == "bf16" or (cfg.precision == "auto" and ctx.accelerator.device_type != "cpu" and ctx.accelerator.supports_bf16()),
         "training.lora.target_modules / modules_to_save / dropout (LoRA here: every linear of the language model, no dropout)":
             bool(cfg.lora.r) and bool(cfg.lora.target_modules or cfg.lora.modules_to_save or cfg.lora.dropout),
         "training.ema": bool(cfg.ema), "training.freeze": bool(cfg.freeze),
-        "training.recompute": cfg.recompute != "none", "training.cpu_offload": bool(cfg.cpu_offload),
+        "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
         "the extract stage's feature cache (rerun without extract)": "extract" in upstream,
     }

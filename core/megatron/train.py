@@ -66,6 +66,8 @@ def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     stages = parallel_state.get_pipeline_model_parallel_world_size()
     for config in {id(c.config): c.config for c in chunks}.values():
+        # activations between stages have the weights' dtype (bf16 inside Bf16Compute.step)
+        config.pipeline_dtype = next(chunks[0].parameters()).dtype
         config.calculate_per_token_loss = True  # the loss is already per step token; no division by micro-batches
         config.deallocate_pipeline_outputs = False
         # micro-batches are padded to their own longest sample: between pipeline stages each

@@ -1,6 +1,7 @@
 """``mmcore run`` on ``parallel.backend: megatron``: the user's path end to end. Training at
 TP=2, killed, resumed at TP=1 x PP=2, follows the plain (FSDP2, one process) run's losses and
-held-out accuracy; sequence parallelism and virtual pipeline stages too; the export of its
+held-out accuracy; sequence parallelism, virtual pipeline stages and recompute too, bf16 to its
+precision; the export of its
 gathered weights reproduces them;
 what the backend does not do is a one-line error.
 
@@ -105,18 +106,27 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     # Sequence parallelism (TP=2): the same losses; a norm's weight sees half the sequence on each
     # rank, and unless its gradient is summed over both the two copies drift apart, which the
     # gather at the end refuses ("a replicated tensor differs between tensor-parallel ranks").
-    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "--force")
+    # With selective recompute, which recomputes the same ops (measured: bit-equal losses).
+    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "parallel.sequence_parallel=true", "training.recompute=selective", "--force")
     sequence_parallel = losses(tmp_path / "mg")
     for step in plain:
         assert sequence_parallel[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, sequence_parallel)
-    assert manifest(tmp_path / "mg", "train")["metrics"]["sequence_parallel"] is True
-    # Virtual pipeline stages (Megatron's interleaved 1F1B, 2 chunks of one layer per stage):
-    # the same losses.
-    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2", "parallel.virtual_pipeline=2", "--force")
+    assert (manifest(tmp_path / "mg", "train")["metrics"]["sequence_parallel"], manifest(tmp_path / "mg", "train")["metrics"]["recompute"]) == (True, "selective")
+    # Virtual pipeline stages (Megatron's interleaved 1F1B, 2 chunks of one layer per stage),
+    # with full recompute: the same losses.
+    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2", "parallel.virtual_pipeline=2", "training.recompute=full", "--force")
     interleaved = losses(tmp_path / "mg")
     for step in plain:
         assert interleaved[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, interleaved)
     assert manifest(tmp_path / "mg", "train")["metrics"]["virtual_pipeline"] == 2
+    # bf16 compute at PP=2 (fp32 weights; bf16 activations between the stages): the fp32 run's
+    # losses to bf16's precision (measured 6e-5 relative at most; 8 significant bits make ~4e-3
+    # a weight), and not equal to them (fp32 layouts agree to ~1e-7: bf16 is really on).
+    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2", "training.precision=bf16", "--force")
+    bf16 = losses(tmp_path / "mg")
+    differences = [abs(bf16[step] - plain[step]) / plain[step] for step in plain]
+    assert max(differences) < 2e-3 and max(differences) > 1e-6, (plain, bf16)
+    assert manifest(tmp_path / "mg", "train")["metrics"]["bf16"] is True
 
     # What this backend does not do is refused in one line, before any work (one process: the
     # checks are the same on every rank, and torchrun's start is the slow part).
