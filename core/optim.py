@@ -14,19 +14,24 @@ if TYPE_CHECKING:
 
 def freeze(model: "nn.Module", patterns: Sequence[str], groups: Mapping[str, Sequence[str]]) -> list[str]:
     """Freeze parameters matching ``patterns`` (group names or globs); returns the frozen names."""
+    frozen = set(frozen_names([name for name, _ in model.named_parameters()], patterns, groups))
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
+    return [name for name, _ in model.named_parameters() if name in frozen]
+
+
+def frozen_names(names: Sequence[str], patterns: Sequence[str], groups: Mapping[str, Sequence[str]]) -> list[str]:
+    """The ``names`` that ``patterns`` (``training.freeze``: group names or globs) freeze; a
+    pattern that is no group and matches no name is a one-line error."""
     globs: list[str] = []
     for pattern in patterns:
         globs.extend(groups.get(pattern, [pattern]))
-    frozen = []
-    for name, param in model.named_parameters():
-        if any(fnmatch.fnmatchcase(name, g) for g in globs):
-            param.requires_grad_(False)
-            frozen.append(name)
-    unmatched = [p for p in patterns if p not in groups and not any(fnmatch.fnmatchcase(n, p) for n, _ in model.named_parameters())]
+    unmatched = [p for p in patterns if p not in groups and not any(fnmatch.fnmatchcase(n, p) for n in names)]
     if unmatched:
         known = ", ".join(groups) or "none"
         raise StageError(f"training.freeze: {unmatched[0]!r} matches no parameter and is no group (groups: {known})")
-    return frozen
+    return [name for name in names if any(fnmatch.fnmatchcase(name, g) for g in globs)]
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
@@ -56,4 +61,4 @@ def clip_grad_norm(params: "Sequence[nn.Parameter]", max_norm: float | None) -> 
     return float(norm)
 
 
-__all__ = ["freeze", "lr_lambda", "clip_grad_norm"]
+__all__ = ["freeze", "frozen_names", "lr_lambda", "clip_grad_norm"]

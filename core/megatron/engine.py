@@ -39,8 +39,11 @@ needs CUDA: ``bench/gpu_megatron.py`` runs it beside this one.
 wraps a recipe's blocks (:mod:`mmcore.recompute`: full, or selective keeping the matrix
 multiplies' outputs).
 
+``training.freeze`` picks the same training names as on FSDP2 (:func:`freeze_rank` maps them
+to the Megatron parameters they make up).
+
 Not on this backend yet (each a one-line error): LoRA's target choice, dropout and
-modules_to_save, EMA, freezing, CPU offload, token-budget packing and the feature cache.
+modules_to_save, EMA, CPU offload, token-budget packing and the feature cache.
 """
 
 from __future__ import annotations
@@ -213,6 +216,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     if resume_from is None:
         for v, chunk in enumerate(model):
             load_rank(chunk, family, recipe.weights(ctx, upstream), layout.of_chunk(v))  # type: ignore[misc]
+    frozen = freeze_rank(model, family, layout, recipe.weights(ctx, upstream), cfg.freeze, recipe.freeze_groups) if cfg.freeze else 0  # type: ignore[misc]
     lora = cfg.lora.r > 0
     if lora:  # adapters on every linear of the language model, the rest frozen (after loading: the base keeps its names)
         from mmcore.megatron.lora import add_adapters, init_adapters
@@ -225,6 +229,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     apply_recompute([layer for decoder in decoders for layer in decoder.decoder.layers], cfg.recompute, kept_ops=RECOMPUTE_KEPT_OPS)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise StageError("every parameter is frozen (training.freeze): nothing to train")
     # bf16: each step computes on bf16 copies of the fp32 weights (mmcore.megatron.precision)
     precision = Bf16Compute(model.parameters(), enabled=bf16)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
@@ -323,7 +329,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
     if own_group:
         dist.destroy_process_group()
-    metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": bf16, "recompute": cfg.recompute}
+    metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": bf16, "recompute": cfg.recompute,
+                               "frozen_parameters": frozen}
     notes = [f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
              f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
              f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
@@ -371,10 +378,10 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     refused = {
         "training.lora.target_modules / modules_to_save / dropout (LoRA here: every linear of the language model, no dropout)":
             bool(cfg.lora.r) and bool(cfg.lora.target_modules or cfg.lora.modules_to_save or cfg.lora.dropout),
-        "training.ema": bool(cfg.ema), "training.freeze": bool(cfg.freeze),
+        "training.ema": bool(cfg.ema),
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
-        "the extract stage's feature cache (rerun without extract)": "extract" in upstream,
+        "the extract stage's feature cache (set extract.enabled=false)": "extract" in upstream,
     }
     for what, asked in refused.items():
         if asked:
@@ -421,6 +428,62 @@ def rank_sources(family: MegatronFamily, hub_names: Sequence[str], layout: Layou
         local = pmap.split_pp(local, _stage_layers(family, local, stages))[layout.virtual_stage]
     whole = [name for name in hub_names if layout.virtual_stage == 0 and name.startswith(tuple(family.whole))]
     return {name: plan[global_name] for name, global_name in local.items()}, whole
+
+
+def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, checkpoint: Path, patterns: Sequence[str],
+                groups: Mapping[str, Sequence[str]]) -> int:
+    """``training.freeze`` on this rank's model chunks: the patterns (globs, the recipe's groups)
+    pick training names of convert's checkpoint, as on FSDP2; a Megatron parameter is frozen
+    when every tensor it is made of is (through the family's adapter and table), and one made
+    of frozen and trained tensors (a fused QKV with only q frozen) is a one-line error, as is
+    a layer's tensor frozen in some layers only. Returns how many training names are frozen
+    (the FSDP2 loop's count)."""
+    from mmcore.convert import dcp_index
+    from mmcore.optim import frozen_names
+
+    index = dcp_index(checkpoint)
+    to_hub = family.adapter.to_hf(index)  # hub name -> the training names it is made of
+    frozen = set(frozen_names(list(index), patterns, groups))
+    pmap = family.parallel_map
+    tied = pmap.tied[1] if pmap.tied else None  # a tied output layer's copy is the embedding
+    tied_sources = pmap.plan(list(to_hub)).get(tied, (None, ()))[1] if tied else ()
+    _same_in_every_layer(family, {name: {s for part in parts for s in to_hub[part].sources} <= frozen
+                                  for name, (_, parts) in pmap.plan(list(to_hub)).items() if name.startswith(family.decoder_prefix)})
+    for v, chunk in enumerate(model):
+        mine, _ = rank_sources(family, list(to_hub), layout.of_chunk(v))
+        made_of: dict[str, tuple[Any, tuple[str, ...]]] = {}
+        for name, parameter in getattr(chunk, family.decoder).named_parameters():
+            full = family.decoder_prefix + name
+            made_of[full] = (parameter, mine[full][1] if full in mine else tuple(tied_sources) if pmap.tied and full == pmap.tied[0] else ())
+        for prefix, attribute in family.whole.items():
+            module = getattr(chunk, attribute, None) if layout.of_chunk(v).virtual_stage == 0 else None
+            for name, parameter in (module.named_parameters() if module is not None else ()):
+                made_of[prefix + name] = (parameter, (prefix + name,))
+        for name, (parameter, hub) in made_of.items():
+            sources = {source for part in hub for source in to_hub[part].sources}
+            if sources and sources <= frozen:
+                parameter.requires_grad_(False)
+            elif sources & frozen:
+                raise StageError(f"training.freeze freezes part of {name} ({sorted(sources & frozen)[0]}) but not all of it "
+                                 f"({sorted(sources - frozen)[0]}); on parallel.backend: megatron they are one tensor: freeze all of them or none")
+    return len(frozen)
+
+
+def _same_in_every_layer(family: MegatronFamily, frozen: Mapping[str, bool]) -> None:
+    """megatron-core checkpoints a decoder layer's tensor of one kind in all layers as one
+    tensor (layers stacked), with the optimizer's state beside it: a kind frozen in some layers
+    and trained in others would leave holes in that state. ``frozen``: global Megatron name ->
+    whether it is frozen."""
+    import re
+
+    kinds: dict[str, dict[bool, str]] = {}
+    for name, is_frozen in frozen.items():
+        if re.search(r"\.layers\.\d+\.", name):
+            kinds.setdefault(re.sub(r"\.layers\.\d+\.", ".layers.N.", name), {})[is_frozen] = name
+    for kind, seen in kinds.items():
+        if len(seen) == 2:
+            raise StageError(f"training.freeze freezes {seen[True]} but not {seen[False]}: on parallel.backend: megatron a layer's tensor is frozen in "
+                             f"every layer or in none (megatron-core checkpoints {kind} of all layers as one tensor)")
 
 
 def load_rank(model: Any, family: MegatronFamily, checkpoint: Path, layout: Layout) -> None:

@@ -146,6 +146,45 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
 @pytest.mark.compares_runs
+def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """training.freeze names training tensors; on megatron they map onto the Megatron tensors
+    they make up (the vision tower as it is, the decoder's fused, layer-stacked ones)."""
+    tied_checkpoint(tmp_path / "tied", layers=4)
+    frozen = ["extract.enabled=false", "training.freeze=[vision,model.language_model.layers.*.mlp.*]"]
+    mm("run", *TINY, "--run-dir", "plain", *frozen)
+    mm("run", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2", *frozen)
+    plain, megatron = losses(tmp_path / "plain"), losses(tmp_path / "mg")
+    for step in plain:  # fp32, the same batches (as the test above)
+        assert megatron[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, megatron)
+    train = manifest(tmp_path / "mg", "train")["metrics"]
+    assert train["frozen_parameters"] == manifest(tmp_path / "plain", "train")["metrics"]["frozen_parameters"] == 25 + 4 * 3
+    from safetensors.torch import load_file
+
+    before, after = load_file(tmp_path / "tied/model.safetensors"), load_file(tmp_path / "mg/export/hf/model.safetensors")
+    vision = [k for k in before if k.startswith(("visual.blocks.", "visual.patch_embed."))]  # the hub's names, export's too
+    mlp = [k for k in before if k.startswith("model.layers.") and ".mlp." in k]
+    attention = [k for k in before if k.endswith(".self_attn.q_proj.weight")]
+    assert vision and mlp and attention
+    assert all(torch_equal(before[k], after[k]) for k in vision + mlp)  # frozen: exported as they came in
+    assert not any(torch_equal(before[k], after[k]) for k in attention)  # trained
+    for overrides, message in [
+        (["training.freeze=[model.language_model.layers.0.*]"], "a layer's tensor is frozen in every layer or in none"),
+        (["training.freeze=[model.language_model.layers.*.self_attn.q_proj.weight]"], "they are one tensor: freeze all of them or none"),
+    ]:
+        proc = mm("train", *TINY, "--run-dir", "mg", "parallel.backend=megatron", "extract.enabled=false", *overrides, "--force", check=False)
+        assert proc.returncode != 0 and message in proc.stderr + proc.stdout, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+@pytest.mark.compares_runs
 @pytest.mark.matrix  # make test runs TP=2 and PP=2 through the engine; this, its data-parallel group
 def test_megatron_data_parallel_run_follows_the_plain_run(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Two processes at TP=1 x PP=1 are two data-parallel replicas: each takes one sample of each
