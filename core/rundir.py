@@ -214,8 +214,12 @@ class RunDir:
 
     def restore_replaced(self, stage: str, plan: str) -> bool:
         """Put back the finished stage a rerun set aside and did not replace (it failed or was
-        killed), when it is what ``plan`` asks for again (the config went back to it); the
-        rerun's unfinished leftovers are deleted. True when restored."""
+        killed), when it is what ``plan`` asks for again (the config went back to it) and the
+        rerun was of another config (a forced rerun of this one resumes instead); the rerun's
+        unfinished leftovers are deleted. True when restored."""
+        started = self.read_started(stage)
+        if started is not None and started.get("plan") == plan:
+            return False
         aside = self.replaced_dir(stage)
         try:
             set_aside = json.loads((aside / MANIFEST).read_text(encoding="utf-8"))

@@ -187,8 +187,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     from mmcore.megatron.precision import Bf16Compute
     from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients, sum_tied_gradients
     from mmcore.optim import lr_lambda
-    from mmcore.recompute import apply_recompute
     from mmcore.plot import plot_training
+    from mmcore.recompute import apply_recompute
     from mmcore.sampler import EpochSampler
     from mmcore.train import HeldOutLog, computes_in_bf16, utilisation
 
@@ -229,11 +229,13 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     apply_recompute([layer for decoder in decoders for layer in decoder.decoder.layers], cfg.recompute, kept_ops=RECOMPUTE_KEPT_OPS)
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
+    trained = torch.tensor([float(len(params))])  # a stage may train nothing (training.freeze: llm at PP > 1); the run must train something
+    dist.all_reduce(trained)
+    if not trained.item():
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
     # bf16: each step computes on bf16 copies of the fp32 weights (mmcore.megatron.precision)
     precision = Bf16Compute(model.parameters(), enabled=bf16)
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    optimizer = torch.optim.AdamW([{"params": params}], lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)  # a group: it may be empty
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
     groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
@@ -445,16 +447,17 @@ def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, ch
     to_hub = family.adapter.to_hf(index)  # hub name -> the training names it is made of
     frozen = set(frozen_names(list(index), patterns, groups))
     pmap = family.parallel_map
-    tied = pmap.tied[1] if pmap.tied else None  # a tied output layer's copy is the embedding
-    tied_sources = pmap.plan(list(to_hub)).get(tied, (None, ()))[1] if tied else ()
+    plan = pmap.plan(list(to_hub))  # global Megatron name -> (rule, the hub tensors it is made of)
     _same_in_every_layer(family, {name: {s for part in parts for s in to_hub[part].sources} <= frozen
-                                  for name, (_, parts) in pmap.plan(list(to_hub)).items() if name.startswith(family.decoder_prefix)})
+                                  for name, (_, parts) in plan.items() if name.startswith(family.decoder_prefix)})
+    # a tied output layer's copy (the last stage's) is made of what the embedding is
+    tied = {pmap.tied[0]: plan[pmap.tied[1]][1]} if pmap.tied and pmap.tied[1] in plan else {}
     for v, chunk in enumerate(model):
         mine, _ = rank_sources(family, list(to_hub), layout.of_chunk(v))
         made_of: dict[str, tuple[Any, tuple[str, ...]]] = {}
         for name, parameter in getattr(chunk, family.decoder).named_parameters():
             full = family.decoder_prefix + name
-            made_of[full] = (parameter, mine[full][1] if full in mine else tuple(tied_sources) if pmap.tied and full == pmap.tied[0] else ())
+            made_of[full] = (parameter, mine[full][1] if full in mine else tied.get(full, ()))
         for prefix, attribute in family.whole.items():
             module = getattr(chunk, attribute, None) if layout.of_chunk(v).virtual_stage == 0 else None
             for name, parameter in (module.named_parameters() if module is not None else ()):

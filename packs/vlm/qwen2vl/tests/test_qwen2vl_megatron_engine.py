@@ -167,6 +167,9 @@ def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # typ
     assert vision and mlp and attention
     assert all(torch_equal(before[k], after[k]) for k in vision + mlp)  # frozen: exported as they came in
     assert not any(torch_equal(before[k], after[k]) for k in attention)  # trained
+    # The language model frozen: the last stage trains nothing, the first the vision tower.
+    mm("train", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2", "extract.enabled=false", "training.freeze=[llm]", "training.steps=2", "--force")
+    assert manifest(tmp_path / "mg", "train")["metrics"]["frozen_parameters"] == 2 + 4 * 12  # embedding, final norm, 12 a layer
     for overrides, message in [
         (["training.freeze=[model.language_model.layers.0.*]"], "a layer's tensor is frozen in every layer or in none"),
         (["training.freeze=[model.language_model.layers.*.self_attn.q_proj.weight]"], "they are one tensor: freeze all of them or none"),
