@@ -122,21 +122,38 @@ def _request(kw: dict[str, Any]):
     )
 
 
+def _follows(parallel: Any) -> bool:
+    """A node other than node 0 of a multi-node run."""
+    return bool(parallel.nnodes > 1 and parallel.node_rank > 0)
+
+
 def _runner(kw: dict[str, Any]):
     from mmcore.runner import Runner
     from mmcore.session import open_session, record_session
 
     plugins = _plugins()
     request = _request(kw)
+    # Every node starts at once. A following node reads the run directory only after node 0 has
+    # announced itself there: before that, run.json and config.yaml may be half written.
+    try:
+        first_look = open_session(plugins, request, read_run_dir=False)
+    except MmcoreError:  # the command alone is not a whole config: the run directory's completes it
+        first_look = None
+    waited = first_look is not None and _follows(first_look.config.parallel)
+    if first_look is not None and waited:
+        from mmcore.nodes import await_node0
+
+        await_node0(first_look.run_dir.root, first_look.config.parallel, click.echo)
     session = open_session(plugins, request)
     if session.config.run.device != "auto":  # a wrong device is found now, not after an hour of preprocessing
         plugins.registry.accelerator(session.config.run.device)
     parallel = session.config.parallel
-    if parallel.nnodes > 1 and parallel.node_rank > 0:
+    if _follows(parallel):
         # a following node: node 0 owns the run directory (lock, run.json, config.yaml), this one joins it
         from mmcore.nodes import await_node0, check_config
 
-        await_node0(session.run_dir.root, parallel, click.echo)
+        if not waited:  # its node settings came from the run directory's config
+            await_node0(session.run_dir.root, parallel, click.echo)
         check_config(session.run_dir.root, session.config.model_dump(mode="json"), parallel.node_rank)
     else:
         session.run_dir.lock()

@@ -105,9 +105,14 @@ def check_run_dir(path: Path, pack: str | None) -> dict[str, Any] | None:
     return saved
 
 
-def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs") -> Session:
-    """Resolve pack, config and run directory; write ``run.json`` and ``config.yaml``."""
-    saved = check_run_dir(Path(request.run_dir), request.pack) if request.run_dir else None
+def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs", read_run_dir: bool = True) -> Session:
+    """Resolve pack, config and run directory (``record_session`` writes them).
+
+    ``read_run_dir=False``: the config from the command alone, the run directory neither checked
+    nor continued from -- what a following node of a multi-node run may look at before node 0
+    has finished writing that directory (:func:`mmcore.nodes.await_node0`).
+    """
+    saved = check_run_dir(Path(request.run_dir), request.pack) if request.run_dir and read_run_dir else None
     pack = request.pack or (saved or {}).get("pack")
     if not pack:
         raise UsageError("--pack is required (or --run-dir of an existing run)")
@@ -147,7 +152,7 @@ def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs")
     if config.run.name and (not _NAME.match(config.run.name) or config.run.name in (".", "..")):
         raise ConfigError(f"run.name {config.run.name!r} must be a plain name (letters, digits, . _ + -), not a path", hint="use --run-dir for a directory elsewhere")
     name = config.run.name or _default_name(pack, preset, request.config_file)
-    if not request.run_dir:
+    if not request.run_dir and read_run_dir:
         check_run_dir(Path(runs_root) / name, pack)
     run_dir = RunDir(request.run_dir or Path(runs_root) / name)
     return Session(plugins, pack, config, run_dir, preset)

@@ -153,6 +153,25 @@ def test_a_following_node_stops_when_node_0_goes_silent(tmp_path: Path) -> None:
         runner.run_stage("download")
 
 
+@pytest.mark.parametrize("node0_wrote", ["a temporary run.json", "run.json but not yet config.yaml"])
+def test_a_following_node_started_while_node_0_writes_the_run_directory_waits_for_it(cli: CLI, line_data: Path, tmp_path: Path, node0_wrote: str) -> None:
+    """Every node starts at once: a follower that looks at the run directory while node 0 is
+    still writing run.json (its temporary file) and config.yaml must wait for node 0's
+    announcement, not judge the half-written directory (CI saw node 1 stop at once with node 0
+    left waiting at the rendezvous)."""
+    run = tmp_path / "shared"
+    run.mkdir()
+    (run / ".lock").touch()
+    if node0_wrote == "a temporary run.json":
+        (run / ".run.json.x1y2.tmp").write_text("{")
+    else:
+        (run / "run.json").write_text(json.dumps({"pack": "toy", "preset": None, "config_file": None, "overrides": [], "created_at": 0}))
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "shared", "--nnodes", "2", "--node-rank", "1",
+               "--rdzv-endpoint", "127.0.0.1:29999", "parallel.rdzv_timeout_s=2", check=False)
+    assert proc.returncode == 2
+    assert "error: node 1: no sign of node 0 in" in proc.stderr, proc.stderr  # it waited (2 s) for the announcement
+
+
 def test_a_node_that_does_not_see_node_0s_directory_stops_with_the_fix(cli: CLI, line_data: Path) -> None:
     proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "elsewhere", "--nnodes", "2", "--node-rank", "1",
                "--rdzv-endpoint", "127.0.0.1:29999", "parallel.rdzv_timeout_s=2", check=False)

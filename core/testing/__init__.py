@@ -95,27 +95,44 @@ class StageCLI:
 def run_nodes(cwd: Path, args: Sequence[str], nnodes: int = 2, *, order: Sequence[int] | None = None, timeout: float = 600,
               env: Mapping[str, str] | None = None) -> list[Any]:
     """``python -m mmcore ARGS`` as ``nnodes`` simulated nodes on loopback (one process each,
-    started in ``order``, one rendezvous); returns their completed processes in node order.
-    A node still running when the others fail or ``timeout`` passes is killed. ``env``: the
-    processes' environment (default: this one without ``MMCORE_*`` variables)."""
+    started in ``order``, one rendezvous); returns their completed processes in node order, each
+    with what it printed. When one node fails, or ``timeout`` passes, the nodes still running are
+    killed (returncode -9) so the caller sees every node's output instead of a hang.
+    ``env``: the processes' environment (default: this one without ``MMCORE_*`` variables)."""
     import os
     import subprocess
     import sys
+    import tempfile
+    import time
 
     from mmcore.launch import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     env = dict(env) if env is not None else {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
-    procs = {rank: subprocess.Popen([sys.executable, "-m", "mmcore", *args, "--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
-                                    cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in (order if order is not None else range(nnodes))}
-    try:
-        outs = {rank: proc.communicate(timeout=timeout) for rank, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            proc.kill()
-    return [subprocess.CompletedProcess(procs[r].args, procs[r].returncode, *outs[r]) for r in sorted(procs)]
-
+    with tempfile.TemporaryDirectory(prefix="mmcore-nodes-") as logs:
+        streams = {rank: (open(Path(logs) / f"{rank}.out", "w+"), open(Path(logs) / f"{rank}.err", "w+")) for rank in range(nnodes)}
+        procs = {rank: subprocess.Popen([sys.executable, "-m", "mmcore", *args, "--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
+                                        cwd=cwd, env=env, stdout=streams[rank][0], stderr=streams[rank][1], text=True)
+                 for rank in (order if order is not None else range(nnodes))}
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                codes = [proc.poll() for proc in procs.values()]
+                if all(code is not None for code in codes) or any(code not in (None, 0) for code in codes):
+                    break
+                time.sleep(0.5)
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        done = []
+        for rank in sorted(procs):
+            out, err = streams[rank]
+            out.seek(0), err.seek(0)
+            done.append(subprocess.CompletedProcess(procs[rank].args, procs[rank].returncode, out.read(), err.read()))
+            out.close(), err.close()
+    return done
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
