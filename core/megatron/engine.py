@@ -40,10 +40,11 @@ wraps a recipe's blocks (:mod:`mmcore.recompute`: full, or selective keeping the
 multiplies' outputs).
 
 ``training.freeze`` picks the same training names as on FSDP2 (:func:`freeze_rank` maps them
-to the Megatron parameters they make up).
+to the Megatron parameters they make up). A frozen tower's features cached by the extract stage
+are read as on FSDP2 (``MegatronFamily.use_cache``).
 
 Not on this backend yet (each a one-line error): LoRA's target choice, dropout and
-modules_to_save, EMA, CPU offload, token-budget packing and the feature cache.
+modules_to_save, EMA, CPU offload, token-budget packing.
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ class MegatronFamily:
             computes them).
         held_out: the held-out samples (``len`` and indexing; the kit's ``eval`` split);
             ``collate_one`` makes one sample a micro-batch.
+        use_cache: ``(first chunk of the first stage) -> None``: switch its frozen towers to the
+            extract stage's cached features (what the FSDP2 recipe's model gets with a finished
+            extract stage; the samples then carry the features). None: the feature cache is refused.
     """
 
     build: Callable[["Layout"], Any]
@@ -126,6 +130,7 @@ class MegatronFamily:
     score_names: Sequence[str] = ()
     held_out: Any = None
     collate_one: Callable[[Any], dict[str, Any]] | None = None
+    use_cache: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     seed_everything(ctx.seed + world.rank)
     # this rank's model chunks (one, or one per virtual stage): a ModuleList names them 0, 1, ...
     model = torch.nn.ModuleList([family.build(layout.of_chunk(v)) for v in range(layout.virtual)])
+    if "extract" in upstream and layout.stage == 0:  # the samples carry the frozen towers' cached outputs
+        family.use_cache(model[0])  # type: ignore[misc]
     decoders = [getattr(chunk, family.decoder) for chunk in model]
     ckpt_root = ctx.stage_dir / CHECKPOINTS
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
@@ -383,14 +390,16 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         "training.ema": bool(cfg.ema),
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
-        "the extract stage's feature cache (set extract.enabled=false)": "extract" in upstream,
     }
     for what, asked in refused.items():
         if asked:
             raise StageError(f"parallel.backend: megatron does not support {what} yet")
     if recipe.weights is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not load its weights through the engine")
-    return recipe.megatron(ctx, upstream)
+    family = recipe.megatron(ctx, upstream)
+    if "extract" in upstream and family.use_cache is None:
+        raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not read the extract stage's feature cache on megatron yet (set extract.enabled=false)")
+    return family
 
 
 def _layout_record(layout: Layout) -> dict[str, int | bool]:

@@ -148,11 +148,13 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
 @pytest.mark.compares_runs
 def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.freeze names training tensors; on megatron they map onto the Megatron tensors
-    they make up (the vision tower as it is, the decoder's fused, layer-stacked ones)."""
+    they make up (the vision tower as it is, the decoder's fused, layer-stacked ones). A frozen
+    vision tower's features come from the extract stage's cache on both backends."""
     tied_checkpoint(tmp_path / "tied", layers=4)
-    frozen = ["extract.enabled=false", "training.freeze=[vision,model.language_model.layers.*.mlp.*]"]
+    frozen = ["training.freeze=[vision,model.language_model.layers.*.mlp.*]"]
     mm("run", *TINY, "--run-dir", "plain", *frozen)
     mm("run", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2", *frozen)
+    assert manifest(tmp_path / "mg", "extract")["status"] == "finished"  # the samples carry cached block outputs
     plain, megatron = losses(tmp_path / "plain"), losses(tmp_path / "mg")
     for step in plain:  # fp32, the same batches (as the test above)
         assert megatron[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, megatron)

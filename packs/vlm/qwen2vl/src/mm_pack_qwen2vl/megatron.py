@@ -184,6 +184,7 @@ def megatron_family(model_dir: Path) -> Any:
     from mmcore.megatron.engine import MegatronFamily
     from mmcore.megatron.train import vocab_parallel_exact_match, vocab_parallel_loss_sum
     from mm_pack_qwen2vl.adapter import ADAPTER
+    from mm_qwen_vision import use_cached_vision
 
     config = AutoConfig.from_pretrained(model_dir)
     vocab = config.get_text_config().vocab_size
@@ -195,4 +196,5 @@ def megatron_family(model_dir: Path) -> Any:
                           loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab),
                           # the held-out exact-match accuracy the FSDP2 loop logs (mmcore.causal_lm.exact_match)
                           score=lambda logits, batch: {"accuracy": (float(vocab_parallel_exact_match(logits, batch["labels"], vocab).sum()), len(logits))},
-                          score_names=("accuracy",))
+                          score_names=("accuracy",),
+                          use_cache=lambda first: use_cached_vision(first.visual))  # the extract stage's cache: only the merger runs
