@@ -246,6 +246,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+        flat = raw.strip()
+        if flat.startswith("[") and flat.endswith("]") and not any(c in flat[1:-1] for c in "[]{}'\""):
+            # a list of globs: YAML reads a leading * as an alias ([*.q_proj, *.v_proj])
+            value = [item.strip() for item in flat[1:-1].split(",") if item.strip()]
     if isinstance(value, str):
         try:
             value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string

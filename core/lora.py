@@ -95,11 +95,13 @@ def _supported(module: Any) -> bool:
     return isinstance(module, (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d))
 
 
-def _expand(entries: Sequence[str], groups: Mapping[str, Sequence[str]]) -> list[tuple[str, list[str]]]:
+def expand_groups(entries: Sequence[str], groups: Mapping[str, Sequence[str]]) -> list[tuple[str, list[str]]]:
+    """Each entry with its globs: a pack group's, or the entry itself."""
     return [(entry, list(groups.get(entry, [entry]))) for entry in entries]
 
 
-def _matches(name: str, globs: Iterable[str]) -> bool:
+def matches_any(name: str, globs: Iterable[str]) -> bool:
+    """Whether ``name`` matches one of ``globs`` (fnmatch, case-sensitive)."""
     return any(fnmatch.fnmatchcase(name, g) for g in globs)
 
 
@@ -121,28 +123,28 @@ def plan_lora(model: "nn.Module", cfg: Any, *, groups: Mapping[str, Sequence[str
     named = [(name, module) for name, module in model.named_modules() if name and _supported(module)]
 
     def frozen_module(module: Any, name: str) -> bool:
-        return any(_matches(f"{name}.{p}", frozen) for p, _ in module.named_parameters(recurse=False))
+        return any(matches_any(f"{name}.{p}", frozen) for p, _ in module.named_parameters(recurse=False))
 
     if cfg.target_modules:
         targets: list[str] = []
-        for entry, globs in _expand(cfg.target_modules, groups):
-            hit = [name for name, module in named if _matches(name, globs)]
+        for entry, globs in expand_groups(cfg.target_modules, groups):
+            hit = [name for name, module in named if matches_any(name, globs)]
             if not hit:
                 known = ", ".join(groups) or "none"
                 raise StageError(f"training.lora.target_modules: {entry!r} matches no linear, conv or embedding layer and is no group (groups: {known})")
             targets.extend(n for n, m in named if n in hit and not frozen_module(m, n))
     else:
         inside = {id(m) for block in blocks for m in block.modules()}
-        defaults = [g for _, globs in _expand(default_targets, groups) for g in globs]
+        defaults = [g for _, globs in expand_groups(default_targets, groups) for g in globs]
         from torch import nn
 
-        targets = [n for n, m in named if id(m) in inside and isinstance(m, nn.Linear) and (not defaults or _matches(n, defaults)) and not frozen_module(m, n)]
+        targets = [n for n, m in named if id(m) in inside and isinstance(m, nn.Linear) and (not defaults or matches_any(n, defaults)) and not frozen_module(m, n)]
     targets = list(dict.fromkeys(targets))
     if not targets:
         raise StageError("training.lora: no layer to adapt (every target is frozen by training.freeze, or the pack's blocks hold no linear layer)")
     save: list[str] = []
-    for entry, globs in _expand(cfg.modules_to_save, groups):
-        hit = [name for name, module in model.named_modules() if name and _matches(name, globs) and any(True for _ in module.parameters(recurse=False))]
+    for entry, globs in expand_groups(cfg.modules_to_save, groups):
+        hit = [name for name, module in model.named_modules() if name and matches_any(name, globs) and any(True for _ in module.parameters(recurse=False))]
         if not hit:
             raise StageError(f"training.lora.modules_to_save: {entry!r} matches no module with parameters")
         save.extend(hit)

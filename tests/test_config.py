@@ -13,6 +13,9 @@ def test_override_values_are_typed() -> None:
     assert parse_override("training.lr=1e-5") == (["training", "lr"], 1e-5)
     assert parse_override("data.datasets=[a.json, b.json]") == (["data", "datasets"], ["a.json", "b.json"])
     assert parse_override("training.max_grad_norm=null") == (["training", "max_grad_norm"], None)
+    # globs as a user types them: YAML would read the leading * as an alias and fail
+    assert parse_override("training.lora.target_modules=[*.q_proj, *.v_proj]") == (["training", "lora", "target_modules"], ["*.q_proj", "*.v_proj"])
+    assert parse_override("training.freeze=*.mlp.*") == (["training", "freeze"], "*.mlp.*")
     with pytest.raises(ConfigError, match="not of the form"):
         parse_override("training.lr")
 

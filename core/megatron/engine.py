@@ -16,8 +16,9 @@ TP/PP. At the end the trained weights are gathered through the table into the fa
 training names (``checkpoints/trained``, a DCP checkpoint as the FSDP2 loop's), which export
 reads as it reads any other.
 
-With ``training.lora`` the adapters sit on every linear of the language model
-(:mod:`mmcore.megatron.lora`, split over TP as their base), the rest frozen; the trained
+With ``training.lora`` the adapters sit on the language model's layer linears (all, or those
+``target_modules`` picks: :func:`lora_kinds`; :mod:`mmcore.megatron.lora`, split over TP as
+their base), the rest frozen; the trained
 checkpoint holds them merged into the base, ``checkpoints/adapter`` in PEFT's format.
 
 With ``parallel.virtual_pipeline`` = V a rank holds V model chunks (``build`` once per chunk),
@@ -225,12 +226,13 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
             load_rank(chunk, family, recipe.weights(ctx, upstream), layout.of_chunk(v))  # type: ignore[misc]
     frozen = freeze_rank(model, family, layout, recipe.weights(ctx, upstream), cfg.freeze, recipe.freeze_groups) if cfg.freeze else 0  # type: ignore[misc]
     lora = cfg.lora.r > 0
-    if lora:  # adapters on every linear of the language model, the rest frozen (after loading: the base keeps its names)
+    if lora:  # adapters on the language model's layer linears, the rest frozen (after loading: the base keeps its names)
         from mmcore.megatron.lora import add_adapters, init_adapters
 
         model.requires_grad_(False)
+        kinds = lora_kinds(family, recipe.weights(ctx, upstream), cfg.lora, recipe.freeze_groups, cfg.freeze)  # type: ignore[misc]
         for decoder in decoders:
-            add_adapters(decoder, cfg.lora.r, cfg.lora.alpha)
+            add_adapters(decoder, cfg.lora.r, cfg.lora.alpha, targets=kinds)
             init_adapters(decoder, ctx.seed, cfg.lora.init)
     # training.recompute: each transformer layer of the language model, as the FSDP2 loop's blocks
     apply_recompute([layer for decoder in decoders for layer in decoder.decoder.layers], cfg.recompute, kept_ops=RECOMPUTE_KEPT_OPS)
@@ -385,8 +387,8 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
                          f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
     refused = {
-        "training.lora.target_modules / modules_to_save / dropout (LoRA here: every linear of the language model, no dropout)":
-            bool(cfg.lora.r) and bool(cfg.lora.target_modules or cfg.lora.modules_to_save or cfg.lora.dropout),
+        "training.lora.modules_to_save / dropout (LoRA here: adapters on the language model's layer linears, no dropout)":
+            bool(cfg.lora.r) and bool(cfg.lora.modules_to_save or cfg.lora.dropout),
         "training.ema": bool(cfg.ema),
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
@@ -481,21 +483,71 @@ def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, ch
     return len(frozen)
 
 
-def _same_in_every_layer(family: MegatronFamily, frozen: Mapping[str, bool]) -> None:
+def _same_in_every_layer(family: MegatronFamily, chosen: Mapping[str, bool], setting: str = "training.freeze", does: str = "frozen") -> None:
     """megatron-core checkpoints a decoder layer's tensor of one kind in all layers as one
-    tensor (layers stacked), with the optimizer's state beside it: a kind frozen in some layers
-    and trained in others would leave holes in that state. ``frozen``: global Megatron name ->
-    whether it is frozen."""
+    tensor (layers stacked), with the optimizer's state beside it: a kind frozen (or adapted) in
+    some layers and not in others would leave holes in that state. ``chosen``: global Megatron
+    name -> whether ``setting`` chose it (``does``: what it does to it, for the message)."""
     import re
 
     kinds: dict[str, dict[bool, str]] = {}
-    for name, is_frozen in frozen.items():
+    for name, is_chosen in chosen.items():
         if re.search(r"\.layers\.\d+\.", name):
-            kinds.setdefault(re.sub(r"\.layers\.\d+\.", ".layers.N.", name), {})[is_frozen] = name
+            kinds.setdefault(re.sub(r"\.layers\.\d+\.", ".layers.N.", name), {})[is_chosen] = name
     for kind, seen in kinds.items():
         if len(seen) == 2:
-            raise StageError(f"training.freeze freezes {seen[True]} but not {seen[False]}: on parallel.backend: megatron a layer's tensor is frozen in "
+            raise StageError(f"{setting}: {seen[True]} is {does} but not {seen[False]}: on parallel.backend: megatron a layer's tensor is {does} in "
                              f"every layer or in none (megatron-core checkpoints {kind} of all layers as one tensor)")
+
+
+def lora_kinds(family: MegatronFamily, checkpoint: Path, lora: Any, groups: Mapping[str, Sequence[str]], freeze: Sequence[str]) -> tuple[str, ...]:
+    """``training.lora.target_modules`` on megatron: which of a decoder layer's linears
+    (:data:`mmcore.megatron.lora.DEFAULT_TARGETS`) get adapters. The globs and the recipe's
+    groups pick training modules (a weight's name less ``.weight``) as on FSDP2, less what
+    ``training.freeze`` freezes; through the family's adapter and table they must make up whole
+    layer linears (q, k and v are one linear; gate and up one), the same in every layer, and
+    nothing outside them (the embedding, the output layer, the vision tower). Empty
+    ``target_modules``: every layer linear, as FSDP2's default (the language model's blocks)."""
+    import re
+
+    from mmcore.convert import dcp_index
+    from mmcore.lora import expand_groups, matches_any
+    from mmcore.megatron.lora import DEFAULT_TARGETS
+    from mmcore.optim import frozen_names
+
+    if not lora.target_modules:
+        return DEFAULT_TARGETS
+    index = dcp_index(checkpoint)
+    to_hub = family.adapter.to_hf(index)  # hub name -> the training names it is made of
+    frozen = set(frozen_names(list(index), freeze, groups)) if freeze else set()
+    weights = {name.removesuffix(".weight"): name for name, info in index.items() if name.endswith(".weight") and len(info.shape) >= 2}
+    targeted: set[str] = set()
+    for entry, globs in expand_groups(lora.target_modules, groups):
+        hit = [weights[module] for module in weights if matches_any(module, globs)]
+        if not hit:
+            raise StageError(f"training.lora.target_modules: {entry!r} matches no linear or embedding layer and is no group (groups: {', '.join(groups) or 'none'})")
+        targeted.update(name for name in hit if name not in frozen)
+    adapted: dict[str, bool] = {}
+    covered: set[str] = set()
+    for name, (_, parts) in family.parallel_map.plan(list(to_hub)).items():
+        kind = name.rsplit(".", 2)[-2]
+        if not (name.startswith(family.decoder_prefix) and name.endswith(".weight") and re.search(r"\.layers\.\d+\.", name) and kind in DEFAULT_TARGETS):
+            continue
+        sources = {source for part in parts for source in to_hub[part].sources}
+        covered |= sources
+        if sources & targeted and not sources <= targeted:
+            raise StageError(f"training.lora.target_modules adapts {sorted(sources & targeted)[0].removesuffix('.weight')} but not {sorted(sources - targeted)[0].removesuffix('.weight')}; "
+                             f"on parallel.backend: megatron they are one linear ({name.removeprefix(family.decoder_prefix)}): adapt all of them or none")
+        adapted[name] = bool(sources) and sources <= targeted
+    outside = sorted(targeted - covered)
+    if outside:
+        raise StageError(f"training.lora.target_modules: {outside[0].removesuffix('.weight')} is not a linear of the language model's layers; "
+                         "LoRA on parallel.backend: megatron adapts only those (parallel.backend: fsdp2 adapts any linear or embedding)")
+    _same_in_every_layer(family, adapted, "training.lora.target_modules", "adapted")
+    kinds = tuple(kind for kind in DEFAULT_TARGETS if any(adapted[name] for name in adapted if name.rsplit(".", 2)[-2] == kind))
+    if not kinds:
+        raise StageError("training.lora: no layer to adapt (every target is frozen by training.freeze)")
+    return kinds
 
 
 def load_rank(model: Any, family: MegatronFamily, checkpoint: Path, layout: Layout) -> None:

@@ -181,6 +181,44 @@ def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # typ
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """training.lora.target_modules on megatron picks training modules as on FSDP2 (globs typed
+    as a user types them); they must make up whole Megatron linears, the same in every layer.
+    At TP=2: PEFT's folder holds adapters for the chosen modules only, peft's unmerged adapters
+    on the base give the export's logits, the linears left out are exported as they came in."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    tied_checkpoint(tmp_path / "tied")
+    lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]"]
+    mm("run", *TINY, *lora, "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "training.steps=2")
+    config = json.loads((tmp_path / "mg/train/checkpoints/adapter/adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == ["down_proj", "k_proj", "q_proj", "v_proj"]
+    adapter = load_file(tmp_path / "mg/train/checkpoints/adapter/adapter_model.safetensors")
+    assert {key.split(".")[-3] for key in adapter} == {"down_proj", "k_proj", "q_proj", "v_proj"}
+    before, after = load_file(tmp_path / "tied/model.safetensors"), load_file(tmp_path / "mg/export/hf/model.safetensors")
+    left_out = [k for k in before if k.startswith("model.layers.") and k.endswith(("o_proj.weight", "gate_proj.weight", "up_proj.weight"))]
+    chosen = [k for k in before if k.startswith("model.layers.") and k.endswith(("q_proj.weight", "down_proj.weight"))]
+    assert left_out and chosen and all(torch_equal(before[k], after[k]) for k in left_out) and not any(torch_equal(before[k], after[k]) for k in chosen)
+    export = AutoModelForImageTextToText.from_pretrained(tmp_path / "mg/export/hf").eval()
+    adapted = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(tmp_path / "tied"), str(tmp_path / "mg/train/checkpoints/adapter")).eval()
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert float((export(input_ids=ids).logits - adapted(input_ids=ids).logits).abs().max()) < 1e-4  # fp32 sums in another order
+    for targets, message in [
+        ("[*.q_proj]", "they are one linear (decoder.layers.0.self_attention.linear_qkv.weight): adapt all of them or none"),
+        ("[model.language_model.layers.0.*]", "a layer's tensor is adapted in every layer or in none"),
+        ("[vision]", "is not a linear of the language model's layers; LoRA on parallel.backend: megatron adapts only those"),
+    ]:
+        proc = mm("train", *TINY, "--run-dir", "mg", "parallel.backend=megatron", "training.lora.r=4", f"training.lora.target_modules={targets}", "--force", check=False)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
     import torch
 
