@@ -62,11 +62,14 @@ def _rng_state() -> dict[str, Any]:
 
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
+    state = {
         "python": [version, list(internal), gauss],
         "numpy": [name, keys.tolist(), pos, has_gauss, cached],
         "torch": torch.get_rng_state().tolist(),
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout masks drawn on the GPU
+        state["cuda"] = torch.cuda.get_rng_state().tolist()
+    return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -78,6 +81,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
 
 
 def seed_everything(seed: int) -> None:
@@ -200,12 +205,15 @@ def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path],
         dist.barrier()
 
 
-def restore_rng(path: Path, world: Any) -> None:
-    """This rank's RNG state from checkpoint ``path`` (absent when resuming on more ranks than
-    saved: those start fresh streams)."""
-    rng_file = path / f"rng-rank{world.rank:05d}.json"
-    if rng_file.exists():
-        _set_rng_state(json.loads(rng_file.read_text()))
+def restore_rng(path: Path, world: Any, rank: int | None = None) -> bool:
+    """This rank's RNG state from checkpoint ``path`` (that of the saved rank ``rank`` if given);
+    False, the state untouched, when it has none (resuming on more ranks than saved: those
+    start fresh streams)."""
+    rng_file = path / f"rng-rank{world.rank if rank is None else rank:05d}.json"
+    if not rng_file.exists():
+        return False
+    _set_rng_state(json.loads(rng_file.read_text()))
+    return True
 
 
 def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,

@@ -44,8 +44,8 @@ multiplies' outputs).
 to the Megatron parameters they make up). A frozen tower's features cached by the extract stage
 are read as on FSDP2 (``MegatronFamily.use_cache``).
 
-Not on this backend yet (each a one-line error): LoRA's target choice, dropout and
-modules_to_save, EMA, CPU offload, token-budget packing.
+Not on this backend yet (each a one-line error): LoRA's modules_to_save, EMA, CPU offload,
+token-budget packing.
 """
 
 from __future__ import annotations
@@ -166,6 +166,13 @@ class Layout:
         """This chunk's place among the PP x V runs of layers (Megatron's interleaved order)."""
         return self.chunk * self.pp + self.stage
 
+    @property
+    def rng_stream(self) -> int:
+        """Which random stream this rank draws from: one per data-parallel replica and pipeline
+        stage, shared by the tensor-parallel ranks (a LoRA dropout mask over an input every TP
+        rank holds must be the same on each: :mod:`mmcore.megatron.lora`)."""
+        return self.dp_rank + self.dp * self.stage
+
     def describe(self) -> str:
         return (f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp}"
                 f"{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''} x DP={self.dp}")
@@ -213,7 +220,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         own_group = True
     init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed, virtual_pipeline=parallel.virtual_pipeline)
     layout = Layout.current(parallel.sequence_parallel, parallel.virtual_pipeline)
-    seed_everything(ctx.seed + world.rank)
+    seed_everything(ctx.seed + layout.rng_stream)
     # this rank's model chunks (one, or one per virtual stage): a ModuleList names them 0, 1, ...
     model = torch.nn.ModuleList([family.build(layout.of_chunk(v)) for v in range(layout.virtual)])
     if "extract" in upstream and layout.stage == 0:  # the samples carry the frozen towers' cached outputs
@@ -232,7 +239,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         model.requires_grad_(False)
         kinds = lora_kinds(family, recipe.weights(ctx, upstream), cfg.lora, recipe.freeze_groups, cfg.freeze)  # type: ignore[misc]
         for decoder in decoders:
-            add_adapters(decoder, cfg.lora.r, cfg.lora.alpha, targets=kinds)
+            add_adapters(decoder, cfg.lora.r, cfg.lora.alpha, targets=kinds, dropout=cfg.lora.dropout)
             init_adapters(decoder, ctx.seed, cfg.lora.init)
     # training.recompute: each transformer layer of the language model, as the FSDP2 loop's blocks
     apply_recompute([layer for decoder in decoders for layer in decoder.decoder.layers], cfg.recompute, kept_ops=RECOMPUTE_KEPT_OPS)
@@ -253,6 +260,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
 
     step = 0
     last_loss = float("nan")
+    # the training draws (LoRA dropout) start here, after building and loading drew what they
+    # drew (megatron-core's initialisation draws per TP shard): the same at every TP size
+    seed_everything(ctx.seed + layout.rng_stream)
     if resume_from is not None:
         state = json.loads((resume_from / TRAINER_STATE).read_text())
         if state.get("backend") != "megatron":
@@ -260,9 +270,11 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         load_megatron_checkpoint(model, resume_from, optimizer)
         scheduler.load_state_dict(state["scheduler"])
         sampler.position = state["sampler_position"]
-        restore_rng(resume_from, world)
         step, last_loss = int(state["step"]), float("nan") if state.get("loss") is None else float(state["loss"])
         saved = state.get("layout", {})
+        rank = _saved_rank_of(saved, layout)  # the rank whose random stream this one continues
+        if rank is None or not restore_rng(resume_from, world, rank):
+            seed_everything(ctx.seed + layout.rng_stream + 7919 * step)  # a place the saved layout did not have: a stream of its own
         moved = ("" if (saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("virtual_pipeline", 1)) == (layout.tp, layout.pp, layout.virtual)
                  else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}"
                       f"{' x ' + str(saved['virtual_pipeline']) + ' virtual' if saved.get('virtual_pipeline', 1) > 1 else ''}, resharded)")
@@ -387,8 +399,7 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
                          f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
     refused = {
-        "training.lora.modules_to_save / dropout (LoRA here: adapters on the language model's layer linears, no dropout)":
-            bool(cfg.lora.r) and bool(cfg.lora.modules_to_save or cfg.lora.dropout),
+        "training.lora.modules_to_save (LoRA here: adapters on the language model's layer linears)": bool(cfg.lora.r) and bool(cfg.lora.modules_to_save),
         "training.ema": bool(cfg.ema),
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
@@ -402,6 +413,17 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     if "extract" in upstream and family.use_cache is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not read the extract stage's feature cache on megatron yet (set extract.enabled=false)")
     return family
+
+
+def _saved_rank_of(saved: Mapping[str, Any], layout: Layout) -> int | None:
+    """The rank of a checkpoint saved at layout ``saved`` (its ``_layout_record``) whose random
+    stream this rank continues: the first tensor-parallel rank of the same data-parallel replica
+    and pipeline stage (megatron-core numbers ranks TP fastest, then DP, then PP), when the
+    pipeline is split as it was and that replica existed; else None."""
+    tp, pp, dp = saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("data_parallel")
+    if tp is None or dp is None or pp != layout.pp or layout.dp_rank >= dp:
+        return None
+    return int(tp) * (layout.dp_rank + int(dp) * layout.stage)
 
 
 def _layout_record(layout: Layout) -> dict[str, int | bool]:
@@ -682,7 +704,7 @@ def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, la
         for ranks in stages:
             tensors.update(peft_state(family.parallel_map, ranks, family.adapter.model_name))
         shutil.rmtree(folder, ignore_errors=True)
-        write_peft(folder, tensors, lora.r, lora.alpha, base_model)
+        write_peft(folder, tensors, lora.r, lora.alpha, base_model, lora.dropout)
     if world.distributed:
         dist.barrier()
 

@@ -15,6 +15,12 @@ sequence: ``A x`` is gathered over the sequence before ``B`` (column), the row a
 products reduce-scattered over it instead of summed; the weight that then sees only this rank's
 tokens (column: ``A``; row: ``B``) is marked ``sequence_parallel``, its gradient summed over TP.
 
+Dropout (``training.lora.dropout``) on the adapter's input draws each mask whole, over the
+input as one process would hold it, from the stream the tensor-parallel ranks share
+(``Layout.rng_stream``), and each rank keeps its part: the same masks at any TP size, and
+the same on every rank that holds the same input (``A`` stays the same on every rank). A
+recomputed layer draws them again from the RNG state checkpointing restored.
+
 Export: shards merged by the family's table as their base weights are, then split to HF's
 modules (a fused q/k/v's ``B`` per query group into q, k and v, each with the same ``A``), under
 PEFT's names (``base_model.model.<module>.lora_A.weight``) with an ``adapter_config.json``.
@@ -33,9 +39,9 @@ from mmcore.errors import StageError
 DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
-def parallel_lora(base: Any, r: int, alpha: float) -> Any:
+def parallel_lora(base: Any, r: int, alpha: float, dropout: float = 0.0) -> Any:
     """A parallel linear with a low-rank adapter beside it (the module docstring says how it splits)."""
-    return _lora_class()(base, r, alpha)
+    return _lora_class()(base, r, alpha, dropout)
 
 
 @functools.cache
@@ -44,11 +50,11 @@ def _lora_class() -> type:
     import torch
 
     class ParallelLoRA(torch.nn.Module):
-        def __init__(self, base: Any, r: int, alpha: float) -> None:
+        def __init__(self, base: Any, r: int, alpha: float, dropout: float = 0.0) -> None:
             from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, set_tensor_model_parallel_attributes
 
             super().__init__()
-            self.base, self.r, self.scaling = base, r, alpha / r
+            self.base, self.r, self.scaling, self.dropout = base, r, alpha / r, dropout
             self.column = isinstance(base, ColumnParallelLinear)
             if not self.column and not isinstance(base, RowParallelLinear):
                 raise StageError(f"LoRA on megatron-core: {type(base).__name__} is neither a column- nor a row-parallel linear")
@@ -84,24 +90,41 @@ def _lora_class() -> type:
             from megatron.core.tensor_parallel import mappings
 
             out, bias = self.base(x, *args, **kwargs)
-            low = torch.nn.functional.linear(x, self.lora_A)
+            low = torch.nn.functional.linear(self._dropped(x) if self.training and self.dropout else x, self.lora_A)
             if self.sequence_parallel:
                 low = mappings.gather_from_sequence_parallel_region(low) if self.column else mappings.reduce_scatter_to_sequence_parallel_region(low)
             else:
                 low = mappings.copy_to_tensor_model_parallel_region(low) if self.column else mappings.reduce_from_tensor_model_parallel_region(low)
             return out + self.scaling * torch.nn.functional.linear(low, self.lora_B), bias
 
+        def _dropped(self, x: Any) -> Any:
+            """``x`` times this rank's part of a dropout mask drawn for the whole input
+            ([sequence, batch, features]: a column adapter's input is whole, or this rank's
+            part of the sequence under sequence parallelism; a row adapter's is this rank's
+            part of the features)."""
+            from megatron.core import parallel_state
+
+            rank, tp = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+            split = (0 if self.sequence_parallel else None) if self.column else x.dim() - 1
+            whole = list(x.shape)
+            if split is not None:
+                whole[split] *= tp
+            keep = torch.empty(whole, dtype=x.dtype, device=x.device).bernoulli_(1 - self.dropout)
+            if split is not None:
+                keep = keep.narrow(split, rank * x.shape[split], x.shape[split])
+            return x * keep / (1 - self.dropout)
+
     return ParallelLoRA
 
 
-def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS) -> list[str]:
-    """Put a :func:`parallel_lora` on every parallel linear named in ``targets``, freeze every
-    other parameter; returns the wrapped modules' names."""
+def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS, dropout: float = 0.0) -> list[str]:
+    """Put a :func:`parallel_lora` on every parallel linear named in ``targets`` (``dropout`` on
+    its input while training), freeze every other parameter; returns the wrapped modules' names."""
     wrapped = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if child_name in targets and not isinstance(child, _lora_class()) and hasattr(child, "weight"):
-                setattr(module, child_name, parallel_lora(child, r, alpha))
+                setattr(module, child_name, parallel_lora(child, r, alpha, dropout))
                 wrapped.append(f"{name}.{child_name}" if name else child_name)
     if not wrapped:
         raise StageError(f"LoRA on megatron-core: no parallel linear named {', '.join(targets)}")
@@ -197,7 +220,7 @@ def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_mod
     return out
 
 
-def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, base_model: Path) -> None:
+def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, base_model: Path, dropout: float = 0.0) -> None:
     """``adapter_model.safetensors`` and ``adapter_config.json`` as peft saves them."""
     from peft import LoraConfig
     from safetensors.torch import save_file
@@ -205,7 +228,7 @@ def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, b
     folder.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     modules = sorted({key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for key in tensors})
-    LoraConfig(r=r, lora_alpha=alpha, target_modules=modules, base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
+    LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
 
 
 __all__ = ["DEFAULT_TARGETS", "parallel_lora", "add_adapters", "init_adapters", "adapter_shards", "merged_state", "peft_state", "write_peft"]

@@ -187,17 +187,27 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     """training.lora.target_modules on megatron picks training modules as on FSDP2 (globs typed
     as a user types them); they must make up whole Megatron linears, the same in every layer.
     At TP=2: PEFT's folder holds adapters for the chosen modules only, peft's unmerged adapters
-    on the base give the export's logits, the linears left out are exported as they came in."""
+    on the base give the export's logits, the linears left out are exported as they came in.
+    training.lora.dropout draws each mask whole from a stream the TP ranks share: the TP=2
+    run's losses are one process's (which recomputes its layers: the same masks again)."""
     import torch
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
     tied_checkpoint(tmp_path / "tied")
-    lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]"]
-    mm("run", *TINY, *lora, "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "training.steps=2")
+    lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]", "training.steps=3"]
+    mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2")
+    mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "one", "parallel.backend=megatron", "training.recompute=full")
+    tp2, one = losses(tmp_path / "mg"), losses(tmp_path / "one")
+    mm("train", *TINY, *lora, "--run-dir", "one", "parallel.backend=megatron")  # no dropout
+    undropped = losses(tmp_path / "one")
+    assert list(tp2) == list(one) == [1, 2, 3]
+    for step in one:  # fp32, the same masks and batches; TP reorders sums (~1e-7)
+        assert tp2[step] == pytest.approx(one[step], rel=1e-5), (step, one, tp2)
+    assert abs(one[2] - undropped[2]) > 1e-4 and one[1] == undropped[1], (one, undropped)  # dropout was on (B starts at 0: step 1 alike)
     config = json.loads((tmp_path / "mg/train/checkpoints/adapter/adapter_config.json").read_text())
-    assert sorted(config["target_modules"]) == ["down_proj", "k_proj", "q_proj", "v_proj"]
+    assert sorted(config["target_modules"]) == ["down_proj", "k_proj", "q_proj", "v_proj"] and config["lora_dropout"] == 0.3
     adapter = load_file(tmp_path / "mg/train/checkpoints/adapter/adapter_model.safetensors")
     assert {key.split(".")[-3] for key in adapter} == {"down_proj", "k_proj", "q_proj", "v_proj"}
     before, after = load_file(tmp_path / "tied/model.safetensors"), load_file(tmp_path / "mg/export/hf/model.safetensors")
