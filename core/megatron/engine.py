@@ -44,8 +44,11 @@ multiplies' outputs).
 to the Megatron parameters they make up). A frozen tower's features cached by the extract stage
 are read as on FSDP2 (``MegatronFamily.use_cache``).
 
-Not on this backend yet (each a one-line error): LoRA's modules_to_save, EMA, CPU offload,
-token-budget packing.
+``training.lora`` trains adapters of :mod:`mmcore.megatron.lora` on the layers' linears
+(:func:`lora_kinds`), and ``modules_to_save`` whole (:func:`saved_modules`), written in PEFT's
+format at the end (:func:`write_adapter`).
+
+Not on this backend yet (each a one-line error): EMA, CPU offload, token-budget packing.
 """
 
 from __future__ import annotations
@@ -236,11 +239,22 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     if lora:  # adapters on the language model's layer linears, the rest frozen (after loading: the base keeps its names)
         from mmcore.megatron.lora import add_adapters, init_adapters
 
+        from mmcore.convert import dcp_index
+
+        index = dcp_index(recipe.weights(ctx, upstream))  # type: ignore[misc]
+        saved = saved_modules(family, index, cfg.lora, recipe.freeze_groups)
+        whole = chosen_parameters(model, family, layout, index, saved, "training.lora.modules_to_save", "saved") if saved else []
         model.requires_grad_(False)
         kinds = lora_kinds(family, recipe.weights(ctx, upstream), cfg.lora, recipe.freeze_groups, cfg.freeze)  # type: ignore[misc]
+        both = [name for name, _ in whole if name.endswith(".weight") and name.rsplit(".", 2)[-2] in kinds and ".layers." in name]
+        if both:
+            raise StageError(f"training.lora: {both[0]} is both a LoRA target and in modules_to_save; it can only be one")
         for decoder in decoders:
             add_adapters(decoder, cfg.lora.r, cfg.lora.alpha, targets=kinds, dropout=cfg.lora.dropout)
             init_adapters(decoder, ctx.seed, cfg.lora.init)
+        for _, parameter in whole:  # training.lora.modules_to_save: trained whole beside the adapters
+            parameter.requires_grad_(True)
+        saved_hub = [name for name, made in family.adapter.to_hf(index).items() if made.sources and set(made.sources) <= saved]
     # training.recompute: each transformer layer of the language model, as the FSDP2 loop's blocks
     apply_recompute([layer for decoder in decoders for layer in decoder.decoder.layers], cfg.recompute, kept_ops=RECOMPUTE_KEPT_OPS)
     model.to(device)
@@ -343,9 +357,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
     final_step = max(cfg.steps, step)
     save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss)
-    write_trained(ckpt_root / TRAINED, model, family, layout, world)
+    hub = write_trained(ckpt_root / TRAINED, model, family, layout, world)
     if lora:
-        write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"))
+        write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), hub, saved_hub)
     crash_point("train-end", 1)
     log_eval(final_step)
     if world.is_main:
@@ -399,7 +413,6 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
                          f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
     refused = {
-        "training.lora.modules_to_save (LoRA here: adapters on the language model's layer linears)": bool(cfg.lora.r) and bool(cfg.lora.modules_to_save),
         "training.ema": bool(cfg.ema),
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
@@ -477,14 +490,27 @@ def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, ch
     from mmcore.optim import frozen_names
 
     index = dcp_index(checkpoint)
-    to_hub = family.adapter.to_hf(index)  # hub name -> the training names it is made of
     frozen = set(frozen_names(list(index), patterns, groups))
+    for _, parameter in chosen_parameters(model, family, layout, index, frozen, "training.freeze", "frozen"):
+        parameter.requires_grad_(False)
+    return len(frozen)
+
+
+def chosen_parameters(model: Sequence[Any], family: MegatronFamily, layout: Layout, index: Mapping[str, Any], chosen: set[str], setting: str,
+                      does: str) -> list[tuple[str, Any]]:
+    """This rank's Megatron parameters (global names) made only of the ``chosen`` training names
+    (through the family's adapter and table; the vision tower's by name, a tied output layer's
+    copy as the embedding). One made of chosen and other tensors (a fused QKV with only q
+    chosen), or a layer's tensor chosen in some layers only, is a one-line error naming
+    ``setting`` (what it ``does``)."""
+    to_hub = family.adapter.to_hf(index)  # hub name -> the training names it is made of
     pmap = family.parallel_map
     plan = pmap.plan(list(to_hub))  # global Megatron name -> (rule, the hub tensors it is made of)
-    _same_in_every_layer(family, {name: {s for part in parts for s in to_hub[part].sources} <= frozen
-                                  for name, (_, parts) in plan.items() if name.startswith(family.decoder_prefix)})
+    _same_in_every_layer(family, {name: {s for part in parts for s in to_hub[part].sources} <= chosen
+                                  for name, (_, parts) in plan.items() if name.startswith(family.decoder_prefix)}, setting, does)
     # a tied output layer's copy (the last stage's) is made of what the embedding is
     tied = {pmap.tied[0]: plan[pmap.tied[1]][1]} if pmap.tied and pmap.tied[1] in plan else {}
+    found = []
     for v, chunk in enumerate(model):
         mine, _ = rank_sources(family, list(to_hub), layout.of_chunk(v))
         made_of: dict[str, tuple[Any, tuple[str, ...]]] = {}
@@ -497,12 +523,26 @@ def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, ch
                 made_of[prefix + name] = (parameter, (prefix + name,))
         for name, (parameter, hub) in made_of.items():
             sources = {source for part in hub for source in to_hub[part].sources}
-            if sources and sources <= frozen:
-                parameter.requires_grad_(False)
-            elif sources & frozen:
-                raise StageError(f"training.freeze freezes part of {name} ({sorted(sources & frozen)[0]}) but not all of it "
-                                 f"({sorted(sources - frozen)[0]}); on parallel.backend: megatron they are one tensor: freeze all of them or none")
-    return len(frozen)
+            if sources and sources <= chosen:
+                found.append((name, parameter))
+            elif sources & chosen:
+                raise StageError(f"{setting}: {sorted(sources & chosen)[0]} is {does} but not {sorted(sources - chosen)[0]}; "
+                                 f"on parallel.backend: megatron they are one tensor ({name}): all of them or none")
+    return found
+
+
+def saved_modules(family: MegatronFamily, index: Mapping[str, Any], lora: Any, groups: Mapping[str, Sequence[str]]) -> set[str]:
+    """``training.lora.modules_to_save``: the training names of the modules its globs and the
+    recipe's groups pick (a module holding parameters itself, as on FSDP2)."""
+    from mmcore.lora import expand_groups, matches_any
+
+    saved: set[str] = set()
+    for entry, globs in expand_groups(lora.modules_to_save, groups):
+        hit = {name for name in index if matches_any(name.rsplit(".", 1)[0], globs)}
+        if not hit:
+            raise StageError(f"training.lora.modules_to_save: {entry!r} matches no module with parameters")
+        saved |= hit
+    return saved
 
 
 def _same_in_every_layer(family: MegatronFamily, chosen: Mapping[str, bool], setting: str = "training.freeze", does: str = "frozen") -> None:
@@ -661,10 +701,11 @@ def _gather_by_stage(layout: Layout, part: Callable[[int], Any]) -> list[list[An
     return [[chunks[v] for stage, _, chunks in received if stage == s] for v in range(layout.virtual) for s in range(layout.pp)]
 
 
-def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any) -> None:
+def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any) -> dict[str, Any] | None:
     """The trained weights in the family's training names as a DCP model checkpoint
     (``model.<name>``: what export and :func:`mmcore.checkpointing.load_converted` read),
-    replacing ``folder`` only once complete."""
+    replacing ``folder`` only once complete. Returns them under hub names on rank 0 (None on
+    the other ranks)."""
     import os
 
     import torch.distributed as dist
@@ -685,11 +726,15 @@ def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, la
         fsync_dir(folder.parent)
     if world.distributed:
         dist.barrier()
+    return hub
 
 
-def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any, lora: Any, base_model: Path) -> None:
+def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any, lora: Any, base_model: Path,
+                  hub: Mapping[str, Any] | None = None, saved: Sequence[str] = ()) -> None:
     """The LoRA adapters in PEFT's format (``PeftModel.from_pretrained`` on the base model loads
-    them): every tensor-parallel rank's shards of every stage, merged by the table on rank 0."""
+    them): every tensor-parallel rank's shards of every stage, merged by the table on rank 0;
+    with ``saved`` (the hub names of ``modules_to_save``'s tensors), their trained tensors from
+    ``hub`` (the gathered weights) whole, a tied output layer's beside the embedding's."""
     import torch.distributed as dist
 
     from mmcore.megatron.lora import adapter_shards, peft_state, write_peft
@@ -703,8 +748,19 @@ def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, la
         tensors: dict[str, Any] = {}
         for ranks in stages:
             tensors.update(peft_state(family.parallel_map, ranks, family.adapter.model_name))
+        modules = []
+        if saved and hub is not None:
+            names = [name for name in saved if name in hub]
+            pmap = family.parallel_map
+            if pmap.tied and any(name in names for name in pmap.rule_of(pmap.tied[1]).hf):  # peft saves a tied partner too
+                names += [name for name in pmap.rule_of(pmap.tied[0]).hf if name not in hub and name not in names]
+                hub = {**hub, **{name: hub[pmap.rule_of(pmap.tied[1]).hf[0]] for name in pmap.rule_of(pmap.tied[0]).hf if name not in hub}}
+            for name in names:
+                module = family.adapter.model_name(name)
+                tensors[f"base_model.model.{module}"] = hub[name].clone()
+                modules.append(module.rsplit(".", 1)[0])
         shutil.rmtree(folder, ignore_errors=True)
-        write_peft(folder, tensors, lora.r, lora.alpha, base_model, lora.dropout)
+        write_peft(folder, tensors, lora.r, lora.alpha, base_model, lora.dropout, sorted(set(modules)))
     if world.distributed:
         dist.barrier()
 

@@ -220,15 +220,18 @@ def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_mod
     return out
 
 
-def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, base_model: Path, dropout: float = 0.0) -> None:
-    """``adapter_model.safetensors`` and ``adapter_config.json`` as peft saves them."""
+def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, base_model: Path, dropout: float = 0.0,
+               modules_to_save: Sequence[str] = ()) -> None:
+    """``adapter_model.safetensors`` and ``adapter_config.json`` as peft saves them (a module to
+    save's tensors under its own name, ``base_model.model.<module>.weight``)."""
     from peft import LoraConfig
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    modules = sorted({key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for key in tensors})
-    LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
+    modules = sorted({key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for key in tensors if ".lora_" in key})
+    LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, modules_to_save=list(modules_to_save) or None,
+               base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
 
 
 __all__ = ["DEFAULT_TARGETS", "parallel_lora", "add_adapters", "init_adapters", "adapter_shards", "merged_state", "peft_state", "write_peft"]

@@ -174,7 +174,7 @@ def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # typ
     assert manifest(tmp_path / "mg", "train")["metrics"]["frozen_parameters"] == 2 + 4 * 12  # embedding, final norm, 12 a layer
     for overrides, message in [
         (["training.freeze=[model.language_model.layers.0.*]"], "a layer's tensor is frozen in every layer or in none"),
-        (["training.freeze=[model.language_model.layers.*.self_attn.q_proj.weight]"], "they are one tensor: freeze all of them or none"),
+        (["training.freeze=[model.language_model.layers.*.self_attn.q_proj.weight]"], "is frozen but not model.language_model.layers.0.self_attn.k_proj.weight; on parallel.backend: megatron they are one tensor"),
     ]:
         proc = mm("train", *TINY, "--run-dir", "mg", "parallel.backend=megatron", "extract.enabled=false", *overrides, "--force", check=False)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout, proc.stderr[-2000:]
@@ -196,7 +196,8 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     from transformers import AutoModelForImageTextToText
 
     tied_checkpoint(tmp_path / "tied")
-    lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]", "training.steps=3"]
+    lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]", "training.steps=3",
+            "training.lora.modules_to_save=[*.embed_tokens, model.visual.merger.*]"]
     mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2")
     mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "one", "parallel.backend=megatron", "training.recompute=full")
     tp2, one = losses(tmp_path / "mg"), losses(tmp_path / "one")
@@ -208,9 +209,14 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     assert abs(one[2] - undropped[2]) > 1e-4 and one[1] == undropped[1], (one, undropped)  # dropout was on (B starts at 0: step 1 alike)
     config = json.loads((tmp_path / "mg/train/checkpoints/adapter/adapter_config.json").read_text())
     assert sorted(config["target_modules"]) == ["down_proj", "k_proj", "q_proj", "v_proj"] and config["lora_dropout"] == 0.3
+    # trained whole, saved whole; the tied output layer with the embedding (peft loads each module to save as its own copy)
+    assert config["modules_to_save"] and sorted(config["modules_to_save"]) == ["lm_head", "model.language_model.embed_tokens", "model.visual.merger.ln_q",
+                                                                           "model.visual.merger.mlp.0", "model.visual.merger.mlp.2"]
     adapter = load_file(tmp_path / "mg/train/checkpoints/adapter/adapter_model.safetensors")
-    assert {key.split(".")[-3] for key in adapter} == {"down_proj", "k_proj", "q_proj", "v_proj"}
+    assert {key.split(".")[-3] for key in adapter if ".lora_" in key} == {"down_proj", "k_proj", "q_proj", "v_proj"}
     before, after = load_file(tmp_path / "tied/model.safetensors"), load_file(tmp_path / "mg/export/hf/model.safetensors")
+    for hub, peft_name in [("visual.merger.mlp.0.weight", "model.visual.merger.mlp.0.weight"), ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")]:
+        assert torch_equal(adapter[f"base_model.model.{peft_name}"], after[hub]) and not torch_equal(before[hub], after[hub]), hub
     left_out = [k for k in before if k.startswith("model.layers.") and k.endswith(("o_proj.weight", "gate_proj.weight", "up_proj.weight"))]
     chosen = [k for k in before if k.startswith("model.layers.") and k.endswith(("q_proj.weight", "down_proj.weight"))]
     assert left_out and chosen and all(torch_equal(before[k], after[k]) for k in left_out) and not any(torch_equal(before[k], after[k]) for k in chosen)
@@ -220,11 +226,12 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     with torch.no_grad():
         assert float((export(input_ids=ids).logits - adapted(input_ids=ids).logits).abs().max()) < 1e-4  # fp32 sums in another order
     for targets, message in [
+        ("[*.down_proj] training.lora.modules_to_save=[*.down_proj]", "is both a LoRA target and in modules_to_save"),
         ("[*.q_proj]", "they are one linear (decoder.layers.0.self_attention.linear_qkv.weight): adapt all of them or none"),
         ("[model.language_model.layers.0.*]", "a layer's tensor is adapted in every layer or in none"),
         ("[vision]", "is not a linear of the language model's layers; LoRA on parallel.backend: megatron adapts only those"),
     ]:
-        proc = mm("train", *TINY, "--run-dir", "mg", "parallel.backend=megatron", "training.lora.r=4", f"training.lora.target_modules={targets}", "--force", check=False)
+        proc = mm("train", *TINY, "--run-dir", "mg", "parallel.backend=megatron", "training.lora.r=4", *f"training.lora.target_modules={targets}".split(" "), "--force", check=False)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
