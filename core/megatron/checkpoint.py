@@ -7,13 +7,14 @@ A model here is a module whose megatron-core children (``GPTModel``) say how the
 (``sharded_state_dict``) and whose other children (a transformers vision tower) are replicated
 on every rank. The optimizer is a torch optimizer over the model's parameters (AdamW): each
 state tensor is sharded as its parameter is; the step count, the same for every parameter, is
-kept once.
+kept once. A moving average of the trained weights (``training.ema``) is sharded as its
+parameter too, under ``ema.<the parameter's key>``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 #: optimizer state entries that are not shaped like their parameter (AdamW's step count)
 SCALAR_STATE = ("step",)
@@ -50,9 +51,18 @@ def _optimizer_state(model_state: dict[str, Any], optimizer: Any) -> dict[str, A
     return {"optimizer": state, "optimizer_step": steps.pop() if steps else 0.0}
 
 
-def save(model: Any, folder: Path, optimizer: Any = None, common: dict[str, Any] | None = None) -> None:
+def _average_state(model_state: dict[str, Any], averages: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+    """Each (parameter, its average) pair's average, sharded as the parameter."""
+    from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map, make_sharded_optimizer_tensor
+
+    sharded = get_param_id_to_sharded_param_map(model_state, [parameter for parameter, _ in averages])
+    return {str(i): make_sharded_optimizer_tensor(sharded[i], average, "ema") for i, (_, average) in enumerate(averages)}
+
+
+def save(model: Any, folder: Path, optimizer: Any = None, common: dict[str, Any] | None = None, averages: Sequence[tuple[Any, Any]] = ()) -> None:
     """Every rank calls it: each writes its shards once (replicas are written by one of them).
-    ``common``: small objects every rank holds alike (the data position, the scheduler)."""
+    ``common``: small objects every rank holds alike (the data position, the scheduler);
+    ``averages``: (parameter, its moving average) pairs."""
     from megatron.core import dist_checkpointing
 
     _results_in_process()
@@ -60,6 +70,8 @@ def save(model: Any, folder: Path, optimizer: Any = None, common: dict[str, Any]
     everything: dict[str, Any] = {"model": state, "common": common or {}}
     if optimizer is not None:
         everything.update(_optimizer_state(state, optimizer))
+    if averages:
+        everything["ema"] = _average_state(state, averages)
     folder.mkdir(parents=True, exist_ok=True)
     dist_checkpointing.save(everything, str(folder))
 
@@ -79,9 +91,10 @@ def _results_in_process() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
-def load(model: Any, folder: Path, optimizer: Any = None) -> dict[str, Any]:
-    """Every rank calls it: fills ``model`` (built at any layout) and ``optimizer`` (over its
-    parameters) from the checkpoint; returns the saved ``common`` objects."""
+def load(model: Any, folder: Path, optimizer: Any = None, averages: Sequence[tuple[Any, Any]] = ()) -> dict[str, Any]:
+    """Every rank calls it: fills ``model`` (built at any layout), ``optimizer`` (over its
+    parameters) and the ``averages`` of (parameter, average) pairs from the checkpoint;
+    returns the saved ``common`` objects."""
     import torch
     from megatron.core import dist_checkpointing
 
@@ -92,8 +105,13 @@ def load(model: Any, folder: Path, optimizer: Any = None) -> dict[str, Any]:
             for parameter in group["params"]:
                 optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(parameter), "exp_avg_sq": torch.zeros_like(parameter)}
         wanted.update(_optimizer_state(state, optimizer))
+    if averages:
+        wanted["ema"] = _average_state(state, averages)
     loaded = dist_checkpointing.load(wanted, str(folder))
     model.load_state_dict(loaded["model"], strict=True)
+    with torch.no_grad():
+        for i, (_, average) in enumerate(averages):
+            average.copy_(loaded["ema"][str(i)])
     if optimizer is not None:
         optimizer_state = loaded["optimizer"]
         for entry in optimizer_state["state"].values():

@@ -48,20 +48,25 @@ are read as on FSDP2 (``MegatronFamily.use_cache``).
 (:func:`lora_kinds`), and ``modules_to_save`` whole (:func:`saved_modules`), written in PEFT's
 format at the end (:func:`write_adapter`).
 
-Not on this backend yet (each a one-line error): EMA, CPU offload, token-budget packing.
+``training.ema`` keeps this rank's part of the moving average (:class:`mmcore.ema.MovingAverage`),
+checkpointed sharded as the weights (it reshards on resume) and gathered at the end as they are.
+
+Not on this backend yet (each a one-line error): CPU offload, token-budget packing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from mmcore.checkpointing import CHECKPOINTS, INCOMPLETE, LATEST, TRAINER_STATE, commit_checkpoint, newest_complete, restore_rng, seed_everything
+from mmcore.ema import EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
 from mmcore.pack import StageResult
@@ -270,6 +275,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     data = recipe.dataset(ctx, upstream)
     groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
     sampler = EpochSampler(len(data), ctx.seed, layout.dp_rank, layout.dp, cfg.micro_batch_size, groups)
+    # training.ema: this rank's part of the average, each tensor sharded as its parameter
+    ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
+    averages = [(ema.parameters[name], average) for name, average in ema.average.items()] if ema is not None else None
     ctx.say(f"megatron-core: {layout.describe()} over {world.world_size} process(es)")
 
     step = 0
@@ -281,7 +289,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         state = json.loads((resume_from / TRAINER_STATE).read_text())
         if state.get("backend") != "megatron":
             raise StageError(f"{resume_from}: saved by parallel.backend: {state.get('backend', 'fsdp2')}; resume with that backend, or start a new run")
-        load_megatron_checkpoint(model, resume_from, optimizer)
+        if ema is not None and not state.get("ema"):
+            raise StageError(f"{resume_from}: saved without a moving average of the weights (training.ema was 0); resume with training.ema=0 or start a new run")
+        load_megatron_checkpoint(model, resume_from, optimizer, averages or ())
         scheduler.load_state_dict(state["scheduler"])
         sampler.position = state["sampler_position"]
         step, last_loss = int(state["step"]), float("nan") if state.get("loss") is None else float(state["loss"])
@@ -336,6 +346,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(step + 1)
         total = torch.tensor([loss_sum], dtype=torch.float64, device=device)
         dist.all_reduce(total, group=dp_group)
         last_loss = total.item() / global_tokens
@@ -350,16 +362,19 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            save(ckpt_root, done, model, optimizer, scheduler, sampler, world, layout, last_loss)
+            save(ckpt_root, done, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
     final_step = max(cfg.steps, step)
-    save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss)
+    save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
     hub = write_trained(ckpt_root / TRAINED, model, family, layout, world)
     if lora:
         write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), hub, saved_hub)
+    if averages is not None:  # the average gathered as the weights are, in their place for the while
+        with _swapped(averages):
+            write_trained(ckpt_root / EMA_OUTPUT, model, family, layout, world)
     crash_point("train-end", 1)
     log_eval(final_step)
     if world.is_main:
@@ -372,8 +387,12 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
              f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
              f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
     evals.summarise(metrics, notes)
+    if ema is not None:
+        metrics["ema"] = cfg.ema
+        notes.append(f"moving average of the trained weights (decay {cfg.ema}) at {ckpt_root / EMA_OUTPUT}: what export writes (export.weights)")
     return StageResult(
-        outputs={"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}", **({"adapter": f"{CHECKPOINTS}/{ADAPTER}"} if lora else {})},
+        outputs={"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}", **({"adapter": f"{CHECKPOINTS}/{ADAPTER}"} if lora else {}),
+                 **({EMA_OUTPUT: f"{CHECKPOINTS}/{EMA_OUTPUT}"} if ema is not None else {})},
         metrics=metrics, notes=notes,
     )
 
@@ -413,7 +432,6 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
         raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
                          f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
     refused = {
-        "training.ema": bool(cfg.ema),
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),
     }
@@ -765,14 +783,32 @@ def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, la
         dist.barrier()
 
 
-def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float) -> None:
-    """``root/step-N``: the model and optimizer in megatron-core's ``dist_checkpointing``,
-    with the scheduler, data position, layout and RNG states, by the engine's protocol."""
+def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float,
+         averages: Sequence[tuple[Any, Any]] | None = None) -> None:
+    """``root/step-N``: the model, optimizer and moving average (``averages``: parameter and
+    average pairs, none on a rank that trains nothing; None without training.ema) in megatron-core's ``dist_checkpointing``, with the scheduler, data
+    position, layout and RNG states, by the engine's protocol."""
     from mmcore.megatron.checkpoint import save as save_megatron_checkpoint
 
     trainer_state = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position,
-                     "backend": "megatron", "layout": _layout_record(layout)}
-    commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer), trainer_state)
+                     "backend": "megatron", "layout": _layout_record(layout), "ema": averages is not None}
+    commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer, averages=averages or ()), trainer_state)
+
+
+@contextlib.contextmanager
+def _swapped(averages: Sequence[tuple[Any, Any]]) -> Iterator[None]:
+    """Each parameter holds its average (and the average its weights) for the while."""
+    def swap() -> None:
+        for parameter, average in averages:
+            weights = parameter.data
+            parameter.data = average.data
+            average.data = weights
+
+    swap()
+    try:
+        yield
+    finally:
+        swap()
 
 
 __all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "fill_rank", "gather_hub_state", "write_trained"]

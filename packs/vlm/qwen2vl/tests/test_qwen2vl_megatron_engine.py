@@ -70,15 +70,16 @@ def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.compares_runs
 def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_exports(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     tied_checkpoint(tmp_path / "tied", layers=4)  # 4 layers: 2 per stage, or 1 per chunk of 2 virtual stages
-    mm("run", *TINY, "--run-dir", "plain")
+    # Both keep a moving average of the weights (training.ema), which export writes.
+    mm("run", *TINY, "training.ema=0.9", "--run-dir", "plain")
     # TP=2 (DP=1: the same global batches as one process), a checkpoint every 2 steps, killed
     # (kill -9, every rank) after step 3: the step-2 checkpoint is what survives.
-    killed = mm("run", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", check=False,
+    killed = mm("run", *TINY, "training.ema=0.9", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", check=False,
                 MMCORE_TEST_KILL="train-step:3")
     assert killed.returncode != 0
     assert sorted(p.name for p in (tmp_path / "mg/train/checkpoints").glob("step-*")) == ["step-00000002"]
     # The same run at another layout: TP/PP are not the stage's plan, so it resumes, resharding.
-    resumed = mm("run", *TINY, "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2")
+    resumed = mm("run", *TINY, "training.ema=0.9", "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2")
     assert "resumed from step 2 (saved at TP=2 x PP=1, resharded)" in resumed.stdout, resumed.stdout
     plain, megatron = losses(tmp_path / "plain"), losses(tmp_path / "mg")
     assert list(plain) == list(megatron) == [1, 2, 3, 4, 5, 6]
@@ -90,8 +91,9 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     assert accuracies(tmp_path / "mg") == accuracies(tmp_path / "plain") and list(accuracies(tmp_path / "plain")) == [0, 3, 6]
     train = manifest(tmp_path / "mg", "train")["metrics"]
     assert (train["backend"], train["tensor_parallel"], train["pipeline_parallel"], train["data_parallel"]) == ("megatron", 1, 2, 1)
-    # The weights gathered through the table export like any run's: the export reproduces them,
-    # and they are the plain run's to within what six AdamW steps make of reordered sums.
+    # The average, resharded with the rest and gathered through the table, exports like any
+    # run's: the export reproduces it, and it is the plain run's to within what six AdamW steps
+    # make of reordered sums.
     assert manifest(tmp_path / "mg", "export")["metrics"]["logits_max_abs_diff"] == 0.0
     from safetensors.torch import load_file
 
@@ -132,7 +134,6 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     # checks are the same on every rank, and torchrun's start is the slow part).
     for overrides, message in [
         (["parallel.tensor_parallel=3"], "parallel.tensor_parallel=3 x parallel.pipeline_parallel=1 does not divide the 1 process(es)"),
-        (["training.ema=0.99"], "parallel.backend: megatron does not support training.ema yet"),
         (["parallel.sequence_parallel=true"], "parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too"),
         (["parallel.virtual_pipeline=2"], "parallel.virtual_pipeline interleaves model chunks over pipeline stages: set parallel.pipeline_parallel > 1 too"),
     ]:
@@ -240,6 +241,31 @@ def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
     import torch
 
     return bool(torch.equal(a, b))
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+def test_megatron_moving_average_is_what_export_writes_and_resumes_bit_for_bit(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """training.ema on megatron: every checkpoint holds the average (sharded as its weights: the
+    resharded resume is the first test's), a run killed and resumed writes the uninterrupted
+    run's average bit for bit (one process computes the same sums again), and export writes the
+    average unless asked for the last weights."""
+    from safetensors.torch import load_file
+
+    tied_checkpoint(tmp_path / "tied")
+    ema = ["parallel.backend=megatron", "training.ema=0.9", "training.checkpoint_every=2", "training.eval_every=0"]
+    mm("run", *TINY, *ema, "--run-dir", "whole")
+    killed = mm("run", *TINY, *ema, "--run-dir", "again", check=False, MMCORE_TEST_KILL="train-step:3")
+    assert killed.returncode != 0
+    assert "resumed from step 2" in mm("run", *TINY, *ema, "--run-dir", "again").stdout
+    assert losses(tmp_path / "whole") == losses(tmp_path / "again")
+    whole, again = load_file(tmp_path / "whole/export/hf/model.safetensors"), load_file(tmp_path / "again/export/hf/model.safetensors")
+    assert whole.keys() == again.keys() and all(torch_equal(whole[k], again[k]) for k in whole)
+    assert manifest(tmp_path / "whole", "train")["metrics"]["ema"] == 0.9
+    mm("export", *TINY, *ema, "--run-dir", "whole", "export.weights=last", "--force")
+    last = load_file(tmp_path / "whole/export/hf/model.safetensors")
+    moved = [k for k in whole if not torch_equal(whole[k], last[k])]
+    assert "model.embed_tokens.weight" in moved and any(".mlp.down_proj." in k for k in moved), moved  # the average is not the last step's weights
 
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
