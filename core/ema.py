@@ -20,6 +20,9 @@ from typing import Any, Iterable
 
 #: the train stage's output (and its folder) holding the average as a model checkpoint
 EMA_OUTPUT = "ema"
+#: where a backend keeps LoRA adapters apart from merged weights (megatron): the train stage's
+#: output (and folder) holding the average of the adapters in PEFT's format, beside ``adapter``
+EMA_ADAPTER = "ema_adapter"
 
 
 def decay_at(decay: float, update: int) -> float:

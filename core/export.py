@@ -34,6 +34,17 @@ def trained_checkpoint(ctx: StageContext, upstream: Mapping[str, Manifest]) -> P
     return train.output("checkpoint").resolve()
 
 
+def kept_adapter(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path | None:
+    """The PEFT adapter folder a backend that merges LoRA into its checkpoint (megatron) wrote
+    beside it, the one of the weights :func:`trained_checkpoint` picks; None where the train
+    stage kept none (FSDP2 checkpoints hold the adapters themselves)."""
+    from mmcore.ema import EMA_ADAPTER, EMA_OUTPUT
+
+    train = upstream["train"]
+    key = EMA_ADAPTER if ctx.config.export.weights == "ema" and EMA_OUTPUT in train.outputs else "adapter"
+    return train.output(key).resolve() if key in train.outputs else None
+
+
 @dataclass
 class CheckedExport:
     folder: Path
@@ -91,11 +102,49 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
     max_diff = float((a.float() - b.float()).abs().max())
     if dtype is None and max_diff != 0.0:
         raise StageError(f"the exported model's logits differ from the trained model's (max |diff| {max_diff:.3g})")
-    return CheckedExport(
+    done = CheckedExport(
         out, trained, loaded,
         metrics={**stats, "logits_max_abs_diff": max_diff},
         notes=[f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"],
     )
+    kept = kept_adapter(ctx, upstream)
+    if kept is not None:
+        _publish_kept_adapter(ctx, done, kept, model_dir, load_exported=load_exported, probe=probe, logits=logits, side_files=side_files or copy_side_files)
+    return done
+
+
+#: how far peft's unmerged adapters on the base may move the logits from the merged weights,
+#: relative to the largest logit: fp32 rounding of W x + B A x against (W + B A) x is ~1e-6;
+#: adapters of other weights (the last step's against the average) move them by far more
+KEPT_ADAPTER_RTOL = 1e-4
+
+
+def _publish_kept_adapter(ctx: StageContext, done: CheckedExport, kept: Path, model_dir: Path, *, load_exported: Callable[[Path], Any],
+                          probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any], side_files: Callable[[Path, Path], None]) -> None:
+    """``<stage>/adapter``: the train stage's PEFT folder beside the merged export, loaded with
+    peft on the base and checked against the trained (merged) model's logits."""
+    import shutil
+
+    import torch
+
+    from mmcore.lora import load_adapter_folder
+
+    out = ctx.stage_dir / "adapter"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(kept, out)
+    side_files(model_dir, out)
+    adapted = load_adapter_folder(load_exported, out, base=model_dir).eval()
+    with torch.no_grad():
+        reference = logits(done.trained, probe).float()
+        diff = float((reference - logits(adapted, probe).float()).abs().max())
+    scale = float(reference.abs().max())
+    if not diff <= KEPT_ADAPTER_RTOL * max(scale, 1.0):
+        raise StageError(f"{kept}: the adapter, loaded with peft on the base, gives other logits than the trained model "
+                         f"(max |diff| {diff:.3g}, largest logit {scale:.3g})")
+    done.adapter = out
+    done.metrics["adapter_logits_max_abs_diff"] = diff
+    done.notes.append(f"LoRA adapter (peft format) at {out}: PeftModel.from_pretrained(base, adapter) gives the merged export's logits "
+                      f"to {diff:.3g} (fp32 rounding of the merge)")
 
 
 def _compare(a_model: Any, b_model: Any, probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any]) -> float:

@@ -49,7 +49,9 @@ are read as on FSDP2 (``MegatronFamily.use_cache``).
 format at the end (:func:`write_adapter`).
 
 ``training.ema`` keeps this rank's part of the moving average (:class:`mmcore.ema.MovingAverage`),
-checkpointed sharded as the weights (it reshards on resume) and gathered at the end as they are.
+checkpointed sharded as the weights (it reshards on resume) and gathered at the end as they are
+(with LoRA, the averaged adapters too: ``ema_adapter``, what export publishes beside the merged
+average).
 
 Not on this backend yet (each a one-line error): CPU offload, token-budget packing.
 """
@@ -66,7 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from mmcore.checkpointing import CHECKPOINTS, INCOMPLETE, LATEST, TRAINER_STATE, commit_checkpoint, newest_complete, restore_rng, seed_everything
-from mmcore.ema import EMA_OUTPUT, MovingAverage
+from mmcore.ema import EMA_ADAPTER, EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
 from mmcore.pack import StageResult
@@ -374,7 +376,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), hub, saved_hub)
     if averages is not None:  # the average gathered as the weights are, in their place for the while
         with _swapped(averages):
-            write_trained(ckpt_root / EMA_OUTPUT, model, family, layout, world)
+            averaged_hub = write_trained(ckpt_root / EMA_OUTPUT, model, family, layout, world)
+            if lora:  # the adapters export writes beside the averaged weights
+                write_adapter(ckpt_root / EMA_ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), averaged_hub, saved_hub)
     crash_point("train-end", 1)
     log_eval(final_step)
     if world.is_main:
@@ -392,7 +396,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         notes.append(f"moving average of the trained weights (decay {cfg.ema}) at {ckpt_root / EMA_OUTPUT}: what export writes (export.weights)")
     return StageResult(
         outputs={"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}", **({"adapter": f"{CHECKPOINTS}/{ADAPTER}"} if lora else {}),
-                 **({EMA_OUTPUT: f"{CHECKPOINTS}/{EMA_OUTPUT}"} if ema is not None else {})},
+                 **({EMA_OUTPUT: f"{CHECKPOINTS}/{EMA_OUTPUT}"} if ema is not None else {}),
+                 **({EMA_ADAPTER: f"{CHECKPOINTS}/{EMA_ADAPTER}"} if ema is not None and lora else {})},
         metrics=metrics, notes=notes,
     )
 

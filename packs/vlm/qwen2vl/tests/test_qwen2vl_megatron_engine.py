@@ -187,8 +187,10 @@ def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # typ
 def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.lora.target_modules on megatron picks training modules as on FSDP2 (globs typed
     as a user types them); they must make up whole Megatron linears, the same in every layer.
-    At TP=2: PEFT's folder holds adapters for the chosen modules only, peft's unmerged adapters
-    on the base give the export's logits, the linears left out are exported as they came in.
+    At TP=2, with a moving average (training.ema): PEFT's folder holds adapters for the chosen
+    modules only; export writes the averaged weights merged and, beside them, the averaged
+    adapters (not the last step's), which peft loads on the base to the export's logits; the
+    linears left out are exported as they came in.
     training.lora.dropout draws each mask whole from a stream the TP ranks share: the TP=2
     run's losses are one process's (which recomputes its layers: the same masks again)."""
     import torch
@@ -199,7 +201,7 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     tied_checkpoint(tmp_path / "tied")
     lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]", "training.steps=3",
             "training.lora.modules_to_save=[*.embed_tokens, model.visual.merger.*]"]
-    mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2")
+    mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "training.ema=0.9")
     mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "one", "parallel.backend=megatron", "training.recompute=full")
     tp2, one = losses(tmp_path / "mg"), losses(tmp_path / "one")
     mm("train", *TINY, *lora, "--run-dir", "one", "parallel.backend=megatron")  # no dropout
@@ -213,7 +215,11 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     # trained whole, saved whole; the tied output layer with the embedding (peft loads each module to save as its own copy)
     assert config["modules_to_save"] and sorted(config["modules_to_save"]) == ["lm_head", "model.language_model.embed_tokens", "model.visual.merger.ln_q",
                                                                            "model.visual.merger.mlp.0", "model.visual.merger.mlp.2"]
-    adapter = load_file(tmp_path / "mg/train/checkpoints/adapter/adapter_model.safetensors")
+    assert manifest(tmp_path / "mg", "export")["outputs"] == {"model": "hf", "adapter": "adapter"}
+    adapter = load_file(tmp_path / "mg/export/adapter/adapter_model.safetensors")
+    last = load_file(tmp_path / "mg/train/checkpoints/adapter/adapter_model.safetensors")
+    assert (tmp_path / "mg/export/adapter/adapter_model.safetensors").read_bytes() == (tmp_path / "mg/train/checkpoints/ema_adapter/adapter_model.safetensors").read_bytes()
+    assert adapter.keys() == last.keys() and all(not torch_equal(adapter[k], last[k]) for k in adapter)  # the average, not the last step's
     assert {key.split(".")[-3] for key in adapter if ".lora_" in key} == {"down_proj", "k_proj", "q_proj", "v_proj"}
     before, after = load_file(tmp_path / "tied/model.safetensors"), load_file(tmp_path / "mg/export/hf/model.safetensors")
     for hub, peft_name in [("visual.merger.mlp.0.weight", "model.visual.merger.mlp.0.weight"), ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")]:
@@ -222,10 +228,11 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     chosen = [k for k in before if k.startswith("model.layers.") and k.endswith(("q_proj.weight", "down_proj.weight"))]
     assert left_out and chosen and all(torch_equal(before[k], after[k]) for k in left_out) and not any(torch_equal(before[k], after[k]) for k in chosen)
     export = AutoModelForImageTextToText.from_pretrained(tmp_path / "mg/export/hf").eval()
-    adapted = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(tmp_path / "tied"), str(tmp_path / "mg/train/checkpoints/adapter")).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(tmp_path / "tied"), str(tmp_path / "mg/export/adapter")).eval()
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert float((export(input_ids=ids).logits - adapted(input_ids=ids).logits).abs().max()) < 1e-4  # fp32 sums in another order
+    assert manifest(tmp_path / "mg", "export")["metrics"]["adapter_logits_max_abs_diff"] < 1e-4  # export's own check, on its probe (images too)
     for targets, message in [
         ("[*.down_proj] training.lora.modules_to_save=[*.down_proj]", "is both a LoRA target and in modules_to_save"),
         ("[*.q_proj]", "they are one linear (decoder.layers.0.self_attention.linear_qkv.weight): adapt all of them or none"),
