@@ -1,10 +1,15 @@
 """torchrun as :mod:`mmcore.launch` starts it, less the launcher's own traceback when a worker
 fails: every worker has already printed its one-line error (``error (rank N): ...``), and the
-exit code says the rest (``python -m mmcore.torchrun <torchrun arguments>``)."""
+exit code says the rest; a worker killed by a signal (the out-of-memory killer's SIGKILL) prints
+nothing, so this says which rank it was and exits 128 + the signal's number
+(``python -m mmcore.torchrun <torchrun arguments>``)."""
 
 from __future__ import annotations
 
 import sys
+
+#: the exit code of a run whose worker a signal killed: 128 + the signal's number, as a shell reports it
+KILLED_BY_SIGNAL = 128
 
 
 def main() -> int:
@@ -14,8 +19,12 @@ def main() -> int:
     try:
         torchrun()
     except ChildFailedError as exc:
-        _, failure = exc.get_first_failure()
-        return failure.exitcode if failure.exitcode > 0 else 1  # a signal is negative: any failure is non-zero
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode < 0:  # killed by a signal: the worker said nothing, so say who and how
+            why = " (the kernel's out-of-memory killer sends it, as does kill -9)" if failure.signal_name() == "SIGKILL" else ""
+            print(f"error: rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}{why}", file=sys.stderr, flush=True)
+            return KILLED_BY_SIGNAL - failure.exitcode
+        return failure.exitcode
     return 0
 
 

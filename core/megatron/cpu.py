@@ -17,6 +17,7 @@ import contextlib
 import functools
 import importlib
 import types
+import warnings
 from typing import Any, Iterator
 
 from mmcore.errors import StageError
@@ -134,6 +135,8 @@ def activate() -> None:
         raise StageError(f"parallel.backend=megatron: {why}")
     if torch.cuda.is_available():
         return  # real CUDA: megatron-core runs as it is
+    # its tensor-parallel linears advise a CUDA stream setting, once per process: none here
+    warnings.filterwarnings("ignore", message=r".*CUDA_DEVICE_MAX_CONNECTIONS", category=UserWarning)
     cpu_torch = _CpuTorch()
     for name in MODULES:
         importlib.import_module(name).torch = cpu_torch  # type: ignore[attr-defined]

@@ -77,6 +77,7 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     killed = mm("run", *TINY, "training.ema=0.9", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", check=False,
                 MMCORE_TEST_KILL="train-step:3")
     assert killed.returncode != 0
+    assert "was killed by SIGKILL (the kernel's out-of-memory killer sends it, as does kill -9)" in killed.stderr, killed.stderr[-2000:]  # which rank, how
     assert sorted(p.name for p in (tmp_path / "mg/train/checkpoints").glob("step-*")) == ["step-00000002"]
     # The same run at another layout: TP/PP are not the stage's plan, so it resumes, resharding.
     resumed = mm("run", *TINY, "training.ema=0.9", "--run-dir", "mg", *MEGATRON, "parallel.pipeline_parallel=2")
