@@ -339,6 +339,19 @@ def adapter_tensors(model: "nn.Module", plan: LoraPlan) -> dict[str, "torch.Tens
     return out
 
 
+def save_peft_config(config: Any, folder: Path) -> None:
+    """``folder/adapter_config.json`` as peft writes it, with its sets (``target_modules``) as
+    sorted lists: peft lists a set in the order of the process's string hashing, so the same
+    run would otherwise write another file each time."""
+    config.save_pretrained(str(folder))
+    sets = [key for key, value in config.to_dict().items() if isinstance(value, set)]
+    path = Path(folder) / "adapter_config.json"
+    written = json.loads(path.read_text())
+    for key in sets:
+        written[key] = sorted(written[key])
+    path.write_text(json.dumps(written, indent=2, sort_keys=True))  # peft's own layout
+
+
 def write_peft_adapter(model: "nn.Module", plan: LoraPlan, folder: Path, *, base_model: Path, dtype: Any = None) -> dict[str, Any]:
     """``folder/adapter_config.json`` + ``adapter_model.safetensors`` as peft saves them."""
     from safetensors.torch import save_file
@@ -346,7 +359,7 @@ def write_peft_adapter(model: "nn.Module", plan: LoraPlan, folder: Path, *, base
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {f"base_model.model.{k}": (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in adapter_tensors(model, plan).items()}
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    plan.peft_config(str(Path(base_model).resolve())).save_pretrained(str(folder))
+    save_peft_config(plan.peft_config(str(Path(base_model).resolve())), folder)
     return {"adapter_tensors": len(tensors), "adapter_parameters": int(sum(t.numel() for t in tensors.values()))}
 
 
@@ -404,5 +417,5 @@ def with_adapters(load: Any) -> Any:
 
 
 __all__ = ["LORA_FILE", "LoraPlan", "plan_lora", "inject", "adapters_disabled", "init_adapters", "trained_names", "base_key", "is_adapter",
-           "base_identity", "load_trained", "write_peft_adapter", "diffusers_lora_state", "merged_state",
+           "base_identity", "load_trained", "save_peft_config", "write_peft_adapter", "diffusers_lora_state", "merged_state",
            "load_adapter_folder", "is_adapter_folder", "with_adapters", "relative_base"]

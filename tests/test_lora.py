@@ -153,3 +153,22 @@ def test_resuming_against_another_base_or_other_adapters_refuses(tmp_path: Path)
     (tmp_path / "full").mkdir()
     with pytest.raises(StageError, match="a full fine-tuning checkpoint"):
         _check_same_adapters(tmp_path / "full", same)
+
+
+def test_adapter_config_is_the_same_file_whatever_the_string_hashing(tmp_path: Path) -> None:
+    """peft lists target_modules (a set) in the order of the process's string hashing; the same
+    adapter written by two processes is one file, as a resumed run's export must be the
+    uninterrupted one's (hash seeds 1 and 2: peft lists these names in two orders under them)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys; from pathlib import Path; from peft import LoraConfig; from mmcore.lora import save_peft_config; "
+              "save_peft_config(LoraConfig(r=4, target_modules=['q_proj', 'k_proj', 'v_proj', 'up_proj', 'down_proj']), Path(sys.argv[1]))")
+    written = []
+    for seed in ("1", "2"):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / seed)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        written.append((tmp_path / seed / "adapter_config.json").read_bytes())
+    assert written[0] == written[1]
+    assert json.loads(written[0])["target_modules"] == ["down_proj", "k_proj", "q_proj", "up_proj", "v_proj"]

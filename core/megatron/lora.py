@@ -227,11 +227,13 @@ def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, b
     from peft import LoraConfig
     from safetensors.torch import save_file
 
+    from mmcore.lora import save_peft_config
+
     folder.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     modules = sorted({key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for key in tensors if ".lora_" in key})
-    LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, modules_to_save=list(modules_to_save) or None,
-               base_model_name_or_path=str(base_model)).save_pretrained(str(folder))
+    save_peft_config(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, modules_to_save=list(modules_to_save) or None,
+                                base_model_name_or_path=str(base_model)), folder)
 
 
 __all__ = ["DEFAULT_TARGETS", "parallel_lora", "add_adapters", "init_adapters", "adapter_shards", "merged_state", "peft_state", "write_peft"]

@@ -161,13 +161,20 @@ def differences(straight: Path, resumed: Path) -> list[str]:
     if export is not None:
         resumed_export = RunDir(resumed).read_manifest("export")
         if resumed_export is not None:
-            fa_, fb_ = _files(export.output("model")), _files(resumed_export.output("model"))
-            if fa_.keys() != fb_.keys():
-                problems.append(f"export: files differ: {sorted(fa_.keys() ^ fb_.keys())[:5]}")
-            else:
-                changed = [name for name in fa_ if fa_[name] != fb_[name]]
-                if changed:
-                    problems.append(f"export: {len(changed)} file(s) not bit-identical: {changed[:5]}")
+            for output in sorted(set(export.outputs) | set(resumed_export.outputs)):  # the model, and a LoRA run's adapter
+                if output not in export.outputs or output not in resumed_export.outputs:
+                    problems.append(f"export: output {output!r} in only one of the runs")
+                    continue
+                fa_, fb_ = _files(export.output(output)), _files(resumed_export.output(output))
+                # a file that names its run folder (a PEFT adapter's base model path) names the other one
+                here, there = str(Path(resumed).resolve()).encode(), str(Path(straight).resolve()).encode()
+                fb_ = {name: data.replace(here, there) for name, data in fb_.items()}
+                if fa_.keys() != fb_.keys():
+                    problems.append(f"export {output}: files differ: {sorted(fa_.keys() ^ fb_.keys())[:5]}")
+                else:
+                    changed = [name for name in fa_ if fa_[name] != fb_[name]]
+                    if changed:
+                        problems.append(f"export {output}: {len(changed)} file(s) not bit-identical: {changed[:5]}")
     leftovers = [p.name for p in Path(resumed).glob(".*.replaced")] + [str(p.relative_to(resumed)) for p in Path(resumed).rglob("*.incomplete")]
     if leftovers:
         problems.append(f"left behind: {leftovers[:5]}")
