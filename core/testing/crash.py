@@ -161,13 +161,13 @@ def differences(straight: Path, resumed: Path) -> list[str]:
     if export is not None:
         resumed_export = RunDir(resumed).read_manifest("export")
         if resumed_export is not None:
+            # a file that names its run folder (a PEFT adapter's base model path) names the other one
+            here, there = str(Path(resumed).resolve()).encode(), str(Path(straight).resolve()).encode()
             for output in sorted(set(export.outputs) | set(resumed_export.outputs)):  # the model, and a LoRA run's adapter
                 if output not in export.outputs or output not in resumed_export.outputs:
                     problems.append(f"export: output {output!r} in only one of the runs")
                     continue
                 fa_, fb_ = _files(export.output(output)), _files(resumed_export.output(output))
-                # a file that names its run folder (a PEFT adapter's base model path) names the other one
-                here, there = str(Path(resumed).resolve()).encode(), str(Path(straight).resolve()).encode()
                 fb_ = {name: data.replace(here, there) for name, data in fb_.items()}
                 if fa_.keys() != fb_.keys():
                     problems.append(f"export {output}: files differ: {sorted(fa_.keys() ^ fb_.keys())[:5]}")
