@@ -148,7 +148,7 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
 
 
 def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path], None], trainer_state: dict[str, Any],
-                      files: dict[str, Any] | None = None) -> None:
+                      files: dict[str, Any] | None = None, more_rng: Callable[[], dict[str, Any]] | None = None) -> None:
     """Every rank calls it: ``write(folder)`` (each rank its part, ending with DCP's
     ``.metadata``), then every rank's RNG state, ``files`` and ``trainer_state`` (the step, the
     scheduler, the data position), into ``root/step-N``; then ``root/latest`` points at it.
@@ -157,7 +157,8 @@ def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path],
     every rank has finished, so a complete checkpoint is never deleted or overwritten for a
     new one: if a complete ``step-N`` exists already (a run resumed at its last step, or
     killed after the rename and before ``latest`` moved), it is the same state and is kept.
-    Only the two newest complete checkpoints are kept.
+    Only the two newest complete checkpoints are kept. ``more_rng``: random states a backend
+    keeps beside torch's (JSON), saved with this rank's (:func:`saved_rng` reads them back).
     """
     import torch.distributed as dist
 
@@ -176,7 +177,7 @@ def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path],
             dist.barrier()
         write(partial)
         crash_point("checkpoint-write", step)
-        atomic_write_json(partial / f"rng-rank{world.rank:05d}.json", _rng_state())
+        atomic_write_json(partial / f"rng-rank{world.rank:05d}.json", {**_rng_state(), **(more_rng() if more_rng else {})})
         if world.distributed:
             dist.barrier()
         if world.is_local_main:
@@ -205,14 +206,21 @@ def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path],
         dist.barrier()
 
 
+def saved_rng(path: Path, rank: int) -> dict[str, Any] | None:
+    """Rank ``rank``'s saved random states in checkpoint ``path`` (with what
+    :func:`commit_checkpoint`'s ``more_rng`` added), or None when it saved none."""
+    rng_file = path / f"rng-rank{rank:05d}.json"
+    return json.loads(rng_file.read_text()) if rng_file.exists() else None
+
+
 def restore_rng(path: Path, world: Any, rank: int | None = None) -> bool:
     """This rank's RNG state from checkpoint ``path`` (that of the saved rank ``rank`` if given);
     False, the state untouched, when it has none (resuming on more ranks than saved: those
     start fresh streams)."""
-    rng_file = path / f"rng-rank{world.rank if rank is None else rank:05d}.json"
-    if not rng_file.exists():
+    state = saved_rng(path, world.rank if rank is None else rank)
+    if state is None:
         return False
-    _set_rng_state(json.loads(rng_file.read_text()))
+    _set_rng_state(state)
     return True
 
 
@@ -297,4 +305,4 @@ def save_average(folder: Path, model: Any, average: dict[str, Any], world: Any, 
         dist.barrier()
 
 
-__all__ = ["CHECKPOINTS", "LATEST", "TRAINER_STATE", "commit_checkpoint", "restore_rng", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "save_average", "seed_everything"]
+__all__ = ["CHECKPOINTS", "LATEST", "TRAINER_STATE", "commit_checkpoint", "restore_rng", "saved_rng", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "save_average", "seed_everything"]

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from mmcore.checkpointing import CHECKPOINTS, INCOMPLETE, LATEST, TRAINER_STATE, commit_checkpoint, newest_complete, restore_rng, seed_everything
+from mmcore.checkpointing import CHECKPOINTS, INCOMPLETE, LATEST, TRAINER_STATE, commit_checkpoint, newest_complete, restore_rng, saved_rng, seed_everything
 from mmcore.ema import EMA_ADAPTER, EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
@@ -298,6 +298,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         sampler.position = state["sampler_position"]
         step, last_loss = int(state["step"]), float("nan") if state.get("loss") is None else float(state["loss"])
         saved = state.get("layout", {})
+        # Megatron's own streams first (reseeding them resets torch's): this rank's where the layout is the saved one
+        _restore_megatron_rng(saved_rng(resume_from, world.rank) if saved == _layout_record(layout) else None, ctx.seed + 7919 * step)
         rank = _saved_rank_of(saved, layout)  # the rank whose random stream this one continues
         if rank is None or not restore_rng(resume_from, world, rank):
             seed_everything(ctx.seed + layout.rng_stream + 7919 * step)  # a place the saved layout did not have: a stream of its own
@@ -797,7 +799,34 @@ def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, samp
 
     trainer_state = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position,
                      "backend": "megatron", "layout": _layout_record(layout), "ema": averages is not None}
-    commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer, averages=averages or ()), trainer_state)
+    commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer, averages=averages or ()), trainer_state,
+                      more_rng=_megatron_rng)
+
+
+#: the RNG checkpoint's entry for Megatron's named random states
+MEGATRON_RNG = "megatron_rng_tracker"
+
+
+def _megatron_rng() -> dict[str, Any]:
+    """Megatron's named random states (its RNG tracker): under sequence parallelism its
+    transformer block draws everything, LoRA's dropout masks included, from the
+    model-parallel one, which a resume must continue as torch's own."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return {MEGATRON_RNG: {name: state.tolist() for name, state in get_cuda_rng_tracker().get_states().items()}}
+
+
+def _restore_megatron_rng(saved: Mapping[str, Any] | None, fresh_seed: int) -> None:
+    """Megatron's named random states as this rank ``saved`` them (the model-parallel one is
+    each tensor-parallel rank's own, so only the same rank at the same layout continues it),
+    else fresh ones from ``fresh_seed``. Either way torch's own state is to be set after."""
+    import torch
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+
+    if saved is not None and MEGATRON_RNG in saved:
+        get_cuda_rng_tracker().set_states({name: torch.tensor(state, dtype=torch.uint8) for name, state in saved[MEGATRON_RNG].items()})
+    else:
+        model_parallel_cuda_manual_seed(fresh_seed)
 
 
 @contextlib.contextmanager

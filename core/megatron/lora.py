@@ -18,8 +18,10 @@ tokens (column: ``A``; row: ``B``) is marked ``sequence_parallel``, its gradient
 Dropout (``training.lora.dropout``) on the adapter's input draws each mask whole, over the
 input as one process would hold it, from the stream the tensor-parallel ranks share
 (``Layout.rng_stream``), and each rank keeps its part: the same masks at any TP size, and
-the same on every rank that holds the same input (``A`` stays the same on every rank). A
-recomputed layer draws them again from the RNG state checkpointing restored.
+the same on every rank that holds the same input (``A`` stays the same on every rank). Under
+sequence parallelism megatron-core's transformer block runs in its model-parallel random stream
+(each TP rank its own): the masks come from there, and the engine's checkpoints hold those
+streams. A recomputed layer draws them again from the RNG state checkpointing restored.
 
 Export: shards merged by the family's table as their base weights are, then split to HF's
 modules (a fused q/k/v's ``B`` per query group into q, k and v, each with the same ``A``), under
