@@ -113,6 +113,82 @@ class Rule:
             return [torch.cat([g, u]).contiguous() for g, u in zip(gate.chunk(tp), up.chunk(tp))]
         return [p.contiguous() for p in fused.chunk(tp, dim=dim)]
 
+    def shard(self, parts: Sequence["torch.Tensor"], tp: int, rank: int) -> "torch.Tensor":
+        """Rank ``rank``'s shard, ``split(fuse(parts), tp)[rank]``, made from that rank's slices
+        of ``parts`` only: of tensors mapped from a file, only the pages of the rank's slices are
+        read, and no whole fused (or padded) tensor is built."""
+        import torch
+
+        if self.kind == "replicated" or tp == 1:
+            return self.fuse(parts)
+        if self.kind == "row":
+            (part,) = parts
+            if part.shape[1] % tp:
+                raise StageError(f"{self.megatron}: dim 1 of size {part.shape[1]} does not split over tensor_parallel={tp}")
+            width = part.shape[1] // tp
+            return part.narrow(1, rank * width, width)
+        if self.kind == "column":
+            (part,) = parts
+            rows = part.shape[0]
+            if not self.vocab and rows % tp:
+                raise StageError(f"{self.megatron}: dim 0 of size {rows} does not split over tensor_parallel={tp}")
+            height = -(-rows // tp)  # Megatron's vocabulary padding: zero rows no token uses
+            start = min(rank * height, rows)
+            piece = part.narrow(0, start, min(height, rows - start))
+            return piece if piece.shape[0] == height else torch.cat([piece, piece.new_zeros(height - piece.shape[0], *piece.shape[1:])])
+        if self.kind == "gate_up":
+            if parts[0].shape[0] % tp:
+                raise StageError(f"{self.megatron}: dim 0 of size {2 * parts[0].shape[0]} does not split over tensor_parallel={tp}")
+            height = parts[0].shape[0] // tp
+            return torch.cat([p.narrow(0, rank * height, height) for p in parts])
+        if self.kind == "qkv":
+            groups = parts[0].shape[0] // self.sizes[0]
+            if groups % tp:
+                raise StageError(f"{self.megatron}: {groups} query groups (heads) do not split over tensor_parallel={tp}")
+            mine = groups // tp
+            return self.fuse([p.narrow(0, rank * mine * rows, mine * rows) for p, rows in zip(parts, self.sizes)])
+        (qkv,) = parts  # heads_qkv: [q; k; v], each block the heads' rows in turn
+        heads = qkv.shape[0] // sum(self.sizes)
+        if heads % tp:
+            raise StageError(f"{self.megatron}: {heads} query groups (heads) do not split over tensor_parallel={tp}")
+        mine, starts = heads // tp, [heads * sum(self.sizes[:i]) for i in range(3)]
+        return self.fuse([torch.cat([qkv.narrow(0, start + rank * mine * rows, mine * rows) for start, rows in zip(starts, self.sizes)])])
+
+    def pieces(self, shard: "torch.Tensor", tp: int, rank: int, vocab_size: int = 0) -> list[tuple[int, tuple[int, ...], "torch.Tensor"]]:
+        """Where rank ``rank``'s ``shard`` lies in the HF tensors (the inverse of :meth:`shard`):
+        ``(which of hf, offsets in that tensor, the piece)`` for each piece; a ``replicated``
+        tensor is rank 0's alone, and a vocabulary's padding rows (beyond ``vocab_size``) are
+        left out. The pieces of all ranks tile each HF tensor exactly, so the ranks can write
+        a whole model together without any of them holding it."""
+        zero = (0,) * shard.dim()
+
+        def at(dim: int, offset: int) -> tuple[int, ...]:
+            return tuple(offset if d == dim else 0 for d in range(shard.dim()))
+
+        if self.kind == "replicated" or tp == 1:
+            if rank:
+                return []
+            if self.vocab and vocab_size and shard.shape[0] > vocab_size:
+                shard = shard[:vocab_size]
+            return [(i, zero, part) for i, part in enumerate(self.unfuse(shard))]
+        if self.kind == "row":
+            return [(0, at(1, rank * shard.shape[1]), shard)]
+        if self.kind == "column":
+            start = rank * shard.shape[0]
+            if self.vocab and vocab_size:
+                shard = shard[: max(0, vocab_size - start)]
+            return [(0, at(0, start), shard)] if shard.shape[0] else []
+        if self.kind in ("gate_up", "qkv"):
+            return [(i, at(0, rank * part.shape[0]), part) for i, part in enumerate(self.unfuse(shard))]
+        (local,) = self.unfuse(shard)  # heads_qkv: this rank's heads of q, of k, of v, in one tensor
+        mine = shard.shape[0] // sum(self.sizes)
+        out, offset = [], 0
+        for i, rows in enumerate(self.sizes):
+            start = mine * tp * sum(self.sizes[:i])
+            out.append((0, at(0, start + rank * mine * rows), local.narrow(0, offset, mine * rows)))
+            offset += mine * rows
+        return out
+
     def merge(self, shards: Sequence["torch.Tensor"]) -> "torch.Tensor":
         """The fused tensor from its ranks' shards (``replicated``: the first; they must agree)."""
         import torch
