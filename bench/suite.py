@@ -36,7 +36,7 @@ BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
     ("startup", "6. start-up and environment creation", []),
     ("sharded_load_memory", "7. sharded loading memory, 1 vs 2 ranks", None),
     ("activation_memory", "7. recompute and packed-attention memory", ["--only", "attention"]),
-    ("megatron_load_memory", "7. megatron backend loading memory, TP=2 and PP=2 vs one process", None),
+    ("megatron_memory", "7. megatron backend memory: loading, and writing the trained weights, TP=2 and PP=2 vs one process", None),
     ("batched_generation", "issue 16: batched generation vs one request at a time", []),
 ]
 

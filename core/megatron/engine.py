@@ -12,9 +12,9 @@ Checkpoints are megatron-core's ``dist_checkpointing`` (model and AdamW state, e
 its global shape and offsets), inside the engine's ``checkpoints/step-N`` protocol (written
 under ``.incomplete``, renamed when whole, ``latest``, the last two kept) with the scheduler,
 the data position and every rank's RNG state: a run resumes exactly, at the same or another
-TP/PP. At the end the trained weights are gathered through the table into the family's
-training names (``checkpoints/trained``, a DCP checkpoint as the FSDP2 loop's), which export
-reads as it reads any other.
+TP/PP. At the end each rank writes its pieces of the trained weights, cut back through the
+table, in the family's training names (``checkpoints/trained``, one DCP checkpoint as the FSDP2
+loop's: :mod:`mmcore.megatron.trained`), which export reads as it reads any other.
 
 With ``training.lora`` the adapters sit on the language model's layer linears (all, or those
 ``target_modules`` picks: :func:`lora_kinds`; :mod:`mmcore.megatron.lora`, split over TP as
@@ -49,7 +49,7 @@ are read as on FSDP2 (``MegatronFamily.use_cache``).
 format at the end (:func:`write_adapter`).
 
 ``training.ema`` keeps this rank's part of the moving average (:class:`mmcore.ema.MovingAverage`),
-checkpointed sharded as the weights (it reshards on resume) and gathered at the end as they are
+checkpointed sharded as the weights (it reshards on resume) and written at the end as they are
 (with LoRA, the averaged adapters too: ``ema_adapter``, what export publishes beside the merged
 average).
 
@@ -65,7 +65,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from mmcore.checkpointing import CHECKPOINTS, INCOMPLETE, LATEST, TRAINER_STATE, commit_checkpoint, newest_complete, restore_rng, saved_rng, seed_everything
 from mmcore.ema import EMA_ADAPTER, EMA_OUTPUT, MovingAverage
@@ -205,6 +205,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     import torch.distributed as dist
 
     from mmcore import megatron
+    from mmcore.convert import dcp_index
     from mmcore.megatron.checkpoint import load as load_megatron_checkpoint
     from mmcore.megatron.gpt import init_model_parallel
     from mmcore.megatron.precision import Bf16Compute
@@ -245,8 +246,6 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     lora = cfg.lora.r > 0
     if lora:  # adapters on the language model's layer linears, the rest frozen (after loading: the base keeps its names)
         from mmcore.megatron.lora import add_adapters, init_adapters
-
-        from mmcore.convert import dcp_index
 
         index = dcp_index(recipe.weights(ctx, upstream))  # type: ignore[misc]
         saved = saved_modules(family, index, cfg.lora, recipe.freeze_groups)
@@ -373,14 +372,16 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
     final_step = max(cfg.steps, step)
     save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
-    hub = write_trained(ckpt_root / TRAINED, model, family, layout, world)
+    converted = dcp_index(recipe.weights(ctx, upstream))  # type: ignore[misc]
+    hub = write_trained(ckpt_root / TRAINED, model, family, layout, world, converted)
     if lora:
-        write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), hub, saved_hub)
-    if averages is not None:  # the average gathered as the weights are, in their place for the while
+        write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), hub, saved_hub, ckpt_root / TRAINED)
+    if averages is not None:  # the average written as the weights are, in their place for the while
         with _swapped(averages):
-            averaged_hub = write_trained(ckpt_root / EMA_OUTPUT, model, family, layout, world)
+            hub = write_trained(ckpt_root / EMA_OUTPUT, model, family, layout, world, converted)
             if lora:  # the adapters export writes beside the averaged weights
-                write_adapter(ckpt_root / EMA_ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), averaged_hub, saved_hub)
+                write_adapter(ckpt_root / EMA_ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), hub, saved_hub,
+                              ckpt_root / EMA_OUTPUT)
     crash_point("train-end", 1)
     log_eval(final_step)
     if world.is_main:
@@ -641,13 +642,19 @@ def load_rank(model: Any, family: MegatronFamily, checkpoint: Path, layout: Layo
     """Fill this rank's ``model`` from convert's checkpoint (training names, DCP) by
     :func:`fill_rank`: only the tensors this stage is made of are read, one layer at a time."""
     from mmcore.adapters import materialize
-    from mmcore.convert import dcp_index, load_dcp_tensors
+    from mmcore.convert import dcp_index, load_dcp_tensors, read_whole_tensor, whole_tensor_files
 
     index = dcp_index(checkpoint)
     to_hub = family.adapter.to_hf(index)  # hub name -> how to make it from training names
+    mapped = whole_tensor_files(checkpoint)  # as convert writes them: each tensor alone in a file
 
     def read(hub_names: set[str]) -> dict[str, Any]:
-        tensors = load_dcp_tensors(checkpoint, {source for name in hub_names for source in to_hub[name].sources}, index)
+        # a mapped tensor's pages are read as the rank's slice is copied out (Rule.shard): a
+        # rank reads about its part; DCP's reader would decode each tensor whole beside its bytes
+        sources = {source for name in hub_names for source in to_hub[name].sources}
+        tensors = {name: read_whole_tensor(mapped[name], index[name]) for name in sources if name in mapped}
+        if sources - set(tensors):
+            tensors.update(load_dcp_tensors(checkpoint, sources - set(tensors), index))
         return {name: materialize(to_hub[name], tensors.__getitem__) for name in hub_names}
 
     fill_rank(model, family, layout, list(to_hub), read)
@@ -665,22 +672,25 @@ def fill_rank(model: Any, family: MegatronFamily, layout: Layout, hub_names: Seq
     check_rank_names(decoder, list(mine), family.decoder_prefix)
     for group in _by_layer(mine):
         hub = read({part for name in group for part in mine[name][1]})
-        copy_rank_state(decoder, {name: rule.split(rule.fuse([hub[part] for part in parts]), layout.tp)[layout.tp_rank]
+        copy_rank_state(decoder, {name: rule.shard([hub[part] for part in parts], layout.tp, layout.tp_rank)
                                   for name, (rule, parts) in ((name, mine[name]) for name in group)}, family.decoder_prefix)
     if layout.virtual_stage == 0 and whole:
-        hub = read(set(whole))
         for prefix, attribute in family.whole.items():
-            getattr(model, attribute).load_state_dict({k[len(prefix):]: v for k, v in hub.items() if k.startswith(prefix)}, strict=True)
+            module, names = getattr(model, attribute), [name for name in whole if name.startswith(prefix)]
+            check_rank_names(module, names, prefix)
+            for group in _by_layer(names):  # a block at a time, as the decoder's layers
+                copy_rank_state(module, read(set(group)), prefix)
 
 
-def _by_layer(names: Mapping[str, Any]) -> list[list[str]]:
-    """Megatron names grouped by the decoder layer they belong to (``...layers.N.``); every
-    other tensor (embedding, final norm, output layer) a group of its own."""
+def _by_layer(names: Iterable[str]) -> list[list[str]]:
+    """Names grouped by the numbered layer or block they belong to (``...layers.N.``,
+    ``...blocks.N.``: up to the first number in the name); every other tensor (embedding,
+    final norm, output layer) a group of its own."""
     import re
 
     groups: dict[str, list[str]] = {}
     for name in names:
-        found = re.search(r"\.layers\.(\d+)\.", name)
+        found = re.match(r"^.*?\.\d+\.", name)
         groups.setdefault(found.group(0) if found else name, []).append(name)
     return list(groups.values())
 
@@ -726,40 +736,68 @@ def _gather_by_stage(layout: Layout, part: Callable[[int], Any]) -> list[list[An
     return [[chunks[v] for stage, _, chunks in received if stage == s] for v in range(layout.virtual) for s in range(layout.pp)]
 
 
-def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any) -> dict[str, Any] | None:
+def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any,
+                  index: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The trained weights in the family's training names as a DCP model checkpoint
     (``model.<name>``: what export and :func:`mmcore.checkpointing.load_converted` read),
-    replacing ``folder`` only once complete. Returns them under hub names on rank 0 (None on
-    the other ranks)."""
+    replacing ``folder`` only once complete. With ``index`` (convert's tensors: training name
+    -> shape, the whole shapes) and an adapter that only renames, every rank writes its own
+    pieces (:mod:`mmcore.megatron.trained`: no rank holds more than its part) and None is
+    returned. Otherwise (an adapter that combines tensors; callers of SDK < 1.15) the model is
+    gathered on rank 0, which must hold it whole, and gets it back under hub names."""
     import os
 
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
 
-    from mmcore.adapters import TensorInfo, materialize
     from mmcore.io import fsync_dir
+    from mmcore.megatron.trained import rank_pieces, renames_only, write_pieces
 
-    hub = gather_hub_state(model, family, layout)
-    if hub is not None:
-        plan = family.adapter.to_mm({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in hub.items()})
-        state = {name: materialize(recipe, hub.__getitem__).contiguous() for name, recipe in plan.items()}
-        partial = folder.with_name(folder.name + INCOMPLETE)
+    to_hub = family.adapter.to_hf(dict(index)) if index is not None else None
+    partial = folder.with_name(folder.name + INCOMPLETE)
+    if world.is_local_main:  # as commit_checkpoint: each node's local rank 0, each step tolerating another node's having done it
         shutil.rmtree(partial, ignore_errors=True)
-        dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
         shutil.rmtree(folder, ignore_errors=True)
-        os.replace(partial, folder)
+    if world.distributed:
+        dist.barrier()
+    hub = None
+    if index is not None and to_hub is not None and renames_only(to_hub):
+        write_pieces(partial, rank_pieces(model, family, layout, to_hub), {name: info.shape for name, info in index.items()})
+    else:
+        hub = _write_gathered(partial, model, family, layout)
+    if world.distributed:
+        dist.barrier()
+    if world.is_local_main:
+        with contextlib.suppress(FileNotFoundError):  # another node on the same file system moved it already
+            os.replace(partial, folder)
         fsync_dir(folder.parent)
     if world.distributed:
         dist.barrier()
     return hub
 
 
+def _write_gathered(partial: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
+    """The trained weights through rank 0, for an adapter that combines tensors (a piece of a
+    hub tensor is then no piece of a training tensor): :func:`gather_hub_state`, converted;
+    the hub tensors on rank 0 (None elsewhere)."""
+    import torch.distributed.checkpoint as dcp
+
+    from mmcore.adapters import TensorInfo, materialize
+
+    hub = gather_hub_state(model, family, layout)
+    if hub is not None:
+        plan = family.adapter.to_mm({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in hub.items()})
+        state = {name: materialize(recipe, hub.__getitem__).contiguous() for name, recipe in plan.items()}
+        dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
+    return hub
+
+
 def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any, lora: Any, base_model: Path,
-                  hub: Mapping[str, Any] | None = None, saved: Sequence[str] = ()) -> None:
+                  hub: Mapping[str, Any] | None = None, saved: Sequence[str] = (), trained: Path | None = None) -> None:
     """The LoRA adapters in PEFT's format (``PeftModel.from_pretrained`` on the base model loads
     them): every tensor-parallel rank's shards of every stage, merged by the table on rank 0;
-    with ``saved`` (the hub names of ``modules_to_save``'s tensors), their trained tensors from
-    ``hub`` (the gathered weights) whole, a tied output layer's beside the embedding's."""
+    with ``saved`` (the hub names of ``modules_to_save``'s tensors), their trained tensors
+    whole, from ``hub`` (what a gathering :func:`write_trained` returned) or read from
+    ``trained`` (its checkpoint), a tied output layer's beside the embedding's."""
     import torch.distributed as dist
 
     from mmcore.megatron.lora import adapter_shards, peft_state, write_peft
@@ -774,6 +812,8 @@ def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, la
         for ranks in stages:
             tensors.update(peft_state(family.parallel_map, ranks, family.adapter.model_name))
         modules = []
+        if saved and hub is None and trained is not None:
+            hub = _read_hub(trained, family, saved)
         if saved and hub is not None:
             names = [name for name in saved if name in hub]
             pmap = family.parallel_map
@@ -788,6 +828,17 @@ def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, la
         write_peft(folder, tensors, lora.r, lora.alpha, base_model, lora.dropout, sorted(set(modules)))
     if world.distributed:
         dist.barrier()
+
+
+def _read_hub(trained: Path, family: MegatronFamily, names: Sequence[str]) -> dict[str, Any]:
+    """The hub tensors ``names`` (those the checkpoint has) read whole from a trained checkpoint."""
+    from mmcore.adapters import materialize
+    from mmcore.convert import dcp_index, load_dcp_tensors
+
+    index = dcp_index(trained)
+    plan = {name: recipe for name, recipe in family.adapter.to_hf(index).items() if name in set(names)}
+    tensors = load_dcp_tensors(trained, {source for recipe in plan.values() for source in recipe.sources}, index)
+    return {name: materialize(recipe, tensors.__getitem__) for name, recipe in plan.items()}
 
 
 def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float,

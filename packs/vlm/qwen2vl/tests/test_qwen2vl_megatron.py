@@ -71,6 +71,30 @@ def test_a_megatron_checkpoint_saved_at_one_tp_size_loads_at_another(saved_at: i
 
 @needs_megatron
 @pytest.mark.slow
+def test_each_tp_rank_writes_its_pieces_of_the_trained_weights(tmp_path: Path) -> None:
+    """The end of a run at TP=2: each rank writes the pieces of the hub tensors its shards make
+    (no rank gathers the model), and the checkpoint is convert's, tensor for tensor, bit for bit
+    (the model is the converted one, loaded and written back: the vocabulary's padding row
+    stripped, q/k/v and gate/up cut back out of the fused shards). Rank 0's gathering (what a
+    family whose adapter combines tensors still gets) writes the same."""
+    from mm_pack_qwen2vl.adapter import ADAPTER
+    from mm_pack_qwen2vl.tiny import build_init_checkpoint
+    from mmcore.convert import hf_to_dcp
+
+    build_init_checkpoint("tiny", tmp_path / "model", seed=0)
+    hf_to_dcp(tmp_path / "model", tmp_path / "converted", ADAPTER)
+    out = tmp_path / "write.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
+                           str(tmp_path / "model"), str(out), "write", str(tmp_path / "converted")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["tensors"] > 20 and result["differing"] == {"pieces": [], "gathered": []}, result
+    # written in pieces: the embedding's rows by both ranks, a norm (replicated) by one
+    assert result["pieces_of"] == {"embed_tokens": 2, "q_proj": 2, "o_proj": 2, "norm": 1, "vision": 1}, result
+
+
+@needs_megatron
+@pytest.mark.slow
 @pytest.mark.matrix  # make test runs the pipeline through ten training steps (test_training_steps_follow_transformers); this names the gradients
 @pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)])
 def test_the_pipeline_schedule_gives_transformers_loss_and_gradients(tp: int, pp: int, tmp_path: Path) -> None:
@@ -365,6 +389,11 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
         dist.barrier()
         dist.destroy_process_group()
         return
+    if mode == "write":  # the trained-weights writers, of the loaded model, against convert's checkpoint
+        out.write_text(json.dumps(_write_back(ours, model_dir, checkpoint))) if rank == 0 else _write_back(ours, model_dir, checkpoint)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if mode == "load":  # a model at this TP size, uninitialised, filled from a checkpoint of another
         reference, ours = ours, MegatronQwen2VL(config, world)
         megatron_checkpoint.load(ours, checkpoint)
@@ -389,6 +418,41 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
         out.write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _write_back(ours: Any, model_dir: Path, converted: Path) -> dict[str, Any]:
+    """Rank 0: the tensors of the pieces' checkpoint and of the gathered one that differ from
+    ``converted``'s, and how many pieces some tensors were written in."""
+    import torch
+    import torch.distributed as dist
+
+    from mm_pack_qwen2vl.megatron import megatron_family
+    from mmcore import safe_dcp
+    from mmcore.context import WorldInfo
+    from mmcore.convert import dcp_index, load_dcp_tensors
+    from mmcore.megatron.engine import INCOMPLETE, Layout, _write_gathered, write_trained
+
+    family, layout = megatron_family(model_dir), Layout.current()
+    index = dcp_index(converted)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    write_trained(converted.parent / "pieces", [ours], family, layout, WorldInfo(rank, world, rank, world), index)
+    _write_gathered(converted.parent / f"gathered{INCOMPLETE}", [ours], family, layout)
+    dist.barrier()
+    if rank:
+        return {}
+    expected = load_dcp_tensors(converted, index, index)
+    differing = {}
+    for way, folder in (("pieces", "pieces"), ("gathered", f"gathered{INCOMPLETE}")):
+        got = load_dcp_tensors(converted.parent / folder, index, dcp_index(converted.parent / folder))
+        differing[way] = [name for name in index if not torch.equal(got[name], expected[name])]
+    chunks = {key: len(meta.chunks) for key, meta in safe_dcp.read_metadata(converted.parent / "pieces").state_dict_metadata.items()}
+
+    def pieces_of(part: str) -> int:
+        return chunks[next(key for key in sorted(chunks) if part in key)]
+
+    return {"tensors": len(index), "differing": differing,
+            "pieces_of": {"embed_tokens": pieces_of("embed_tokens"), "q_proj": pieces_of("q_proj.weight"), "o_proj": pieces_of("o_proj"),
+                          "norm": pieces_of("language_model.norm"), "vision": pieces_of("visual.blocks.0.attn.qkv.weight")}}
 
 
 def _parallel_figures(ours: Any, config: Any, expected: Any, ids: Any, types: Any, pixels: Any, grid: Any, rank: int, world: int) -> dict[str, Any]:
