@@ -11,11 +11,13 @@ resume on FSDP2 read it through DCP, which assembles each tensor from its pieces
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mmcore.errors import StageError
+from mmcore.faults import crash_point
 
 if TYPE_CHECKING:
     import torch
@@ -120,6 +122,7 @@ def write_pieces(folder: Path, pieces: Mapping[str, Sequence[Piece]], sizes: Map
     from mmcore.convert import WRITER_THREADS
 
     makers = {(prefix + name, piece.offsets): piece.make for name, own in pieces.items() for piece in own}
+    made = itertools.count(1)  # the crash point's count (the writer's threads share it; next() is atomic)
 
     class PiecesPlanner(DefaultSavePlanner):
         """Plans this rank's pieces as shards of their whole tensors; makes each when it is written."""
@@ -136,6 +139,7 @@ def write_pieces(folder: Path, pieces: Mapping[str, Sequence[Piece]], sizes: Map
             return self.plan
 
         def resolve_data(self, write_item: WriteItem) -> "torch.Tensor":
+            crash_point("trained-piece", next(made))
             tensor = makers[(write_item.index.fqn, tuple(write_item.index.offset))]().detach().cpu()
             # torch.save writes a view's whole storage: a piece cut from a larger tensor is copied out
             if not tensor.is_contiguous() or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():

@@ -13,6 +13,8 @@ Crash points (:func:`mmcore.faults.crash_point`, selected with ``MMCORE_TEST_KIL
 * ``checkpoint-write:<n>``: inside step n's checkpoint, after the tensors, before it is complete;
 * ``checkpoint-link:<n>``: after step n's checkpoint is complete and ``latest`` moved, before
   older ones are pruned;
+* ``trained-piece:<n>``: on ``parallel.backend: megatron``, while a rank writes the n-th piece of
+  the trained weights (not in the default list: FSDP2 runs have no such write; ``--point``);
 * ``train-end``: after the final checkpoint, before the stage returns;
 * ``safetensors-tensor``: after the first tensor of an exported safetensors file.
 
