@@ -6,14 +6,17 @@ transformers and compares logits with the model built from the training checkpoi
 samples: in fp32 they must be identical. Packs then add their family's own check (greedy
 answers, an ASR pipeline, generated videos).
 
-After LoRA training (a checkpoint with ``lora.json``) the export is the adapter folder
-``<stage>/adapter`` that ``PeftModel.from_pretrained(base, folder)`` loads, checked the same
-way (peft's layers on the base, logits identical); ``export.merge_lora`` also writes the
-merged model to ``<stage>/hf`` and checks it against the trained model merged alike.
+After LoRA training the export is the adapter folder ``<stage>/adapter`` that
+``PeftModel.from_pretrained(base, folder)`` loads, checked the same way (peft's layers on the
+base against the trained model's logits); ``export.merge_lora`` also writes the merged model to
+``<stage>/hf`` (then the ``model`` output) and checks it against the trained model merged alike.
+So on either backend: FSDP2 checkpoints hold the adapters (``lora.json``); megatron's hold the
+weights merged, with the PEFT folder beside them (:func:`kept_adapter`).
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -92,6 +95,15 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
     if plan is not None:
         return _export_adapter(ctx, model_dir, checkpoint, plan, adapter, dtype, build_trained=build_trained, load_exported=load_exported,
                                probe=probe, logits=logits, side_files=side_files or copy_side_files)
+    kept = kept_adapter(ctx, upstream)
+    if kept is not None and not ctx.config.export.merge_lora:
+        # LoRA merged into the checkpoint by the backend (megatron): as after LoRA on FSDP2, the
+        # export is the adapter (``model`` and ``adapter``); the merged model only on request
+        trained = build_trained(model_dir, checkpoint).eval()
+        done = CheckedExport(ctx.stage_dir / "adapter", trained, None)
+        _publish_kept_adapter(ctx, done, kept, model_dir, load_exported=load_exported, probe=probe, logits=logits, side_files=side_files or copy_side_files)
+        shutil.rmtree(ctx.stage_dir / "hf", ignore_errors=True)  # a merged export of an earlier attempt: not this config's
+        return done
     out = ctx.stage_dir / "hf"
     stats = dcp_to_hf(checkpoint, out, adapter, dtype=dtype)
     (side_files or copy_side_files)(model_dir, out)
@@ -107,8 +119,7 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
         metrics={**stats, "logits_max_abs_diff": max_diff},
         notes=[f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"],
     )
-    kept = kept_adapter(ctx, upstream)
-    if kept is not None:
+    if kept is not None:  # export.merge_lora: the merged model is the export, the adapter beside it
         _publish_kept_adapter(ctx, done, kept, model_dir, load_exported=load_exported, probe=probe, logits=logits, side_files=side_files or copy_side_files)
     return done
 
@@ -123,7 +134,6 @@ def _publish_kept_adapter(ctx: StageContext, done: CheckedExport, kept: Path, mo
                           probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any], side_files: Callable[[Path, Path], None]) -> None:
     """``<stage>/adapter``: the train stage's PEFT folder beside the merged export, loaded with
     peft on the base and checked against the trained (merged) model's logits."""
-    import shutil
 
     import torch
 
@@ -142,9 +152,11 @@ def _publish_kept_adapter(ctx: StageContext, done: CheckedExport, kept: Path, mo
         raise StageError(f"{kept}: the adapter, loaded with peft on the base, gives other logits than the trained model "
                          f"(max |diff| {diff:.3g}, largest logit {scale:.3g})")
     done.adapter = out
+    if done.loaded is None:  # the adapter is the export
+        done.loaded = adapted
     done.metrics["adapter_logits_max_abs_diff"] = diff
-    done.notes.append(f"LoRA adapter (peft format) at {out}: PeftModel.from_pretrained(base, adapter) gives the merged export's logits "
-                      f"to {diff:.3g} (fp32 rounding of the merge)")
+    done.notes.append(f"LoRA adapter (peft format) at {out}: PeftModel.from_pretrained(base, adapter) gives the trained (merged) model's "
+                      f"logits to {diff:.3g} (fp32 rounding of the merge)")
 
 
 def _compare(a_model: Any, b_model: Any, probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any]) -> float:
@@ -160,7 +172,6 @@ def _export_adapter(ctx: StageContext, model_dir: Path, checkpoint: Path, plan: 
                     logits: Callable[[Any, dict[str, Any]], Any], side_files: Callable[[Path, Path], None]) -> CheckedExport:
     """The peft adapter folder (and with ``export.merge_lora`` the merged model), each reloaded
     and compared with the trained model."""
-    import shutil
     import tempfile
 
     from mmcore.lora import load_adapter_folder, merged_state, write_peft_adapter

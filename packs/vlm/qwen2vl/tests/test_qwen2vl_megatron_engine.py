@@ -189,9 +189,9 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     """training.lora.target_modules on megatron picks training modules as on FSDP2 (globs typed
     as a user types them); they must make up whole Megatron linears, the same in every layer.
     At TP=2, with a moving average (training.ema): PEFT's folder holds adapters for the chosen
-    modules only; export writes the averaged weights merged and, beside them, the averaged
-    adapters (not the last step's), which peft loads on the base to the export's logits; the
-    linears left out are exported as they came in.
+    modules only; export (export.merge_lora) writes the averaged weights merged and, beside them,
+    the averaged adapters (not the last step's), which peft loads on the base to the export's
+    logits; the linears left out are exported as they came in.
     training.lora.dropout draws each mask whole from a stream the TP ranks share: the TP=2
     run's losses are one process's (which recomputes its layers: the same masks again)."""
     import torch
@@ -202,7 +202,7 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     tied_checkpoint(tmp_path / "tied")
     lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]", "training.steps=3",
             "training.lora.modules_to_save=[*.embed_tokens, model.visual.merger.*]"]
-    mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "training.ema=0.9")
+    mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "training.ema=0.9", "export.merge_lora=true")
     mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "one", "parallel.backend=megatron", "training.recompute=full")
     tp2, one = losses(tmp_path / "mg"), losses(tmp_path / "one")
     mm("train", *TINY, *lora, "--run-dir", "one", "parallel.backend=megatron")  # no dropout
@@ -251,7 +251,9 @@ def test_megatron_sequence_parallel_dropout_resumes_bit_for_bit(mm, tmp_path: Pa
     """Under sequence parallelism Megatron's transformer block draws from its model-parallel
     random stream (each TP rank its own), LoRA's dropout masks included: checkpoints hold those
     streams, so a run killed (kill -9) after step 3 and resumed from step 2 on the same layout
-    gives the uninterrupted run's losses and export, bit for bit (it did not: step 3 5.3853 vs 5.3697)."""
+    gives the uninterrupted run's losses and export, bit for bit (it did not: step 3 5.3853 vs 5.3697).
+    The export is the adapter, as after LoRA on FSDP2 (no merged model unless export.merge_lora),
+    which the evaluate stage then answers with."""
     tied_checkpoint(tmp_path / "tied")
     run = [*TINY, "training.steps=4", "training.eval_every=0", "training.lora.r=4", "training.lr=1e-2", "training.lora.dropout=0.3", *MEGATRON,
            "parallel.tensor_parallel=2", "parallel.sequence_parallel=true"]
@@ -259,7 +261,9 @@ def test_megatron_sequence_parallel_dropout_resumes_bit_for_bit(mm, tmp_path: Pa
     assert mm("run", *run, "--run-dir", "again", check=False, MMCORE_TEST_KILL="train-step:3").returncode != 0
     assert "resumed from step 2" in mm("run", *run, "--run-dir", "again").stdout
     assert losses(tmp_path / "whole") == losses(tmp_path / "again")
-    for name in ("export/hf/model.safetensors", "export/adapter/adapter_model.safetensors", "export/adapter/adapter_config.json"):
+    assert manifest(tmp_path / "whole", "export")["outputs"] == {"model": "adapter", "adapter": "adapter"} and not (tmp_path / "whole/export/hf").exists()
+    assert manifest(tmp_path / "whole", "evaluate")["metrics"]["items"] > 0  # it answered with the adapter on the base
+    for name in ("export/adapter/adapter_model.safetensors", "export/adapter/adapter_config.json"):
         whole, again = (tmp_path / "whole" / name).read_bytes(), (tmp_path / "again" / name).read_bytes()
         assert whole.replace(str(tmp_path / "whole").encode(), b"") == again.replace(str(tmp_path / "again").encode(), b""), name
 
@@ -380,7 +384,7 @@ def test_megatron_lora_trains_the_same_adapters_at_any_layout_and_peft_loads_the
     killed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.tensor_parallel=2", "parallel.sequence_parallel=true", check=False,
                 MMCORE_TEST_KILL="train-step:3")
     assert killed.returncode != 0
-    resumed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.pipeline_parallel=2")
+    resumed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.pipeline_parallel=2", "export.merge_lora=true")
     assert "resumed from step 2 (saved at TP=2 x PP=1, resharded)" in resumed.stdout, resumed.stdout
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert list(one) == list(two) == [1, 2, 3, 4, 5, 6]
