@@ -76,7 +76,8 @@ def test_each_tp_rank_writes_its_pieces_of_the_trained_weights(tmp_path: Path) -
     (no rank gathers the model), and the checkpoint is convert's, tensor for tensor, bit for bit
     (the model is the converted one, loaded and written back: the vocabulary's padding row
     stripped, q/k/v and gate/up cut back out of the fused shards). Rank 0's gathering (what a
-    family whose adapter combines tensors still gets) writes the same."""
+    family whose adapter combines tensors still gets) writes the same. A tensor replicated over
+    TP whose copies differ is named, not written from one rank."""
     from mm_pack_qwen2vl.adapter import ADAPTER
     from mm_pack_qwen2vl.tiny import build_init_checkpoint
     from mmcore.convert import hf_to_dcp
@@ -91,6 +92,7 @@ def test_each_tp_rank_writes_its_pieces_of_the_trained_weights(tmp_path: Path) -
     assert result["tensors"] > 20 and result["differing"] == {"pieces": [], "gathered": []}, result
     # written in pieces: the embedding's rows by both ranks, a norm (replicated) by one
     assert result["pieces_of"] == {"embed_tokens": 2, "q_proj": 2, "o_proj": 2, "norm": 1, "vision": 1}, result
+    assert result["drifted"] == "text_decoder.decoder.final_layernorm.weight: a replicated tensor differs between tensor-parallel ranks", result
 
 
 @needs_megatron
@@ -430,6 +432,7 @@ def _write_back(ours: Any, model_dir: Path, converted: Path) -> dict[str, Any]:
     from mmcore import safe_dcp
     from mmcore.context import WorldInfo
     from mmcore.convert import dcp_index, load_dcp_tensors
+    from mmcore.errors import StageError
     from mmcore.megatron.engine import INCOMPLETE, Layout, _write_gathered, write_trained
 
     family, layout = megatron_family(model_dir), Layout.current()
@@ -438,6 +441,14 @@ def _write_back(ours: Any, model_dir: Path, converted: Path) -> dict[str, Any]:
     write_trained(converted.parent / "pieces", [ours], family, layout, WorldInfo(rank, world, rank, world), index)
     _write_gathered(converted.parent / f"gathered{INCOMPLETE}", [ours], family, layout)
     dist.barrier()
+    norm = dict(ours.named_parameters())["language_model.decoder.final_layernorm.weight"]
+    with torch.no_grad():
+        norm.add_(1e-3 * rank)  # replicas that drifted apart: one rank would write its copy for all
+    try:
+        write_trained(converted.parent / "drifted", [ours], family, layout, WorldInfo(rank, world, rank, world), index)
+        drifted = "written"
+    except StageError as exc:
+        drifted = str(exc)
     if rank:
         return {}
     expected = load_dcp_tensors(converted, index, index)
@@ -450,7 +461,7 @@ def _write_back(ours: Any, model_dir: Path, converted: Path) -> dict[str, Any]:
     def pieces_of(part: str) -> int:
         return chunks[next(key for key in sorted(chunks) if part in key)]
 
-    return {"tensors": len(index), "differing": differing,
+    return {"tensors": len(index), "differing": differing, "drifted": drifted,
             "pieces_of": {"embed_tokens": pieces_of("embed_tokens"), "q_proj": pieces_of("q_proj.weight"), "o_proj": pieces_of("o_proj"),
                           "norm": pieces_of("language_model.norm"), "vision": pieces_of("visual.blocks.0.attn.qkv.weight")}}
 
