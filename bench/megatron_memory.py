@@ -27,39 +27,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 
 from common import emit, figure, parser
-from sharded_load_memory import SHAPE, build, free_port, peak_mib
+from sharded_load_memory import SHAPE, free_port, peak_mib, write_checkpoint
 
 LAYOUTS = ((1, 1), (2, 1), (1, 2))  # (TP, PP); the world is their product
-
-
-def write_converted(work: Path) -> tuple[int, int]:
-    """Convert's checkpoint of the random model (its hub safetensors through ``hf_to_dcp``, as the
-    convert stage writes it: each tensor alone in a file): (checkpoint bytes, largest tensor
-    bytes, largest layer's or block's bytes)."""
-    import shutil
-
-    import torch
-
-    from mm_pack_qwen2vl.adapter import ADAPTER
-    from mmcore.convert import hf_to_dcp
-
-    torch.manual_seed(0)
-    model = build(meta=False)
-    model.save_pretrained(work / "hub")
-    sizes = {k: v.numel() * v.element_size() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    layers: dict[str, int] = {}
-    for name, size in sizes.items():  # a layer or block: up to the first number in the name, as the loader groups them
-        found = re.match(r"^.*?\.\d+\.", name)
-        layers[found.group(0) if found else name] = layers.get(found.group(0) if found else name, 0) + size
-    del model
-    hf_to_dcp(work / "hub", work / "ckpt", ADAPTER)
-    shutil.rmtree(work / "hub")
-    return sum(sizes.values()), max(sizes.values()), max(size for name, size in layers.items() if name.endswith("."))
 
 
 def rss_mib() -> float:
@@ -143,7 +117,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         Qwen2VLConfig(**SHAPE).save_pretrained(work / "model")
-        total, largest, layer = write_converted(work)
+        total, largest, layer = write_checkpoint(work / "ckpt")
         out = work / "results.jsonl"
         for tp, pp in LAYOUTS:
             mp.start_processes(worker, args=(tp * pp, free_port(), tp, pp, str(work / "model"), str(work / "ckpt"), str(work), str(out)), nprocs=tp * pp, start_method="spawn")

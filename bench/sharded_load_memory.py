@@ -4,8 +4,8 @@ the full fp32 model, loads every weight, then shards), on 1 and 2 processes (glo
 
 The model is Qwen2-VL-2B-shaped (real widths and vocabulary, tied embedding) with as many layers as
 let the previous way's one-rank fp32 step (weights, gradients, AdamW) fit in 24 GiB: 6 decoder
-layers, 8 vision blocks. Its checkpoint is written once as convert writes one (DCP, ``model.*``,
-fp32, the tied weight stored once).
+layers, 8 vision blocks. Its checkpoint is written once by convert's own ``hf_to_dcp`` (DCP,
+``model.*``, fp32, each tensor alone in a file, the tied weight stored once).
 
     python bench/sharded_load_memory.py [--workdir DIR]
 
@@ -53,17 +53,32 @@ def build(meta: bool) -> object:
     return Qwen2VLForConditionalGeneration(config)
 
 
-def write_checkpoint(folder: Path) -> tuple[int, int]:
-    """(checkpoint bytes, largest tensor bytes)."""
+def write_checkpoint(folder: Path) -> tuple[int, int, int]:
+    """Convert's checkpoint of the random model at ``folder``: its hub safetensors through
+    ``hf_to_dcp``, as the convert stage writes it (each tensor alone in a file). Returns
+    (checkpoint bytes, largest tensor bytes, largest layer's or block's bytes)."""
+    import re
+    import shutil
+
     import torch
-    import torch.distributed.checkpoint as dcp
+
+    from mm_pack_qwen2vl.adapter import ADAPTER
+    from mmcore.convert import hf_to_dcp
 
     torch.manual_seed(0)
     model = build(meta=False)
-    state = {f"model.{k}": v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    dcp.save(state, checkpoint_id=str(folder), no_dist=True)
-    sizes = [v.numel() * v.element_size() for v in state.values()]
-    return sum(sizes), max(sizes)
+    hub = folder.with_name(folder.name + ".hub")
+    model.save_pretrained(hub)
+    sizes = {k: v.numel() * v.element_size() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    layers: dict[str, int] = {}
+    for name, size in sizes.items():  # a layer or block: up to the first number in the name, as the megatron loader groups them
+        found = re.match(r"^.*?\.\d+\.", name)
+        if found:
+            layers[found.group(0)] = layers.get(found.group(0), 0) + size
+    del model
+    hf_to_dcp(hub, folder, ADAPTER)
+    shutil.rmtree(hub)
+    return sum(sizes.values()), max(sizes.values()), max(layers.values())
 
 
 def worker(rank: int, world: int, port: int, way: str, folder: str, out: str) -> None:
@@ -121,7 +136,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
-        total, largest = write_checkpoint(work / "ckpt")
+        total, largest, _ = write_checkpoint(work / "ckpt")
         out = work / "results.jsonl"
         for way in ("previous", "engine"):
             for world in (1, 2):

@@ -67,11 +67,38 @@ def load_metadata(path: str | Path, stream: Any) -> Any:
 
 
 def reader(path: str | Path) -> Any:
-    """A ``FileSystemReader`` for ``path`` whose metadata unpickler is the allow-list above."""
+    """A ``FileSystemReader`` for ``path`` whose metadata unpickler is the allow-list above, and
+    which maps a tensor stored alone in its file (as convert writes them, and each piece of a
+    megatron run's trained weights) instead of reading it: only the pages of the part a rank
+    asks for are read, where torch's reader decodes each stored tensor whole first."""
+    import dataclasses
+
+    import torch
+    from torch.distributed._shard._utils import narrow_tensor_by_index
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.distributed.checkpoint.planner import LoadItemType
 
     class SafeReader(FileSystemReader):
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            sizes: dict[Path, int] = {}
+            rest = []
+            for request in plan.items:
+                stored = self.storage_data[request.storage_index]
+                file = Path(str(self.path)) / stored.relative_path
+                if file not in sizes:
+                    sizes[file] = file.stat().st_size if file.is_file() else -1
+                if request.type != LoadItemType.TENSOR or stored.offset or stored.transform_descriptors or sizes[file] != stored.length:
+                    rest.append(request)
+                    continue
+                tensor = narrow_tensor_by_index(torch.load(file, map_location="cpu", weights_only=True, mmap=True), request.storage_offsets, request.lengths)
+                target = planner.resolve_tensor(request).detach()
+                if target.size() != tensor.size():
+                    raise StageError(f"{file}: holds {tuple(tensor.size())} where the checkpoint's metadata records {tuple(target.size())}; the checkpoint is corrupt")
+                target.copy_(tensor)
+                planner.commit_tensor(request, target)
+            return super().read_data(dataclasses.replace(plan, items=rest), planner)
+
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             meta_path = self._get_metadata_path(kwargs.get("rank"))
             try:
