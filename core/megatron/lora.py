@@ -190,14 +190,25 @@ def merged_state(gpt: Any) -> dict[str, Any]:
     """This rank's ``GPTModel`` state with every adapter merged into its base weight
     (``W + alpha / r * B A``, on the rank's shard: the product of the shards is the shard of the
     product), under the base's own names; without adapters, the plain state."""
-    state = {k: v.detach() for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+    return {name: make() for name, (_, make) in merged_makers(gpt).items()}
+
+
+def merged_makers(gpt: Any) -> dict[str, tuple[Any, Callable[[], Any]]]:
+    """:func:`merged_state`'s tensors, each made only when asked: name -> (a tensor of its shape
+    and dtype, what makes it). A rank that writes them one at a time holds one merged weight at
+    a time, not a merged copy of every adapted weight."""
+    out: dict[str, tuple[Any, Callable[[], Any]]] = {}
+    for key, value in gpt.state_dict().items():
+        if not key.endswith("_extra_state"):
+            out[key] = (value.detach(), lambda value=value: value.detach())
     for name, module in gpt.named_modules():
         if isinstance(module, _lora_class()):
-            del state[f"{name}.lora_A"], state[f"{name}.lora_B"]
-            state[f"{name}.weight"] = state.pop(f"{name}.base.weight") + module.scaling * (module.lora_B.detach() @ module.lora_A.detach())
-            if f"{name}.base.bias" in state:
-                state[f"{name}.bias"] = state.pop(f"{name}.base.bias")
-    return state
+            del out[f"{name}.lora_A"], out[f"{name}.lora_B"]
+            base = out.pop(f"{name}.base.weight")[0]
+            out[f"{name}.weight"] = (base, lambda base=base, module=module: base + module.scaling * (module.lora_B.detach() @ module.lora_A.detach()))
+            if f"{name}.base.bias" in out:
+                out[f"{name}.bias"] = out.pop(f"{name}.base.bias")
+    return out
 
 
 def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_module: Callable[[str], str]) -> dict[str, Any]:

@@ -45,12 +45,12 @@ def renames_only(to_hub: Mapping[str, "Recipe"]) -> bool:
 
 def rank_pieces(model: Sequence[Any], family: "MegatronFamily", layout: "Layout", to_hub: Mapping[str, "Recipe"]) -> dict[str, list[Piece]]:
     """Training name -> this rank's pieces of it: its chunks' decoder shards (LoRA adapters merged
-    into their base weights), cut back into the hub tensors by the table, and the ``whole``
+    into their base weights as each piece is made), cut back into the hub tensors by the table, and the ``whole``
     modules from tensor-parallel rank 0 of the first stage. Replicas of data-parallel rank > 0
     write nothing; a tensor the table replicates over TP is written by TP rank 0, after the
     ranks have checked that they hold the same values."""
     from mmcore.megatron.engine import rank_sources
-    from mmcore.megatron.lora import merged_state
+    from mmcore.megatron.lora import merged_makers
 
     if layout.dp_rank:
         return {}
@@ -63,17 +63,17 @@ def rank_pieces(model: Sequence[Any], family: "MegatronFamily", layout: "Layout"
     replicated: dict[str, "torch.Tensor"] = {}
     for v, chunk in enumerate(model):
         place = layout.of_chunk(v)
-        state = merged_state(getattr(chunk, family.decoder))
+        state = merged_makers(getattr(chunk, family.decoder))  # a LoRA weight merged when its piece is written
         mine, whole = rank_sources(family, list(to_hub), place)
         for name, (rule, parts) in mine.items():
             if pmap.tied and name == pmap.tied[0]:
                 continue  # the hub ties the output layer to the embedding: no tensor of its own
-            shard = state[name[len(prefix):]]
+            template, make = state[name[len(prefix):]]
             if rule.kind == "replicated":
-                replicated[name] = shard
-            shape = rule.pieces(shard.to("meta"), layout.tp, layout.tp_rank, pmap.vocab_size)
+                replicated[name] = make()
+            shape = rule.pieces(template.to("meta"), layout.tp, layout.tp_rank, pmap.vocab_size)
             for k, (which, offsets, piece) in enumerate(shape):
-                add(parts[which], offsets, piece, lambda rule=rule, shard=shard, k=k: rule.pieces(shard, layout.tp, layout.tp_rank, pmap.vocab_size)[k][2])
+                add(parts[which], offsets, piece, lambda rule=rule, make=make, k=k: rule.pieces(make(), layout.tp, layout.tp_rank, pmap.vocab_size)[k][2])
         if layout.tp_rank == 0 and whole:  # on the first stage
             for module_prefix, attribute in family.whole.items():
                 for key, tensor in getattr(chunk, attribute).state_dict().items():
