@@ -302,6 +302,26 @@ def test_megatron_moving_average_is_what_export_writes_and_resumes_bit_for_bit(m
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
 @pytest.mark.compares_runs
+def test_megatron_over_two_nodes_is_the_one_node_run(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """TP=2 across two simulated nodes (one process each, one rendezvous, one run directory on a
+    shared file system): the whole pipeline, each node's local rank 0 managing the checkpoint
+    and trained-weight folders beside the other's, gives the one-node TP=2 run's losses and its
+    export byte for byte (the same ranks doing the same sums)."""
+    from mmcore.testing import run_nodes
+
+    tied_checkpoint(tmp_path / "tied")
+    run = [*TINY, "training.steps=4", "training.eval_every=0", "parallel.backend=megatron", "parallel.tensor_parallel=2", "training.checkpoint_every=2"]
+    mm("run", *run, "--run-dir", "one", "--nproc-per-node", "2")
+    nodes = run_nodes(tmp_path, ["run", *run, "--run-dir", "two"])
+    assert [p.returncode for p in nodes] == [0, 0], [p.stderr[-2000:] for p in nodes]
+    assert losses(tmp_path / "two") == losses(tmp_path / "one")
+    assert (tmp_path / "two/export/hf/model.safetensors").read_bytes() == (tmp_path / "one/export/hf/model.safetensors").read_bytes()
+    assert not list((tmp_path / "two/train/checkpoints").glob("*.incomplete"))
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+@pytest.mark.compares_runs
 @pytest.mark.matrix  # make test runs TP=2 and PP=2 through the engine; this, its data-parallel group
 def test_megatron_data_parallel_run_follows_the_plain_run(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Two processes at TP=1 x PP=1 are two data-parallel replicas: each takes one sample of each
