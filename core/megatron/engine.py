@@ -239,6 +239,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     decoders = [getattr(chunk, family.decoder) for chunk in model]
     ckpt_root = ctx.stage_dir / CHECKPOINTS
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
+    converted = dcp_index(recipe.weights(ctx, upstream))  # type: ignore[misc]  # convert's tensors: training name -> shape
     if resume_from is None:
         for v, chunk in enumerate(model):
             load_rank(chunk, family, recipe.weights(ctx, upstream), layout.of_chunk(v))  # type: ignore[misc]
@@ -247,9 +248,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     if lora:  # adapters on the language model's layer linears, the rest frozen (after loading: the base keeps its names)
         from mmcore.megatron.lora import add_adapters, init_adapters
 
-        index = dcp_index(recipe.weights(ctx, upstream))  # type: ignore[misc]
-        saved = saved_modules(family, index, cfg.lora, recipe.freeze_groups)
-        whole = chosen_parameters(model, family, layout, index, saved, "training.lora.modules_to_save", "saved") if saved else []
+        saved = saved_modules(family, converted, cfg.lora, recipe.freeze_groups)
+        whole = chosen_parameters(model, family, layout, converted, saved, "training.lora.modules_to_save", "saved") if saved else []
         model.requires_grad_(False)
         kinds = lora_kinds(family, recipe.weights(ctx, upstream), cfg.lora, recipe.freeze_groups, cfg.freeze)  # type: ignore[misc]
         both = [name for name, _ in whole if name.endswith(".weight") and name.rsplit(".", 2)[-2] in kinds and ".layers." in name]
@@ -260,7 +260,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
             init_adapters(decoder, ctx.seed, cfg.lora.init)
         for _, parameter in whole:  # training.lora.modules_to_save: trained whole beside the adapters
             parameter.requires_grad_(True)
-        saved_hub = [name for name, made in family.adapter.to_hf(index).items() if made.sources and set(made.sources) <= saved]
+        saved_hub = [name for name, made in family.adapter.to_hf(converted).items() if made.sources and set(made.sources) <= saved]
     # training.recompute: each transformer layer of the language model, as the FSDP2 loop's blocks
     apply_recompute([layer for decoder in decoders for layer in decoder.decoder.layers], cfg.recompute, kept_ops=RECOMPUTE_KEPT_OPS)
     model.to(device)
@@ -372,7 +372,6 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
     final_step = max(cfg.steps, step)
     save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
-    converted = dcp_index(recipe.weights(ctx, upstream))  # type: ignore[misc]
     hub = write_trained(ckpt_root / TRAINED, model, family, layout, world, converted)
     if lora:
         write_adapter(ckpt_root / ADAPTER, model, family, layout, world, cfg.lora, upstream["download"].output("model"), hub, saved_hub, ckpt_root / TRAINED)
