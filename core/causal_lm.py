@@ -65,19 +65,22 @@ def exact_match(logits: Any, labels: Any) -> Any:
 
 
 def evaluate_accuracy(ctx: Any, model: Any, held_out: Any, collate_one: Callable[[dict[str, Any]], dict[str, Any]],
-                      logits_of: Callable[[Any, dict[str, Any]], Any]) -> dict[str, float]:
-    """Exact-match accuracy on the held-out samples, one sample per forward, work split across ranks."""
+                      logits_of: Callable[[Any, dict[str, Any]], Any], fill: Any = None) -> dict[str, float]:
+    """Exact-match accuracy on the held-out samples, one sample per forward, work split across
+    ranks; with ``fill`` (:class:`~mmcore.data.fillers.Fill` over ``held_out``) an item lacking
+    media another rank's item of the same round holds is collated with its fillers."""
     from mmcore.evaluation import sharded_sums
 
     if len(held_out) == 0:
         return {}
     device = next(model.parameters()).device
 
-    def measure(i: int) -> list[float]:
-        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in collate_one(held_out[i]).items()}
+    def measure(i: int, kinds: Any = ()) -> list[float]:
+        collated = fill.collate([held_out[i]], kinds) if kinds else collate_one(held_out[i])
+        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in collated.items()}
         return [float(exact_match(logits_of(model, batch), batch["labels"]).sum()), 1.0]
 
-    hits, total = sharded_sums(ctx, len(held_out), measure, 2)
+    hits, total = sharded_sums(ctx, len(held_out), measure, 2, fill=fill)
     return {"accuracy": hits / total}
 
 

@@ -13,15 +13,19 @@ from typing import Any, Callable, Sequence
 __all__ = ["sharded_sums", "word_errors", "char_errors", "normalize_words"]
 
 
-def sharded_sums(ctx: Any, count: int, measure: Callable[[int], Sequence[float]], width: int) -> list[float]:
+def sharded_sums(ctx: Any, count: int, measure: Callable[..., Sequence[float]], width: int, fill: Any = None) -> list[float]:
     """Sum ``measure(i)`` (``width`` numbers) over items ``0..count-1``, the work split across ranks.
 
     Args:
         ctx: the stage context (its ``world`` says this process's rank and the world size).
         count: how many held-out items there are.
         measure: item index -> ``width`` numbers to add up (e.g. ``[errors, words]``); it runs
-            the model, so every rank calls it equally often.
+            the model, so every rank calls it equally often. With ``fill`` it is called as
+            ``measure(i, kinds)``: the media kinds another rank's item of the same round holds
+            and item ``i`` lacks, to be collated with their fillers (``fill.collate``).
         width: how many numbers ``measure`` returns.
+        fill: the items' :class:`~mmcore.data.fillers.Fill` (indices are item numbers), where
+            the model's towers run only on the media a batch holds.
 
     Returns:
         The sums over all items and ranks, the same on every rank.
@@ -32,10 +36,18 @@ def sharded_sums(ctx: Any, count: int, measure: Callable[[int], Sequence[float]]
     world = ctx.world
     mine = list(range(world.rank, count, world.world_size))
     rounds = -(-count // world.world_size) if count else 0
+    items = [mine[r] if r < len(mine) else (mine[0] if mine else 0) for r in range(rounds)]
+    missing: list[list[str]] = [[] for _ in items]
+    if fill is not None and world.distributed and items:
+        held = fill.presence([[i] for i in items] if mine else [[] for _ in items])
+        device = ctx.accelerator.device(world.local_rank)
+        summed = torch.tensor(held, dtype=torch.float32, device=device)
+        dist.all_reduce(summed)  # which kinds each round's items hold on any rank, before any forward
+        missing = fill.missing(held, summed.cpu().tolist())
     totals = torch.zeros(width, dtype=torch.float64)
     for r in range(rounds):
         counted = r < len(mine)
-        values = measure(mine[r] if counted else (mine[0] if mine else 0))
+        values = measure(items[r], missing[r]) if fill is not None else measure(items[r])
         if counted:
             totals += torch.tensor([float(v) for v in values], dtype=torch.float64)
     if world.distributed:

@@ -86,6 +86,10 @@ class TrainRecipe:
             resume (``sample_seed``).
         megatron: optional ``(ctx, upstream) -> MegatronFamily`` (:mod:`mmcore.megatron.engine`):
             the family on megatron-core, for ``parallel.backend: megatron``.
+        fill: optional :class:`~mmcore.data.fillers.Fill`, for a model whose towers run only on
+            the media a batch holds: a rank whose micro-batch lacks a media kind that another
+            rank's holds collates it with that kind's filler, so every rank calls the same
+            towers (their sharded collectives) in the same order.
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -105,6 +109,7 @@ class TrainRecipe:
     step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
     sample_seeds: bool = False
     megatron: Callable[[StageContext, Mapping[str, Manifest]], Any] | None = None
+    fill: Any = None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -224,18 +229,24 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
-        micro = []
-        for accum in range(cfg.grad_accum_steps):
-            indices = sampler.next_batch()[0]
-            batch = recipe.collate([data[i] for i in indices])
-            if recipe.sample_seeds:
-                batch["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)
-            micro.append(batch)
+        drawn = [sampler.next_batch()[0] for _ in range(cfg.grad_accum_steps)]
+        samples = [[data[i] for i in indices] for indices in drawn]
+        micro = [recipe.collate(chosen) for chosen in samples]
         data_time = time.perf_counter() - t0  # the loop waits for its batches: read + collate
-        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro))], device=device)
+        # one reduction for the step's loss tokens and which media kinds each micro-batch holds
+        held = recipe.fill.presence(drawn) if recipe.fill is not None and world.distributed else []
+        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro)), *held], dtype=_count_dtype(device), device=device)
         if world.distributed:
             dist.all_reduce(counts)
-        global_tokens = max(counts.item(), 1.0)
+        t1 = time.perf_counter()
+        for accum, kinds in enumerate(recipe.fill.missing(held, counts[1:].tolist()) if held else []):
+            if kinds:  # another rank's micro-batch holds media this one lacks: the same towers run here
+                micro[accum] = recipe.fill.collate(samples[accum], kinds)
+        for accum, indices in enumerate(drawn):
+            if recipe.sample_seeds:
+                micro[accum]["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)
+        data_time += time.perf_counter() - t1
+        global_tokens = max(counts[0].item(), 1.0)
         loss_sum = torch.zeros((), device=device)
         flops = 0.0
         for i, batch in enumerate(micro):
@@ -461,6 +472,13 @@ def computes_in_bf16(precision: str, accelerator: Any) -> bool:
 
 def backend_handles_precision(backend: Any, world: Any) -> bool:
     return bool(backend is not None and getattr(backend, "handles_precision", lambda w: False)(world))
+
+
+def _count_dtype(device: "torch.device") -> "torch.dtype":
+    """Exact integer sums beyond 2**24 tokens; float32 where the collective library has no float64 (NPU)."""
+    import torch
+
+    return torch.float32 if device.type == "npu" else torch.float64
 
 
 def _to_device(batch: dict[str, Any], device: "torch.device") -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from mmcore.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
+from mmcore.data.fillers import KINDS, encode_fillers, kinds_in
 from mmcore.data.media import MediaError
 from mmcore.data.mllm import read_samples
 from mmcore.data.media import media_limits
@@ -72,6 +73,7 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")
     counts = {"train": 0, "eval": 0}
+    kinds: dict[str, int] = {}  # media kind -> samples written that hold it
     ranking = getattr(cfg, "ranking", False)
 
     def encode(item: Any) -> Any:
@@ -109,11 +111,17 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
             media = sorted(name for name in tensors if not name.endswith(("input_ids", "labels")))
             writer.add(tensors, length=length, meta={"split": this_split, "source": f"{Path(item.file).name}:{item.index}", "media": media})
             counts[this_split] += 1
+            for kind in kinds_in([item]):
+                kinds[kind] = kinds.get(kind, 0) + 1
     skipped = bad.close()
     if counts["train"] == 0:
         raise StageError("no usable training samples" + (f" ({skipped})" if skipped else ""))
+    # a filler for each kind some samples hold and others lack: for ranks whose micro-batch lacks a kind another rank's holds
+    uneven = [k for k in KINDS if 0 < kinds.get(k, 0) < counts["train"] + counts["eval"]]
+    for kind, filler in encode_fillers(encoder, uneven, ctx.stage_dir / "fillers").items():
+        writer.add_filler(kind, filler)
     index = writer.close(**index_extra, ranking=ranking)
-    lengths = [s["length"] for s in index["samples"]]
+    lengths = [s["length"] for s in index["samples"] if "filler" not in s]
     what = "preference pairs" if ranking else "samples"
     notes = [f"{counts['train']} train / {counts['eval']} eval {what}, {sum(lengths)} tokens (longest {max(lengths)})"]
     if cfg.num_workers:

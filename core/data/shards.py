@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
 INDEX = "index.json"
+FILLER = "filler"  # the index key of a filler record: its media kind
 
 
 class ShardWriter:
@@ -59,16 +60,27 @@ class ShardWriter:
         self._shards += 1
         crash_point("shard-write", self._shards)
 
+    def add_filler(self, kind: str, tensors: dict[str, "torch.Tensor"]) -> int:
+        """A filler sample of media ``kind`` (:mod:`mmcore.data.fillers`), after every sample: a
+        record of the index that the dataset's length and splits leave out."""
+        media = sorted(name for name in tensors if name not in ("input_ids", "labels"))
+        return self.add(tensors, length=len(tensors["input_ids"]), meta={"filler": kind, "media": media})
+
     def close(self, **extra: Any) -> dict[str, Any]:
         """Write the last shard and then the index (the dataset exists once the index does)."""
         self._flush()
-        index = {"format": 1, "num_samples": len(self.samples), "num_shards": self._shards, "samples": self.samples, **extra}
+        real = sum(1 for s in self.samples if FILLER not in s)
+        index = {"format": 1, "num_samples": real, "num_shards": self._shards, "samples": self.samples, **extra}
         atomic_write_json(self.out_dir / INDEX, index)
         return index
 
 
 class ShardDataset:
-    """Map-style dataset over a folder written by :class:`ShardWriter` (memory-mapped reads)."""
+    """Map-style dataset over a folder written by :class:`ShardWriter` (memory-mapped reads).
+
+    ``indices`` are record numbers of the index; by default every sample, fillers left out
+    (:meth:`fillers` has those, :meth:`with_fillers` every record in order).
+    """
 
     def __init__(self, folder: Path, indices: list[int] | None = None) -> None:
         self.folder = folder
@@ -77,7 +89,7 @@ class ShardDataset:
         except (OSError, ValueError) as exc:
             raise StageError(f"{folder}: no readable {INDEX} ({exc}); rerun the stage that writes it") from None
         self.samples = self.index["samples"]
-        self.indices = list(range(len(self.samples))) if indices is None else indices
+        self.indices = [n for n, s in enumerate(self.samples) if FILLER not in s] if indices is None else indices
         self._handles: dict[int, Any] = {}
 
     def __len__(self) -> int:
@@ -102,6 +114,14 @@ class ShardDataset:
 
     def subset(self, indices: list[int]) -> "ShardDataset":
         return ShardDataset(self.folder, [self.indices[i] for i in indices])
+
+    def fillers(self) -> "ShardDataset":
+        """The filler records (``meta(i)["filler"]``: the media kind), in the order written."""
+        return ShardDataset(self.folder, [n for n, s in enumerate(self.samples) if FILLER in s])
+
+    def with_fillers(self) -> "ShardDataset":
+        """Every record, samples then fillers: what a stage caching per record (extract) walks."""
+        return ShardDataset(self.folder, list(range(len(self.samples))))
 
     def split(self, name: str) -> "ShardDataset":
         """The samples whose ``split`` meta is ``name`` (samples without one are ``train``)."""

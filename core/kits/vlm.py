@@ -39,6 +39,7 @@ What the kit does with it:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,7 +232,8 @@ class VLMFamily:
         if not coef:
             return next_token_loss_sum(self.forward_logits(model, batch), batch["labels"])
         out = self.forward(model, batch, output_router_logits=True)
-        return next_token_loss_sum(out.logits, batch["labels"]) + coef * out.aux_loss * batch["num_loss_tokens"]
+        aux = out.aux_loss if not batch.get("filler_tokens") else balance_loss_without_fillers(model, out, batch)
+        return next_token_loss_sum(out.logits, batch["labels"]) + coef * aux * batch["num_loss_tokens"]
 
     def shard_modules(self, model: Any) -> list[Any]:
         return blocks_at(model, self.shard_layers)
@@ -320,8 +322,16 @@ class VLMFamily:
                 use_packed_attention(model, ctx.kernel("varlen_attention") if ctx.plugins is not None else varlen_attention)
             return model
 
+        fill = self.fill(dataset_dir, upstream, train.meta, lambda samples, tail: self.collate(with_tail(samples, tail), ids, pack=packing))
+
+        @functools.cache
+        def held() -> tuple[Any, Any]:  # the held-out split and its fill, read when first evaluated
+            data = load("eval")
+            return data, self.fill(dataset_dir, upstream, data.meta, lambda samples, tail: self.collate(with_tail(samples, tail), ids))
+
         return TrainRecipe(
             build_model=build,
+            fill=fill,
             weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
             megatron=(lambda ctx, upstream: dataclasses.replace(self.megatron(upstream["download"].output("model")),  # type: ignore[misc]
                                                                 held_out=load("eval"), collate_one=lambda s: self.collate([s], ids))) if self.megatron else None,
@@ -334,8 +344,49 @@ class VLMFamily:
             freeze_groups=self.freeze_groups,
             lora_targets=self.lora_targets,
             group_of=self.group_of(train) if self.batch_apart else None,
-            evaluate=lambda ctx, model, step: evaluate_accuracy(ctx, model, load("eval"), lambda s: self.collate([s], ids), self.forward_logits),
+            evaluate=lambda ctx, model, step: self.held_out_accuracy(ctx, model, held, ids),
         )
+
+    def held_out_accuracy(self, ctx: StageContext, model: Any, held: Callable[[], tuple[Any, Any]], ids: Mapping[str, int]) -> dict[str, float]:
+        """Exact-match accuracy on the held-out split (``held``: its samples and their fill),
+        one sample per forward, the work split across ranks."""
+        data, fill = held()
+        return evaluate_accuracy(ctx, model, data, lambda s: self.collate([s], ids), self.forward_logits, fill=fill)
+
+    def fill(self, dataset_dir: Path, upstream: Mapping[str, Manifest], meta: Callable[[int], Mapping[str, Any]],
+             collate: Callable[[list[dict[str, Any]], list[dict[str, Any]]], Batch]) -> Any:
+        """The recipe's :class:`~mmcore.data.fillers.Fill` over the samples ``meta`` describes:
+        the dataset's filler samples (read through the feature cache where samples are), handed
+        to ``collate(samples, fillers)``, which appends them to the tail of the micro-batch's last
+        row (:func:`with_tail`)."""
+        from mmcore.data.fillers import Fill, kinds_by_fields
+        from mmcore.data.shards import ShardDataset
+
+        records = ShardDataset(dataset_dir).fillers()
+        if not len(records):  # preprocessed before fillers existed: mixed media across ranks cannot be evened
+            def refuse(samples: list[dict[str, Any]], wanted: Sequence[str]) -> Batch:
+                raise StageError(f"{dataset_dir}: this dataset mixes samples with and without media across processes, and was preprocessed "
+                                 "by an mmcore without filler samples: rerun preprocess (mmcore preprocess --force ...)")
+
+            return Fill(("media",), lambda i: {"media"} if meta(i).get("media") else set(), refuse)
+        view: Any = records
+        if "extract" in upstream:
+            from mmcore.data.feature_cache import CachedSamples
+
+            view = CachedSamples(records, upstream["extract"].output("features"), replaces=dict(self.cache_replaces))
+        kinds = tuple(records.meta(i)["filler"] for i in range(len(records)))
+        fillers: dict[str, dict[str, Any]] = {}
+
+        def filled(samples: list[dict[str, Any]], wanted: Sequence[str]) -> Batch:
+            if not fillers:
+                fillers.update({kind: view[i] for i, kind in enumerate(kinds)})  # read once, when first wanted
+            chosen = [fillers[k] for k in wanted]
+            batch = collate(samples, chosen)
+            batch["filler_tokens"] = sum(len(f["input_ids"]) for f in chosen)  # the last sample's tail (see loss_sum)
+            return batch
+
+        fields = {kind: records.meta(i)["media"] for i, kind in enumerate(kinds)}
+        return Fill(kinds, kinds_by_fields(fields, lambda i: meta(i).get("media", ())), filled)
 
     def group_of(self, data: Any) -> Callable[[int], tuple[bool, ...]]:
         """``sample index -> which of batch_apart's fields it has`` (from the dataset index,
@@ -521,6 +572,29 @@ class VLMFamily:
             return {"input_ids": torch.tensor(encoded.input_ids), "labels": torch.tensor(encoded.labels), **encoded.tensors}
 
         return read_held_out(ctx, lambda path: read_samples(path, ctx.config.data), encode, (MediaError, ValueError))
+
+
+def with_tail(samples: list[dict[str, Any]], fillers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``samples`` with ``fillers`` appended to the last one (:func:`mmcore.data.fillers.append_fillers`)."""
+    from mmcore.data.fillers import append_fillers
+
+    return [*samples[:-1], append_fillers(samples[-1], fillers)] if fillers else samples
+
+
+def balance_loss_without_fillers(model: Any, out: Any, batch: Batch) -> Any:
+    """The router's load-balancing loss as the family's transformers module computes it, over
+    the batch's tokens less the filler's tail (:mod:`mmcore.data.fillers`): filler tokens would
+    otherwise move the routers' balance, and through it send gradients into the towers."""
+    import sys
+
+    import torch
+
+    mask = batch["attention_mask"].clone() if "attention_mask" in batch else torch.ones_like(batch["input_ids"])
+    end = int(mask[-1].sum())  # the last row's tokens; the filler is the tail of its last sample
+    mask[-1, end - int(batch["filler_tokens"]) : end] = 0
+    family = next(c for c in type(model).__mro__ if c.__module__.startswith("transformers.models."))
+    balance = sys.modules[family.__module__].load_balancing_loss_func
+    return balance(out.router_logits, out.router_logits[0].shape[-1], model.config.get_text_config().num_experts_per_tok, mask)
 
 
 def torch_tensor(values: list[int]) -> Any:

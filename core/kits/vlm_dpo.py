@@ -59,6 +59,7 @@ def dpo_recipe(family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Ma
     import torch
 
     from mmcore.data.shards import ShardDataset
+    from mmcore.kits.vlm import with_tail
     from mmcore.lora import adapters_disabled
     from mmcore.preference import ReferenceLogps, dpo_terms, reference_mode, reward_sums, sequence_logps
     from mmcore.train import TrainRecipe
@@ -78,8 +79,8 @@ def dpo_recipe(family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Ma
     device = ctx.accelerator.device(ctx.world.local_rank)
     state: dict[str, Any] = {"reference": None, "sums": {}}
 
-    def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = family.collate(answer_views(samples), ids, pack=packing)
+    def collate(samples: list[dict[str, Any]], fillers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        batch = family.collate(with_tail(answer_views(samples), fillers or []), ids, pack=packing)  # fillers: after the last rejected answer
         batch["num_loss_tokens"] = len(samples)  # the loss unit is the pair
         batch["pair_index"] = torch.tensor([s["pair_index"] for s in samples])
         return batch
@@ -170,6 +171,7 @@ def dpo_recipe(family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Ma
         group_of=family.group_of(splits["train"]) if family.batch_apart else None,
         prepare=prepare,
         step_metrics=step_metrics,
+        fill=family.fill(dataset_dir, upstream, splits["train"].meta, collate),
     )
 
 

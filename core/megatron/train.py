@@ -185,20 +185,32 @@ def reduce_gradients(parameters: Iterable[Any]) -> None:
     """Sum each gradient over the data-parallel ranks (each rank's loss is already divided by
     the step's tokens across all of them); under sequence parallelism first the gradient of each
     weight marked ``sequence_parallel`` (a norm's: each tensor-parallel rank saw only its part
-    of the sequence) over the tensor-parallel ranks."""
+    of the sequence) over the tensor-parallel ranks.
+
+    A parameter has a gradient on some data-parallel ranks only where their micro-batches
+    differ in media (a vision tower no sample of one rank used): every rank reduces the same
+    parameters, zeros standing in where its own gradient is None, so the collectives agree; a
+    parameter no rank has a gradient for stays None, as in one process (AdamW skips it)."""
+    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    parameters = [p for p in parameters if p.grad is not None]
+    parameters = list(parameters)
     tensor_group = parallel_state.get_tensor_model_parallel_group()
-    if dist.get_world_size(tensor_group) > 1:
+    if dist.get_world_size(tensor_group) > 1:  # tensor-parallel ranks share their micro-batches: the same gradients exist
         for parameter in parameters:
-            if getattr(parameter, "sequence_parallel", False):
+            if parameter.grad is not None and getattr(parameter, "sequence_parallel", False):
                 dist.all_reduce(parameter.grad, group=tensor_group)
     group = parallel_state.get_data_parallel_group()
     if dist.get_world_size(group) == 1:
         return
-    for parameter in parameters:
+    held = torch.tensor([float(p.grad is not None) for p in parameters], device=parameters[0].device if parameters else None)
+    dist.all_reduce(held, group=group)
+    for parameter, anywhere in zip(parameters, held.tolist()):
+        if not anywhere:
+            continue
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
         dist.all_reduce(parameter.grad, group=group)
 
 

@@ -23,7 +23,7 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
     if "vision" not in ctx.config.training.freeze:
         return None  # the vision tower trains: nothing to cache
     model = FAMILY.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
-    data = ShardDataset(upstream["preprocess"].output("dataset"))
+    data = ShardDataset(upstream["preprocess"].output("dataset")).with_fillers()  # fillers read the cache as samples do
     cache = FeatureCacheWriter(ctx.stage_dir / "features")
     for i in ctx.progress(range(len(data)), description="extract", unit="sample"):
         tiles = data[i].get("pixel_values")

@@ -57,7 +57,7 @@ def extract_vision(ctx: StageContext, upstream: Mapping[str, Manifest], family: 
         return None  # every tower trains: nothing fixed to cache
     model = family.build_model(upstream["download"].output("model"), upstream["convert"].output("checkpoint")).eval()
     inner = model.model
-    data = ShardDataset(upstream["preprocess"].output("dataset"))
+    data = ShardDataset(upstream["preprocess"].output("dataset")).with_fillers()  # fillers read the cache as samples do
     cache = FeatureCacheWriter(ctx.stage_dir / "features")
     for i in ctx.progress(range(len(data)), description="extract", unit="sample"):
         sample = data[i]
