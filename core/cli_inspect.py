@@ -87,6 +87,7 @@ def info_cmd(pack: str, as_json: bool) -> None:
         "declared_stages": {stage: spec.declared(stage).function for stage in spec.stages},
         "conformance": read_record(pack),
         "megatron": _megatron_line(spec),
+        "freeze_groups": _freeze_groups(spec),
     }
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -103,6 +104,10 @@ def info_cmd(pack: str, as_json: bool) -> None:
     click.echo(f"  requirements: {', '.join(data['requirements']) or 'none'}")
     if data["megatron"]:
         click.echo(f"  megatron:     {data['megatron']}")
+    if data["freeze_groups"]:
+        click.echo("  freeze:       training.freeze takes these groups (or parameter globs):")
+        for group, globs in data["freeze_groups"].items():
+            click.echo(f"    {group}: {', '.join(globs)}")
     for problem in data["unmet_requirements"]:
         click.echo(f"  UNMET:        {problem}")
     if kernels:
@@ -111,6 +116,26 @@ def info_cmd(pack: str, as_json: bool) -> None:
             reference = registry.kernels.get((name, "reference"))
             unwired = "" if reference is None or reference.wired else " (registered and parity-checked, not called by the model yet)"
             click.echo(f"    {name}{unwired}: " + "; ".join(f"{dev} -> {impl}" for dev, impl in per_device.items()))
+
+
+def _freeze_groups(spec: Any) -> dict[str, list[str]]:
+    """``training.freeze``'s group names -> parameter globs, from the train stage's recipe part:
+    the ``freeze_groups`` of the object whose method it is (a kit family), else the module's
+    ``FREEZE_GROUPS`` (importing a pack module imports no torch)."""
+    from mmcore.registry import import_object
+
+    stage = spec.stages.get("train")
+    recipe = getattr(stage, "parts", {}).get("recipe") if stage is not None else None
+    if recipe is None:
+        return {}
+    module, _, attr = recipe.partition(":")
+    owner = f"{module}:{attr.rsplit('.', 1)[0]}" if "." in attr else module
+    try:
+        holder = import_object(owner) if "." in attr else __import__(module, fromlist=["_"])
+    except Exception:  # info shows what it can; a pack that does not import is `mmcore list`'s to report
+        return {}
+    groups = getattr(holder, "freeze_groups", None) or getattr(holder, "FREEZE_GROUPS", None) or {}
+    return {name: list(globs) for name, globs in groups.items()}
 
 
 def _kernel_choice(registry: Any, name: str, device: str) -> str:

@@ -230,6 +230,20 @@ class Runner:
         self._report(manifest)
         return manifest
 
+    def _collective_failure(self, exc: BaseException, stage: str) -> StageError | None:
+        """A collective that timed out or lost a peer, said as what it means for the run."""
+        if not self.world.distributed:
+            return None
+        text = " ".join(str(exc).split())
+        rank = self.world.rank
+        if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
+            wait = self.config.parallel.collective_timeout_s
+            return StageError(f"rank {rank} waited parallel.collective_timeout_s={wait} s in stage {stage!r} for the other processes in a collective: "
+                              "one of them stalled or hangs (a rank that printed nothing is the one)")
+        if any(sign in text for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")):
+            return StageError(f"rank {rank} lost another process in a collective in stage {stage!r}: it died or was killed (torchrun's line names it)")
+        return None
+
     def execute(self, stage: str, plan: str, upstream: dict[str, Manifest], *, resume: bool) -> Manifest:
         """Call the pack's stage hook in this process and write the manifest (local rank 0)."""
         stage_dir = self.run_dir.stage_dir(stage)
@@ -269,6 +283,10 @@ class Runner:
             if fs_error is not None:
                 fs_error.hint = f"{fs_error.hint}; " + (f"the traceback is in {log}" if log is not None else unlogged)
                 raise fs_error from exc
+            lost = self._collective_failure(exc, stage)
+            if lost is not None:
+                lost.hint = f"the traceback is in {log}" if log is not None else unlogged
+                raise lost from exc
             if log is None:
                 raise StageError(f"stage {stage!r} of pack {self.pack!r} failed: {type(exc).__name__}: {' '.join(str(exc).split())}", hint=unlogged) from exc
             if isinstance(exc, ContractError):

@@ -35,17 +35,36 @@ class EpochSampler(PlannedSampler):
     """Deterministic shuffled micro-batches, sharded across ranks, resumable at any position.
 
     With ``groups`` (one key per sample) every global micro-batch holds one group's samples;
-    each epoch shuffles within groups, cuts them into global micro-batches (dropping each
-    group's ragged tail) and shuffles the order of those.
+    each epoch shuffles within groups, cuts them into global micro-batches and shuffles the order
+    of those. A group's ragged tail sits out the epoch (the next epoch's shuffle picks another);
+    a group smaller than one global micro-batch is filled up with repeats of its samples, so
+    every sample trains (``repeated`` counts the repeats per epoch).
+
+    With ``costs`` (one per sample: tokens through the towers, vision patches and audio frames)
+    the data-parallel ranks of a step get alike work: each epoch sorts the shuffled samples by
+    cost within windows of ``window`` global micro-batches before cutting them, and deals each
+    global micro-batch to the ranks largest cost first, each to the rank with the least so far.
+    Equal costs change nothing (the sort is stable). The global micro-batches depend on
+    ``world x batch`` only, not on how many ranks share them: one process with ``batch x world``
+    sees the same ones.
     """
 
-    def __init__(self, size: int, seed: int, rank: int, world: int, batch: int, groups: list[Any] | None = None) -> None:
+    def __init__(self, size: int, seed: int, rank: int, world: int, batch: int, groups: list[Any] | None = None,
+                 costs: list[float] | None = None, window: int = 64) -> None:
         self.seed, self.rank, self.world, self.batch = seed, rank, world, batch
         self.groups = groups if groups is not None else [0] * size
+        self.costs = costs if costs is not None and len(set(costs)) > 1 else None
+        self.window = window
         self.position = 0
-        if not self._plan(0):
-            biggest = max(self.groups.count(g) for g in set(self.groups)) if size else 0
-            raise StageError(f"the dataset has {size} samples (largest group {biggest}), fewer than one global micro-batch ({world} ranks x {batch})")
+        sizes: dict[Any, int] = {}
+        for key in self.groups:
+            sizes[key] = sizes.get(key, 0) + 1
+        span = world * batch
+        self.repeated = sum(span - n for n in sizes.values() if n < span)
+        if size < span:
+            raise StageError(f"the dataset has {size} samples, fewer than one global micro-batch ({world} ranks x {batch}): "
+                             "add samples or lower training.micro_batch_size / the number of processes")
+        self._plan(0)
 
     def steps(self, epoch: int) -> list[list[list[int]]]:
         rng = random.Random(self.seed * 1_000_003 + epoch)
@@ -57,9 +76,35 @@ class EpochSampler(PlannedSampler):
         for key in sorted(by_group, key=str):
             members = by_group[key]
             rng.shuffle(members)
+            if len(members) < span:  # never trained otherwise: repeat its samples up to one global micro-batch
+                members = [members[i % len(members)] for i in range(span)]
+            if self.costs is not None:
+                costs, stride = self.costs, span * self.window
+                members = [i for start in range(0, len(members), stride)
+                           for i in sorted(members[start : start + stride], key=lambda i: -costs[i])]
             batches += [members[i : i + span] for i in range(0, len(members) - span + 1, span)]
         rng.shuffle(batches)
-        return [[batch[r * self.batch : (r + 1) * self.batch] for r in range(self.world)] for batch in batches]
+        return [self.deal(batch) for batch in batches]
+
+    def deal(self, batch: list[int]) -> list[list[int]]:
+        """One global micro-batch as ``world`` rank micro-batches of ``batch`` samples each."""
+        if self.costs is None or self.world == 1 or len({self.costs[i] for i in batch}) == 1:
+            return [batch[r * self.batch : (r + 1) * self.batch] for r in range(self.world)]
+        ranks: list[list[int]] = [[] for _ in range(self.world)]
+        load = [0.0] * self.world
+        for i in sorted(batch, key=lambda i: -self.costs[i]):  # largest first, to the least loaded rank with room
+            r = min((r for r in range(self.world) if len(ranks[r]) < self.batch), key=lambda r: load[r])
+            ranks[r].append(i)
+            load[r] += self.costs[i]
+        return ranks
+
+    def left_out(self) -> int:
+        """Samples an epoch leaves out: the groups' ragged tails (others each epoch)."""
+        span = self.world * self.batch
+        sizes: dict[Any, int] = {}
+        for key in self.groups:
+            sizes[key] = sizes.get(key, 0) + 1
+        return sum(n % span for n in sizes.values() if n >= span)
 
 
 class TokenBudgetSampler(PlannedSampler):
@@ -76,8 +121,10 @@ class TokenBudgetSampler(PlannedSampler):
 
     FULL = 0.98  # a bin filled this far is closed
 
-    def __init__(self, lengths: list[int], budget: int, seed: int, rank: int, world: int, window: int = 64) -> None:
+    def __init__(self, lengths: list[int], budget: int, seed: int, rank: int, world: int, window: int = 64,
+                 costs: list[float] | None = None) -> None:
         self.lengths, self.budget, self.seed, self.rank, self.world = lengths, budget, seed, rank, world
+        self.costs = costs if costs is not None and len(set(costs)) > 1 and world > 1 else None
         self.window = window * world
         self.position = 0
         too_long = [n for n in lengths if n > budget]
@@ -119,8 +166,26 @@ class TokenBudgetSampler(PlannedSampler):
 
     def steps(self, epoch: int) -> list[list[list[int]]]:
         bins = self.bins(epoch)
+        if self.costs is not None:
+            bins = self.alike_towers(bins, random.Random(self.seed * 1_000_003 + epoch + 1))
         return [sorted(bins[start : start + self.world], key=lambda b: -sum(self.lengths[i] for i in b))
                 for start in range(0, len(bins) - self.world + 1, self.world)]
+
+    def alike_towers(self, bins: list[list[int]], rng: random.Random, window: int = 16) -> list[list[int]]:
+        """``bins`` reordered so that the ``world`` bins of a step carry alike tower work
+        (``costs``): within windows of ``window`` steps, sorted by tower cost, cut into steps, the
+        steps shuffled; a last partial step stays last."""
+        assert self.costs is not None
+        costs = self.costs
+        stride = self.world * window
+        out: list[list[int]] = []
+        for start in range(0, len(bins), stride):
+            ordered = sorted(bins[start : start + stride], key=lambda b: -sum(costs[i] for i in b))
+            steps = [ordered[i : i + self.world] for i in range(0, len(ordered), self.world)]
+            whole = [step for step in steps if len(step) == self.world]
+            rng.shuffle(whole)
+            out += [b for step in whole + [step for step in steps if len(step) < self.world] for b in step]
+        return out
 
     def fill(self, epoch: int = 0) -> float:
         """Real tokens / (bins x budget) over the epoch's dealt bins."""
@@ -129,4 +194,19 @@ class TokenBudgetSampler(PlannedSampler):
         return real / max(1, sum(len(group) for group in steps) * self.budget)
 
 
-__all__ = ["PlannedSampler", "EpochSampler", "TokenBudgetSampler"]
+def refuse_fewer_than_a_step(config: Any, train_samples: int, what: str = "samples") -> None:
+    """Preprocess's early refusal of a training split smaller than one global micro-batch
+    (data-parallel processes x ``training.micro_batch_size``) under this config, before extract
+    and train spend anything on it; with ``training.max_tokens`` the train stage judges tokens."""
+    training, parallel = getattr(config, "training", None), getattr(config, "parallel", None)
+    if training is None or parallel is None or getattr(training, "max_tokens", None) is not None:
+        return
+    processes = parallel.nproc_per_node * parallel.nnodes
+    split = parallel.tensor_parallel * parallel.pipeline_parallel if parallel.backend == "megatron" else 1
+    replicas = max(1, processes // split)
+    if train_samples < replicas * training.micro_batch_size:
+        raise StageError(f"{train_samples} training {what}, fewer than one global micro-batch ({replicas} data-parallel process(es) x "
+                         f"training.micro_batch_size={training.micro_batch_size}): add {what}, or lower training.micro_batch_size or the number of processes")
+
+
+__all__ = ["PlannedSampler", "EpochSampler", "TokenBudgetSampler", "refuse_fewer_than_a_step"]

@@ -90,6 +90,10 @@ class TrainRecipe:
             the media a batch holds: a rank whose micro-batch lacks a media kind that another
             rank's holds collates it with that kind's filler, so every rank calls the same
             towers (their sharded collectives) in the same order.
+        work_of: optional ``sample index -> tokens through the towers`` (vision patches, audio
+            frames): the samplers give the data-parallel ranks of a step alike tower work, and
+            the ``tower_balance`` metric (the busiest rank's tower tokens over the ranks' mean)
+            says how alike.
     """
 
     build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
@@ -110,6 +114,7 @@ class TrainRecipe:
     sample_seeds: bool = False
     megatron: Callable[[StageContext, Mapping[str, Manifest]], Any] | None = None
     fill: Any = None
+    work_of: Callable[[int], float] | None = None
 
 
 # --------------------------------------------------------------------------- the stage
@@ -193,7 +198,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
     averaged = ema.state_dict() if ema is not None else None
 
-    step = 0
+    step = filled = 0
     last_loss = float("nan")
     resume_from = newest_complete(ckpt_root) if ctx.resume else None
     if resume_from is not None:
@@ -234,19 +239,25 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         micro = [recipe.collate(chosen) for chosen in samples]
         data_time = time.perf_counter() - t0  # the loop waits for its batches: read + collate
         # one reduction for the step's loss tokens and which media kinds each micro-batch holds
+        # one reduction: the step's loss tokens, each rank's tower work, which media kinds each micro-batch holds
         held = recipe.fill.presence(drawn) if recipe.fill is not None and world.distributed else []
-        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro)), *held], dtype=_count_dtype(device), device=device)
+        work = [0.0] * world.world_size if recipe.work_of is not None and world.distributed else []
+        if work:
+            work[world.rank] = sum(recipe.work_of(i) for indices in drawn for i in indices)
+        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro)), *work, *held], dtype=_count_dtype(device), device=device)
         if world.distributed:
             dist.all_reduce(counts)
+        reduced = counts.tolist()
         t1 = time.perf_counter()
-        for accum, kinds in enumerate(recipe.fill.missing(held, counts[1:].tolist()) if held else []):
+        fillers = filler_count(reduced[1 + len(work) :], world.world_size)
+        for accum, kinds in enumerate(recipe.fill.missing(held, reduced[1 + len(work) :]) if held else []):
             if kinds:  # another rank's micro-batch holds media this one lacks: the same towers run here
                 micro[accum] = recipe.fill.collate(samples[accum], kinds)
         for accum, indices in enumerate(drawn):
             if recipe.sample_seeds:
                 micro[accum]["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)
         data_time += time.perf_counter() - t1
-        global_tokens = max(counts[0].item(), 1.0)
+        global_tokens = max(reduced[0], 1.0)
         loss_sum = torch.zeros((), device=device)
         flops = 0.0
         for i, batch in enumerate(micro):
@@ -281,6 +292,11 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
         }
         metrics.update({name: value / global_tokens for name, value in extra.items()})
+        if work:
+            metrics["tower_balance"] = tower_balance(reduced[1 : 1 + len(work)])
+        if held:
+            metrics["fillers"] = fillers
+            filled += fillers
         if recipe.flops is not None:
             metrics.update(utilisation(flops, elapsed, accelerator))
         history.append({"step": done, **metrics})
@@ -311,6 +327,10 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         result_metrics["lora"] = {"r": plan.r, "alpha": plan.alpha, "targets": len(plan.targets), "modules_to_save": len(plan.modules_to_save),
                                   "trained_parameters": trained}
         notes.append(f"LoRA r={plan.r} on {len(plan.targets)} layer(s): {trained:,} trained parameters; the base stays as converted")
+    notes += sampler_notes(sampler)
+    if filled:
+        result_metrics["fillers"] = filled
+        notes.append(f"{filled} filler(s) kept the ranks' tower calls alike where their micro-batches held different media (this run's steps)")
     evals.summarise(result_metrics, notes)
     if own_group:
         dist.destroy_process_group()
@@ -424,15 +444,16 @@ def sample_seed(seed: int, step: int, accum: int, index: int) -> int:
 
 def _sampler(ctx: StageContext, recipe: TrainRecipe, data: Sequence[Any]) -> Any:
     cfg, world = ctx.config.training, ctx.world
+    costs = [recipe.work_of(i) for i in range(len(data))] if recipe.work_of is not None and cfg.balance_towers else None
     if cfg.max_tokens is None:
         groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
-        return EpochSampler(len(data), ctx.seed, world.rank, world.world_size, cfg.micro_batch_size, groups)
+        return EpochSampler(len(data), ctx.seed, world.rank, world.world_size, cfg.micro_batch_size, groups, costs=costs)
     if not cfg.packing or recipe.length_of is None:
         why = "set training.packing: true" if recipe.length_of is not None else f"pack {ctx.pack!r} does not pack rows"
         raise StageError(f"training.max_tokens fills packed rows to a token budget: {why}")
     if recipe.group_of is not None:
         raise StageError(f"training.max_tokens: pack {ctx.pack!r} keeps kinds of samples in separate micro-batches, which the token-budget sampler does not do yet; use training.micro_batch_size")
-    return TokenBudgetSampler([recipe.length_of(i) for i in range(len(data))], cfg.max_tokens, ctx.seed, world.rank, world.world_size)
+    return TokenBudgetSampler([recipe.length_of(i) for i in range(len(data))], cfg.max_tokens, ctx.seed, world.rank, world.world_size, costs=costs)
 
 
 def _process_group_for_one(backend: Any, world: Any, accelerator: Any, *, bf16: bool, offload: bool) -> bool:
@@ -472,6 +493,31 @@ def computes_in_bf16(precision: str, accelerator: Any) -> bool:
 
 def backend_handles_precision(backend: Any, world: Any) -> bool:
     return bool(backend is not None and getattr(backend, "handles_precision", lambda w: False)(world))
+
+
+def sampler_notes(sampler: Any) -> list[str]:
+    """What the sampler does with samples that do not fill whole global micro-batches."""
+    notes = []
+    if getattr(sampler, "repeated", 0):
+        notes.append(f"{sampler.repeated} repeat(s) per epoch fill the global micro-batch of the groups smaller than one "
+                     "(a micro-batch holds one group: one bucket, or one kind of media), so every sample trains")
+    left = sampler.left_out() if hasattr(sampler, "left_out") else 0
+    if left:
+        notes.append(f"each epoch leaves out {left} sample(s), the groups' ragged tails (others each epoch)")
+    return notes
+
+
+def filler_count(presence: Sequence[float], world_size: int) -> int:
+    """Fillers the ranks add in a step: for each micro-batch and media kind some rank holds, one
+    per rank that lacks it (``presence``: the kinds' rank counts, summed over ranks)."""
+    return int(sum(world_size - n for n in presence if n > 0))
+
+
+def tower_balance(work: Sequence[float]) -> float:
+    """The busiest rank's tower tokens over the ranks' mean (1: even; world size: one rank
+    did it all); 1 for a step that ran no tower."""
+    mean = sum(work) / len(work)
+    return max(work) / mean if mean else 1.0
 
 
 def _count_dtype(device: "torch.device") -> "torch.dtype":

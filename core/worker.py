@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = Runner(plugins, args.pack, config, run_dir, debug=args.debug, world=world)
         accelerator = plugins.registry.accelerator(config.run.device)
         accelerator.set_device(world.local_rank)
-        dist.init_process_group(backend=accelerator.dist_backend)
+        dist.init_process_group(backend=accelerator.dist_backend, timeout=datetime.timedelta(seconds=config.parallel.collective_timeout_s))
         resume = args.resume
         if world.world_size > world.local_world_size:  # several nodes: one shared run directory, node 0's decision to resume
             from mmcore.nodes import check_shared

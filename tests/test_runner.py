@@ -252,3 +252,20 @@ def test_unknown_stage_for_pack(toy_pack, tmp_path: Path) -> None:  # type: igno
     runner = make_runner(plugins_with(toy_pack), "toy", tmp_path / "run")
     with pytest.raises(UsageError, match="the toy pack has no convert stage"):
         runner.run_stage("convert")
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_ends_the_run_in_bounded_time_with_one_line(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    """Rank 1 stops mid-training, alive and silent (a hung process): rank 0's next collective
+    gives up after parallel.collective_timeout_s, says so in one line naming itself and the
+    stage, and torchrun ends the silent one: the run fails within seconds of the timeout."""
+    import time
+
+    start = time.monotonic()
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "stall", "--nproc-per-node", "2",
+               "parallel.collective_timeout_s=5", check=False, MMCORE_TEST_STALL="train-step:2@1")
+    took = time.monotonic() - start
+    assert proc.returncode != 0 and took < 120, (took, proc.stderr)
+    line = next(x for x in proc.stderr.splitlines() if "collective_timeout_s" in x)
+    assert line.startswith("error (rank 0): rank 0 waited parallel.collective_timeout_s=5 s in stage 'train' for the other processes"), line
+    assert "Traceback" not in proc.stderr, proc.stderr

@@ -57,3 +57,27 @@ def test_pad_to_longest_wastes_what_packing_fills() -> None:
     batches = [order[i : i + 8] for i in range(0, len(order) - 7, 8)]
     padded = sum(lengths[i] for b in batches for i in b) / sum(8 * max(lengths[i] for i in b) for b in batches)
     assert padded < 0.6, padded
+
+
+def test_ranks_of_a_step_get_alike_tower_work_with_costs() -> None:
+    """With tower costs (vision patches per sample) the bins of a step carry alike tower work;
+    text fill and every-sample-once stay as they were; equal costs change nothing."""
+    from mmcore.data.synthetic import vlm_mix_work
+
+    lengths, towers = vlm_mix_work(3000)
+
+    def imbalance(costs: list[int] | None) -> float:
+        ranks = [TokenBudgetSampler(lengths, 8192, seed=1, rank=r, world=4, costs=costs) for r in range(4)]
+        busiest = mean = 0.0
+        for _ in range(len(ranks[0].steps(0))):
+            work = [sum(towers[i] for i in s.next_batch()[0]) for s in ranks]
+            busiest, mean = busiest + max(work), mean + sum(work) / 4
+        return busiest / mean
+
+    assert imbalance(towers) <= 1.1 < imbalance(None), (imbalance(towers), imbalance(None))
+    balanced = TokenBudgetSampler(lengths, 8192, seed=1, rank=0, world=4, costs=towers)
+    plain = TokenBudgetSampler(lengths, 8192, seed=1, rank=0, world=4)
+    assert sorted(map(sorted, balanced.bins(0))) == sorted(map(sorted, plain.bins(0)))  # the same rows, dealt otherwise
+    assert balanced.fill() == plain.fill()
+    alike = TokenBudgetSampler(lengths, 8192, seed=1, rank=2, world=4, costs=[5] * len(lengths))
+    assert alike.steps(0) == TokenBudgetSampler(lengths, 8192, seed=1, rank=2, world=4).steps(0)

@@ -11,12 +11,16 @@ from mmcore.train import EpochSampler, lr_lambda
 def test_sampler_ranks_split_one_global_batch_and_groups_never_mix() -> None:
     groups = ["a"] * 10 + ["b"] * 7 + ["c"] * 1
     ranks = [EpochSampler(18, seed=3, rank=r, world=2, batch=2, groups=groups) for r in range(2)]
+    seen = []
     for _ in range(12):  # several epochs
         parts = [s.next_batch()[0] for s in ranks]
         together = parts[0] + parts[1]
-        assert len(together) == 4 and len(set(together)) == 4
         assert len({groups[i] for i in together}) == 1
-        assert groups[together[0]] != "c"  # a group smaller than a global batch is never used
+        assert len(set(together)) == (1 if groups[together[0]] == "c" else 4)
+        seen.append(together)
+    # a group smaller than a global batch trains, its samples repeated to fill one (never left out)
+    assert [17, 17, 17, 17] in seen and ranks[0].repeated == 3
+    assert ranks[0].left_out() == 2 + 3  # the ragged tails of a and b sit out each epoch
 
 
 def test_sampler_resumes_at_any_position_and_reshuffles_each_epoch() -> None:
@@ -65,3 +69,44 @@ def test_moving_average_follows_diffusers_ema_model() -> None:
         assert theirs.cur_decay_value == pytest.approx(0.0 if step == 1 else min(0.95, step / (9 + step)))
         for name, shadow in zip(dict(model.named_parameters()), theirs.shadow_params):
             torch.testing.assert_close(ours.state_dict()[name], shadow, rtol=1e-5, atol=1e-6)
+
+
+def _long_tailed_costs(n: int, seed: int = 0) -> list[float]:
+    """Tower tokens of a real-looking mix: 60 % text only, 25 % one image, 10 % a video, 5 % several images."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        u = rng.random()
+        out.append(0.0 if u < 0.6 else rng.randint(100, 400) if u < 0.85 else rng.randint(1500, 4000) if u < 0.95 else rng.randint(800, 2400))
+    return out
+
+
+def _imbalance(samplers: list[EpochSampler], costs: list[float], steps: int) -> float:
+    """Over the steps, the sum of the busiest rank's tower tokens / the sum of the ranks' mean:
+    the share of tower time the ranks spend waiting for the busiest one, plus one."""
+    busiest = mean = 0.0
+    for _ in range(steps):
+        work = [sum(costs[i] for i in s.next_batch()[0]) for s in samplers]
+        busiest, mean = busiest + max(work), mean + sum(work) / len(work)
+    return busiest / mean
+
+
+@pytest.mark.parametrize("world,batch", [(2, 1), (4, 2)])
+def test_sampler_balances_tower_work_and_keeps_the_global_batches(world: int, batch: int) -> None:
+    costs = _long_tailed_costs(2000)
+    balanced = [EpochSampler(len(costs), seed=1, rank=r, world=world, batch=batch, costs=costs) for r in range(world)]
+    plain = [EpochSampler(len(costs), seed=1, rank=r, world=world, batch=batch) for r in range(world)]
+    assert _imbalance(balanced, costs, 300) <= 1.1 < 1.5 < _imbalance(plain, costs, 300)
+    # one process with the whole global micro-batch sees the same samples in every step
+    ranks = [EpochSampler(len(costs), seed=1, rank=r, world=world, batch=batch, costs=costs) for r in range(world)]
+    one = EpochSampler(len(costs), seed=1, rank=0, world=1, batch=world * batch, costs=costs)
+    for _ in range(250):
+        assert sorted(i for s in ranks for i in s.next_batch()[0]) == sorted(one.next_batch()[0])
+
+
+def test_sampler_with_equal_costs_plans_as_without() -> None:
+    alike = EpochSampler(40, seed=2, rank=1, world=2, batch=2, costs=[7.0] * 40)
+    plain = EpochSampler(40, seed=2, rank=1, world=2, batch=2)
+    assert [alike.next_batch() for _ in range(25)] == [plain.next_batch() for _ in range(25)]

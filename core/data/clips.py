@@ -91,6 +91,9 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
     skipped = bad.close()
     if not writer.samples:
         raise StageError("no usable videos" + (f" ({skipped})" if skipped else ""))
+    from mmcore.sampler import refuse_fewer_than_a_step
+
+    refuse_fewer_than_a_step(ctx.config, counts["train"], "preference pairs" if ranking else "clips")
     writer.close(fps=cfg.fps, ranking=ranking)
     what = f"{'pairs' if ranking else 'clips'} ({counts['train']} train / {counts['eval']} held out)" if ranking or counts["eval"] else "clips"
     notes = [f"{len(writer.samples)} {what} in buckets " + ", ".join(f"{k}: {v}" for k, v in sorted(buckets.items()))]

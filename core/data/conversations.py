@@ -20,6 +20,7 @@ from mmcore.data.shards import ShardWriter, held_out, split_key
 from mmcore.data.workers import Failed, map_in_order
 from mmcore.errors import StageError
 from mmcore.pack import StageResult
+from mmcore.sampler import refuse_fewer_than_a_step
 
 #: ``(folder, samples, seed) -> (train file, held-out file)``: writes a demo dataset.
 DemoWriter = Callable[[Path, int, int], tuple[Path, Path]]
@@ -53,7 +54,8 @@ def encode_pair(encoder: Any, pair: Any, limit: int) -> Any:
     return chosen, rejected
 
 
-def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWriter | None = None, **index_extra: Any) -> StageResult:
+def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWriter | None = None,
+                             tower_tokens: Callable[[dict[str, Any]], float] | None = None, **index_extra: Any) -> StageResult:
     """Encode ``data.datasets`` (train, less ``data.eval_fraction``) and ``data.eval_datasets``.
 
     Args:
@@ -62,6 +64,8 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
         encoder: has ``encode(sample) -> Encoded`` and ``truncate(encoded, limit) -> Encoded | reason``
             (:class:`~mmcore.data.chatml.ChatMLEncoder` has both).
         demo: writes the synthetic dataset when ``data.demo_samples`` > 0.
+        tower_tokens: a sample's tensors -> tokens through the model's towers (vision patches,
+            audio frames), recorded per sample (``tower_tokens``) for the samplers to balance.
         index_extra: recorded in the dataset index (token ids collation needs, ...).
     """
     import torch
@@ -109,13 +113,17 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
                 length = len(result.input_ids)
             # which media fields the sample has, so a sampler can keep kinds apart without reading it
             media = sorted(name for name in tensors if not name.endswith(("input_ids", "labels")))
-            writer.add(tensors, length=length, meta={"split": this_split, "source": f"{Path(item.file).name}:{item.index}", "media": media})
+            meta = {"split": this_split, "source": f"{Path(item.file).name}:{item.index}", "media": media}
+            if tower_tokens is not None and media:
+                meta["tower_tokens"] = int(tower_tokens(tensors))
+            writer.add(tensors, length=length, meta=meta)
             counts[this_split] += 1
             for kind in kinds_in([item]):
                 kinds[kind] = kinds.get(kind, 0) + 1
     skipped = bad.close()
     if counts["train"] == 0:
         raise StageError("no usable training samples" + (f" ({skipped})" if skipped else ""))
+    refuse_fewer_than_a_step(ctx.config, counts["train"], "preference pairs" if ranking else "samples")
     # a filler for each kind some samples hold and others lack: for ranks whose micro-batch lacks a kind another rank's holds
     uneven = [k for k in KINDS if 0 < kinds.get(k, 0) < counts["train"] + counts["eval"]]
     for kind, filler in encode_fillers(encoder, uneven, ctx.stage_dir / "fillers").items():

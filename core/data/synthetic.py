@@ -146,6 +146,17 @@ def vlm_mix_lengths(n: int = 2000, seed: int = 0) -> list[int]:
     return out
 
 
+def vlm_mix_work(n: int = 2000, seed: int = 0) -> tuple[list[int], list[int]]:
+    """(lengths, tower tokens) of ``n`` samples of :data:`VLM_MIX`: text-only turns run no
+    tower; a sample with media has 20-120 text tokens, and its media tokens are 2x2-merged
+    vision patches (4 patches through the tower per token, as Qwen-VL's)."""
+    lengths = vlm_mix_lengths(n, seed)
+    rng = random.Random(seed + 1)
+    text_only = VLM_MIX[0][2]
+    towers = [0 if length <= text_only and rng.random() < 0.9 else 4 * max(16, length - rng.randint(20, 120)) for length in lengths]
+    return lengths, towers
+
+
 # -- moving squares: the video packs' demo
 
 SQUARE_COLOURS = {"red": (220, 30, 30), "blue": (40, 60, 220)}

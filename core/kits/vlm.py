@@ -270,8 +270,20 @@ class VLMFamily:
         model_dir = upstream["download"].output("model")
         tokenizer = AutoTokenizer.from_pretrained(model_dir, **remote_code())
         demo = self.preference_demo if getattr(ctx.config.data, "ranking", False) else self.demo
-        return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=demo,
-                                        tokenizer=str(model_dir), **self.token_ids_of(tokenizer))
+        ids = self.token_ids_of(tokenizer)
+        return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=demo, tokenizer=str(model_dir),
+                                        tower_tokens=lambda tensors: self.tower_tokens(tensors, ids), **ids)
+
+    def tower_tokens(self, sample: dict[str, Any], ids: Mapping[str, int]) -> float:
+        """Tokens through the towers (``towers``) of one stored sample (a pair: its chosen answer's)."""
+        import torch
+
+        from mmcore.kits.vlm_dpo import chosen_view
+
+        view = chosen_view(sample)
+        batch: Batch = {"input_ids": view["input_ids"][None], "attention_mask": torch.ones_like(view["input_ids"])[None]}
+        self.add_media(batch, [view], ids)
+        return float(sum(tokens(batch) for tokens in self.towers.values()))
 
     def token_ids_of(self, tokenizer: Any) -> dict[str, int]:
         """``pad_id`` and the ids of ``tokens``, from the tokenizer (what preprocess records)."""
@@ -332,6 +344,7 @@ class VLMFamily:
         return TrainRecipe(
             build_model=build,
             fill=fill,
+            work_of=lambda i: float(train.meta(i).get("tower_tokens", 0)),
             weights=lambda ctx, upstream: upstream["convert"].output("checkpoint"),
             megatron=(lambda ctx, upstream: dataclasses.replace(self.megatron(upstream["download"].output("model")),  # type: ignore[misc]
                                                                 held_out=load("eval"), collate_one=lambda s: self.collate([s], ids))) if self.megatron else None,

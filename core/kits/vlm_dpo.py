@@ -172,6 +172,7 @@ def dpo_recipe(family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Ma
         prepare=prepare,
         step_metrics=step_metrics,
         fill=family.fill(dataset_dir, upstream, splits["train"].meta, collate),
+        work_of=base.work_of,
     )
 
 

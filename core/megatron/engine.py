@@ -214,7 +214,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     from mmcore.plot import plot_training
     from mmcore.recompute import apply_recompute
     from mmcore.sampler import EpochSampler
-    from mmcore.train import HeldOutLog, computes_in_bf16, utilisation
+    from mmcore.train import HeldOutLog, computes_in_bf16, sampler_notes, tower_balance, utilisation
 
     cfg, parallel, world, accelerator = ctx.config.training, ctx.config.parallel, ctx.world, ctx.accelerator
     usable, why = megatron.status()
@@ -229,7 +229,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     if not dist.is_initialized():  # one process: Megatron's groups still need a process group
         dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
         own_group = True
-    init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed, virtual_pipeline=parallel.virtual_pipeline)
+    init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed, virtual_pipeline=parallel.virtual_pipeline,
+                        timeout_s=parallel.collective_timeout_s)
     layout = Layout.current(parallel.sequence_parallel, parallel.virtual_pipeline)
     seed_everything(ctx.seed + layout.rng_stream)
     # this rank's model chunks (one, or one per virtual stage): a ModuleList names them 0, 1, ...
@@ -275,7 +276,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
     groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
-    sampler = EpochSampler(len(data), ctx.seed, layout.dp_rank, layout.dp, cfg.micro_batch_size, groups)
+    costs = [recipe.work_of(i) for i in range(len(data))] if recipe.work_of is not None and cfg.balance_towers else None
+    sampler = EpochSampler(len(data), ctx.seed, layout.dp_rank, layout.dp, cfg.micro_batch_size, groups, costs=costs)
     # training.ema: this rank's part of the average, each tensor sharded as its parameter
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
     averages = [(ema.parameters[name], average) for name, average in ema.average.items()] if ema is not None else None
@@ -330,16 +332,20 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         # ---- step
         t0 = time.perf_counter()
         micro, flops = [], 0.0
+        work = [0.0] * layout.dp if recipe.work_of is not None and layout.dp > 1 else []
         for _ in range(cfg.grad_accum_steps):
-            batch = recipe.collate([data[i] for i in sampler.next_batch()[0]])
+            indices = sampler.next_batch()[0]
+            if work:
+                work[layout.dp_rank] += sum(recipe.work_of(i) for i in indices)  # type: ignore[misc]
+            batch = recipe.collate([data[i] for i in indices])
             if shapes is not None:
                 flops += recipe.flops(shapes, batch)  # type: ignore[misc]
             micro.append({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
                           if k in family.inputs or k in ("labels", "num_loss_tokens")})
         data_time = time.perf_counter() - t0
-        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro))], device=device)
-        dist.all_reduce(counts, group=dp_group)
-        global_tokens = max(counts.item(), 1.0)
+        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro)), *work], device=device)
+        dist.all_reduce(counts, group=dp_group)  # the step's loss tokens, and each data-parallel replica's tower work
+        global_tokens = max(counts[0].item(), 1.0)
         with precision.step():
             loss_sum = forward_backward(list(model), micro, family.loss_sum, global_tokens)
         for decoder in decoders:
@@ -360,6 +366,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
                    "step_time_s": elapsed, "data_time_s": data_time, "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30}
         if shapes is not None:  # this replica's FLOPs, shared by its TP x PP processes
             metrics.update(utilisation(flops * layout.dp / world.world_size, elapsed, accelerator))
+        if work:
+            metrics["tower_balance"] = tower_balance(counts[1:].tolist())
         history.append({"step": done, **metrics})
         if done % cfg.log_every == 0 or done == cfg.steps:
             ctx.log_metrics(done, metrics)
@@ -391,7 +399,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
                                "frozen_parameters": frozen}
     notes = [f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
              f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
-             f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
+             f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}", *sampler_notes(sampler)]
     evals.summarise(metrics, notes)
     if ema is not None:
         metrics["ema"] = cfg.ema

@@ -24,10 +24,12 @@ from typing import Any, Mapping, Sequence
 from mmcore.errors import StageError
 
 
-def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: int = 0, virtual_pipeline: int = 1) -> None:
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: int = 0, virtual_pipeline: int = 1, timeout_s: int | None = None) -> None:
     """Megatron's parallel groups over the default process group (already initialised: torchrun,
     or one process with world size 1), and its model-parallel RNG seeded. ``virtual_pipeline``:
-    model chunks per pipeline rank (the interleaved schedule), > 1 only with pipeline stages."""
+    model chunks per pipeline rank (the interleaved schedule), > 1 only with pipeline stages.
+    ``timeout_s``: how long the groups' collectives wait (``parallel.collective_timeout_s``,
+    in whole minutes: Megatron's unit)."""
     import torch.distributed as dist
 
     from mmcore.megatron.cpu import activate
@@ -40,8 +42,9 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: 
     if world % (tensor_parallel * pipeline_parallel):
         raise StageError(f"parallel.tensor_parallel={tensor_parallel} x parallel.pipeline_parallel={pipeline_parallel} does not divide the {world} processes")
     if not parallel_state.model_parallel_is_initialized():
+        minutes = {"distributed_timeout_minutes": max(1, -(-timeout_s // 60))} if timeout_s else {}  # its groups' collectives wait as long
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
-                                                 virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None)
+                                                 virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None, **minutes)
     model_parallel_cuda_manual_seed(seed)
 
 

@@ -25,6 +25,8 @@ failure starts with ``[rule] hook:``:
   kernel's example input.
 * bad input: a sample that is not a sample fails preprocess with one line naming the file.
 * resume: training killed after step ``kill_step`` resumes to the uninterrupted losses.
+* mixed data: text-only samples beside images, videos and audio (``mixed_media``) train on two
+  processes to the one-process losses, with a mixed held-out split evaluated on both.
 * lora: ``training.lora`` trains adapters only (the checkpoint holds nothing else), a LoRA run
   killed with SIGKILL resumes to the uninterrupted losses, the adapter export loads in its
   library (peft's ``PeftModel.from_pretrained``, or diffusers' ``load_lora_weights``) with the
@@ -92,6 +94,16 @@ class PackConformance:
     supports_lora: ClassVar[bool] = True
     #: Overrides of the LoRA runs (on top of ``overrides``): long enough for the loss to fall.
     lora_overrides: ClassVar[tuple[str, ...]] = ("training.lora.r=8", "training.lr=1e-2", "training.steps=6", "evaluate.enabled=false")
+    #: Media kinds (``image``, ``video``, ``audio``) the mixed-data rule mixes with text-only
+    #: samples in MLLM JSON; empty: ``("image",)`` for a vlm or omni pack, else the rule skips
+    #: (the pack reads no conversations).
+    mixed_media: ClassVar[tuple[str, ...]] = ()
+    #: Overrides of the mixed-data runs (e.g. ``training.moe_aux_loss_coef=0``: a router's
+    #: balance loss is per micro-batch, so it differs between one process and two by design).
+    mixed_overrides: ClassVar[tuple[str, ...]] = ()
+    #: Whether the mixed-data rule runs in ``make test`` (one pack per kit) rather than only in
+    #: ``make test-matrix``.
+    mixed_in_make_test: ClassVar[bool] = False
     #: Names of this class's tests that run only in ``make test-matrix`` (marker ``matrix``):
     #: the expensive ones whose code path another pack's ``make test`` already runs (a variant
     #: of a family, a kit family whose LoRA is the kit's), for the test budget.
@@ -362,6 +374,49 @@ class PackConformance:
         # Same batches, same kernels, same RNG streams: resumed losses equal the straight run's bits.
         if _losses(killed) != _losses(tiny_run):
             _fail("resume", "mmcore_train", f"resumed losses {_losses(killed)} differ from uninterrupted {_losses(tiny_run)}")
+
+    # ------------------------------------------------------------------ mixed data across ranks
+    @pytest.mark.compares_runs
+    def test_mixed_media_on_two_processes_equals_one(self, plugins, entry, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        """Real SFT data mixes text-only samples with images, videos and audio, 0, 1 or 2 items
+        each: on two processes (micro-batches of 1) every step's ranks hold different media, yet
+        both train, evaluate on a mixed held-out split and give the one-process losses (micro-
+        batches of 2, the same global batch; fp32, only the reduction order differs: rel 1e-4)."""
+        from mmcore.errors import MmcoreError
+        from mmcore.testing.media import write_mixed_mllm
+
+        kinds = self.mixed_media or (("image",) if entry.spec.category in ("vlm", "omni") else ())
+        if not kinds or "train" not in plugins.implemented_stages(self.pack_name):
+            pytest.skip("the pack reads no conversations with media (set mixed_media)")
+        data = write_mixed_mllm(work / "mixed-data", kinds)
+        # plain shuffling (no tower balancing, which would pair samples of alike media): the worst case
+        settings = [f"data.datasets=[{data}]", "data.demo_samples=0", "data.eval_fraction=0.25", "training.steps=4", "training.balance_towers=false",
+                    "training.eval_every=0", "evaluate.enabled=false", *self.mixed_overrides]
+        runs = {}
+        for name, layout in (("one", ["training.micro_batch_size=2"]), ("two", ["training.micro_batch_size=1"])):
+            runs[name] = run = work / f"mixed-{name}"
+            shutil.copytree(tiny_run, run, symlinks=True)  # the tiny run's model: only the data differs
+            for stage in STAGES[STAGES.index("preprocess") :]:
+                shutil.rmtree(run / stage, ignore_errors=True)
+            if name == "one":
+                try:
+                    self._runner(run, *settings, *layout).run_pipeline(resume="no")
+                except MmcoreError as exc:
+                    _fail("mixed data", "mmcore run", f"one process on {data}: {exc.one_line()}")
+                continue
+            proc = _Cli(work)("run", "--pack", self.pack_name, "--preset", self.preset, "--run-dir", str(run), "--nproc-per-node", "2",
+                              *self._overrides(), *settings, *layout)
+            if proc.returncode != 0:
+                _fail("mixed data", "mmcore run --nproc-per-node 2", f"exit {proc.returncode} on mixed media: " + " | ".join(proc.stderr.strip().splitlines()[-3:]))
+        one, two = _losses(runs["one"]), _losses(runs["two"])
+        if list(one) != list(two) or any(abs(two[s] - one[s]) > 1e-4 * abs(one[s]) for s in one):
+            _fail("mixed data", "mmcore_train", f"two processes' losses {two} differ from one process's {one} (rel 1e-4)")
+        metrics = [self._manifest(runs[n], "train").get("metrics", {}) for n in ("one", "two")]
+        if metrics[1].get("fillers", 0) <= 0:
+            _fail("mixed data", "mmcore_train", "no step put different media side by side on the two processes (or no fillers were used): the rule proved nothing")
+        held = [{k: v for k, v in m.items() if k.startswith("eval/")} for m in metrics]
+        if held[0] != held[1]:
+            _fail("mixed data", "mmcore_train", f"held-out metrics on two processes {held[1]} differ from one process's {held[0]}")
 
     # ------------------------------------------------------------------ LoRA
     @pytest.mark.compares_runs

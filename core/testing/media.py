@@ -83,3 +83,46 @@ def write_wild_omni(root: Path) -> Path:
     ]
     (root / "data.json").write_text(json.dumps(records))
     return root / "data.json"
+
+
+def write_mixed_mllm(root: Path, kinds: tuple[str, ...] = ("image",), each: int | None = None) -> Path:
+    """MLLM JSON as real SFT data mixes it, with its media under ``root``: text-only samples
+    beside samples with one item of each of ``kinds`` (``image``, ``video``, ``audio``), two
+    images of different sizes, and (with audio and image) both in one turn; sizes and answers
+    vary. Each shape of sample comes ``each`` times (default 5 where there are at most three
+    shapes, else 3): odd counts, so any split of the samples across ranks puts different media
+    side by side. Returns the JSON file."""
+    import json
+
+    colours = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220)}
+    shapes = ["text"] + [k for k in ("image", "video", "audio") if k in kinds]
+    if "image" in kinds:
+        shapes.append("images")
+    if "image" in kinds and "audio" in kinds:
+        shapes.append("image+audio")
+    records = []
+    for i in range(len(shapes) * (each or (5 if len(shapes) <= 3 else 3))):
+        shape, (name, rgb) = shapes[i % len(shapes)], list(colours.items())[i % len(colours)]
+        record: dict[str, Any] = {}
+        if shape == "text":
+            prompt = f"Say {name}{', please' * (i % 3)}."
+        elif shape == "image":
+            write_image(root / f"imgs/{i}.png", rgb, size=(48 + 8 * (i % 3), 48))
+            prompt, record["images"] = "<image>What colour?", [f"imgs/{i}.png"]
+        elif shape == "images":
+            write_image(root / f"imgs/{i}a.png", rgb)
+            write_image(root / f"imgs/{i}b.png", rgb, size=(40, 64))
+            prompt, record["images"] = "Compare <image> and <image>.", [f"imgs/{i}a.png", f"imgs/{i}b.png"]
+        elif shape == "video":
+            write_video(root / f"clips/{i}.mp4", frames=4 + 4 * (i % 2))
+            prompt, record["videos"] = "<video>What happens?", [f"clips/{i}.mp4"]
+        elif shape == "audio":
+            write_audio(root / f"sounds/{i}.wav", seconds=0.4 + 0.2 * (i % 3), hz=300 + 100 * (i % 3))
+            prompt, record["audios"] = "<audio>Which pitch?", [f"sounds/{i}.wav"]
+        else:
+            write_image(root / f"imgs/{i}.png", rgb)
+            write_audio(root / f"sounds/{i}.wav", seconds=0.5)
+            prompt, record["images"], record["audios"] = "<image><audio>What colour, which pitch?", [f"imgs/{i}.png"], [f"sounds/{i}.wav"]
+        records.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": name}], **record})
+    (root / "data.json").write_text(json.dumps(records))
+    return root / "data.json"

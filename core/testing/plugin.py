@@ -84,11 +84,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"{sum(_SECONDS_BY_PART.values()) / 60:6.2f} min  total")
 
 
+#: the conformance rule that runs two processes: in ``make test`` only where a subclass opts in
+MIXED_RULE = "test_mixed_media_on_two_processes_equals_one"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A PackConformance subclass's ``matrix`` tests get the ``matrix`` marker."""
+    """A PackConformance subclass's ``matrix`` tests get the ``matrix`` marker (and its
+    mixed-data rule, unless ``mixed_in_make_test``)."""
     for item in items:
         cls = getattr(item, "cls", None)
-        if cls is not None and _is_conformance(cls) and getattr(item, "originalname", item.name) in cls.matrix:
+        name = getattr(item, "originalname", item.name)
+        if cls is not None and _is_conformance(cls) and (name in cls.matrix or (name == MIXED_RULE and not cls.mixed_in_make_test)):
             item.add_marker(pytest.mark.matrix)
 
 

@@ -23,6 +23,7 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
     from mm_pack_whisper.demo import write_demo_dataset
     from mmcore.data.conversations import dataset_files
     from mmcore.data.media import media_limits
+    from mmcore.sampler import refuse_fewer_than_a_step
 
     cfg = ctx.config.data
     media_limits(cfg)
@@ -62,6 +63,7 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
     skipped = bad.close()
     if counts["train"] == 0:
         raise StageError("no usable training clips" + (f" ({skipped})" if skipped else ""))
+    refuse_fewer_than_a_step(ctx.config, counts["train"], "clips")
     writer.close(eos_id=encoder.tokenizer.eos_token_id, task=cfg.task, sampling_rate=encoder.features.sampling_rate)
     notes = [f"{counts['train']} train / {counts['eval']} eval clips, {seconds / 60:.1f} min of audio"]
     if skipped:
