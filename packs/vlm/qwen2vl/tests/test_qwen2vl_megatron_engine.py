@@ -337,6 +337,29 @@ def test_megatron_data_parallel_run_follows_the_plain_run(mm, tmp_path: Path) ->
         assert megatron[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, megatron)
 
 
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+@pytest.mark.compares_runs
+def test_megatron_data_parallel_on_mixed_media_follows_the_plain_run(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Real SFT data across data-parallel replicas: text-only samples beside images and videos,
+    so in most steps one replica's sample runs the vision merger and the other's does not. Every
+    replica reduces the same gradients (zeros where it has none), so training with the frozen
+    tower's features cached, and the mixed held-out split, give the plain run's figures."""
+    from mmcore.testing.media import write_mixed_mllm
+
+    data = write_mixed_mllm(tmp_path / "mixed", ("image", "video"))
+    run = ["--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "convert.verify=false", "training.steps=4", "training.freeze=[vision]",
+           "data.eval_fraction=0.25", "training.eval_every=2", "training.balance_towers=false", "evaluate.enabled=false"]
+    mm("run", *run, "training.micro_batch_size=2", "--run-dir", "plain")
+    mm("run", *run, "training.micro_batch_size=1", "--run-dir", "dp2", "--nproc-per-node", "2", "parallel.backend=megatron")
+    assert manifest(tmp_path / "dp2", "extract")["status"] == "finished" and manifest(tmp_path / "dp2", "train")["metrics"]["data_parallel"] == 2
+    plain, megatron = losses(tmp_path / "plain"), losses(tmp_path / "dp2")
+    assert list(plain) == list(megatron) == [1, 2, 3, 4]
+    for step in plain:
+        assert megatron[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, megatron)
+    assert accuracies(tmp_path / "dp2") == accuracies(tmp_path / "plain")
+
+
 def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Path) -> None:
     """At PP=2 a rank reads the tensors of its own stage: the first its layer, the embedding and
     the vision tower; the last its layer (renumbered from 0), the final norm and, the output

@@ -99,3 +99,35 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
     assert losses("killed") == losses("straight")
     refused = mm("train", *args[:-3], "training.max_tokens=512", "--run-dir", "straight", check=False)
     assert refused.returncode == 1 and "error: training.max_tokens fills packed rows to a token budget: set training.packing: true" in refused.stderr
+
+
+@pytest.mark.compares_runs
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_filler_adds_exact_zero_gradients_and_leaves_the_loss(batch_parts, tiny_dir: Path, tmp_path: Path, pack: bool) -> None:  # type: ignore[no-untyped-def]
+    """What a rank without images appends when another rank's micro-batch has one
+    (:mod:`mmcore.data.fillers`): the vision tower runs, yet every gradient it gets from the
+    filler is exactly zero, and the loss and the other gradients are those of the batch alone
+    (the filler's rows add exact zeros to each weight's gradient sum, but a longer row lets the
+    matrix products sum in another order: 1e-6 of the loss, 1e-6 absolute on the gradients)."""
+    from transformers import AutoTokenizer
+
+    from mmcore.data.fillers import append_fillers, encode_fillers
+
+    model, data, ids = batch_parts
+    encoder = Encoder(AutoTokenizer.from_pretrained(tiny_dir), Qwen2VLData())
+    filler = encode_fillers(encoder, ["image"], tmp_path)["image"]
+    assert (filler["labels"] == -100).all() and "pixel_values" in filler
+    results = []
+    for samples in ([data[1]], [append_fillers(data[1], [filler])]):  # the text-only sample, alone and with the filler
+        model.zero_grad(set_to_none=True)
+        loss = FAMILY.loss_sum(model, FAMILY.collate(samples, ids, pack=pack))
+        loss.backward()
+        results.append((loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}))
+    (alone, grads_alone), (filled, grads_filled) = results
+    torch.testing.assert_close(filled, alone, rtol=1e-6, atol=0)
+    visual = [n for n in grads_filled if n.startswith("model.visual.")]
+    assert visual and all(grads_alone[n] is None for n in visual)  # alone, the tower never ran
+    assert all(grads_filled[n] is not None and not grads_filled[n].any() for n in visual), "the filler moved the vision tower"
+    for name, grad in grads_alone.items():
+        if grad is not None:
+            torch.testing.assert_close(grads_filled[name], grad, rtol=1e-5, atol=1e-6)
