@@ -234,30 +234,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
-        drawn = [sampler.next_batch()[0] for _ in range(cfg.grad_accum_steps)]
-        samples = [[data[i] for i in indices] for indices in drawn]
-        micro = [recipe.collate(chosen) for chosen in samples]
-        data_time = time.perf_counter() - t0  # the loop waits for its batches: read + collate
-        # one reduction for the step's loss tokens and which media kinds each micro-batch holds
-        # one reduction: the step's loss tokens, each rank's tower work, which media kinds each micro-batch holds
-        held = recipe.fill.presence(drawn) if recipe.fill is not None and world.distributed else []
-        work = [0.0] * world.world_size if recipe.work_of is not None and world.distributed else []
-        if work:
-            work[world.rank] = sum(recipe.work_of(i) for indices in drawn for i in indices)
-        counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro)), *work, *held], dtype=_count_dtype(device), device=device)
-        if world.distributed:
-            dist.all_reduce(counts)
-        reduced = counts.tolist()
-        t1 = time.perf_counter()
-        fillers = filler_count(reduced[1 + len(work) :], world.world_size)
-        for accum, kinds in enumerate(recipe.fill.missing(held, reduced[1 + len(work) :]) if held else []):
-            if kinds:  # another rank's micro-batch holds media this one lacks: the same towers run here
-                micro[accum] = recipe.fill.collate(samples[accum], kinds)
-        for accum, indices in enumerate(drawn):
-            if recipe.sample_seeds:
-                micro[accum]["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)
-        data_time += time.perf_counter() - t1
-        global_tokens = max(reduced[0], 1.0)
+        micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device)
         loss_sum = torch.zeros((), device=device)
         flops = 0.0
         for i, batch in enumerate(micro):
@@ -292,11 +269,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
         }
         metrics.update({name: value / global_tokens for name, value in extra.items()})
-        if work:
-            metrics["tower_balance"] = tower_balance(reduced[1 : 1 + len(work)])
-        if held:
-            metrics["fillers"] = fillers
-            filled += fillers
+        metrics.update(spread)
+        filled += int(spread.get("fillers", 0))
         if recipe.flops is not None:
             metrics.update(utilisation(flops, elapsed, accelerator))
         history.append({"step": done, **metrics})
@@ -493,6 +467,49 @@ def computes_in_bf16(precision: str, accelerator: Any) -> bool:
 
 def backend_handles_precision(backend: Any, world: Any) -> bool:
     return bool(backend is not None and getattr(backend, "handles_precision", lambda w: False)(world))
+
+
+def step_batches(ctx: StageContext, recipe: TrainRecipe, sampler: Any, data: Sequence[Any], step: int,
+                 device: "torch.device") -> tuple[list[dict[str, Any]], float, float, dict[str, float]]:
+    """This rank's micro-batches of the step, the step's loss tokens over all ranks, the seconds
+    spent reading and collating, and how the step's work spread over the ranks (``tower_balance``,
+    ``fillers``).
+
+    One reduction carries the loss tokens, each rank's tower work and which media kinds each
+    micro-batch holds; a micro-batch lacking a kind another rank's holds is collated again with
+    that kind's filler (:mod:`mmcore.data.fillers`), so every rank calls the same towers.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world = ctx.world
+    t0 = time.perf_counter()
+    drawn = [sampler.next_batch()[0] for _ in range(ctx.config.training.grad_accum_steps)]
+    samples = [[data[i] for i in indices] for indices in drawn]
+    micro = [recipe.collate(chosen) for chosen in samples]
+    data_time = time.perf_counter() - t0
+    held = recipe.fill.presence(drawn) if recipe.fill is not None and world.distributed else []
+    work = [0.0] * world.world_size if recipe.work_of is not None and world.distributed else []
+    if work:
+        work[world.rank] = sum(recipe.work_of(i) for indices in drawn for i in indices)
+    counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro)), *work, *held], dtype=_count_dtype(device), device=device)
+    if world.distributed:
+        dist.all_reduce(counts)
+    reduced = counts.tolist()
+    t1 = time.perf_counter()
+    spread: dict[str, float] = {}
+    if work:
+        spread["tower_balance"] = tower_balance(reduced[1 : 1 + len(work)])
+    if held:
+        present = reduced[1 + len(work) :]
+        spread["fillers"] = filler_count(present, world.world_size)
+        for accum, kinds in enumerate(recipe.fill.missing(held, present)):
+            if kinds:
+                micro[accum] = recipe.fill.collate(samples[accum], kinds)
+    if recipe.sample_seeds:
+        for accum, indices in enumerate(drawn):
+            micro[accum]["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)
+    return micro, max(reduced[0], 1.0), data_time + time.perf_counter() - t1, spread
 
 
 def sampler_notes(sampler: Any) -> list[str]:
