@@ -130,7 +130,7 @@ def test_bad_clips_are_counted_and_named_when_skipping(whisper_cli, wild_audio: 
         {"text": "no audio field"},
     ]
     (wild_audio / "data.json").write_text(json.dumps(records))
-    proc = run_preprocess(whisper_cli, wild_audio / "data.json", "data.on_bad_sample=skip")
+    proc = run_preprocess(whisper_cli, wild_audio / "data.json", "data.on_bad_sample=skip", "training.micro_batch_size=1")  # one clip is good
     assert "skipped 6 bad sample(s)" in proc.stdout
     reasons = [json.loads(line)["reason"] for line in (tmp_path / "run/preprocess/bad_samples.jsonl").read_text().splitlines()]
     assert len(reasons) == 6

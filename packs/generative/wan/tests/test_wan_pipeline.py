@@ -89,7 +89,9 @@ def test_images_are_one_frame_videos(wan, videos: Path, tmp_path: Path) -> None:
     wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", check=False)
     wan("download", *TINY, "--run-dir", "t2i")
     wan("convert", *TINY, "--run-dir", "t2i")
-    proc = wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i")
+    refused = wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", check=False)
+    assert refused.returncode == 1 and "error: 1 training clips, fewer than one global micro-batch (1 data-parallel process(es) x training.micro_batch_size=2)" in refused.stderr
+    proc = wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", "training.micro_batch_size=1")
     assert "1 clips in buckets 32x32x1: 1" in proc.stdout
 
 
