@@ -56,11 +56,11 @@ class EpochSampler(PlannedSampler):
         self.costs = costs if costs is not None and len(set(costs)) > 1 else None
         self.window = window
         self.position = 0
-        sizes: dict[Any, int] = {}
+        self.sizes: dict[Any, int] = {}  # group -> its samples
         for key in self.groups:
-            sizes[key] = sizes.get(key, 0) + 1
+            self.sizes[key] = self.sizes.get(key, 0) + 1
         span = world * batch
-        self.repeated = sum(span - n for n in sizes.values() if n < span)
+        self.repeated = sum(span - n for n in self.sizes.values() if n < span)
         if size < span:
             raise StageError(f"the dataset has {size} samples, fewer than one global micro-batch ({world} ranks x {batch}): "
                              "add samples or lower training.micro_batch_size / the number of processes")
@@ -101,10 +101,7 @@ class EpochSampler(PlannedSampler):
     def left_out(self) -> int:
         """Samples an epoch leaves out: the groups' ragged tails (others each epoch)."""
         span = self.world * self.batch
-        sizes: dict[Any, int] = {}
-        for key in self.groups:
-            sizes[key] = sizes.get(key, 0) + 1
-        return sum(n % span for n in sizes.values() if n >= span)
+        return sum(n % span for n in self.sizes.values() if n >= span)
 
 
 class TokenBudgetSampler(PlannedSampler):
