@@ -55,7 +55,9 @@ def torchrun_args(parallel: ParallelSection) -> list[str]:
 def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) -> None:
     """Run ``mmcore.worker`` under torchrun and wait; Ctrl-C stops every worker."""
     cmd = [sys.executable, "-m", "mmcore.torchrun", *torchrun_args(parallel), "-m", "mmcore.worker", *worker_args]
-    env = dict(os.environ, **{WORKER_ENV: "1"})
+    from mmcore.lifeline import PARENT_ENV
+
+    env = dict(os.environ, **{WORKER_ENV: "1", PARENT_ENV: str(os.getpid())})
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets where it is unset, without its banner saying so
     if parallel.nnodes > 1:

@@ -15,7 +15,6 @@ config that made it, it comes back instead of running again.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -250,12 +249,7 @@ class RunDir:
 
     # ---------------------------------------------------------------- locking
     def lock(self) -> None:
-        """Hold an exclusive lock on the run directory for the life of this process."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        handle = open(self.root / ".lock", "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            raise UsageError(f"{self.root} is in use by another mmcore process") from None
-        self._lock_handle = handle
+        """Hold the run directory's lock for the life of this process (:mod:`mmcore.runlock`)."""
+        from mmcore.runlock import lock_run
+
+        self._lock_handle = lock_run(self.root)

@@ -96,7 +96,7 @@ def check_run_dir(path: Path, pack: str | None) -> dict[str, Any] | None:
     if saved is None and rd.run_json_path.exists():
         raise UsageError(f"{rd.run_json_path}: unreadable (not the JSON mmcore writes); nothing was changed", hint="restore it, or delete it to adopt the directory afresh")
     if saved is None:
-        leftovers = [p.name for p in resolved.iterdir() if p.name not in (".lock", "run.json", "config.yaml")]
+        leftovers = [p.name for p in resolved.iterdir() if p.name not in (".lock", ".workers.lock", "run.json", "config.yaml")]
         if leftovers:
             raise UsageError(f"--run-dir {path}: {resolved} is not empty and is not an mmcore run directory (no run.json; it holds {leftovers[0]!r}" + (f" and {len(leftovers) - 1} more)" if len(leftovers) > 1 else ")"), hint="give an empty or new directory")
         return None

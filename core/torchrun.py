@@ -6,6 +6,7 @@ nothing, so this says which rank it was and exits 128 + the signal's number
 
 from __future__ import annotations
 
+import os
 import sys
 
 #: the exit code of a run whose worker a signal killed: 128 + the signal's number, as a shell reports it
@@ -15,6 +16,13 @@ KILLED_BY_SIGNAL = 128
 def main() -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
+
+    from mmcore.lifeline import PARENT_ENV, die_with_launcher
+
+    # torchrun puts each worker in a session of its own, out of reach of a signal to the run's
+    # process group: this agent dies with mmcore, and each worker with this agent
+    die_with_launcher()
+    os.environ[PARENT_ENV] = str(os.getpid())
 
     try:
         torchrun()

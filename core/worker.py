@@ -13,8 +13,10 @@ import sys
 from mmcore.config import Layer, build_config, read_yaml
 from mmcore.context import WorldInfo
 from mmcore.errors import MmcoreError
+from mmcore.lifeline import die_with_launcher
 from mmcore.plugins import Plugins
 from mmcore.rundir import RunDir
+from mmcore.runlock import hold_as_worker
 from mmcore.runner import Runner
 from mmcore.session import config_class
 
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--debug", action="store_true")
     args = parser.parse_args(argv)
+    die_with_launcher()  # never outlive the run: its next attempt may already be resuming
     world = WorldInfo.from_env()
 
     import torch.distributed as dist
@@ -36,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         plugins = Plugins.load()
         entry = plugins.pack(args.pack)
         run_dir = RunDir(args.run_dir)
+        held = hold_as_worker(run_dir.root)  # noqa: F841 (a rerun waits while any worker of this run lives)
         config = build_config(config_class(entry), [Layer(str(run_dir.config_path), read_yaml(run_dir.config_path))])
         runner = Runner(plugins, args.pack, config, run_dir, debug=args.debug, world=world)
         accelerator = plugins.registry.accelerator(config.run.device)

@@ -9,6 +9,7 @@ the bad-sample report, the shard writer, the progress bar.
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -34,9 +35,12 @@ class Failed:
         return self.message
 
 
-def _start_worker() -> None:
+def _start_worker(parent: int) -> None:
     import torch
 
+    from mmcore.lifeline import die_with_parent
+
+    die_with_parent(parent)  # a killed stage leaves no worker behind
     torch.set_num_threads(1)  # the workers are the parallelism
 
 
@@ -91,7 +95,7 @@ def map_in_order(fn: Callable[[T], Any], items: Iterable[T], num_workers: int, *
     # that dies makes imap wait forever. The executor lets running chunks finish, cancels the
     # rest, and turns a dead worker into BrokenProcessPool. The workers fork on the first submit,
     # after _TASK is set.
-    executor = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker)
+    executor = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker, initargs=(os.getpid(),))
     try:
         in_flight: deque[Any] = deque()
         submitted = 0

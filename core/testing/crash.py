@@ -33,10 +33,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from mmcore.pack import STAGES
 
@@ -112,6 +113,64 @@ def crash_chain(cwd: Path, pack: str, preset: str, run_dir: Path, overrides: Seq
     if proc.returncode != 0:
         raise AssertionError(f"the run after the kills failed ({proc.returncode}):\n{attempts[-1].tail}")
     return attempts
+
+
+def processes_of(run_dir: Path) -> list[int]:
+    """The pids of live processes whose command line names ``run_dir`` (Linux's /proc)."""
+    needle = str(Path(run_dir).absolute()).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # ended while we looked
+                continue
+    return sorted(found)
+
+
+def kill_process_group(cwd: Path, args: Sequence[str], ready: Callable[[], bool], *, env: dict[str, str] | None = None, timeout: float = 1800) -> list[int]:
+    """Start ``mmcore <args>`` as a scheduler or terminal would (a process group of its own),
+    wait until ``ready()``, kill the whole group with SIGKILL and return the pids of the run's
+    processes that were alive at the kill (the launcher, torchrun's agent, the workers).
+    Raises AssertionError when the run ends before it is ready."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+    full["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    full.update(env or {})
+    # output to a file, not a pipe: a process that outlives the kill would hold a pipe open
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mmcore", *args], cwd=cwd, env=full, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while not ready():
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise AssertionError(f"the run ended ({proc.returncode}) before it was to be killed:\n{log.read()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the run was not ready to be killed after {timeout:.0f} s")
+                time.sleep(0.05)
+            alive = [proc.pid, *processes_of(Path(args[args.index("--run-dir") + 1]))]
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return sorted(set(alive))
+
+
+def survivors(pids: Sequence[int], wait: float = 5.0) -> list[int]:
+    """Those of ``pids`` still alive (not zombies) after up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [pid for pid in pids if _alive(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def straight_run(cwd: Path, pack: str, preset: str, run_dir: Path, overrides: Sequence[str], *, timeout: float = 1800) -> None:
