@@ -164,7 +164,14 @@ def _runner(kw: dict[str, Any]):
             announce(session.run_dir.root, parallel)
             keep_alive(session.run_dir.root, 0)
     click.echo(f"run directory: {session.run_dir.root}")
+    _say_trust(session.config, click.echo)
     return Runner(plugins, session.pack, session.config, session.run_dir, debug=kw["debug"])
+
+
+def _say_trust(config: Any, echo: Callable[[str], None]) -> None:
+    """Running a checkpoint's own code is said every time it is allowed, never silently."""
+    if config.model.trust_remote_code:
+        echo("model.trust_remote_code=true (given on this command line or in --config): code in the checkpoint may run")
 
 
 def _make_stage_command(stage: str) -> click.Command:
@@ -254,6 +261,7 @@ def infer_cmd(**kw: Any) -> None:
     overrides = [*kw["overrides"], *(f"generation.{name}={kw[name]}" for name, _ in _GENERATION_FLAGS if kw.get(name) is not None)]
     plugins = _plugins()
     session = open_session(plugins, SessionRequest(pack=kw["pack"], run_dir=kw["run_dir"], device=kw["device"], overrides=overrides))
+    _say_trust(session.config, lambda line: click.echo(line, err=True))
     if kw["input_file"]:
         requests = read_requests(Path(kw["input_file"]))
     else:
@@ -275,6 +283,7 @@ def status_cmd(**kw: Any) -> None:
     session = open_session(plugins, _request(kw))
     runner = Runner(plugins, session.pack, session.config, session.run_dir)
     click.echo(f"run directory: {session.run_dir.root}")
+    _say_trust(session.config, click.echo)
     blocked_by: str | None = None
     for stage in STAGES:
         if stage not in runner.stages:
