@@ -1,9 +1,11 @@
-"""A run directory is data, never authority: it cannot grant itself the running of checkpoint code."""
+"""A run directory is data, never authority: it cannot grant itself the running of checkpoint
+code, and a model folder's links cannot carry files from elsewhere into the export."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 
@@ -62,3 +64,34 @@ def test_status_says_when_trust_remote_code_is_on(cli, tmp_path: Path) -> None: 
     assert "model.trust_remote_code=true (given on this command line or in --config): code in the checkpoint may run" in granted
     assert "download    ok" in granted
 
+
+def test_side_files_copy_links_inside_as_content_and_refuse_links_leading_out(tmp_path: Path) -> None:
+    from mmcore.convert import copy_side_files
+    from mmcore.errors import StageError
+
+    model = tmp_path / "model"
+    (model / "shared").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "shared/tokenizer.json").write_text('{"tok": 1}')
+    (model / "tokenizer.json").symlink_to("shared/tokenizer.json")
+    copy_side_files(model, tmp_path / "out")
+    assert (tmp_path / "out/tokenizer.json").read_text() == '{"tok": 1}' and not (tmp_path / "out/tokenizer.json").is_symlink()
+
+    # a hub cache snapshot's files are links into the repository's blobs/: inside its cache folder
+    repo = tmp_path / "hub/models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs/abc").write_text("{}")
+    (repo / "snapshots/0123").mkdir(parents=True)
+    (repo / "snapshots/0123/config.json").symlink_to("../../blobs/abc")
+    copy_side_files(repo / "snapshots/0123", tmp_path / "out-hub")
+    assert (tmp_path / "out-hub/config.json").read_text() == "{}"
+
+    (tmp_path / "secret").write_text("a key")
+    (model / "notes.txt").symlink_to(tmp_path / "secret")
+    with pytest.raises(StageError, match=f"^{model / 'notes.txt'}: a link to {tmp_path / 'secret'}, outside the model folder"):
+        copy_side_files(model, tmp_path / "out2")
+    (model / "notes.txt").unlink()
+    (model / "shared/more").symlink_to(tmp_path, target_is_directory=True)  # a folder link, one level down
+    with pytest.raises(StageError, match="shared/more: a link to"):
+        copy_side_files(model, tmp_path / "out3")
+    assert not (tmp_path / "out2/notes.txt").exists()
