@@ -109,3 +109,44 @@ def test_eval_on_a_file_of_held_out_conversations(trained) -> None:  # type: ign
     metrics = json.loads((root / "r/evaluate/metrics.json").read_text())
     assert metrics["items"] == 5 and metrics["skipped"] == 1
     assert [r["item"] for r in rows(root / "r/evaluate/results.jsonl")] == [f"mine.json:{i}" for i in range(5)]
+
+
+def test_a_run_directory_cannot_make_infer_run_its_code(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A copied or planted run: its config.yaml turns trust_remote_code on and its model folder
+    names a module of its own (auto_map). Only the user's command line can let that run."""
+    import shutil
+
+    import yaml
+
+    from mmcore.rundir import RunDir, hash_outputs
+
+    root, mm = trained
+    run = tmp_path / "planted"
+    shutil.copytree(root / "r", run, symlinks=True, ignore=shutil.ignore_patterns("preprocess", "evaluate", "infer"))
+    model, marker = run / "download/model", tmp_path / "code-ran"
+    (model / "planted.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\nfrom transformers import Qwen2VLConfig as PlantedConfig\n")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "planted.PlantedConfig"}}))
+    settings = yaml.safe_load((run / "config.yaml").read_text())
+    settings["model"]["trust_remote_code"] = True
+    (run / "config.yaml").write_text(yaml.safe_dump(settings))
+    infer = ("infer", "--run-dir", str(run), "--prompt", "Hi", "--max-new-tokens", "2")
+    modules = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
+    # the download manifest recorded config.json: infer refuses the changed file before loading anything
+    proc = mm(*infer, check=False, **modules)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and line.startswith(f"error: the output of stage 'download' changed after it finished: {model / 'config.json'}: "), proc.stderr
+    assert line.endswith(f"(hint: nothing read it; rerun `mmcore download --force --run-dir {run}` (or `mmcore run`) to rebuild it, `mmcore verify` checks every file)")
+    assert not marker.exists()
+    # with the manifest rewritten to match, verify cannot tell (RELIABILITY.md section 5 says so) ...
+    rd = RunDir(run)
+    manifest = rd.read_manifest("download")
+    manifest.output_files = hash_outputs(manifest)
+    rd.write_manifest(manifest)
+    assert "FAILED" not in mm("verify", "--run-dir", str(run)).stdout
+    # ... but the run directory still grants nothing: its model's code does not run
+    proc = mm(*infer, check=False, **modules)
+    assert proc.returncode == 0 and "trust_remote_code" not in proc.stderr and not marker.exists(), proc.stderr
+    # the user's own command line does grant it (what the lines above kept from happening)
+    proc = mm(*infer, "model.trust_remote_code=true", check=False, **modules)
+    assert "model.trust_remote_code=true (given on this command line or in --config)" in proc.stderr and marker.read_text() == "ran", proc.stderr
