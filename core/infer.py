@@ -39,7 +39,15 @@ def model_source(run_dir: RunDir, which: str, manifests: dict[str, Manifest]) ->
     path = Path(which).expanduser().resolve()
     if not path.exists():
         raise UsageError(f"--checkpoint {which}: no such file or folder (give latest, export or a path)")
-    return ModelSource("train" if (path / ".metadata").is_file() else "folder", path)
+    if (path / ".metadata").is_file():
+        from mmcore.safe_dcp import read_metadata
+
+        try:
+            read_metadata(path)
+        except StageError as exc:  # the command names a checkpoint that is not one: the command is to fix
+            raise UsageError(f"--checkpoint {which}: {exc}", hint=exc.hint) from None
+        return ModelSource("train", path)
+    return ModelSource("folder", path)
 
 
 def finished_manifests(run_dir: RunDir) -> dict[str, Manifest]:
