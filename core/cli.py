@@ -164,7 +164,14 @@ def _runner(kw: dict[str, Any]):
             announce(session.run_dir.root, parallel)
             keep_alive(session.run_dir.root, 0)
     click.echo(f"run directory: {session.run_dir.root}")
+    _say_trust(session.config, click.echo)
     return Runner(plugins, session.pack, session.config, session.run_dir, debug=kw["debug"])
+
+
+def _say_trust(config: Any, echo: Callable[[str], None]) -> None:
+    """Running a checkpoint's own code is said every time it is allowed, never silently."""
+    if config.model.trust_remote_code:
+        echo("model.trust_remote_code=true (given on this command line or in --config): code in the checkpoint may run")
 
 
 def _make_stage_command(stage: str) -> click.Command:
@@ -224,6 +231,7 @@ _GENERATION_FLAGS = (("max_new_tokens", int), ("temperature", float), ("top_p", 
 @click.option("--audio", "audios", multiple=True, help="An audio file (repeatable).")
 @click.option("--input", "input_file", default=None, help="JSONL of requests: prompt or messages, images/videos/audios.")
 @click.option("--output", default=None, help="Write results as JSONL here (with --input; default: print them).")
+@click.option("--allow-any-media-path", is_flag=True, help="Let --input's media paths be absolute or leave its folder (a request file you trust).")
 @click.option("--max-new-tokens", type=int, default=None)
 @click.option("--temperature", type=float, default=None, help="0: greedy (default); > 0: sample.")
 @click.option("--top-p", type=float, default=None)
@@ -249,19 +257,30 @@ def infer_cmd(**kw: Any) -> None:
         raise UsageError("give a request: --prompt (with any --image/--video/--audio), or --input FILE.jsonl, not both")
     if kw["output"] and not kw["input_file"]:
         raise UsageError("--output goes with --input (a single request's answer is printed)")
+    if kw["output"] and _same_file(Path(kw["output"]), Path(kw["input_file"])):
+        raise UsageError(f"--output {kw['output']} is the --input file: the requests would be overwritten by the results", hint="write the results to another file")
     if check_run_dir(Path(kw["run_dir"]), kw["pack"]) is None:
         raise UsageError(f"--run-dir {kw['run_dir']}: not an mmcore run directory (no run.json)", hint="give the run directory `mmcore run` made")
     overrides = [*kw["overrides"], *(f"generation.{name}={kw[name]}" for name, _ in _GENERATION_FLAGS if kw.get(name) is not None)]
     plugins = _plugins()
     session = open_session(plugins, SessionRequest(pack=kw["pack"], run_dir=kw["run_dir"], device=kw["device"], overrides=overrides))
+    _say_trust(session.config, lambda line: click.echo(line, err=True))
     if kw["input_file"]:
-        requests = read_requests(Path(kw["input_file"]))
+        requests = read_requests(Path(kw["input_file"]), any_media_path=kw["allow_any_media_path"])
     else:
         requests = [request_from_flags(kw["prompt"], kw["images"], kw["videos"], kw["audios"])]
     results = run_infer(plugins, session, kw["checkpoint"], requests, debug=kw["debug"], echo=lambda line: click.echo(line, err=True))
     failed = show(requests, results, Path(kw["output"]) if kw["output"] else None, click.echo, lambda line: click.echo(line, err=True))
     if failed:
         raise click.exceptions.Exit(1)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file, through links, ``..`` or hard links."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
 
 
 @cli.command("status")
@@ -275,6 +294,7 @@ def status_cmd(**kw: Any) -> None:
     session = open_session(plugins, _request(kw))
     runner = Runner(plugins, session.pack, session.config, session.run_dir)
     click.echo(f"run directory: {session.run_dir.root}")
+    _say_trust(session.config, click.echo)
     blocked_by: str | None = None
     for stage in STAGES:
         if stage not in runner.stages:

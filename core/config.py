@@ -185,6 +185,9 @@ class RunConfig(Section):
         ``sections`` are section names or dotted paths to single fields (``training.freeze``).
         """
         data = self.model_dump(mode="json")
+        # a permission the user grants on each command, not something the stage computes: a run
+        # continued without it (its run directory cannot grant it) must not count as changed
+        data["model"].pop("trust_remote_code", None)
         for name in ("node_rank", "tensor_parallel", "pipeline_parallel", "sequence_parallel", "virtual_pipeline"):
             # which node reads the slice, how the model is split over processes: not what the
             # stage computes (a run resumes at another tensor/pipeline layout)
@@ -340,6 +343,21 @@ def overrides_layer(overrides: list[str]) -> Layer:
         path, value = parse_override(text)
         _merge(values, nest(path, value), COMMAND_LINE, origins)
     return Layer(COMMAND_LINE, values)
+
+
+#: Keys that grant a permission: they come from the user's command line or own ``--config``
+#: file, never from a run directory's ``config.yaml`` (data that whoever can write the
+#: directory controls).
+PERMISSIONS = (("model", "trust_remote_code"),)
+
+
+def without_permissions(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (a config read from a run directory) less :data:`PERMISSIONS`."""
+    out = dict(values)
+    for section, key in PERMISSIONS:
+        if isinstance(out.get(section), Mapping) and key in out[section]:
+            out[section] = {k: v for k, v in out[section].items() if k != key}
+    return out
 
 
 def dump_config(config: RunConfig, path: Path) -> None:

@@ -285,10 +285,35 @@ def dcp_to_hf(
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
+def link_root(model_dir: Path) -> Path:
+    """Where links in a model folder may point: the folder, or for a hub cache snapshot
+    (``.../snapshots/<commit>/``, whose files are links to ``../../blobs/``) its repository's
+    cache folder."""
+    folder = model_dir.resolve()
+    return folder.parent.parent if folder.parent.name == "snapshots" else folder
+
+
+def refuse_links_out(model_dir: Path) -> None:
+    """A link in ``model_dir`` (at any depth) that resolves outside it is refused: copied into
+    the export, it would carry a file from elsewhere on the machine (a key, a password file)
+    into what gets published. Links inside the folder are fine: they are copied as content."""
+    import os
+
+    root = link_root(model_dir)
+    for folder, dirs, files in os.walk(model_dir):
+        for name in sorted([*dirs, *files]):
+            path = Path(folder) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise StageError(f"{path}: a link to {path.resolve()}, outside the model folder {model_dir}; refused, so that no file from elsewhere is copied into the export",
+                                 hint="copy the file into the model folder if it belongs to the model")
+
+
 def copy_side_files(model_dir: Path, out: Path) -> None:
-    """Config, tokenizer, processor, generation and template files: everything but the weights."""
+    """Config, tokenizer, processor, generation and template files: everything but the weights;
+    a link is copied as its content, and refused where it leads out of the folder."""
     import shutil
 
+    refuse_links_out(model_dir)
     out.mkdir(parents=True, exist_ok=True)
     for path in model_dir.iterdir():
         if path.is_file() and not path.name.endswith(WEIGHT_SUFFIXES) and path.name != SAFE_INDEX:

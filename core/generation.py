@@ -95,13 +95,15 @@ def request_from_flags(prompt: str | None, images: Sequence[str], videos: Sequen
     return Request(turns=turns, media=media, where="command line", error=media_problem(turns, media))
 
 
-def read_requests(path: Path) -> list[Request]:
+def read_requests(path: Path, *, any_media_path: bool = False) -> list[Request]:
     """The requests of a JSONL file, one per non-empty line; a bad line is a request with an error.
 
     A line is ``{"prompt": "...", "images": [...]}`` or a conversation in the training data's
     fields (``messages`` with ``role``/``content``, or ShareGPT's ``conversations`` with
-    ``from``/``value``), whose last user turn is answered; media paths are relative to the
-    file's folder.
+    ``from``/``value``), whose last user turn is answered. Media paths are relative to the
+    file's folder and, as in datasets, may not leave it (absolute, ``..``, a link out): a
+    request file from elsewhere must not make ``mmcore infer`` read any file on the machine.
+    ``any_media_path`` (``--allow-any-media-path``) lifts that for a file the user trusts.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -110,7 +112,7 @@ def read_requests(path: Path) -> list[Request]:
     requests = []
     for number, line in enumerate(lines, 1):
         if line.strip():
-            requests.append(_request_of(line, path, number))
+            requests.append(_request_of(line, path, number, any_media_path))
     if not requests:
         raise UsageError(f"--input {path}: no requests (one JSON object per line)")
     return requests
@@ -119,7 +121,7 @@ def read_requests(path: Path) -> list[Request]:
 _ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
 
 
-def _request_of(line: str, path: Path, number: int) -> Request:
+def _request_of(line: str, path: Path, number: int, any_media_path: bool = False) -> Request:
     where = f"{path.name}:{number}"
     try:
         record = json.loads(line)
@@ -157,8 +159,27 @@ def _request_of(line: str, path: Path, number: int) -> Request:
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
             return Request(where=where, error=f"field {kind!r} must be a list of paths")
         if files:
+            nul = next((f for f in files if "\0" in f), None)
+            if nul is not None:
+                return Request(where=where, error=f"{kind[:-1]} path {nul!r} contains a NUL byte")
             media[kind] = [(path.parent / f).resolve() for f in files]
+            root = path.parent.resolve()
+            for name, file in zip(files, media[kind]):
+                if not any_media_path and not file.is_relative_to(root):
+                    return Request(where=where, error=f"{kind[:-1]} path {name!r} leads out of the request file's folder {root} "
+                                                      "(paths are relative to it; --allow-any-media-path trusts the file's paths)")
     return Request(turns=turns, media=media, where=where, reference=reference, error=media_problem(turns, media))
+
+
+def context_length(config: Any) -> int | None:
+    """The most positions the model's language part was built for (``max_position_embeddings``
+    of its text config), or None where the config does not say."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for part in (text, config):
+        value = getattr(part, "max_position_embeddings", None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def batches(items: Sequence[Any], size: int, length: Callable[[Any], int]) -> Iterator[list[int]]:

@@ -100,6 +100,9 @@ def download_model(ctx: StageContext, build_init: InitBuilder, *, default_source
             raise StageError(f"{local}: model.source must be a directory with the checkpoint")
         if not any(local.glob("*.safetensors")) and not any(local.glob("*/*.safetensors")):
             raise StageError(f"{local}: no .safetensors files in the model directory")
+        from mmcore.convert import refuse_links_out
+
+        refuse_links_out(local)  # found now, not when the export would copy what they lead to
         ctx.record_input(local)
         return StageResult(outputs={"model": str(local.absolute())}, metrics={"source": str(local.absolute())})
     if not _HUB_ID.match(source):

@@ -18,7 +18,7 @@ from mmcore.context import StageContext
 from mmcore.errors import StageError, UsageError
 from mmcore.generation import ModelSource, Request
 from mmcore.pack import STAGES
-from mmcore.rundir import Manifest, RunDir
+from mmcore.rundir import Manifest, RunDir, output_problems
 
 
 def model_source(run_dir: RunDir, which: str, manifests: dict[str, Manifest]) -> ModelSource:
@@ -39,14 +39,28 @@ def model_source(run_dir: RunDir, which: str, manifests: dict[str, Manifest]) ->
     path = Path(which).expanduser().resolve()
     if not path.exists():
         raise UsageError(f"--checkpoint {which}: no such file or folder (give latest, export or a path)")
-    return ModelSource("train" if (path / ".metadata").is_file() else "folder", path)
+    if (path / ".metadata").is_file():
+        from mmcore.safe_dcp import read_metadata
+
+        try:
+            read_metadata(path)
+        except StageError as exc:  # the command names a checkpoint that is not one: the command is to fix
+            raise UsageError(f"--checkpoint {which}: {exc}", hint=exc.hint) from None
+        return ModelSource("train", path)
+    return ModelSource("folder", path)
 
 
 def finished_manifests(run_dir: RunDir) -> dict[str, Manifest]:
+    """The finished stages, each output checked as a stage checks its upstream before reading
+    it (sizes, small files' sha256: ``mmcore verify --quick``): a changed file is refused."""
     found = {}
     for stage in STAGES:
         manifest = run_dir.read_manifest(stage)
         if manifest is not None and manifest.status == "finished":
+            problems = output_problems(manifest)
+            if problems:
+                raise StageError(f"the output of stage {stage!r} changed after it finished: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                                 hint=f"nothing read it; rerun `mmcore {stage} --force --run-dir {run_dir.root}` (or `mmcore run`) to rebuild it, `mmcore verify` checks every file")
             found[stage] = manifest
     return found
 

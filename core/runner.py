@@ -223,6 +223,8 @@ class Runner:
             args.append("--resume")
         if self.debug:
             args.append("--debug")
+        if self.config.model.trust_remote_code:
+            args.append("--trust-remote-code")
         launch(self.config.parallel, args, what=f"stage {stage!r}")
         manifest = self.run_dir.read_manifest(stage)
         if manifest is None or manifest.plan != plan:

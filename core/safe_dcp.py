@@ -135,8 +135,19 @@ def planner() -> Any:
 def load(state: dict[str, Any], path: str | Path, *, distributed: bool = False) -> None:
     """``dcp.load(state)`` from ``path`` with the safe reader and planner."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.load(state, storage_reader=reader(path), planner=planner(), no_dist=not distributed)
+    # a refused or absent .metadata is its one line here: DCP would fall back to per-rank files,
+    # logging a traceback for each, then raise an exception that says neither
+    read_metadata(path)
+    try:
+        dcp.load(state, storage_reader=reader(path), planner=planner(), no_dist=not distributed)
+    except CheckpointException as exc:  # a BaseException: every `except Exception` would miss it
+        failure = next(iter(exc.failures.values()), None)
+        cause = getattr(failure, "exception", failure)
+        if isinstance(cause, StageError):
+            raise cause from None
+        raise StageError(f"{path}: the checkpoint could not be read: {type(cause).__name__}: {' '.join(str(cause).split())}") from None
 
 
 def read_metadata(path: str | Path) -> Any:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmcore.config import COMMAND_LINE, Layer, RunConfig, build_config, overrides_layer, read_yaml
+from mmcore.config import COMMAND_LINE, Layer, RunConfig, build_config, overrides_layer, read_yaml, without_permissions
 from mmcore.errors import ConfigError, UsageError
 from mmcore.io import atomic_write_json
 from mmcore.plugins import Entry, Plugins
@@ -124,8 +124,9 @@ def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs",
     preset = request.preset
     continuing = saved is not None and saved.get("pack") == pack and not request.preset and not request.config_file
     if continuing:
-        # Same run, no new base config: continue from the config it was made with.
-        layers.append(Layer(str(RunDir(request.run_dir).config_path), read_yaml(RunDir(request.run_dir).config_path)))  # type: ignore[arg-type]
+        # Same run, no new base config: continue from the config it was made with, less what
+        # only the user grants (model.trust_remote_code): the run directory is data, not authority.
+        layers.append(run_dir_layer(RunDir(request.run_dir)))  # type: ignore[arg-type]
         preset = saved.get("preset")  # type: ignore[union-attr]
     else:
         if preset is None and request.config_file is None:
@@ -156,6 +157,12 @@ def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs",
         check_run_dir(Path(runs_root) / name, pack)
     run_dir = RunDir(request.run_dir or Path(runs_root) / name)
     return Session(plugins, pack, config, run_dir, preset)
+
+
+def run_dir_layer(run_dir: RunDir) -> Layer:
+    """A run directory's ``config.yaml`` as a config layer, without the permissions in it
+    (:data:`mmcore.config.PERMISSIONS`): a copied or planted run cannot grant itself any."""
+    return Layer(str(run_dir.config_path), without_permissions(read_yaml(run_dir.config_path)))
 
 
 def record_session(session: Session, request: Request) -> None:

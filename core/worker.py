@@ -1,6 +1,6 @@
 """Entry point of each process of a distributed stage (started by torchrun, never by users).
 
-``python -m mmcore.worker --run-dir R --pack P --stage S --plan H [--resume] [--debug]``
+``python -m mmcore.worker --run-dir R --pack P --stage S --plan H [--resume] [--debug] [--trust-remote-code]``
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import datetime
 import os
 import sys
 
-from mmcore.config import Layer, build_config, read_yaml
+from mmcore.config import Layer, build_config
 from mmcore.context import WorldInfo
 from mmcore.errors import MmcoreError
 from mmcore.lifeline import die_with_launcher
@@ -18,7 +18,7 @@ from mmcore.plugins import Plugins
 from mmcore.rundir import RunDir
 from mmcore.runlock import hold_as_worker
 from mmcore.runner import Runner
-from mmcore.session import config_class
+from mmcore.session import config_class, run_dir_layer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--trust-remote-code", action="store_true")
     args = parser.parse_args(argv)
     die_with_launcher()  # never outlive the run: its next attempt may already be resuming
     world = WorldInfo.from_env()
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         entry = plugins.pack(args.pack)
         run_dir = RunDir(args.run_dir)
         held = hold_as_worker(run_dir.root)  # noqa: F841 (a rerun waits while any worker of this run lives)
-        config = build_config(config_class(entry), [Layer(str(run_dir.config_path), read_yaml(run_dir.config_path))])
+        # the permission comes from the parent's command line, never from config.yaml
+        granted = [Layer("the launching command", {"model": {"trust_remote_code": True}})] if args.trust_remote_code else []
+        config = build_config(config_class(entry), [run_dir_layer(run_dir), *granted])
         runner = Runner(plugins, args.pack, config, run_dir, debug=args.debug, world=world)
         accelerator = plugins.registry.accelerator(config.run.device)
         accelerator.set_device(world.local_rank)

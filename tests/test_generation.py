@@ -43,6 +43,23 @@ def test_requests_from_a_jsonl_file_each_line_on_its_own(tmp_path: Path) -> None
     ]
 
 
+def test_request_media_stay_in_the_request_files_folder_unless_allowed(tmp_path: Path) -> None:
+    """A request file from elsewhere must not make infer open any file on the machine."""
+    folder = tmp_path / "requests"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.png").write_bytes(b"\x89PNG")
+    (tmp_path / "outside.png").write_bytes(b"\x89PNG")
+    (folder / "link.png").symlink_to(tmp_path / "outside.png")
+    names = ["a.png", "sub/../a.png", "../outside.png", str(tmp_path / "outside.png"), "link.png", "a\0.png"]
+    (folder / "r.jsonl").write_text("".join(json.dumps({"prompt": "x", "images": [name]}) + "\n" for name in names))
+    leads_out = "leads out of the request file's folder {} (paths are relative to it; --allow-any-media-path trusts the file's paths)".format(folder)
+    assert [r.error for r in read_requests(folder / "r.jsonl")] == [
+        None, None, f"image path '../outside.png' {leads_out}", f"image path {str(tmp_path / 'outside.png')!r} {leads_out}",
+        f"image path 'link.png' {leads_out}", "image path 'a\\x00.png' contains a NUL byte"]
+    trusted = read_requests(folder / "r.jsonl", any_media_path=True)
+    assert [r.error for r in trusted[:5]] == [None] * 5 and trusted[4].media == {"images": [tmp_path / "outside.png"]}
+
+
 def test_requests_from_flags_and_unusable_files(tmp_path: Path) -> None:
     (tmp_path / "a.wav").write_bytes(b"RIFF")
     assert request_from_flags(None, [], [], [str(tmp_path / "a.wav")]).error is None  # a transcription needs no prompt

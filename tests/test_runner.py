@@ -108,9 +108,12 @@ def test_resume_refuses_when_the_config_changed(cli: CLI, line_data: Path) -> No
 def test_two_processes_through_torchrun_match_one(cli: CLI, line_data: Path, tmp_path: Path) -> None:
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "one")
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "two", "--nproc-per-node", "2")
-    assert json.loads((tmp_path / "two/train/world.json").read_text()) == {"world_size": 2}
+    assert json.loads((tmp_path / "two/train/world.json").read_text()) == {"world_size": 2, "trust_remote_code": False}
     assert RunDir(tmp_path / "two").read_manifest("train").world_size == 2
     assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-12, abs=0)
+    # the user's permission reaches the workers from the launching command (they never take it from config.yaml)
+    cli("train", "--run-dir", "two", "--force", "model.trust_remote_code=true")
+    assert json.loads((tmp_path / "two/train/world.json").read_text()) == {"world_size": 2, "trust_remote_code": True}
 
 
 @pytest.mark.slow

@@ -193,7 +193,14 @@ class ChatTemplateEncoder:
     def encode_prompt(self, sample: Sample) -> Encoded:
         """The sample's turns (ending with the user's) and the assistant's generation prompt:
         what a model answers from, as training formatted it. Nothing is supervised."""
+        unusable = [kind for kind, files in sample.media.items() if files and self._placeholder_of(kind) not in self.expanders]
+        if unusable:  # a model answering as if the file were not there would mislead
+            takes = [kind for kind in PLACEHOLDERS if PLACEHOLDERS[kind] in self.expanders]
+            raise ChatTemplateError(f"this model takes no {unusable[0]} (it takes {', '.join(takes) or 'text only'})")
         return self._encode_rendered(self.render(self.messages(sample), add_generation_prompt=True), [], sample)
+
+    def _placeholder_of(self, kind: str) -> str:
+        return PLACEHOLDERS.get(kind, f"<{kind.rstrip('s')}>")
 
     def _encode_rendered(self, text: str, spans: list[tuple[int, int]], sample: Sample) -> Encoded:
         media = {p: list(sample.media.get(self._kinds.get(p, p.strip("<>") + "s"), [])) for p in self.expanders}

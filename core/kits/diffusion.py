@@ -574,13 +574,14 @@ class DiffusionFamily:
         reloaded must equal ``trained``'s, and its output too."""
         import torch
 
-        from mmcore.convert import dcp_to_hf
+        from mmcore.convert import dcp_to_hf, refuse_links_out
 
         subfolder = subfolder or self.subfolder
         out = ctx.stage_dir / "pipeline"
         if out.exists():
             shutil.rmtree(out)
         weights = (self.weights_name, self.weights_name + ".index.json")
+        refuse_links_out(source)
         shutil.copytree(source, out, ignore=lambda folder, names: [n for n in names if n in weights and Path(folder).name == subfolder])
         stats = dcp_to_hf(checkpoint, out / subfolder, self.adapter)
         if stats["shards"] > 1:  # diffusers' shard names

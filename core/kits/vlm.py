@@ -499,9 +499,11 @@ class VLMFamily:
 
         from mmcore.data.media import MediaError
         from mmcore.data.mllm import Sample, Turn
+        from mmcore.generation import context_length
 
         network, folder = self.generation_model(ctx, upstream, model)
         encoder = self.encoder(ctx, folder, AutoTokenizer.from_pretrained(folder, **remote_code()))
+        limit = context_length(network.config)
         prompts: list[dict[str, Any]] = []
         answers: list[dict[str, Any]] = [{} for _ in requests]
         where: list[int] = []
@@ -513,6 +515,9 @@ class VLMFamily:
                 encoded = encoder.encode_prompt(Sample(request.where, i, turns, dict(request.media)))
             except (MediaError, ValueError) as exc:
                 answers[i] = {"error": " ".join(str(exc).split())}
+                continue
+            if limit is not None and len(encoded.input_ids) >= limit:  # the model would answer from positions it never learnt
+                answers[i] = {"error": f"the prompt is {len(encoded.input_ids)} tokens, the model's context is {limit} (max_position_embeddings in its config.json): shorten it"}
                 continue
             prompts.append({"input_ids": torch_tensor(encoded.input_ids), **encoded.tensors})
             where.append(i)

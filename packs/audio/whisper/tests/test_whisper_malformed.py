@@ -160,6 +160,18 @@ def test_a_model_path_that_is_a_file(tmp_path: Path) -> None:
     _one_error_line(proc, 1, "weights.bin: model.source must be a directory with the checkpoint")
 
 
+def test_a_model_folder_link_leading_out_is_refused_at_download(tiny_whisper: Path, tmp_path: Path) -> None:
+    """A side file that links elsewhere would be copied into export/hf (and published)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_whisper, model)
+    (tmp_path / "secret.txt").write_text("not the model's")
+    (model / "tokenizer_config.json").unlink()
+    (model / "tokenizer_config.json").symlink_to(tmp_path / "secret.txt")
+    proc = StageCLI(tmp_path)("download", "--pack", "whisper", "--preset", "tiny", "--model", str(model), "--run-dir", "run", check=False)
+    _one_error_line(proc, 1, f"{model / 'tokenizer_config.json'}: a link to {tmp_path / 'secret.txt'}, outside the model folder {model}; refused")
+    assert not (tmp_path / "run" / "download" / "manifest.json").exists()
+
+
 # --------------------------------------------------------------------------- planted files
 
 

@@ -109,3 +109,93 @@ def test_eval_on_a_file_of_held_out_conversations(trained) -> None:  # type: ign
     metrics = json.loads((root / "r/evaluate/metrics.json").read_text())
     assert metrics["items"] == 5 and metrics["skipped"] == 1
     assert [r["item"] for r in rows(root / "r/evaluate/results.jsonl")] == [f"mine.json:{i}" for i in range(5)]
+
+
+def test_infer_refuses_what_the_model_cannot_take_each_request_on_its_own_line(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from mmcore.data.audio import write_audio
+    from mmcore.testing.media import tone
+
+    root, mm = trained
+    demo = root / "r/preprocess/demo-data"
+    image = json.loads((demo / "eval.json").read_text())[0]["images"][0]
+    write_audio(demo / "tone.wav", tone(0.5), 16000)
+    (tmp_path / "elsewhere.png").write_bytes((demo / image).read_bytes())
+    lines = [
+        {"prompt": "<image>What colour is the square?", "images": [image]},
+        {"prompt": "What do you hear?", "audios": ["tone.wav"]},  # a VLM: the sound would be ignored
+        {"prompt": " ".join(["word"] * 1000)},  # ~5k tokens, over the tiny model's 4096 positions
+        {"prompt": "<image>What colour is the square?", "images": [str(tmp_path / "elsewhere.png")]},
+    ]
+    requests = demo / "guarded.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    proc = mm("infer", "--run-dir", "r", "--input", str(requests), "--output", "guarded.jsonl", "--max-new-tokens", "4", check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert errors[0] == "error: guarded.jsonl:2: this model takes no audios (it takes images, videos)", proc.stderr
+    assert errors[1].startswith("error: guarded.jsonl:3: the prompt is ") and errors[1].endswith(
+        " tokens, the model's context is 4096 (max_position_embeddings in its config.json): shorten it"), proc.stderr
+    assert errors[2] == (f"error: guarded.jsonl:4: image path {str(tmp_path / 'elsewhere.png')!r} leads out of the request file's folder {demo} "
+                         "(paths are relative to it; --allow-any-media-path trusts the file's paths)") and len(errors) == 3
+    answered = rows(root / "guarded.jsonl")
+    assert "text" in answered[0] and [sorted(r) for r in answered[1:]] == [["error", "prompt", "request"]] * 3
+    # the user vouches for the file's paths
+    proc = mm("infer", "--run-dir", "r", "--input", str(requests), "--output", "trusted.jsonl", "--max-new-tokens", "4", "--allow-any-media-path", check=False)
+    assert proc.returncode == 1 and rows(root / "trusted.jsonl")[3]["text"] == answered[0]["text"], proc.stderr
+    # usage errors before any work: results over the requests; a planted checkpoint
+    proc = mm("infer", "--run-dir", "r", "--input", str(requests), "--output", "r/preprocess/demo-data/guarded.jsonl", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == (f"error: --output r/preprocess/demo-data/guarded.jsonl is the --input file: the requests would be "
+                                                            "overwritten by the results (hint: write the results to another file)"), proc.stderr
+    assert requests.read_text() == "".join(json.dumps(line) + "\n" for line in lines)
+    import pickle
+
+    class Planted:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (Path.write_text, (tmp_path / "ran", "code ran"))
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt/.metadata").write_bytes(pickle.dumps(Planted()))
+    proc = mm("infer", "--run-dir", "r", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "Hi", check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: --checkpoint {tmp_path / 'ckpt'}: {tmp_path / 'ckpt/.metadata'}: refused to load: it references pathlib.Path.write_text")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_run_directory_cannot_make_infer_run_its_code(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A copied or planted run: its config.yaml turns trust_remote_code on and its model folder
+    names a module of its own (auto_map). Only the user's command line can let that run."""
+    import shutil
+
+    import yaml
+
+    from mmcore.rundir import RunDir, hash_outputs
+
+    root, mm = trained
+    run = tmp_path / "planted"
+    shutil.copytree(root / "r", run, symlinks=True, ignore=shutil.ignore_patterns("preprocess", "evaluate", "infer"))
+    model, marker = run / "download/model", tmp_path / "code-ran"
+    (model / "planted.py").write_text(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\nfrom transformers import Qwen2VLConfig as PlantedConfig\n")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "planted.PlantedConfig"}}))
+    settings = yaml.safe_load((run / "config.yaml").read_text())
+    settings["model"]["trust_remote_code"] = True
+    (run / "config.yaml").write_text(yaml.safe_dump(settings))
+    infer = ("infer", "--run-dir", str(run), "--prompt", "Hi", "--max-new-tokens", "2")
+    modules = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
+    # the download manifest recorded config.json: infer refuses the changed file before loading anything
+    proc = mm(*infer, check=False, **modules)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and line.startswith(f"error: the output of stage 'download' changed after it finished: {model / 'config.json'}: "), proc.stderr
+    assert line.endswith(f"(hint: nothing read it; rerun `mmcore download --force --run-dir {run}` (or `mmcore run`) to rebuild it, `mmcore verify` checks every file)")
+    assert not marker.exists()
+    # with the manifest rewritten to match, verify cannot tell (RELIABILITY.md section 5 says so) ...
+    rd = RunDir(run)
+    manifest = rd.read_manifest("download")
+    manifest.output_files = hash_outputs(manifest)
+    rd.write_manifest(manifest)
+    assert "FAILED" not in mm("verify", "--run-dir", str(run)).stdout
+    # ... but the run directory still grants nothing: its model's code does not run
+    proc = mm(*infer, check=False, **modules)
+    assert proc.returncode == 0 and "trust_remote_code" not in proc.stderr and not marker.exists(), proc.stderr
+    # the user's own command line does grant it (what the lines above kept from happening)
+    proc = mm(*infer, "model.trust_remote_code=true", check=False, **modules)
+    assert "model.trust_remote_code=true (given on this command line or in --config)" in proc.stderr and marker.read_text() == "ran", proc.stderr
