@@ -188,10 +188,13 @@ class RunConfig(Section):
         # a permission the user grants on each command, not something the stage computes: a run
         # continued without it (its run directory cannot grant it) must not count as changed
         data["model"].pop("trust_remote_code", None)
-        for name in ("node_rank", "tensor_parallel", "pipeline_parallel", "sequence_parallel", "virtual_pipeline"):
-            # which node reads the slice, how the model is split over processes: not what the
-            # stage computes (a run resumes at another tensor/pipeline layout)
+        for name in ("nnodes", "nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_timeout_s", "collective_timeout_s",
+                     "tensor_parallel", "pipeline_parallel", "sequence_parallel", "virtual_pipeline"):
+            # how the processes are started and meet, which node reads the slice, how the model is
+            # split over them: not what the stage computes (a run resumes at another tensor/pipeline
+            # layout, and 2 nodes of 1 process train as 1 node of 2); how many there are is
             data["parallel"].pop(name, None)
+        data["parallel"]["world_size"] = self.world_size
         out: dict[str, Any] = {}
         for path in sections:
             value: Any = data
@@ -345,16 +348,21 @@ def overrides_layer(overrides: list[str]) -> Layer:
     return Layer(COMMAND_LINE, values)
 
 
+#: Keys that say how one command is launched (which node this is, how many, where they meet):
+#: they come from that command, never from a run directory's ``config.yaml`` -- a failed
+#: two-node attempt must not make every later plain rerun wait for a second node.
+LAUNCH_OPTIONS = (("parallel", "nnodes"), ("parallel", "node_rank"), ("parallel", "rdzv_endpoint"))
+
 #: Keys that grant a permission: they come from the user's command line or own ``--config``
 #: file, never from a run directory's ``config.yaml`` (data that whoever can write the
 #: directory controls).
 PERMISSIONS = (("model", "trust_remote_code"),)
 
 
-def without_permissions(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` (a config read from a run directory) less :data:`PERMISSIONS`."""
+def without_permissions(values: Mapping[str, Any], *, keys: tuple[tuple[str, str], ...] = PERMISSIONS) -> dict[str, Any]:
+    """``values`` (a config read from a run directory) less :data:`PERMISSIONS` (or ``keys``)."""
     out = dict(values)
-    for section, key in PERMISSIONS:
+    for section, key in keys:
         if isinstance(out.get(section), Mapping) and key in out[section]:
             out[section] = {k: v for k, v in out[section].items() if k != key}
     return out

@@ -48,7 +48,9 @@ def torchrun_args(parallel: ParallelSection) -> list[str]:
         "--rdzv-endpoint", parallel.rdzv_endpoint,
         "--master-addr", parallel.rdzv_endpoint.rsplit(":", 1)[0],
         "--master-port", parallel.rdzv_endpoint.rsplit(":", 1)[1],
-        "--rdzv-conf", f"join_timeout={parallel.rdzv_timeout_s}",
+        # the static rendezvous these options select waits for the other nodes for "timeout"
+        # (torchrun's default 600 s), not "join_timeout": both, so the wait is the one configured
+        "--rdzv-conf", f"join_timeout={parallel.rdzv_timeout_s},timeout={parallel.rdzv_timeout_s}",
     ]
 
 

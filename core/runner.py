@@ -101,6 +101,9 @@ class Runner:
         if manifest is None:
             return False, "not finished yet" if self.run_dir.read_started(stage) else "not run yet"
         if manifest.plan != plan:
+            changed = changed_keys(manifest.config, self.config.slice(self.spec.sections_for(stage)))
+            if changed:
+                return False, "its config changed: " + "; ".join(changed[:3]) + (f" (+{len(changed) - 3} more)" if len(changed) > 3 else "")
             return False, "its config slice or an earlier stage changed"
         if manifest.status != "finished":  # same config, same upstream: the pack would decline again
             return True, f"declined by the {self.pack} pack for this config"
@@ -345,4 +348,23 @@ class Runner:
 
 
 
-__all__ = ["Runner", "ResumeMode"]
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``key old -> new`` for each dotted key whose value differs between two config slices."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            name = key if not prefix else f"{prefix}.{key}"
+            if key not in old or key not in new:
+                out.append(f"{name} {'added' if key not in old else 'removed'}")
+            else:
+                out += changed_keys(old[key], new[key], name)
+        return out
+    return [] if old == new else [f"{prefix or 'value'} {_short(old)} -> {_short(new)}"]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+__all__ = ["Runner", "ResumeMode", "changed_keys"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmcore.config import COMMAND_LINE, Layer, RunConfig, build_config, overrides_layer, read_yaml, without_permissions
+from mmcore.config import COMMAND_LINE, LAUNCH_OPTIONS, Layer, RunConfig, build_config, overrides_layer, read_yaml, without_permissions
 from mmcore.errors import ConfigError, UsageError
 from mmcore.io import atomic_write_json
 from mmcore.plugins import Entry, Plugins
@@ -126,7 +126,9 @@ def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs",
     if continuing:
         # Same run, no new base config: continue from the config it was made with, less what
         # only the user grants (model.trust_remote_code): the run directory is data, not authority.
-        layers.append(run_dir_layer(RunDir(request.run_dir)))  # type: ignore[arg-type]
+        # Nor how the last command was launched (parallel.nnodes, node_rank, rdzv_endpoint): this
+        # command's options say that.
+        layers.append(run_dir_layer(RunDir(request.run_dir), launch_options=False))  # type: ignore[arg-type]
         preset = saved.get("preset")  # type: ignore[union-attr]
     else:
         if preset is None and request.config_file is None:
@@ -159,10 +161,15 @@ def open_session(plugins: Plugins, request: Request, *, runs_root: str = "runs",
     return Session(plugins, pack, config, run_dir, preset)
 
 
-def run_dir_layer(run_dir: RunDir) -> Layer:
+def run_dir_layer(run_dir: RunDir, *, launch_options: bool = True) -> Layer:
     """A run directory's ``config.yaml`` as a config layer, without the permissions in it
-    (:data:`mmcore.config.PERMISSIONS`): a copied or planted run cannot grant itself any."""
-    return Layer(str(run_dir.config_path), without_permissions(read_yaml(run_dir.config_path)))
+    (:data:`mmcore.config.PERMISSIONS`): a copied or planted run cannot grant itself any.
+    ``launch_options=False``: without :data:`mmcore.config.LAUNCH_OPTIONS` either (a new command
+    continuing the run; a worker of this command reads them)."""
+    values = without_permissions(read_yaml(run_dir.config_path))
+    if not launch_options:
+        values = without_permissions(values, keys=LAUNCH_OPTIONS)
+    return Layer(str(run_dir.config_path), values)
 
 
 def record_session(session: Session, request: Request) -> None:

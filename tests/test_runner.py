@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,24 @@ def test_a_stalled_rank_ends_the_run_in_bounded_time_with_one_line(cli: CLI, lin
     line = next(x for x in proc.stderr.splitlines() if "collective_timeout_s" in x)
     assert line.startswith("error (rank 0): rank 0 waited parallel.collective_timeout_s=5 s in stage 'train' for the other processes"), line
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_failed_two_node_attempt_ends_in_time_and_a_plain_rerun_restores_the_finished_training(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    """Issue 49: node 0 of a two-node run whose peer never came waited 800 s past
+    parallel.rdzv_timeout_s=30 (torchrun's static rendezvous reads "timeout", not
+    "join_timeout"); parallel.nnodes=2 then stuck in the run's config.yaml, so a plain rerun hung
+    again, and --nnodes 1 retrained instead of restoring the training the attempt had set aside."""
+    from mmcore.launch import free_port
+
+    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "r")
+    trained = (tmp_path / "r" / "train" / "manifest.json").read_text()
+    start = time.monotonic()
+    proc = cli("run", "--run-dir", "r", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "parallel.rdzv_timeout_s=5", check=False)
+    waited = time.monotonic() - start
+    assert proc.returncode == 1 and "[train] running (its config changed: parallel.world_size 1 -> 2)" in proc.stdout, proc.stdout + proc.stderr
+    assert waited < 120, f"node 0 waited {waited:.0f} s for a peer, parallel.rdzv_timeout_s=5"  # torchrun's own default is 600 s
+    assert (tmp_path / "r" / ".train.replaced").is_dir()
+    proc = cli("run", "--run-dir", "r")  # no launch options: one node, as before the attempt
+    assert "[train] restored the finished run of this config" in proc.stdout, proc.stdout
+    assert (tmp_path / "r" / "train" / "manifest.json").read_text() == trained
+    assert "nnodes: 1" in (tmp_path / "r" / "config.yaml").read_text()
