@@ -100,6 +100,7 @@ class TrainingSection(Section):
     micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
     grad_accum_steps: Steps = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0, allow_inf_nan=False, description="Clip gradients to this norm (> 0: a negative one would flip the gradient); null: no clipping.")
+    on_nonfinite: Literal["stop", "skip"] = Field("stop", description="A step whose loss or gradient norm is not finite (nan, inf): stop the run with an error naming the step (the last checkpoint stays the last good one), or skip the step (no update; counted in the skipped_steps metric).")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it. bf16: bf16 compute, fp32 weights, gradient reduction and optimizer state, on any number of processes (the backend's mixed-precision policy).")
     recompute: Literal["none", "full", "selective"] = Field("none", description="Activation recompute of the pack's blocks: full keeps only block inputs; selective keeps matmul and attention outputs and recomputes the cheap ops.")
     cpu_offload: bool = Field(False, description="Keep sharded parameters, gradients and optimizer state in host memory between uses (FSDP2's offload policy; needs an accelerator).")

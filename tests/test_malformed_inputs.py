@@ -61,6 +61,7 @@ CASES = [
     Case("steps not whole", lambda t, d: ["run", "--pack", "toy", "training.steps=1e12"], 2, "training.steps: Input should be a valid integer (got 1000000000000.0)"),
     Case("steps past the bound", lambda t, d: ["run", "--pack", "toy", "training.steps=200000000"], 2, "training.steps: Input should be less than or equal to 100000000 (got 200000000)"),
     Case("seed past 64 bits", lambda t, d: ["run", "--pack", "toy", "run.seed=99999999999999999999999"], 2, "run.seed: 99999999999999999999999 does not fit in 64 bits"),
+    Case("on_nonfinite unknown", lambda t, d: ["run", "--pack", "toy", "training.on_nonfinite=ignore"], 2, "training.on_nonfinite: Input should be 'stop' or 'skip' (got 'ignore')"),
     Case("config nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "deep.yaml", "training: " + "{a: " * 2000 + "1" + "}" * 2000 + "\n"))], 2, "deep.yaml: nested deeper than 32 levels"),
     Case("override nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "a" + ".a" * 2000 + "=1"], 2, "a.a.a...: nested deeper than 32 levels"),
     Case("config file missing", lambda t, d: ["run", "--pack", "toy", "--config", str(t / "nope.yaml")], 2, "nope.yaml: config file not found"),
