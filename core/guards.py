@@ -49,31 +49,29 @@ class NonFinite:
         raise StageError(f"training stopped at step {step}: {what}; no update was made and {last_checkpoint(self.checkpoints)}", hint=HINT)
 
 
-def weights_finite(params: Iterable[Any], world: Any, group: Any = None) -> bool:
+def weights_finite(params: Iterable[Any], world: Any, device: Any, group: Any = None) -> bool:
     """Whether every rank's part of ``params`` is finite (a reduction over ``group``, or the
-    world: every rank gets the same answer)."""
+    world: every rank gets the same answer; ``device``: where the collective library reduces)."""
     import torch
     import torch.distributed as dist
 
     bad = 0.0
-    device = None
     for param in params:
         local = param.to_local() if hasattr(param, "to_local") else param  # a DTensor: this rank's shard
-        device = local.device
         if local.numel() and not bool(torch.isfinite(local.detach()).all()):
             bad = 1.0
             break
     if world.distributed or group is not None:
-        flag = torch.tensor([bad], device=device if device is not None else "cpu")
+        flag = torch.tensor([bad], device=device)
         dist.all_reduce(flag, group=group)
         bad = flag.item()
     return not bad
 
 
-def refuse_nonfinite_checkpoint(params: Iterable[Any], world: Any, step: int, checkpoints: Path, group: Any = None) -> None:
+def refuse_nonfinite_checkpoint(params: Iterable[Any], world: Any, step: int, checkpoints: Path, device: Any, group: Any = None) -> None:
     """Before saving step ``step``: weights that are not finite (an update that overflowed
     after a finite loss) end the run instead of becoming a checkpoint."""
-    if not weights_finite(params, world, group):
+    if not weights_finite(params, world, device, group):
         raise StageError(f"training stopped at step {step}: the weights are no longer finite (an update overflowed), so they were not saved; "
                          f"{last_checkpoint(checkpoints)}", hint=HINT)
 

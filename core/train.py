@@ -285,14 +285,14 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-            refuse_nonfinite_checkpoint(params, world, done, ckpt_root)
+            refuse_nonfinite_checkpoint(params, world, done, ckpt_root, device)
             save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish
     final_step = max(cfg.steps, step)
-    refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root)
+    refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root, device)
     save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
     outputs = {"checkpoint": f"{CHECKPOINTS}/{LATEST}"}
     if averaged is not None:

@@ -443,3 +443,20 @@ def test_megatron_lora_trains_the_same_adapters_at_any_layout_and_peft_loads_the
         merged, unmerged, plain = export(input_ids=ids).logits, adapted(input_ids=ids).logits, base(input_ids=ids).logits
     assert float((merged - plain).abs().max()) > 1e-2  # the adapters changed the model ...
     assert float((merged - unmerged).abs().max()) < 1e-4  # ... and peft's unmerged adapters are the same change (fp32 sums in another order)
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+def test_megatron_stops_at_the_first_nonfinite_step_on_every_stage(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """At PP=2 the loss exists on the last stage only: both stages stop at the same step (no
+    rank left waiting in a collective), and the checkpoint before it is the one kept."""
+    # step 1 moves every weight by about lr: step 2's logits overflow
+    proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "--run-dir", "nan", "--nproc-per-node", "2",
+              "parallel.backend=megatron", "parallel.pipeline_parallel=2", "training.lr=1e30", "training.steps=4", "training.checkpoint_every=1",
+              "training.eval_every=0", check=False)
+    assert proc.returncode == 1, proc.stderr
+    kept = tmp_path / "nan/train/checkpoints/step-00000001"
+    stopped = [line for line in proc.stderr.splitlines() if "training stopped" in line]
+    assert len(stopped) == 2 and all(f"training stopped at step 2: the loss is nan; no update was made and the last checkpoint, {kept}, is kept" in line
+                                     for line in stopped), proc.stderr
+    assert sorted(p.name for p in kept.parent.glob("step-*")) == [kept.name] and not (tmp_path / "nan/train/manifest.json").exists()
