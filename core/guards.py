@@ -76,4 +76,13 @@ def refuse_nonfinite_checkpoint(params: Iterable[Any], world: Any, step: int, ch
                          f"{last_checkpoint(checkpoints)}", hint=HINT)
 
 
-__all__ = ["NonFinite", "weights_finite", "refuse_nonfinite_checkpoint", "last_checkpoint"]
+def lora_size_warning(r: int, checkpoint_bytes: int, base_bytes: int) -> str | None:
+    """A warning when a LoRA checkpoint (adapters and their optimizer state) outweighs the base
+    weights it adapts: a rank that large saves little over full fine-tuning, and is usually a typo."""
+    if checkpoint_bytes <= base_bytes:
+        return None
+    return (f"warning: training.lora.r={r}: each checkpoint will be about {checkpoint_bytes / 2**30:.3g} GiB, more than the "
+            f"{base_bytes / 2**30:.3g} GiB of base weights it adapts; a smaller rank trains faster and saves less")
+
+
+__all__ = ["lora_size_warning", "NonFinite", "weights_finite", "refuse_nonfinite_checkpoint", "last_checkpoint"]

@@ -29,7 +29,7 @@ from mmcore.context import StageContext
 from mmcore.ema import EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
-from mmcore.guards import NonFinite, refuse_nonfinite_checkpoint
+from mmcore.guards import NonFinite, lora_size_warning, refuse_nonfinite_checkpoint
 from mmcore.io import ensure_free_space
 from mmcore.optim import clip_grad_norm, freeze, lr_lambda
 from mmcore.pack import StageResult
@@ -191,6 +191,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         previous = RunDir(ctx.run_dir).replaced_dir(ctx.stage)
         hint = f"free disk space, e.g. delete {previous} (the previous finished training, kept until this one finishes)" if previous.exists() else "free disk space or point --run-dir at a larger disk"
         ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint", hint=hint)
+        if plan is not None and (warning := lora_size_warning(plan.r, checkpoint_bytes, sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad))):
+            ctx.say(warning)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)

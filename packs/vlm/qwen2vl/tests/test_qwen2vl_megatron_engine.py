@@ -460,3 +460,12 @@ def test_megatron_stops_at_the_first_nonfinite_step_on_every_stage(mm, tmp_path:
     assert len(stopped) == 2 and all(f"training stopped at step 2: the loss is nan; no update was made and the last checkpoint, {kept}, is kept" in line
                                      for line in stopped), proc.stderr
     assert sorted(p.name for p in kept.parent.glob("step-*")) == [kept.name] and not (tmp_path / "nan/train/manifest.json").exists()
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+def test_megatron_refuses_a_lora_rank_wider_than_its_layers(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "--run-dir", "wide",
+              "parallel.backend=megatron", "training.lora.r=100000", "training.steps=1", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "error: training.lora.r: 100000 is more than layer decoder.layers.0.self_attention.linear_proj is wide (64 inputs, 64 outputs): "
+        "use at most 64, or leave that layer out of training.lora.target_modules"), proc.stderr
