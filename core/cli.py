@@ -304,7 +304,11 @@ def verify_cmd(run_dir: str, quick: bool) -> None:
     rd = RunDir(root)
     bad = 0
     for stage in STAGES:
-        manifest = rd.read_manifest(stage)
+        manifest, unreadable = rd.load_manifest(stage)
+        if unreadable:  # what it vouched for cannot be checked: not "ok"
+            bad += 1
+            click.echo(f"  {stage:<11} FAILED {unreadable}")
+            continue
         if manifest is None:
             continue
         if manifest.status != "finished":

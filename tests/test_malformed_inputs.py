@@ -143,6 +143,16 @@ def test_tampered_output_is_found_before_a_later_stage_reads_it(cli: CLI, line_d
     assert "ok" in cli("verify", "--run-dir", str(run)).stdout
 
 
+def test_verify_fails_on_a_manifest_that_is_not_json(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data))
+    run = tmp_path / "runs" / "toy-tiny"
+    (run / "train" / "manifest.json").write_text("garbage, not JSON")
+    proc = cli("verify", "--run-dir", str(run), check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert f"train       FAILED {run.resolve() / 'train' / 'manifest.json'}: unreadable manifest (JSONDecodeError: " in proc.stdout, proc.stdout
+    assert proc.stderr.strip().splitlines() == [f"error: 1 stage(s) of {run.resolve()} changed after finishing (hint: rerun them with --force (or `mmcore run`))"]
+
+
 class WritesTo:
     """A stage writing where the test says: a full disk (/dev/full) is a real ENOSPC."""
 
