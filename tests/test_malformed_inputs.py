@@ -64,6 +64,7 @@ CASES = [
     Case("on_nonfinite unknown", lambda t, d: ["run", "--pack", "toy", "training.on_nonfinite=ignore"], 2, "training.on_nonfinite: Input should be 'stop' or 'skip' (got 'ignore')"),
     Case("config nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "deep.yaml", "training: " + "{a: " * 2000 + "1" + "}" * 2000 + "\n"))], 2, "deep.yaml: nested deeper than 32 levels"),
     Case("override nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "a" + ".a" * 2000 + "=1"], 2, "a.a.a...: nested deeper than 32 levels"),
+    Case("new-pack of an installed name", lambda t, d: ["new-pack", "toy", "--category", "vlm", "--dir", str(t)], 2, "pack name 'toy' is taken: mm-pack-toy is installed and provides it"),
     Case("config file missing", lambda t, d: ["run", "--pack", "toy", "--config", str(t / "nope.yaml")], 2, "nope.yaml: config file not found"),
     Case("config not YAML", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "bad.yaml", "training: [1, 2\n"))], 2, "bad.yaml"),
     Case("config a list", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "list.yaml", "- 1\n- 2\n"))], 2, "list.yaml"),
