@@ -154,6 +154,16 @@ def test_verify_fails_on_a_manifest_that_is_not_json(cli: CLI, line_data: Path, 
     assert proc.stderr.strip().splitlines() == [f"error: 1 stage(s) of {run.resolve()} changed after finishing (hint: rerun them with --force (or `mmcore run`))"]
 
 
+def test_the_free_space_refusal_shows_small_sizes_and_names_the_reserve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmcore.io import ensure_free_space
+
+    monkeypatch.setenv("MMCORE_MIN_FREE_BYTES", str(1 << 62))
+    with pytest.raises(MmcoreError) as info:  # a tiny model's checkpoint used to read "needs about 0.00 GiB"
+        ensure_free_space(tmp_path, 2978 * 1024, "a training checkpoint")
+    assert re.fullmatch(rf"a training checkpoint needs about 2.91 MiB in {tmp_path} plus 4 EiB kept free \(MMCORE_MIN_FREE_BYTES\), "
+                        r"and only [0-9.]+ [KMGT]?i?B are free \(hint: free disk space or point --run-dir at a larger disk\)", info.value.one_line()), info.value.one_line()
+
+
 class WritesTo:
     """A stage writing where the test says: a full disk (/dev/full) is a real ENOSPC."""
 
