@@ -192,6 +192,53 @@ def test_a_full_disk_is_one_line_naming_the_stage_and_what_to_do(tmp_path: Path)
     assert info.value.__cause__ is not None and info.value.__cause__.errno == errno.ENOSPC  # type: ignore[attr-defined]
 
 
+class SavesCheckpoint:
+    """A stage saving a DCP checkpoint whose data file is /dev/full: the disk fills mid-write."""
+
+    PACK = PackSpec(name="saver")
+
+    @hookimpl
+    def mmcore_download(self, ctx):
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        folder = ctx.stage_dir / "ckpt"
+        folder.mkdir()
+        (folder / "__0_0.distcp").symlink_to("/dev/full")
+        dcp.save({"w": torch.zeros(4096)}, checkpoint_id=str(folder), no_dist=True)
+        return StageResult(outputs={"model": "ckpt"})
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_disk_full_inside_a_checkpoint_save_is_one_line_naming_the_path_and_free_space(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    runner = make_runner(plugins_with(SavesCheckpoint()), "saver", tmp_path / "run")
+    with pytest.raises(MmcoreError) as info:  # torch's CheckpointException: a traceback per rank, flattened into its message
+        # DCP's OSError names no file: the line names the stage's folder
+        runner.run_stage("download")
+    line = info.value.one_line()
+    assert re.fullmatch(r"stage 'download' of pack 'saver' could not write: No space left on device \(\S+/run/download; [0-9.]+ [KMGT]?i?B free there\) "
+                        r"\(hint: free disk space .*; the traceback is in \S+/download/error.log\)", line), line
+    assert "Traceback" in (tmp_path / "run/download/error.log").read_text()
+
+
+def test_a_checkpoint_that_fails_to_write_gives_its_space_back(tmp_path: Path) -> None:
+    from mmcore.checkpointing import commit_checkpoint
+    from mmcore.context import WorldInfo
+
+    def write(partial: Path) -> None:  # a real ENOSPC after the first bytes landed
+        partial.mkdir(parents=True)
+        (partial / "big").write_bytes(b"x" * 4096)
+        (partial / "data").symlink_to("/dev/full")
+        with open(partial / "data", "wb") as handle:
+            handle.write(b"weights" * 1000)
+            handle.flush()
+
+    with pytest.raises(OSError):
+        commit_checkpoint(tmp_path, 3, WorldInfo(), write, {"step": 3})
+    assert list(tmp_path.iterdir()) == []  # no step-00000003.incomplete holding the disk full
+
+
 def test_a_stage_that_cannot_write_its_error_log_says_so(tmp_path: Path) -> None:
     class Breaks:
         PACK = PackSpec(name="breaks")
