@@ -147,6 +147,9 @@ def _runner(kw: dict[str, Any]):
     session = open_session(plugins, request)
     if session.config.run.device != "auto":  # a wrong device is found now, not after an hour of preprocessing
         plugins.registry.accelerator(session.config.run.device)
+    from mmcore.preflight import check_layout
+
+    check_layout(plugins, session.pack, session.config, session.run_dir.root)  # so is a parallel layout that cannot work: once, here, not per rank at train
     parallel = session.config.parallel
     if _follows(parallel):
         # a following node: node 0 owns the run directory (lock, run.json, config.yaml), this one joins it

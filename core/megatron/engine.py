@@ -454,16 +454,11 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     cfg, parallel = ctx.config.training, ctx.config.parallel
     if recipe.megatron is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not run on megatron-core" + (" for training.method: dpo" if cfg.method == "dpo" else ""))
-    world = ctx.world.world_size
-    if world % (parallel.tensor_parallel * parallel.pipeline_parallel):
-        raise StageError(f"parallel.tensor_parallel={parallel.tensor_parallel} x parallel.pipeline_parallel={parallel.pipeline_parallel} does not divide the {world} process(es) (--nproc-per-node x nodes)")
-    if parallel.sequence_parallel and parallel.tensor_parallel == 1:
-        raise StageError("parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too")
-    if parallel.virtual_pipeline > 1 and parallel.pipeline_parallel == 1:
-        raise StageError("parallel.virtual_pipeline interleaves model chunks over pipeline stages: set parallel.pipeline_parallel > 1 too")
-    if parallel.virtual_pipeline > 1 and cfg.grad_accum_steps < parallel.pipeline_parallel:
-        raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
-                         f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
+    from mmcore.preflight import megatron_layout_problem
+
+    problem = megatron_layout_problem(parallel, cfg, ctx.world.world_size)  # the launcher checked it too; a run started another way
+    if problem:
+        raise StageError(problem)
     refused = {
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),

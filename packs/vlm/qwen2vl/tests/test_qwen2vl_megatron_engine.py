@@ -469,3 +469,18 @@ def test_megatron_refuses_a_lora_rank_wider_than_its_layers(mm, tmp_path: Path) 
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         "error: training.lora.r: 100000 is more than layer decoder.layers.0.self_attention.linear_proj is wide (64 inputs, 64 outputs): "
         "use at most 64, or leave that layer out of training.lora.target_modules"), proc.stderr
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+def test_a_layout_the_model_cannot_take_is_refused_once_before_download(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Checked by the launching process against the tiny preset's config (init:tiny: 2 layers, 4
+    heads, 2 key-value heads): one line, exit 2, no stage run; it used to surface at train, after
+    download, convert and preprocess, once per rank (PP=3: megatron-core's own ValueError)."""
+    for overrides, message in [
+        (["--nproc-per-node", "3", "parallel.pipeline_parallel=3"], "parallel.pipeline_parallel=3 is more pipeline stages than the model's 2 layers (init:tiny)"),
+        (["--nproc-per-node", "4", "parallel.tensor_parallel=4"], "parallel.tensor_parallel=4 does not divide the model's 2 key-value heads (init:tiny)"),
+        (["--nproc-per-node", "2", "parallel.tensor_parallel=3"], "parallel.tensor_parallel=3 x parallel.pipeline_parallel=1 does not divide the 2 process(es) (--nproc-per-node x nodes)"),
+    ]:
+        proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "--run-dir", "layout", "parallel.backend=megatron", *overrides, check=False)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr
+        assert not (tmp_path / "layout" / "download").exists()
