@@ -175,7 +175,12 @@ def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path],
             shutil.rmtree(final, ignore_errors=True)  # a directory of that name that never completed
         if world.distributed:
             dist.barrier()
-        write(partial)
+        try:
+            write(partial)
+        except BaseException:
+            if world.is_local_main:  # the space back: a full disk must still take the error log and the session record
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
         crash_point("checkpoint-write", step)
         atomic_write_json(partial / f"rng-rank{world.rank:05d}.json", {**_rng_state(), **(more_rng() if more_rng else {})})
         if world.distributed:

@@ -147,6 +147,9 @@ def _runner(kw: dict[str, Any]):
     session = open_session(plugins, request)
     if session.config.run.device != "auto":  # a wrong device is found now, not after an hour of preprocessing
         plugins.registry.accelerator(session.config.run.device)
+    from mmcore.preflight import check_layout
+
+    check_layout(plugins, session.pack, session.config, session.run_dir.root)  # so is a parallel layout that cannot work: once, here, not per rank at train
     parallel = session.config.parallel
     if _follows(parallel):
         # a following node: node 0 owns the run directory (lock, run.json, config.yaml), this one joins it
@@ -324,7 +327,11 @@ def verify_cmd(run_dir: str, quick: bool) -> None:
     rd = RunDir(root)
     bad = 0
     for stage in STAGES:
-        manifest = rd.read_manifest(stage)
+        manifest, unreadable = rd.load_manifest(stage)
+        if unreadable:  # what it vouched for cannot be checked: not "ok"
+            bad += 1
+            click.echo(f"  {stage:<11} FAILED {unreadable}")
+            continue
         if manifest is None:
             continue
         if manifest.status != "finished":

@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mmcore.errors import ConfigError
+
+
+#: Step counts above this are a typo (1e12, 10^30), not a run: 1e8 steps at 10 ms each are 11 days.
+MAX_STEPS = 100_000_000
+
+#: A step count: a whole number (``1e3`` is refused rather than rounded), at most :data:`MAX_STEPS`.
+Steps = Annotated[int, Field(strict=True, le=MAX_STEPS)]
 
 
 class Section(BaseModel):
@@ -84,15 +91,16 @@ class DpoSection(Section):
 
 class TrainingSection(Section):
     method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
-    steps: int = Field(100, ge=0, description="Optimizer steps.")
-    lr: float = Field(1e-4, gt=0)
+    steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000).")
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: Steps = Field(0, ge=0)
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     weight_decay: float = Field(0.0, ge=0)
     micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
-    grad_accum_steps: int = Field(1, ge=1)
-    max_grad_norm: float | None = Field(1.0, description="Clip gradients to this norm; null: no clipping.")
+    grad_accum_steps: Steps = Field(1, ge=1)
+    max_grad_norm: float | None = Field(1.0, gt=0, allow_inf_nan=False, description="Clip gradients to this norm (> 0: a negative one would flip the gradient); null: no clipping.")
+    on_nonfinite: Literal["stop", "skip"] = Field("stop", description="A step whose loss or gradient norm is not finite (nan, inf): stop the run with an error naming the step (the last checkpoint stays the last good one), or skip the step (no update; counted in the skipped_steps metric).")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it. bf16: bf16 compute, fp32 weights, gradient reduction and optimizer state, on any number of processes (the backend's mixed-precision policy).")
     recompute: Literal["none", "full", "selective"] = Field("none", description="Activation recompute of the pack's blocks: full keeps only block inputs; selective keeps matmul and attention outputs and recomputes the cheap ops.")
     cpu_offload: bool = Field(False, description="Keep sharded parameters, gradients and optimizer state in host memory between uses (FSDP2's offload policy; needs an accelerator).")
@@ -100,9 +108,9 @@ class TrainingSection(Section):
     packing: bool = Field(False, description="Pack each micro-batch into one sequence, attention isolated per sample, no padding (where the pack supports it).")
     max_tokens: int | None = Field(None, ge=1, description="With packing: fill each micro-batch's row to this many tokens from a length-aware sampler (micro_batch_size is then unused); null: micro_batch_size samples per row.")
     balance_towers: bool = Field(True, description="Where samples differ in media (vision patches, audio frames), give the data-parallel ranks of a step alike tower work: samples are sorted by it within windows of 64 global micro-batches before these are cut and shuffled, and dealt largest first (the global micro-batches stay the same at any number of processes); false: plain shuffling. The tower_balance metric says how alike.")
-    checkpoint_every: int = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
-    log_every: int = Field(1, ge=1)
-    eval_every: int = Field(0, ge=0)
+    checkpoint_every: Steps = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
+    log_every: Steps = Field(1, ge=1)
+    eval_every: Steps = Field(0, ge=0)
     moe_aux_loss_coef: float | None = Field(None, ge=0, description="Mixture-of-experts models: weight of the router's load-balancing loss, per loss token (null: the model config's router_aux_loss_coef; 0: left out).")
     ema: float = Field(0.0, ge=0, lt=1, description="Keep an exponential moving average of the trained weights with this decay (e.g. 0.999; 0: none), in every checkpoint; export writes it (export.weights). Its first updates decay less, as diffusers' EMAModel's.")
     lora: LoraSection = Field(default_factory=LoraSection)
@@ -237,6 +245,8 @@ def read_yaml(path: str | Path, origin: str | None = None) -> dict[str, Any]:
         raise ConfigError(f"{where}: invalid YAML: {problem}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{origin}: cannot read: {exc}") from None
+    except RecursionError:  # the YAML parser recurses once per level
+        raise ConfigError(f"{origin}: nested deeper than {MAX_DEPTH} levels (a config's keys are a few levels deep)") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -326,11 +336,34 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], origin
     return lines
 
 
+#: Deeper than this is no config a person wrote; merging and validating recurse once per level.
+MAX_DEPTH = 32
+#: Integers beyond 64 bits fit no seed, count or size the stages hand to torch or numpy.
+INT64 = range(-(2**63), 2**63)
+
+
+def _check_values(layer: Layer) -> None:
+    """Refuse what would fail later as a RecursionError or an OverflowError deep in a stage."""
+    stack: list[tuple[tuple[str, ...], Any]] = [((), layer.values)]
+    while stack:
+        path, value = stack.pop()
+        key = ".".join(path) or "(top level)"
+        if len(path) > MAX_DEPTH:
+            raise ConfigError(f"{layer.origin}: {'.'.join(path[:3])}...: nested deeper than {MAX_DEPTH} levels (a config's keys are a few levels deep)")
+        if isinstance(value, Mapping):
+            stack.extend(((*path, str(k)), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend(((*path, str(i)), v) for i, v in enumerate(value))
+        elif isinstance(value, int) and not isinstance(value, bool) and value not in INT64:
+            raise ConfigError(f"{layer.origin}: {key}: {value} does not fit in 64 bits")
+
+
 def build_config(config_class: type[RunConfig], layers: list[Layer]) -> RunConfig:
     """Merge ``layers`` in order and validate; errors become one :class:`ConfigError` line each."""
     merged: dict[str, Any] = {}
     origins: dict[tuple[str, ...], str] = {}
     for layer in layers:
+        _check_values(layer)
         _merge(merged, layer.values, layer.origin, origins)
     try:
         return config_class.model_validate(merged)
@@ -344,6 +377,8 @@ def overrides_layer(overrides: list[str]) -> Layer:
     origins: dict[tuple[str, ...], str] = {}
     for text in overrides:
         path, value = parse_override(text)
+        if len(path) > MAX_DEPTH:
+            raise ConfigError(f"{COMMAND_LINE}: {'.'.join(path[:3])}...: nested deeper than {MAX_DEPTH} levels (a config's keys are a few levels deep)")
         _merge(values, nest(path, value), COMMAND_LINE, origins)
     return Layer(COMMAND_LINE, values)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class MmcoreError(Exception):
     """An error caused by the user's input or environment, printed as one line.
@@ -62,14 +64,52 @@ _FS_ADVICE = {
 }
 
 
-def file_system_error(exc: BaseException, doing: str) -> "MmcoreError | None":
-    """A one-line error for a full, read-only or forbidden file system (None for other errors)."""
+def os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``: itself, its causes, or what a library gathered from its ranks
+    (torch.distributed.checkpoint's ``CheckpointException.failures``), whose message is a
+    flattened traceback per rank."""
+    stack: list[object] = [exc]
+    seen: set[int] = set()
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):
+            stack.extend(f[0] if isinstance(f, tuple) and f else f for f in failures.values())  # (exception, traceback) per rank
+        stack.extend((current.__cause__, current.__context__))
+    return None
+
+
+def file_system_error(exc: BaseException, doing: str, where: "str | None" = None) -> "MmcoreError | None":
+    """A one-line error for a full, read-only or forbidden file system (None for other errors),
+    naming the path (``where`` when the error names none) and, for a full disk, what is free."""
     import errno
 
-    if not isinstance(exc, OSError) or exc.errno is None:
+    inner = os_error_in(exc)
+    if inner is None:
         return None
-    name = errno.errorcode.get(exc.errno, "")
+    name = errno.errorcode.get(inner.errno or 0, "")
     if name not in _FS_ADVICE:
         return None
-    where = f" ({exc.filename})" if exc.filename else ""
-    return MmcoreError(f"{doing}: {exc.strerror or name}{where}", hint=_FS_ADVICE[name])
+    path = inner.filename or where
+    detail = f" ({path}{_free_at(path) if name in ('ENOSPC', 'EDQUOT') else ''})" if path else ""
+    return MmcoreError(f"{doing}: {inner.strerror or name}{detail}", hint=_FS_ADVICE[name])
+
+
+def _free_at(path: "str | os.PathLike[str]") -> str:
+    import shutil
+    from pathlib import Path
+
+    from mmcore.io import size_text
+
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return f"; {size_text(shutil.disk_usage(probe).free)} free there"
+    except OSError:
+        return ""

@@ -44,9 +44,21 @@ def ensure_free_space(folder: Path, need_bytes: int, what: str, *, hint: str = "
     reserve = int(os.environ.get("MMCORE_MIN_FREE_BYTES", str(256 << 20)))
     if free < need_bytes + reserve:
         raise StageError(
-            f"{what} needs about {need_bytes / 2**30:.2f} GiB in {folder}, and only {free / 2**30:.2f} GiB are free",
+            f"{what} needs about {size_text(need_bytes)} in {folder} plus {size_text(reserve)} kept free (MMCORE_MIN_FREE_BYTES), "
+            f"and only {size_text(free)} are free",
             hint=hint,
         )
+
+
+def size_text(count: int | float) -> str:
+    """Bytes in the unit that shows them with three significant digits (a tiny model's 2.8 MiB
+    is not "0.00 GiB")."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} EiB"
 
 
 def fsync_file(path: Path) -> None:

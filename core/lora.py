@@ -32,7 +32,7 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from mmcore.errors import StageError
+from mmcore.errors import ConfigError, StageError
 
 if TYPE_CHECKING:
     import torch
@@ -142,6 +142,8 @@ def plan_lora(model: "nn.Module", cfg: Any, *, groups: Mapping[str, Sequence[str
     targets = list(dict.fromkeys(targets))
     if not targets:
         raise StageError("training.lora: no layer to adapt (every target is frozen by training.freeze, or the pack's blocks hold no linear layer)")
+    modules = dict(named)
+    check_rank(cfg.r, {name: layer_width(modules[name]) for name in targets})
     save: list[str] = []
     for entry, globs in expand_groups(cfg.modules_to_save, groups):
         hit = [name for name, module in model.named_modules() if name and matches_any(name, globs) and any(True for _ in module.parameters(recurse=False))]
@@ -154,6 +156,31 @@ def plan_lora(model: "nn.Module", cfg: Any, *, groups: Mapping[str, Sequence[str
         raise StageError(f"training.lora: {both[0]!r} is both a LoRA target and in modules_to_save; it can only be one")
     return LoraPlan(r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, init=cfg.init, targets=targets, modules_to_save=save,
                     base=base[0], base_fingerprint=base[1])
+
+
+def layer_width(module: Any) -> tuple[int, int]:
+    """(inputs, outputs) of a layer LoRA adapts: its rank can be at most the smaller."""
+    from torch import nn
+
+    if isinstance(module, nn.Embedding):
+        return module.num_embeddings, module.embedding_dim
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    kernel = 1
+    for size in module.kernel_size:  # a conv adapter's A sees a whole kernel window of inputs
+        kernel *= size
+    return module.in_channels // module.groups * kernel, module.out_channels
+
+
+def check_rank(r: int, widths: Mapping[str, tuple[int, int]]) -> None:
+    """A rank above a layer's width adds parameters (and checkpoint bytes) but nothing the
+    layer could learn: refused, naming the narrowest layer, before any memory is spent."""
+    if not widths:
+        return
+    name, (inputs, outputs) = min(widths.items(), key=lambda item: min(item[1]))
+    if r > min(inputs, outputs):
+        raise ConfigError(f"training.lora.r: {r} is more than layer {name} is wide ({inputs} inputs, {outputs} outputs): "
+                          f"use at most {min(inputs, outputs)}, or leave that layer out of training.lora.target_modules")
 
 
 def _with_tied_partners(model: "nn.Module", modules: list[str]) -> list[str]:

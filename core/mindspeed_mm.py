@@ -74,7 +74,15 @@ def read_checkpoint(folder: Path, pmap: ParallelMap) -> tuple[State, dict[str, A
     """(the HF state dict, what was found: iteration, tensor_parallel, pipeline_parallel) of a
     MindSpeed-MM checkpoint folder, whatever its TP/PP: the layer placement is read from the
     files themselves (no ``pipeline_num_layers`` to repeat)."""
-    stages, found = read_stages(folder)
+    loaded, found = _read_rank_files(folder)
+    for path, chunks in loaded.values():  # a tensor the table does not know: named with the file that holds it
+        for chunk in chunks:
+            for name in chunk:
+                try:
+                    pmap.rule_of(name)
+                except StageError as exc:
+                    raise StageError(f"{path}: {exc}") from None
+    stages = _in_pipeline_order(loaded, found)
     ranks = [pmap.merge_pp(per_tp) for per_tp in stages]
     return pmap.to_hf(pmap.merge_tp(ranks)), found
 
@@ -82,6 +90,22 @@ def read_checkpoint(folder: Path, pmap: ParallelMap) -> tuple[State, dict[str, A
 def read_stages(folder: Path) -> tuple[list[list[State]], dict[str, Any]]:
     """The model state of every (tensor-parallel rank, pipeline stage) of the checkpoint, stages
     in pipeline order (a virtual pipeline's chunks interleaved as Megatron runs them)."""
+    loaded, found = _read_rank_files(folder)
+    return _in_pipeline_order(loaded, found), found
+
+
+def _in_pipeline_order(loaded: Mapping[tuple[int, int], tuple[Path, list[State]]], found: Mapping[str, Any]) -> list[list[State]]:
+    tp, pp = found["tensor_parallel"], found["pipeline_parallel"]
+    stages: list[list[State]] = []
+    for t in range(tp):
+        chunks = [loaded[(t, p)][1] for p in range(pp)]
+        stages.append([chunks[p][v] for v in range(len(chunks[0])) for p in range(pp)])  # Megatron's order: chunk v of every stage, then v + 1
+    return stages
+
+
+def _read_rank_files(folder: Path) -> tuple[dict[tuple[int, int], tuple[Path, list[State]]], dict[str, Any]]:
+    """(tensor-parallel rank, pipeline stage) -> (its file, its model chunks), and what was
+    found; every problem of one file is an error naming that file."""
     latest = folder / LATEST
     if not latest.is_file():
         raise StageError(f"{folder}: no {LATEST}: not a MindSpeed-MM (Megatron) checkpoint folder")
@@ -106,12 +130,18 @@ def read_stages(folder: Path) -> tuple[list[list[State]], dict[str, Any]]:
     missing = [rank_dir(t, p, pp) for t in range(tp) for p in range(pp) if (t, p) not in ranks]
     if missing:
         raise StageError(f"{root}: {missing[0]} is missing (the checkpoint has {tp} tensor-parallel ranks x {pp} pipeline stages)")
-    stages: list[list[State]] = []
-    for t in range(tp):
-        chunks = [_load(ranks[(t, p)]) for p in range(pp)]
-        virtual = len(chunks[0])
-        stages.append([chunks[p][v] for v in range(virtual) for p in range(pp)])  # Megatron's order: chunk v of every stage, then v + 1
-    return stages, {"iteration": iteration, "tensor_parallel": tp, "pipeline_parallel": pp, "virtual_pipeline": len(stages[0]) // pp}
+    loaded = {key: (path, _load(path)) for key, path in sorted(ranks.items())}
+    for (t, p), (path, chunks) in loaded.items():
+        # the tensor-parallel ranks of a stage hold the same tensors, each its shard: the odd one out is named
+        first, reference = loaded[(0, p)]
+        for v, chunk in enumerate(chunks):
+            other = reference[v] if v < len(reference) else {}
+            if set(chunk) != set(other):
+                odd = sorted(set(chunk) ^ set(other))[0]
+                has = ("holds", "does not") if odd in chunk else ("lacks", "holds")
+                raise StageError(f"{path}: {has[0]} tensor {odd}, which {first} (tensor-parallel rank 0 of the same stage) {has[1]}")
+    found = {"iteration": iteration, "tensor_parallel": tp, "pipeline_parallel": pp, "virtual_pipeline": len(loaded[(0, 0)][1])}
+    return loaded, found
 
 
 def _load(path: Path) -> list[State]:
@@ -141,7 +171,11 @@ def _load(path: Path) -> list[State]:
         if not isinstance(chunk, dict):
             raise StageError(f"{path}: its model state is a {type(chunk).__name__}, not a dict of tensors")
         # Transformer Engine's _extra_state entries (None or bytes) carry no weights
-        out.append({k: v for k, v in chunk.items() if isinstance(v, torch.Tensor) and not k.endswith("._extra_state")})
+        tensors = {k: v for k, v in chunk.items() if isinstance(v, torch.Tensor) and not k.endswith("._extra_state")}
+        bad = next((k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
+        if bad is not None:
+            raise StageError(f"{path}: tensor {bad} holds nan or inf values (a diverged or damaged checkpoint)")
+        out.append(tensors)
     return out
 
 

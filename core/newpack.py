@@ -55,6 +55,18 @@ def write_pack(name: str, category: str, directory: Path, model_class: str) -> P
     return root
 
 
+def installed_pack(name: str) -> str | None:
+    """The installed distribution that provides pack ``name`` (entry points only: no pack is imported)."""
+    from importlib import metadata
+
+    from mmcore.plugins import PACK_GROUP
+
+    for entry in metadata.entry_points(group=PACK_GROUP):
+        if entry.name == name:
+            return entry.dist.name if entry.dist is not None else entry.value
+    return None
+
+
 @click.command("new-pack")
 @click.argument("name")
 @click.option("--category", type=click.Choice(["vlm", "generative", "audio", "omni"]), required=True, help="What kind of model.")
@@ -68,6 +80,9 @@ def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: s
 
     if not _PACK_NAME.match(name):
         raise UsageError(f"pack name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
+    taken = installed_pack(name)
+    if taken:  # two packs of one name: the second would be reported broken and never load
+        raise UsageError(f"pack name {name!r} is taken: {taken} is installed and provides it (see `mmcore list`); choose another name")
     if from_diffusers:
         raise UsageError("--from-diffusers: the diffusion kit is not there yet; start from the wan pack (packs/generative/wan)")
     model_class = from_transformers or DEFAULT_CLASS

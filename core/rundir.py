@@ -154,16 +154,21 @@ class RunDir:
 
     # ---------------------------------------------------------------- manifests
     def read_manifest(self, stage: str) -> Manifest | None:
+        manifest, problem = self.load_manifest(stage)
+        if problem:  # written atomically, so this is a hand edit; the stage counts as unfinished
+            print(f"warning: {problem}; the stage counts as unfinished")
+        return manifest
+
+    def load_manifest(self, stage: str) -> tuple[Manifest | None, str | None]:
+        """(the stage's manifest or None, why a manifest that is there cannot be read or None)."""
         path = self.stage_dir(stage) / MANIFEST
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return Manifest.from_json(data, stage_dir=self.stage_dir(stage))
+            return Manifest.from_json(data, stage_dir=self.stage_dir(stage)), None
         except FileNotFoundError:
-            return None
+            return None, None
         except (ValueError, TypeError) as exc:
-            # Written atomically, so this is a hand edit; treat the stage as unfinished.
-            print(f"warning: {path}: unreadable manifest ({exc}); the stage counts as unfinished")
-            return None
+            return None, f"{path}: unreadable manifest ({type(exc).__name__}: {exc})"
 
     def write_manifest(self, manifest: Manifest) -> None:
         atomic_write_json(self.stage_dir(manifest.stage) / MANIFEST, manifest.to_json())

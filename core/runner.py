@@ -9,6 +9,8 @@ outputs exist. Work left by an interrupted stage is resumed only when its plan i
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 import traceback
 from datetime import datetime
@@ -282,9 +284,11 @@ class Runner:
             try:
                 log.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
             except OSError as log_exc:
+                with contextlib.suppress(OSError):
+                    log.unlink()  # an empty error.log would look like a failure without a reason
                 log = None  # type: ignore[assignment]
                 unlogged = f"no traceback saved: writing {stage_dir} failed too ({log_exc.strerror})"
-            fs_error = file_system_error(exc, f"stage {stage!r} of pack {self.pack!r} could not write")
+            fs_error = file_system_error(exc, f"stage {stage!r} of pack {self.pack!r} could not write", where=str(stage_dir))
             if fs_error is not None:
                 fs_error.hint = f"{fs_error.hint}; " + (f"the traceback is in {log}" if log is not None else unlogged)
                 raise fs_error from exc

@@ -29,6 +29,7 @@ from mmcore.context import StageContext
 from mmcore.ema import EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
+from mmcore.guards import NonFinite, lora_size_warning, refuse_nonfinite_checkpoint
 from mmcore.io import ensure_free_space
 from mmcore.optim import clip_grad_norm, freeze, lr_lambda
 from mmcore.pack import StageResult
@@ -190,6 +191,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         previous = RunDir(ctx.run_dir).replaced_dir(ctx.stage)
         hint = f"free disk space, e.g. delete {previous} (the previous finished training, kept until this one finishes)" if previous.exists() else "free disk space or point --run-dir at a larger disk"
         ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint", hint=hint)
+        if plan is not None and (warning := lora_size_warning(plan.r, checkpoint_bytes, sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad))):
+            ctx.say(warning)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
     data = recipe.dataset(ctx, upstream)
@@ -217,6 +220,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     model.train()
 
     evals = HeldOutLog(ctx)
+    nonfinite = NonFinite(cfg.on_nonfinite, ckpt_root)
 
     def log_eval(at: int) -> None:
         if recipe.evaluate is None:
@@ -247,20 +251,23 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             loss_sum += loss.detach().float()
             if recipe.flops is not None:
                 flops += recipe.flops(model, batch)
-        grad_norm = clip_grad_norm(params, cfg.max_grad_norm)
-        optimizer.step()
+        grad_norm = clip_grad_norm(params, cfg.max_grad_norm)  # model-wide: the same on every rank
+        if world.distributed:
+            dist.all_reduce(loss_sum)  # before the update: a nan on one rank is every rank's, and all stop or skip alike
+        step_loss = loss_sum.item() / global_tokens
+        applies = nonfinite.check(step + 1, step_loss, grad_norm)
+        if applies:
+            optimizer.step()
+            last_loss = step_loss
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if ema is not None:
+        if ema is not None and applies:
             ema.update(step + 1)
         extra = _step_metrics(recipe, device, world)
-        if world.distributed:
-            dist.all_reduce(loss_sum)
-        last_loss = loss_sum.item() / global_tokens
         elapsed = time.perf_counter() - t0
         done = step + 1
         metrics = {
-            "loss": last_loss,
+            "loss": step_loss,
             "lr": scheduler.get_last_lr()[0],
             "grad_norm": grad_norm,
             f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
@@ -270,6 +277,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         }
         metrics.update({name: value / global_tokens for name, value in extra.items()})
         metrics.update(spread)
+        if nonfinite.skipped:
+            metrics["skipped_steps"] = nonfinite.skipped
         filled += int(spread.get("fillers", 0))
         if recipe.flops is not None:
             metrics.update(utilisation(flops, elapsed, accelerator))
@@ -278,12 +287,14 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            refuse_nonfinite_checkpoint(params, world, done, ckpt_root, device)
             save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish
     final_step = max(cfg.steps, step)
+    refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root, device)
     save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
     outputs = {"checkpoint": f"{CHECKPOINTS}/{LATEST}"}
     if averaged is not None:
@@ -305,6 +316,9 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if filled:
         result_metrics["fillers"] = filled
         notes.append(f"{filled} filler(s) kept the ranks' tower calls alike where their micro-batches held different media (this run's steps)")
+    if nonfinite.skipped:
+        result_metrics["skipped_steps"] = nonfinite.skipped
+        notes.append(f"{nonfinite.skipped} step(s) skipped: their loss or gradient norm was not finite (training.on_nonfinite: skip); the final loss is the last finite one")
     evals.summarise(result_metrics, notes)
     if own_group:
         dist.destroy_process_group()

@@ -172,3 +172,22 @@ def test_adapter_config_is_the_same_file_whatever_the_string_hashing(tmp_path: P
         written.append((tmp_path / seed / "adapter_config.json").read_bytes())
     assert written[0] == written[1]
     assert json.loads(written[0])["target_modules"] == ["down_proj", "k_proj", "q_proj", "up_proj", "v_proj"]
+
+
+def test_a_rank_wider_than_a_target_layer_is_refused_naming_it() -> None:
+    from mmcore.errors import ConfigError
+    from mmcore.guards import lora_size_warning
+
+    model = tiny_lm()  # k_proj and v_proj: 32 inputs, 16 outputs (2 KV heads of 8)
+
+    def ranked(r: int, **lora):  # type: ignore[no-untyped-def]
+        return plan_lora(model, LoraSection(r=r, **lora), groups=GROUPS, default_targets=(), blocks=list(model.model.layers), frozen=[])
+
+    assert ranked(16).r == 16
+    with pytest.raises(ConfigError, match=r"^training.lora.r: 17 is more than layer model.layers.0.self_attn.k_proj is wide \(32 inputs, 16 outputs\): use at most 16"):
+        ranked(17)
+    assert ranked(32, target_modules=["*.q_proj"]).r == 32  # only the targets count
+    # a rank that fits can still make adapters (with their AdamW moments) outweigh the base: said before training
+    assert lora_size_warning(16, 10 << 20, 20 << 20) is None
+    assert lora_size_warning(16, 30 << 20, 20 << 20) == ("warning: training.lora.r=16: each checkpoint will be about 0.0293 GiB, more than the 0.0195 GiB "
+                                                        "of base weights it adapts; a smaller rank trains faster and saves less")

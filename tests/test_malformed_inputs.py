@@ -56,6 +56,15 @@ CASES = [
     Case("misspelt key", lambda t, d: ["run", "--pack", "toy", "training.lrr=1"], 2, "training.lrr: unknown key; did you mean 'training.lr'?"),
     Case("wrong type", lambda t, d: ["run", "--pack", "toy", "training.steps=many"], 2, "training.steps: Input should be a valid integer"),
     Case("out of range", lambda t, d: ["run", "--pack", "toy", "training.steps=-1"], 2, "training.steps: Input should be greater than or equal to 0 (got -1)"),
+    Case("grad norm negative", lambda t, d: ["run", "--pack", "toy", "training.max_grad_norm=-1"], 2, "training.max_grad_norm: Input should be greater than 0 (got -1)"),
+    Case("lr infinite", lambda t, d: ["run", "--pack", "toy", "training.lr=inf"], 2, "training.lr: Input should be a finite number (got inf)"),
+    Case("steps not whole", lambda t, d: ["run", "--pack", "toy", "training.steps=1e12"], 2, "training.steps: Input should be a valid integer (got 1000000000000.0)"),
+    Case("steps past the bound", lambda t, d: ["run", "--pack", "toy", "training.steps=200000000"], 2, "training.steps: Input should be less than or equal to 100000000 (got 200000000)"),
+    Case("seed past 64 bits", lambda t, d: ["run", "--pack", "toy", "run.seed=99999999999999999999999"], 2, "run.seed: 99999999999999999999999 does not fit in 64 bits"),
+    Case("on_nonfinite unknown", lambda t, d: ["run", "--pack", "toy", "training.on_nonfinite=ignore"], 2, "training.on_nonfinite: Input should be 'stop' or 'skip' (got 'ignore')"),
+    Case("config nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "deep.yaml", "training: " + "{a: " * 2000 + "1" + "}" * 2000 + "\n"))], 2, "deep.yaml: nested deeper than 32 levels"),
+    Case("override nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "a" + ".a" * 2000 + "=1"], 2, "a.a.a...: nested deeper than 32 levels"),
+    Case("new-pack of an installed name", lambda t, d: ["new-pack", "toy", "--category", "vlm", "--dir", str(t)], 2, "pack name 'toy' is taken: mm-pack-toy is installed and provides it"),
     Case("config file missing", lambda t, d: ["run", "--pack", "toy", "--config", str(t / "nope.yaml")], 2, "nope.yaml: config file not found"),
     Case("config not YAML", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "bad.yaml", "training: [1, 2\n"))], 2, "bad.yaml"),
     Case("config a list", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "list.yaml", "- 1\n- 2\n"))], 2, "list.yaml"),
@@ -135,6 +144,26 @@ def test_tampered_output_is_found_before_a_later_stage_reads_it(cli: CLI, line_d
     assert "ok" in cli("verify", "--run-dir", str(run)).stdout
 
 
+def test_verify_fails_on_a_manifest_that_is_not_json(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    cli("run", "--pack", "toy", "--data", str(line_data))
+    run = tmp_path / "runs" / "toy-tiny"
+    (run / "train" / "manifest.json").write_text("garbage, not JSON")
+    proc = cli("verify", "--run-dir", str(run), check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert f"train       FAILED {run.resolve() / 'train' / 'manifest.json'}: unreadable manifest (JSONDecodeError: " in proc.stdout, proc.stdout
+    assert proc.stderr.strip().splitlines() == [f"error: 1 stage(s) of {run.resolve()} changed after finishing (hint: rerun them with --force (or `mmcore run`))"]
+
+
+def test_the_free_space_refusal_shows_small_sizes_and_names_the_reserve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmcore.io import ensure_free_space
+
+    monkeypatch.setenv("MMCORE_MIN_FREE_BYTES", str(1 << 62))
+    with pytest.raises(MmcoreError) as info:  # a tiny model's checkpoint used to read "needs about 0.00 GiB"
+        ensure_free_space(tmp_path, 2978 * 1024, "a training checkpoint")
+    assert re.fullmatch(rf"a training checkpoint needs about 2.91 MiB in {tmp_path} plus 4 EiB kept free \(MMCORE_MIN_FREE_BYTES\), "
+                        r"and only [0-9.]+ [KMGT]?i?B are free \(hint: free disk space or point --run-dir at a larger disk\)", info.value.one_line()), info.value.one_line()
+
+
 class WritesTo:
     """A stage writing where the test says: a full disk (/dev/full) is a real ENOSPC."""
 
@@ -161,6 +190,53 @@ def test_a_full_disk_is_one_line_naming_the_stage_and_what_to_do(tmp_path: Path)
     assert "free disk space" in line and "the traceback is in" in line and "\n" not in line
     assert (tmp_path / "run" / "download" / "error.log").read_text().count("Traceback") == 1
     assert info.value.__cause__ is not None and info.value.__cause__.errno == errno.ENOSPC  # type: ignore[attr-defined]
+
+
+class SavesCheckpoint:
+    """A stage saving a DCP checkpoint whose data file is /dev/full: the disk fills mid-write."""
+
+    PACK = PackSpec(name="saver")
+
+    @hookimpl
+    def mmcore_download(self, ctx):
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        folder = ctx.stage_dir / "ckpt"
+        folder.mkdir()
+        (folder / "__0_0.distcp").symlink_to("/dev/full")
+        dcp.save({"w": torch.zeros(4096)}, checkpoint_id=str(folder), no_dist=True)
+        return StageResult(outputs={"model": "ckpt"})
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_disk_full_inside_a_checkpoint_save_is_one_line_naming_the_path_and_free_space(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    runner = make_runner(plugins_with(SavesCheckpoint()), "saver", tmp_path / "run")
+    with pytest.raises(MmcoreError) as info:  # torch's CheckpointException: a traceback per rank, flattened into its message
+        # DCP's OSError names no file: the line names the stage's folder
+        runner.run_stage("download")
+    line = info.value.one_line()
+    assert re.fullmatch(r"stage 'download' of pack 'saver' could not write: No space left on device \(\S+/run/download; [0-9.]+ [KMGT]?i?B free there\) "
+                        r"\(hint: free disk space .*; the traceback is in \S+/download/error.log\)", line), line
+    assert "Traceback" in (tmp_path / "run/download/error.log").read_text()
+
+
+def test_a_checkpoint_that_fails_to_write_gives_its_space_back(tmp_path: Path) -> None:
+    from mmcore.checkpointing import commit_checkpoint
+    from mmcore.context import WorldInfo
+
+    def write(partial: Path) -> None:  # a real ENOSPC after the first bytes landed
+        partial.mkdir(parents=True)
+        (partial / "big").write_bytes(b"x" * 4096)
+        (partial / "data").symlink_to("/dev/full")
+        with open(partial / "data", "wb") as handle:
+            handle.write(b"weights" * 1000)
+            handle.flush()
+
+    with pytest.raises(OSError):
+        commit_checkpoint(tmp_path, 3, WorldInfo(), write, {"step": 3})
+    assert list(tmp_path.iterdir()) == []  # no step-00000003.incomplete holding the disk full
 
 
 def test_a_stage_that_cannot_write_its_error_log_says_so(tmp_path: Path) -> None:

@@ -74,3 +74,27 @@ def test_size_limits_make_absurd_media_a_bad_sample_before_decoding(tmp_path: Pa
     finally:
         media.media_limits(SimpleNamespace(max_image_pixels=89_478_485, max_media_seconds=3600.0))
     assert probe(tmp_path / "clip.mp4").frames == 12
+
+
+def test_every_truncation_of_an_mp4_is_an_error_that_says_what_is_wrong(tmp_path: Path) -> None:
+    """A file cut anywhere either still probes or is a MediaError naming the file and calling
+    it truncated or damaged: never PyAV's bare 'tuple index out of range' (no video stream left)
+    nor an AttributeError on a stream without a frame size."""
+    import re
+
+    from mmcore.data.media import MediaError
+
+    write_mp4(tmp_path / "whole.mp4", moving_square(0, frames=12), 8)
+    data = (tmp_path / "whole.mp4").read_bytes()
+    cut = tmp_path / "cut.mp4"
+    said = set()
+    for size in range(0, len(data), 7):
+        cut.write_bytes(data[:size])
+        try:
+            info = probe(cut)
+        except MediaError as exc:
+            assert str(exc).startswith(f"unreadable video {cut}: ") and str(exc).endswith("(a truncated or damaged file, or not a video)"), str(exc)
+            said.add(re.sub(r"\[Errno -?\d+\] |: '.*'", "", str(exc).split(": ", 1)[1]).split(" (")[0])
+            continue
+        sample_frames(cut, info, fps=8, count=info.frames)  # what probes also decodes
+    assert {"it holds no video stream", "not one frame decodes"} <= said, said

@@ -38,7 +38,7 @@ def probe(path: Path) -> Probe:
 
     try:
         with av.open(str(path)) as container:
-            stream = container.streams.video[0]
+            stream = _video_stream(path, container)
             check_pixels(path, stream.width, stream.height, "video")
             if container.duration:
                 check_seconds(path, container.duration / 1e6, "video")
@@ -48,9 +48,29 @@ def probe(path: Path) -> Probe:
                 count += 1
                 if fps and count % 1024 == 0:
                     check_seconds(path, count / fps, "video")
+            if not count:
+                raise MediaError(f"unreadable video {path}: not one frame decodes ({DAMAGED})")
             return Probe(count, fps, stream.height, stream.width)
-    except (av.error.FFmpegError, IndexError, OSError, ValueError) as exc:
-        raise MediaError(f"unreadable video {path}: {exc}") from None
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise MediaError(f"unreadable video {path}: {exc} ({DAMAGED})") from None
+
+
+#: What a container that opens but holds no decodable video usually is.
+DAMAGED = "a truncated or damaged file, or not a video"
+
+
+def _video_stream(path: Path, container: Any) -> Any:
+    """The container's first video stream, with a frame size; a truncated file often has
+    neither (PyAV then raises IndexError, or AttributeError on the size)."""
+    if not container.streams.video:
+        raise MediaError(f"unreadable video {path}: it holds no video stream ({DAMAGED})")
+    stream = container.streams.video[0]
+    try:
+        if stream.width and stream.height:
+            return stream
+    except AttributeError:
+        pass
+    raise MediaError(f"unreadable video {path}: its video stream has no frame size ({DAMAGED})")
 
 
 def load_image(path: Path) -> Any:
@@ -87,13 +107,13 @@ def _decode(path: Path, indices: Sequence[int]) -> list[Any]:
     found: dict[int, Any] = {}
     try:
         with av.open(str(path)) as container:
-            for i, frame in enumerate(container.decode(container.streams.video[0])):
+            for i, frame in enumerate(container.decode(_video_stream(path, container))):
                 if i in wanted:
                     found[i] = frame.to_image().convert("RGB")
                 if i >= max(indices):
                     break
-    except (av.error.FFmpegError, IndexError, OSError, ValueError) as exc:
-        raise MediaError(f"unreadable video {path}: {exc}") from None
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise MediaError(f"unreadable video {path}: {exc} ({DAMAGED})") from None
     if len(found) != len(wanted):
         raise MediaError(f"video {path} ended early: decoded {len(found)} of {len(wanted)} sampled frames")
     return [found[i] for i in indices]

@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ from mmcore.checkpointing import CHECKPOINTS, INCOMPLETE, LATEST, TRAINER_STATE,
 from mmcore.ema import EMA_ADAPTER, EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
+from mmcore.guards import NonFinite, refuse_nonfinite_checkpoint
 from mmcore.pack import StageResult
 
 if TYPE_CHECKING:
@@ -317,6 +319,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         with parameters_on_meta():
             shapes = recipe.build_model(ctx, upstream)
     evals = HeldOutLog(ctx)
+    nonfinite = NonFinite(cfg.on_nonfinite, ckpt_root)
 
     def log_eval(at: int) -> None:
         model.eval()
@@ -351,34 +354,46 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         for decoder in decoders:
             sum_tied_gradients(decoder)
         reduce_gradients(params)
-        grad_norm = clip_gradients(params, cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if ema is not None:
-            ema.update(step + 1)
+        grad_norm = clip_gradients(params, cfg.max_grad_norm)  # over every stage and shard: the same on every rank
         total = torch.tensor([loss_sum], dtype=torch.float64, device=device)
         dist.all_reduce(total, group=dp_group)
-        last_loss = total.item() / global_tokens
+        step_loss = total.item() / global_tokens
+        # the loss lives on the last pipeline stage only: the stages agree on whether it is finite
+        # (one reduction) before any of them updates, stops or skips
+        bad = torch.tensor([0.0 if math.isfinite(step_loss) else 1.0], device=device)
+        dist.all_reduce(bad)
+        seen = step_loss if not bad.item() or not math.isfinite(step_loss) else float("nan")  # another stage's loss was not finite
+        applies = nonfinite.check(step + 1, seen, grad_norm)
+        if applies:
+            optimizer.step()
+            last_loss = step_loss
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None and applies:
+            ema.update(step + 1)
         elapsed = time.perf_counter() - t0
         done = step + 1
-        metrics = {"loss": last_loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm, f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
+        metrics = {"loss": step_loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm, f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
                    "step_time_s": elapsed, "data_time_s": data_time, "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30}
         if shapes is not None:  # this replica's FLOPs, shared by its TP x PP processes
             metrics.update(utilisation(flops * layout.dp / world.world_size, elapsed, accelerator))
         if work:
             metrics["tower_balance"] = tower_balance(counts[1:].tolist())
+        if nonfinite.skipped:
+            metrics["skipped_steps"] = nonfinite.skipped
         history.append({"step": done, **metrics})
         if done % cfg.log_every == 0 or done == cfg.steps:
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
         if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            refuse_nonfinite_checkpoint(params, world, done, ckpt_root, device, group=dist.group.WORLD)
             save(ckpt_root, done, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
     final_step = max(cfg.steps, step)
+    refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root, device, group=dist.group.WORLD)
     save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
     hub = write_trained(ckpt_root / TRAINED, model, family, layout, world, converted)
     if lora:
@@ -400,6 +415,9 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     notes = [f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
              f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
              f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}", *sampler_notes(sampler)]
+    if nonfinite.skipped:
+        metrics["skipped_steps"] = nonfinite.skipped
+        notes.append(f"{nonfinite.skipped} step(s) skipped: their loss or gradient norm was not finite (training.on_nonfinite: skip); the final loss is the last finite one")
     evals.summarise(metrics, notes)
     if ema is not None:
         metrics["ema"] = cfg.ema
@@ -436,16 +454,11 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     cfg, parallel = ctx.config.training, ctx.config.parallel
     if recipe.megatron is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not run on megatron-core" + (" for training.method: dpo" if cfg.method == "dpo" else ""))
-    world = ctx.world.world_size
-    if world % (parallel.tensor_parallel * parallel.pipeline_parallel):
-        raise StageError(f"parallel.tensor_parallel={parallel.tensor_parallel} x parallel.pipeline_parallel={parallel.pipeline_parallel} does not divide the {world} process(es) (--nproc-per-node x nodes)")
-    if parallel.sequence_parallel and parallel.tensor_parallel == 1:
-        raise StageError("parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too")
-    if parallel.virtual_pipeline > 1 and parallel.pipeline_parallel == 1:
-        raise StageError("parallel.virtual_pipeline interleaves model chunks over pipeline stages: set parallel.pipeline_parallel > 1 too")
-    if parallel.virtual_pipeline > 1 and cfg.grad_accum_steps < parallel.pipeline_parallel:
-        raise StageError(f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={parallel.pipeline_parallel} "
-                         f"micro-batches a step; training.grad_accum_steps is {cfg.grad_accum_steps}")
+    from mmcore.preflight import megatron_layout_problem
+
+    problem = megatron_layout_problem(parallel, cfg, ctx.world.world_size)  # the launcher checked it too; a run started another way
+    if problem:
+        raise StageError(problem)
     refused = {
         "training.cpu_offload": bool(cfg.cpu_offload),
         "training.max_tokens / training.packing": cfg.max_tokens is not None or bool(cfg.packing),

@@ -122,6 +122,12 @@ def _lora_class() -> type:
 def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS, dropout: float = 0.0) -> list[str]:
     """Put a :func:`parallel_lora` on every parallel linear named in ``targets`` (``dropout`` on
     its input while training), freeze every other parameter; returns the wrapped modules' names."""
+    from mmcore.lora import check_rank
+
+    chosen = [(f"{name}.{child_name}" if name else child_name, child) for name, module in model.named_modules() for child_name, child in module.named_children()
+              if child_name in targets and not isinstance(child, _lora_class()) and hasattr(child, "weight")]
+    # the parallel linears know their whole (unsplit) sizes
+    check_rank(r, {name: (child.input_size, child.output_size) for name, child in chosen if hasattr(child, "input_size") and hasattr(child, "output_size")})
     wrapped = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):

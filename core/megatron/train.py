@@ -247,9 +247,9 @@ def grad_norm(parameters: Iterable[Any]) -> float:
     return float(squares.sqrt())
 
 
-def clip_gradients(parameters: Sequence[Any], max_norm: float) -> float:
+def clip_gradients(parameters: Sequence[Any], max_norm: float | None) -> float:
     """Scale the gradients so their model-wide norm (:func:`grad_norm`) is at most ``max_norm``
-    (0: no clipping, as ``training.max_grad_norm`` says); returns the norm before."""
+    (None: no clipping, as ``training.max_grad_norm: null`` says); returns the norm before."""
     norm = grad_norm(parameters)
     scale = max_norm / (norm + 1e-6) if max_norm else 1.0  # torch.nn.utils.clip_grad_norm_'s formula
     if scale < 1.0:

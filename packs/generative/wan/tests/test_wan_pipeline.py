@@ -271,3 +271,14 @@ def test_wan22_lora_on_one_expert_loads_into_that_expert(wan, tmp_path: Path) ->
     assert not any("lora_A" in name for name in pipe.transformer.state_dict())
     video = pipe("a red square moves right", height=32, width=32, num_frames=5, num_inference_steps=2, max_sequence_length=16, output_type="np").frames[0]
     assert video.shape == (5, 32, 32, 3) and np.isfinite(video).all()
+
+
+def test_megatron_is_refused_before_download_for_a_family_without_it(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from mmcore.megatron import status
+
+    if not status()[0]:
+        pytest.skip(status()[1])
+    proc = wan("run", *TINY, "--run-dir", "mg", "parallel.backend=megatron", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: parallel.backend: megatron: the wan pack does not run on megatron-core (use parallel.backend: fsdp2)"], proc.stderr
+    assert not (tmp_path / "mg" / "download").exists()

@@ -443,3 +443,44 @@ def test_megatron_lora_trains_the_same_adapters_at_any_layout_and_peft_loads_the
         merged, unmerged, plain = export(input_ids=ids).logits, adapted(input_ids=ids).logits, base(input_ids=ids).logits
     assert float((merged - plain).abs().max()) > 1e-2  # the adapters changed the model ...
     assert float((merged - unmerged).abs().max()) < 1e-4  # ... and peft's unmerged adapters are the same change (fp32 sums in another order)
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+def test_megatron_stops_at_the_first_nonfinite_step_on_every_stage(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """At PP=2 the loss exists on the last stage only: both stages stop at the same step (no
+    rank left waiting in a collective), and the checkpoint before it is the one kept."""
+    # step 1 moves every weight by about lr: step 2's logits overflow
+    proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "--run-dir", "nan", "--nproc-per-node", "2",
+              "parallel.backend=megatron", "parallel.pipeline_parallel=2", "training.lr=1e30", "training.steps=4", "training.checkpoint_every=1",
+              "training.eval_every=0", check=False)
+    assert proc.returncode == 1, proc.stderr
+    kept = tmp_path / "nan/train/checkpoints/step-00000001"
+    stopped = [line for line in proc.stderr.splitlines() if "training stopped" in line]
+    assert len(stopped) == 2 and all(f"training stopped at step 2: the loss is nan; no update was made and the last checkpoint, {kept}, is kept" in line
+                                     for line in stopped), proc.stderr
+    assert sorted(p.name for p in kept.parent.glob("step-*")) == [kept.name] and not (tmp_path / "nan/train/manifest.json").exists()
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+def test_megatron_refuses_a_lora_rank_wider_than_its_layers(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "--run-dir", "wide",
+              "parallel.backend=megatron", "training.lora.r=100000", "training.steps=1", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        "error: training.lora.r: 100000 is more than layer decoder.layers.0.self_attention.linear_proj is wide (64 inputs, 64 outputs): "
+        "use at most 64, or leave that layer out of training.lora.target_modules"), proc.stderr
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+def test_a_layout_the_model_cannot_take_is_refused_once_before_download(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Checked by the launching process against the tiny preset's config (init:tiny: 2 layers, 4
+    heads, 2 key-value heads): one line, exit 2, no stage run; it used to surface at train, after
+    download, convert and preprocess, once per rank (PP=3: megatron-core's own ValueError)."""
+    for overrides, message in [
+        (["--nproc-per-node", "3", "parallel.pipeline_parallel=3"], "parallel.pipeline_parallel=3 is more pipeline stages than the model's 2 layers (init:tiny)"),
+        (["--nproc-per-node", "4", "parallel.tensor_parallel=4"], "parallel.tensor_parallel=4 does not divide the model's 2 key-value heads (init:tiny)"),
+        (["--nproc-per-node", "2", "parallel.tensor_parallel=3"], "parallel.tensor_parallel=3 x parallel.pipeline_parallel=1 does not divide the 2 process(es) (--nproc-per-node x nodes)"),
+    ]:
+        proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "--run-dir", "layout", "parallel.backend=megatron", *overrides, check=False)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr
+        assert not (tmp_path / "layout" / "download").exists()

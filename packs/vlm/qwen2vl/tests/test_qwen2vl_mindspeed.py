@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,33 @@ def test_export_writes_the_mindspeed_layout_and_convert_imports_it(mmcore_cli, t
     imported, trained = load_file(tmp_path / "imported/model.safetensors"), load_file(tmp_path / "first/export/hf/model.safetensors")
     assert set(imported) == set(trained) and all(torch.equal(imported[k], trained[k]) for k in trained)
     assert "MindSpeed-MM" in json.loads((tmp_path / "second/convert/manifest.json").read_text())["notes"][0]
+
+
+def test_a_bad_tensor_in_one_rank_file_is_an_error_naming_that_file(hub, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Missing, extra or nan in one rank's file: the error names the file (it used to say only
+    'rank 1 and rank 0 hold different tensors', or blame a replicated tensor for a nan)."""
+    from mm_pack_qwen2vl.megatron import parallel_map
+
+    config, hf = hub
+    pmap = parallel_map(config)
+    name = "text_decoder.decoder.layers.0.self_attention.linear_proj.weight"
+
+    def damaged(case: str, ranks: tuple[int, ...], edit) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
+        write_checkpoint(tmp_path / case, pmap, hf, tp=2, pp=1)
+        files = [tmp_path / case / f"release/mp_rank_{r:02d}" / FILE for r in (0, 1)]
+        for rank in ranks:
+            saved = torch.load(files[rank], weights_only=True)
+            edit(saved["model"])
+            torch.save(saved, files[rank])
+        return files[0], files[1]
+
+    zero, one = damaged("missing", (1,), lambda m: m.pop(name))
+    with pytest.raises(StageError, match=rf"^{re.escape(str(one))}: lacks tensor {name}, which {re.escape(str(zero))} \(tensor-parallel rank 0 of the same stage\) holds$"):
+        read_checkpoint(tmp_path / "missing", pmap)
+    zero, one = damaged("nan", (1,), lambda m: m[name].fill_(float("nan")))
+    with pytest.raises(StageError, match=rf"^{re.escape(str(one))}: tensor {name} holds nan or inf values"):
+        read_checkpoint(tmp_path / "nan", pmap)
+    extra = "text_decoder.decoder.layers.0.self_attention.extra.weight"
+    zero, one = damaged("extra", (0, 1), lambda m: m.__setitem__(extra, torch.zeros(2)))
+    with pytest.raises(StageError, match=rf"^{re.escape(str(zero))}: Megatron tensor {extra} has no rule in the table$"):
+        read_checkpoint(tmp_path / "extra", pmap)
