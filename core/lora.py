@@ -400,7 +400,6 @@ def diffusers_lora_state(model: "nn.Module", plan: LoraPlan, dtype: Any = None) 
 def merged_state(model: "nn.Module") -> dict[str, "torch.Tensor"]:
     """The base model's state with every adapter merged into its layer (in fp32, peft's
     ``merge``), under the base model's names. Merges ``model`` in place."""
-    import torch
     from peft.tuners.lora import LoraLayer
 
     for module in model.modules():

@@ -245,12 +245,40 @@ def differences(straight: Path, resumed: Path) -> list[str]:
 # --------------------------------------------------------------------------- make crash-matrix
 
 
+def process_group_trial(cwd: Path, pack: str, preset: str, straight: Path, run_dir: Path, overrides: Sequence[str]) -> list[str]:
+    """Kill ``mmcore run``'s whole process group once training has checkpointed step 2 (rank 0
+    held there, alive, so the kill lands in training on any machine), rerun at once; what was
+    lost or outlived the kill (empty: nothing)."""
+    checkpoint = run_dir / "train" / "checkpoints" / "step-00000002" / "trainer_state.json"
+    args = run_args(pack, preset, run_dir, overrides)
+    pids = kill_process_group(cwd, args, checkpoint.is_file, env={"MMCORE_TEST_STALL": "train-step:2@0"})
+    proc = run_mmcore(cwd, args, {}, 1800)
+    if proc.returncode != 0:
+        return [f"the rerun failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-300:]}"]
+    outlived = survivors(pids, wait=0)
+    problems = [f"processes outlived the kill: {outlived}"] if outlived else []
+    if "resumed from step 2" not in proc.stdout:
+        problems.append("the rerun did not resume from step 2's checkpoint")
+    return problems + differences(straight, run_dir)
+
+
+def _process_group_trial(work: Path, pack: str, straight: Path, overrides: Sequence[str]) -> bool:
+    start = time.perf_counter()
+    try:
+        problems = process_group_trial(work, pack, "tiny", straight, work / pack / "process-group", overrides)
+    except AssertionError as exc:
+        problems = [str(exc).splitlines()[0]]
+    print(f"{pack:<12} {'process group':<22} {'FAILED' if problems else 'ok':<7} {time.perf_counter() - start:6.1f}" + (f"  {problems[0]}" if problems else ""), flush=True)
+    return not problems
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m mmcore.testing.crash")
     parser.add_argument("--pack", action="append", help="pack(s) to run (default: every installed pack with a tiny preset)")
     parser.add_argument("--work", default="crash-matrix", help="folder for the runs (deleted first)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--point", action="append", help="only these points")
+    parser.add_argument("--process-group", action="store_true", help="instead of the crash points: kill each run's whole process group (as a scheduler does) after step 2's checkpoint, rerun at once, and check that no process outlived the kill")
     parser.add_argument("--override", action="append", default=None, help="config overrides of every run (default: data.demo_samples=4, the packs' demo data, kept small)")
     args = parser.parse_args(argv)
 
@@ -267,6 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = ["convert.verify=false", f"training.steps={args.steps}", "training.checkpoint_every=1", *(args.override if args.override is not None else ["data.demo_samples=4"])]
         straight = work / pack / "straight"
         straight_run(work, pack, "tiny", straight, overrides)
+        if args.process_group:
+            failures += not _process_group_trial(work, pack, straight, overrides)
+            continue
         for point in args.point or points_for(plugins.implemented_stages(pack), args.steps, declined_stages(straight)):
             run_dir = work / pack / point.replace(":", "-")
             start = time.perf_counter()

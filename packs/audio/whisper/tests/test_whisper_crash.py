@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.testing.crash import crash_chain, declined_stages, differences, kill_process_group, losses, points_for, run_args, run_mmcore, straight_run, survivors
+from mmcore.testing.crash import crash_chain, declined_stages, differences, losses, points_for, process_group_trial, run_args, run_mmcore, straight_run
 
 OVERRIDES = ["data.demo_samples=4", "training.steps=4", "training.checkpoint_every=1"]
 
@@ -61,12 +61,4 @@ def test_a_killed_process_group_leaves_no_worker_and_an_immediate_rerun_loses_no
     immediate rerun resumed it. Rank 0 stalls after step 2's checkpoint (so the kill lands in
     training, whatever the machine's speed); the group is killed; the rerun starts at once."""
     straight_run(tmp_path, "whisper", "tiny", tmp_path / "straight", TWO_PROCESSES)
-    run = tmp_path / "killed"
-    checkpoint = run / "train" / "checkpoints" / "step-00000002" / "trainer_state.json"
-    pids = kill_process_group(tmp_path, run_args("whisper", "tiny", run, TWO_PROCESSES), checkpoint.is_file, env={"MMCORE_TEST_STALL": "train-step:2@0"}, timeout=900)
-    assert len(pids) >= 4, pids  # mmcore, torchrun's agent, two workers
-    proc = run_mmcore(tmp_path, run_args("whisper", "tiny", run, TWO_PROCESSES), {}, 900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resumed from step 2" in proc.stdout
-    assert survivors(pids, wait=0) == []
-    assert differences(tmp_path / "straight", run) == []
+    assert process_group_trial(tmp_path, "whisper", "tiny", tmp_path / "straight", tmp_path / "killed", TWO_PROCESSES) == []

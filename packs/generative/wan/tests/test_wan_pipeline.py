@@ -152,7 +152,6 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
     evaluate = manifest(run, "evaluate")["metrics"]
     assert evaluate["samples"] == 2 and (run / "evaluate/samples/contact_sheet.png").stat().st_size > 1000
     assert "samples/contact_sheet.png" in (run / "evaluate/report.html").read_text()
-    import torch
     from diffusers import WanPipeline
 
     pipe = WanPipeline.from_pretrained(run / "export/pipeline")

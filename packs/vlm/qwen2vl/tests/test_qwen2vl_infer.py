@@ -143,7 +143,7 @@ def test_infer_refuses_what_the_model_cannot_take_each_request_on_its_own_line(t
     assert proc.returncode == 1 and rows(root / "trusted.jsonl")[3]["text"] == answered[0]["text"], proc.stderr
     # usage errors before any work: results over the requests; a planted checkpoint
     proc = mm("infer", "--run-dir", "r", "--input", str(requests), "--output", "r/preprocess/demo-data/guarded.jsonl", check=False)
-    assert proc.returncode == 2 and proc.stderr.strip() == (f"error: --output r/preprocess/demo-data/guarded.jsonl is the --input file: the requests would be "
+    assert proc.returncode == 2 and proc.stderr.strip() == ("error: --output r/preprocess/demo-data/guarded.jsonl is the --input file: the requests would be "
                                                             "overwritten by the results (hint: write the results to another file)"), proc.stderr
     assert requests.read_text() == "".join(json.dumps(line) + "\n" for line in lines)
     import pickle
