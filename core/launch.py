@@ -12,10 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Sequence
 
 from mmcore.config import ParallelSection
-from mmcore.errors import StageError, UsageError
+from mmcore.errors import UsageError
+from mmcore.worker_errors import ERRORS_ENV, collected
 
 WORKER_ENV = "MMCORE_WORKER"
 
@@ -67,17 +70,19 @@ def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) 
 
         say(f"{what}: node {parallel.node_rank} of {parallel.nnodes} waiting for the others at {parallel.rdzv_endpoint} "
             f"(up to parallel.rdzv_timeout_s={parallel.rdzv_timeout_s} s; Ctrl-C stops; finished work is kept)")
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
+    with tempfile.TemporaryDirectory(prefix="mmcore-worker-errors-") as errors:
+        env[ERRORS_ENV] = errors
+        proc = subprocess.Popen(cmd, env=env)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
-    if code != 0:
-        hint = f"a node that never joined ends the rendezvous after parallel.rdzv_timeout_s={parallel.rdzv_timeout_s} s" if parallel.nnodes > 1 else None
-        raise StageError(f"{what} failed on {parallel.nproc_per_node * parallel.nnodes} processes (torchrun exit code {code}); see the workers' messages above", hint=hint)
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        if code != 0:
+            hint = f"a node that never joined ends the rendezvous after parallel.rdzv_timeout_s={parallel.rdzv_timeout_s} s" if parallel.nnodes > 1 else None
+            raise collected(Path(errors), parallel.nproc_per_node * parallel.nnodes, what, code, hint)

@@ -1,6 +1,6 @@
 """torchrun as :mod:`mmcore.launch` starts it, less the launcher's own traceback when a worker
-fails: every worker has already printed its one-line error (``error (rank N): ...``), and the
-exit code says the rest; a worker killed by a signal (the out-of-memory killer's SIGKILL) prints
+fails: every worker has already left its one-line error for the launching command
+(:mod:`mmcore.worker_errors`), and the exit code says the rest; a worker killed by a signal (the out-of-memory killer's SIGKILL) prints
 nothing, so this says which rank it was and exits 128 + the signal's number
 (``python -m mmcore.torchrun <torchrun arguments>``)."""
 

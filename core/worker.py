@@ -19,6 +19,7 @@ from mmcore.rundir import RunDir
 from mmcore.runlock import hold_as_worker
 from mmcore.runner import Runner
 from mmcore.session import config_class, run_dir_layer
+from mmcore.worker_errors import report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         runner.execute(args.stage, plan, upstream, resume=resume)
         code = 0
     except MmcoreError as exc:
-        print(f"error (rank {world.rank}): {exc.one_line()}", file=sys.stderr)
         code = exc.exit_code
+        report(world.rank, str(exc), exc.hint, code)
     except Exception as exc:
         if args.debug:
             raise
-        print(f"error (rank {world.rank}): {type(exc).__name__}: {exc}", file=sys.stderr)
         code = 1
+        report(world.rank, f"{type(exc).__name__}: {' '.join(str(exc).split())}", None, code)
     # Tear down in this order, then leave without interpreter shutdown: on gloo, DTensor/FSDP2
     # workers otherwise abort at exit now and then ("terminate called without an active exception").
     if dist.is_initialized():

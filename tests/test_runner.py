@@ -271,7 +271,9 @@ def test_a_stalled_rank_ends_the_run_in_bounded_time_with_one_line(cli: CLI, lin
     took = time.monotonic() - start
     assert proc.returncode != 0 and took < 120, (took, proc.stderr)
     line = next(x for x in proc.stderr.splitlines() if "collective_timeout_s" in x)
-    assert line.startswith("error (rank 0): rank 0 waited parallel.collective_timeout_s=5 s in stage 'train' for the other processes"), line
+    # said once, by the launching command (the stalled rank, killed by torchrun, says nothing)
+    assert line.startswith("error: rank 0 waited parallel.collective_timeout_s=5 s in stage 'train' for the other processes"), line
+    assert "(rank 0 of 2)" in line and len([x for x in proc.stderr.splitlines() if x.startswith("error")]) == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
