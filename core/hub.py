@@ -112,7 +112,7 @@ def download_model(ctx: StageContext, build_init: InitBuilder, *, default_source
 
 def _from_hub(ctx: StageContext, repo_id: str) -> StageResult:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     offline = ctx.offline or os.environ.get("HF_HUB_OFFLINE") == "1"
     try:
@@ -124,8 +124,18 @@ def _from_hub(ctx: StageContext, repo_id: str) -> StageResult:
                 local_files_only=offline,
             )
         )
-    except LocalEntryNotFoundError:
-        raise StageError(f"{repo_id}: not in the local hub cache and offline mode is on", hint="download it once online, or point --model at a local directory") from None
+    except GatedRepoError:
+        raise StageError(f"{repo_id}: a gated repository: accept its terms on its hub page with your account, and set HF_TOKEN to a token of that account") from None
+    except LocalEntryNotFoundError as exc:
+        if offline:
+            why = "--offline or run.offline" if ctx.offline else "HF_HUB_OFFLINE=1"
+            raise StageError(f"{repo_id}: not in the local hub cache, and offline mode is on ({why})", hint="download it once online, or point --model at a local directory") from None
+        # online, the hub unreachable: huggingface_hub looked in the cache instead and says so;
+        # its cause is what went wrong on the network
+        cause = exc.__cause__ or exc.__context__
+        reason = f"{type(cause).__name__}: {' '.join(str(cause).split())}" if cause is not None else "no answer"
+        raise StageError(f"{repo_id}: the hub at {hub_endpoint()} could not be reached ({reason}), and the model is not in the local hub cache",
+                         hint="check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), or point --model at a local directory") from None
     except RepositoryNotFoundError:
         raise StageError(f"{repo_id}: no such repository on the hub (or it is private: set HF_TOKEN)") from None
     except RevisionNotFoundError:
@@ -148,6 +158,13 @@ def _from_hub(ctx: StageContext, repo_id: str) -> StageResult:
                 raise StageError(f"{path / bad[0]}: its sha256 differs from the hub's for {repo_id}@{commit}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), hint="delete the file from the hub cache and download again")
             notes.append("every large file matches the hub's sha256")
     return StageResult(outputs={"model": str(path)}, metrics={"source": repo_id, "revision": ctx.config.model.revision, "commit": commit, "sha256": hashes}, notes=notes)
+
+
+def hub_endpoint() -> str:
+    """The hub huggingface_hub talks to (``HF_ENDPOINT``, else huggingface.co)."""
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT)
 
 
 def hub_hash_mismatches(local: Mapping[str, str], siblings: Sequence[Any]) -> list[str]:

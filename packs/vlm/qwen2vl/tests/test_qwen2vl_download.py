@@ -27,9 +27,56 @@ def test_hub_id_offline_without_cache_is_one_clear_line(mm, tmp_path: Path) -> N
     proc = mm("download", "--pack", "qwen2vl", "--model", "Qwen/Qwen2-VL-2B-Instruct", "--offline", check=False, HF_HOME=str(tmp_path / "empty-hf-home"), HF_HUB_OFFLINE="1")
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        "error: Qwen/Qwen2-VL-2B-Instruct: not in the local hub cache and offline mode is on "
+        "error: Qwen/Qwen2-VL-2B-Instruct: not in the local hub cache, and offline mode is on (--offline or run.offline) "
         "(hint: download it once online, or point --model at a local directory)"
     )
+
+
+def test_an_unreachable_hub_is_said_as_such_not_as_offline_mode(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 42: with no network the error said "offline mode is on", which nobody had set."""
+    from mmcore.launch import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there: refused at once
+    proc = mm("download", "--pack", "qwen2vl", "--model", "Qwen/Qwen2-VL-2B-Instruct", check=False, HF_HOME=str(tmp_path / "empty-hf-home"),
+              HF_ENDPOINT=endpoint, HF_HUB_OFFLINE="0")
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith(f"error: Qwen/Qwen2-VL-2B-Instruct: the hub at {endpoint} could not be reached (ConnectError: "), line
+    assert line.endswith("and the model is not in the local hub cache (hint: check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), "
+                         "or point --model at a local directory)") and "offline mode" not in line and "\n" not in line, line
+
+
+def test_a_gated_repository_says_what_to_do(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A hub that answers as huggingface.co does for a gated model (403, X-Error-Code: GatedRepo),
+    served here on loopback: the error says to accept the terms and set HF_TOKEN."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Gated(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = b'{"error": "Access to model org/gated is restricted."}'
+            self.send_response(403)
+            self.send_header("X-Error-Code", "GatedRepo")
+            self.send_header("X-Error-Message", "Access to model org/gated is restricted.")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gated)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = mm("download", "--pack", "qwen2vl", "--model", "org/gated", check=False, HF_HOME=str(tmp_path / "empty-hf-home"),
+                  HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}", HF_HUB_OFFLINE="0")
+    finally:
+        server.shutdown()
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        "error: org/gated: a gated repository: accept its terms on its hub page with your account, and set HF_TOKEN to a token of that account"), proc.stderr
 
 
 def test_bad_sources_are_named(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
