@@ -120,6 +120,12 @@ class StageContext:
         if self.world.is_main and self.plugins is not None:
             self.plugins.pm.hook.mmcore_log_metrics(ctx=self, step=step, metrics=dict(metrics))
 
+    def resumed_metrics_at(self, step: int) -> None:
+        """Training resumed from step ``step``'s checkpoint: every metric sink forgets what an
+        interrupted attempt logged after it, so each step is logged once (main process only)."""
+        if self.world.is_main and self.plugins is not None:
+            self.plugins.pm.hook.mmcore_metrics_resumed(ctx=self, step=step)
+
     def say(self, message: str) -> None:
         """Print a line for the user (main process only)."""
         if self.world.is_main:

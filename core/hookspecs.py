@@ -245,3 +245,18 @@ def mmcore_log_metrics(ctx: StageContext, step: int, metrics: Mapping[str, Any])
     :param step: The step the metrics belong to (optimizer steps for training).
     :param metrics: Name -> number.
     """
+
+
+@hookspec
+def mmcore_metrics_resumed(ctx: StageContext, step: int) -> None:
+    """A stage resumed from its checkpoint of step ``step`` (main process only): a metric sink
+    drops what it logged after that step in an earlier, interrupted attempt (those steps run and
+    are logged again), so every step is recorded once.
+
+    Stages call it through ``ctx.resumed_metrics_at(step)``.
+
+    :param ctx: The stage's context.
+    :param step: The step of the checkpoint the stage resumed from; metrics of later steps are
+        void.
+    """
+

@@ -213,6 +213,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         pointed = (ckpt_root / LATEST).resolve() if (ckpt_root / LATEST).is_symlink() else None
         moved = "" if pointed == resume_from.resolve() else f" ({LATEST} did not point at a complete checkpoint; took the newest complete one, {resume_from.name})"
         ctx.say(f"resumed from step {step}{moved}")
+        ctx.resumed_metrics_at(step)
     if recipe.prepare is not None:
         model.eval()
         with torch.no_grad():

@@ -62,3 +62,27 @@ def mmcore_stage_skipped(stage, run_dir, reason):
 @hookimpl
 def mmcore_log_metrics(ctx, step, metrics):
     _log_line(ctx.stage_dir / "metrics.jsonl", {"step": step, "time": time.time(), **metrics})
+
+
+@hookimpl
+def mmcore_metrics_resumed(ctx, step):
+    # the rows of steps after the checkpoint are run again: rewrite the file without them
+    # (atomically, so a kill now leaves the old file or the new one)
+    path = ctx.stage_dir / "metrics.jsonl"
+    handle = _metric_files.pop(path, None)
+    if handle is not None:
+        handle.close()
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            row_step = json.loads(line).get("step")
+        except ValueError:
+            continue  # a line a kill cut short
+        if not isinstance(row_step, int) or row_step <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    from mmcore.io import atomic_write_text
+
+    atomic_write_text(path, "".join(kept))
+

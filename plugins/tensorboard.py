@@ -8,6 +8,7 @@ from typing import Any
 from mmcore import hookimpl
 
 _writers: dict[str, Any] = {}
+_purge: dict[str, int] = {}  # stage folder -> first step to log again after a resume
 _installed: bool | None = None  # looked up once: find_spec walks sys.path on every call
 
 
@@ -25,7 +26,8 @@ def _writer(ctx: Any) -> Any:
 
         # its own thread writes every 10 s and at close; flushing after every step costs the
         # train loop a write per step (metrics.jsonl is the record a crash must not lose)
-        _writers[key] = SummaryWriter(log_dir=str(ctx.stage_dir / "tensorboard"), flush_secs=10)
+        # purge_step: TensorBoard drops the earlier attempts' events from that step on
+        _writers[key] = SummaryWriter(log_dir=str(ctx.stage_dir / "tensorboard"), flush_secs=10, purge_step=_purge.pop(key, None))
     return _writers[key]
 
 
@@ -44,3 +46,10 @@ def mmcore_stage_finished(ctx):
     writer = _writers.pop(str(ctx.stage_dir), None)
     if writer is not None:
         writer.close()
+
+
+@hookimpl
+def mmcore_metrics_resumed(ctx, step):
+    if _tensorboard_installed() and (ctx.stage_dir / "tensorboard").is_dir():
+        _purge[str(ctx.stage_dir)] = step + 1
+

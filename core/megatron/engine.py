@@ -310,6 +310,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
                  else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}"
                       f"{' x ' + str(saved['virtual_pipeline']) + ' virtual' if saved.get('virtual_pipeline', 1) > 1 else ''}, resharded)")
         ctx.say(f"resumed from step {step}{moved}")
+        ctx.resumed_metrics_at(step)
     model.train()
     dp_group = _dp_group()
     shapes = None  # the training model on the meta device: what the recipe counts FLOPs on

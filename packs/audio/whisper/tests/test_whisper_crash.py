@@ -62,3 +62,24 @@ def test_a_killed_process_group_leaves_no_worker_and_an_immediate_rerun_loses_no
     training, whatever the machine's speed); the group is killed; the rerun starts at once."""
     straight_run(tmp_path, "whisper", "tiny", tmp_path / "straight", TWO_PROCESSES)
     assert process_group_trial(tmp_path, "whisper", "tiny", tmp_path / "straight", tmp_path / "killed", TWO_PROCESSES) == []
+
+
+@pytest.mark.compares_runs
+def test_a_run_killed_between_checkpoints_logs_each_step_once(straight: Path) -> None:
+    """Issue 42: killed after step 3 with the last checkpoint at step 2, the resumed run logs step
+    3 again; metrics.jsonl held it twice. (TensorBoard's own reader drops steps that go back in a
+    new events file; the sink also writes purge_step, for readers that do not.)"""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = straight.parent / "between"
+    every_two = [*OVERRIDES, "training.checkpoint_every=2"]
+    proc = run_mmcore(straight.parent, run_args("whisper", "tiny", run, every_two), {"MMCORE_TEST_KILL": "train-step:3"}, 900)
+    assert proc.returncode != 0 and [json.loads(line)["step"] for line in (run / "train/metrics.jsonl").read_text().splitlines()].count(3) == 1
+    proc = run_mmcore(straight.parent, run_args("whisper", "tiny", run, every_two), {}, 900)
+    assert proc.returncode == 0 and "resumed from step 2" in proc.stdout, proc.stdout + proc.stderr
+    steps = [json.loads(line)["step"] for line in (run / "train/metrics.jsonl").read_text().splitlines() if "loss" in json.loads(line)]
+    assert steps == [1, 2, 3, 4]
+    assert losses(run) == losses(straight)
+    board = EventAccumulator(str(run / "train/tensorboard"))
+    board.Reload()
+    assert [event.step for event in board.Scalars("train/loss")] == [1, 2, 3, 4]
