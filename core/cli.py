@@ -17,6 +17,7 @@ from typing import Any, Callable
 import click
 
 from mmcore._version import __version__
+from mmcore.config_reference import config_cmd
 from mmcore.cli_inspect import doctor_cmd, info_cmd, list_cmd, load_plugins as _plugins
 from mmcore.newpack import new_pack_cmd
 from mmcore.errors import MmcoreError, StageError, UsageError, file_system_error
@@ -72,6 +73,7 @@ def cli() -> None:
 cli.add_command(list_cmd)
 cli.add_command(info_cmd)
 cli.add_command(doctor_cmd)
+cli.add_command(config_cmd)
 cli.add_command(new_pack_cmd)
 
 

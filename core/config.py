@@ -66,7 +66,7 @@ class ConvertSection(Section):
 
 class ExtractSection(Section):
     enabled: bool = Field(True, description="Run the extract stage when the pack offers it.")
-    batch_size: int = Field(1, ge=1)
+    batch_size: int = Field(1, ge=1, description="Not used: the extract stage encodes one sample at a time (kept so that configs and run directories that set it still load).")
 
 
 class LoraSection(Section):
@@ -92,13 +92,13 @@ class DpoSection(Section):
 class TrainingSection(Section):
     method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
     steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000).")
-    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: Steps = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    weight_decay: float = Field(0.0, ge=0)
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="Peak learning rate (reached after warmup_steps, then shaped by lr_schedule).")
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="How the learning rate falls after warmup: cosine or linear down to lr x min_lr_ratio at the last step, or constant.")
+    warmup_steps: Steps = Field(0, ge=0, description="Steps over which the learning rate rises linearly from lr / warmup_steps to lr.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The learning rate at the last step, as a fraction of lr (cosine and linear schedules).")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay of the optimizer (AdamW's), on every trained parameter.")
     micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
-    grad_accum_steps: Steps = Field(1, ge=1)
+    grad_accum_steps: Steps = Field(1, ge=1, description="Micro-batches per optimizer step; gradients are reduced once per step, after the last one. Samples per step = micro_batch_size x grad_accum_steps x data-parallel processes.")
     max_grad_norm: float | None = Field(1.0, gt=0, allow_inf_nan=False, description="Clip gradients to this norm (> 0: a negative one would flip the gradient); null: no clipping.")
     on_nonfinite: Literal["stop", "skip"] = Field("stop", description="A step whose loss or gradient norm is not finite (nan, inf): stop the run with an error naming the step (the last checkpoint stays the last good one), or skip the step (no update; counted in the skipped_steps metric).")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it. bf16: bf16 compute, fp32 weights, gradient reduction and optimizer state, on any number of processes (the backend's mixed-precision policy).")
@@ -109,8 +109,8 @@ class TrainingSection(Section):
     max_tokens: int | None = Field(None, ge=1, description="With packing: fill each micro-batch's row to this many tokens from a length-aware sampler (micro_batch_size is then unused); null: micro_batch_size samples per row.")
     balance_towers: bool = Field(True, description="Where samples differ in media (vision patches, audio frames), give the data-parallel ranks of a step alike tower work: samples are sorted by it within windows of 64 global micro-batches before these are cut and shuffled, and dealt largest first (the global micro-batches stay the same at any number of processes); false: plain shuffling. The tower_balance metric says how alike.")
     checkpoint_every: Steps = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
-    log_every: Steps = Field(1, ge=1)
-    eval_every: Steps = Field(0, ge=0)
+    log_every: Steps = Field(1, ge=1, description="Write a metrics row (metrics.jsonl, TensorBoard) every N steps, and at the last step.")
+    eval_every: Steps = Field(0, ge=0, description="Measure the held-out split (eval/* metrics) every N steps and at the end (0: never during training; the evaluate stage still runs after export).")
     moe_aux_loss_coef: float | None = Field(None, ge=0, description="Mixture-of-experts models: weight of the router's load-balancing loss, per loss token (null: the model config's router_aux_loss_coef; 0: left out).")
     ema: float = Field(0.0, ge=0, lt=1, description="Keep an exponential moving average of the trained weights with this decay (e.g. 0.999; 0: none), in every checkpoint; export writes it (export.weights). Its first updates decay less, as diffusers' EMAModel's.")
     lora: LoraSection = Field(default_factory=LoraSection)
@@ -119,9 +119,9 @@ class TrainingSection(Section):
 
 class ParallelSection(Section):
     backend: str = Field("fsdp2", description="Distributed backend (fsdp2, megatron, ...).")
-    nproc_per_node: int = Field(1, ge=1)
-    nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
+    nproc_per_node: int = Field(1, ge=1, description="Processes per machine for the distributed stages (train; one per accelerator); > 1 runs them under torchrun. Also --nproc-per-node.")
+    nnodes: int = Field(1, ge=1, description="Machines in the run (each runs the same command with its --node-rank; the run directory on a file system they share). Given by this command, not kept in the run directory.")
+    node_rank: int = Field(0, ge=0, description="This machine's number, 0 .. nnodes - 1; node 0 runs the single-process stages. Given by this command, not kept in the run directory.")
     rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous; default: a free local port.")
     rdzv_timeout_s: int = Field(900, ge=1, description="How long a node waits for the others: node 0's announcement in the shared run directory, and torchrun's rendezvous.")
     collective_timeout_s: int = Field(1800, ge=1, description="How long a process waits in a collective (an all-gather, a gradient reduction, a barrier) for the others before the run stops with an error naming the stage: a rank that stalls or hangs ends the run in bounded time.")
@@ -133,7 +133,7 @@ class ParallelSection(Section):
 
 
 class ExportSection(Section):
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description="dtype of the exported weights; auto: as trained (float32 master weights).")
     merge_lora: bool = Field(False, description="After LoRA training, also write the full model with the adapters merged into the base weights (merged in fp32, then cast to export.dtype).")
     weights: Literal["ema", "last"] = Field("ema", description="After training with training.ema: export the moving average of the weights (ema) or the last step's (last). Without training.ema, the last step's.")
 

@@ -31,16 +31,16 @@ PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 class Columns(Section):
     """Field names of a dataset (LLaMA-Factory's ``columns`` and ``tags``)."""
 
-    messages: str = "messages"
-    images: str = "images"
-    videos: str = "videos"
-    audios: str = "audios"
+    messages: str = Field("messages", description="The field holding the conversation (a list of turns); ShareGPT files: conversations.")
+    images: str = Field("images", description="The field listing a sample's image paths (relative to the dataset file).")
+    videos: str = Field("videos", description="The field listing a sample's video paths.")
+    audios: str = Field("audios", description="The field listing a sample's audio paths.")
     system: str | None = Field("system", description="Top-level system prompt field, if any.")
-    role: str = "role"
-    content: str = "content"
-    user_tag: str = "user"
-    assistant_tag: str = "assistant"
-    system_tag: str = "system"
+    role: str = Field("role", description="The field of a turn that says who speaks; ShareGPT: from.")
+    content: str = Field("content", description="The field of a turn holding its text; ShareGPT: value.")
+    user_tag: str = Field("user", description="The role value of the user's turns; ShareGPT: human.")
+    assistant_tag: str = Field("assistant", description="The role value of the model's turns (the ones trained on); ShareGPT: gpt.")
+    system_tag: str = Field("system", description="The role value of a system turn.")
 
 
 SHAREGPT = Columns(messages="conversations", role="from", content="value", user_tag="human", assistant_tag="gpt")

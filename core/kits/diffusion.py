@@ -102,7 +102,7 @@ class DiffusionTraining(TrainingSection):
 
 class FlowMatchingTraining(DiffusionTraining):
     flow_shift: float = Field(3.0, gt=0, description="Timestep shift of the flow-matching schedule.")
-    timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"
+    timestep_sampling: Literal["uniform", "logit_normal"] = Field("logit_normal", description="How training draws noise levels before the shift: logit_normal (sigmoid of a standard normal: more weight on middle levels, as SD3) or uniform.")
     expert: Literal["none", "high_noise", "low_noise"] = Field("none", description="A pipeline of two denoisers split at a noise level (Wan2.2: model_index.json boundary_ratio): which one this run trains, on its own noise levels (high_noise: transformer, levels >= the boundary; low_noise: transformer_2, below). Export writes it beside the other, as downloaded.")
 
 
@@ -124,8 +124,8 @@ EXPERTS = {"high_noise": "transformer", "low_noise": "transformer_2"}
 
 class SampleExport(ExportSection):
     sample_prompts: list[str] = Field(default_factory=list, description="Captions the evaluate stage generates samples for (unless evaluate.datasets gives some).")
-    sample_steps: int = Field(20, ge=1)
-    guidance_scale: float = Field(4.0, ge=1.0)
+    sample_steps: int = Field(20, ge=1, description="Denoising steps of the samples export and evaluate generate (generation.num_inference_steps overrides it).")
+    guidance_scale: float = Field(4.0, ge=1.0, description="Classifier-free guidance of those samples (1: none; generation.guidance_scale overrides it).")
 
 
 #: the noise levels a held-out clip is measured at (one fixed noise draw each)
