@@ -239,21 +239,23 @@ def installed_pack_classes() -> dict[str, type[RunConfig]]:
 
 
 @click.command("config")
-@click.argument("key", required=False)
 @click.option("--pack", "-p", default=None, help="Show this pack's keys and the values its preset sets.")
 @click.option("--preset", default=None, help="The pack's preset (default: its default preset).")
 @click.option("--config", "config_file", default=None, help="Also apply this YAML config file.")
 @click.option("--markdown", is_flag=True, help="The whole reference as Markdown (docs/configuration.md).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.argument("overrides", nargs=-1)
-def config_cmd(key: str | None, pack: str | None, preset: str | None, config_file: str | None, markdown: bool, as_json: bool, overrides: tuple[str, ...]) -> None:
+@click.argument("args", nargs=-1, metavar="[KEY] [key.path=value]...")
+def config_cmd(pack: str | None, preset: str | None, config_file: str | None, markdown: bool, as_json: bool, args: tuple[str, ...]) -> None:
     """Every config key (or KEY, a key or section) with its type, default and description;
     with --pack, the values the pack's preset (and --config, key=value overrides) sets."""
     if markdown:
         click.echo("\n".join(render_markdown(installed_pack_classes())))
         return
-    if key and "=" in key:  # `mmcore config training.lr=1e-5`: an override, no KEY
-        overrides, key = (key, *overrides), None
+    overrides = [a for a in args if "=" in a]
+    wanted = [a for a in args if "=" not in a]
+    if len(wanted) > 1:
+        raise ConfigError(f"one KEY at most, got {', '.join(wanted)}", hint="mmcore config training, or mmcore config training.lr")
+    key = wanted[0] if wanted else None
     if (preset or config_file or overrides) and not pack:
         raise ConfigError("--preset, --config and key=value overrides need --pack", hint="mmcore config --pack qwen2vl --preset demo")
     values: dict[str, Any] | None = None
@@ -261,7 +263,7 @@ def config_cmd(key: str | None, pack: str | None, preset: str | None, config_fil
     cls: type[RunConfig] = RunConfig
     title = "mmcore's core config"
     if pack:
-        cls, values, origins, title = _pack_config(pack, preset, config_file, list(overrides))
+        cls, values, origins, title = _pack_config(pack, preset, config_file, overrides)
     chosen = _select(list(keys(cls)), key)
     if as_json:
         rows = [{"key": k.path, "type": k.type, "default": k.default, "description": k.description}

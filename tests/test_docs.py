@@ -1,4 +1,4 @@
-"""The author's guide and the README show code that works with this mmcore: their declaration
+"""The author's guide and the development notes show code that works with this mmcore: their declaration
 and adapter examples are run here, so a change to the SDK that breaks them fails a test."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def python_blocks(path: Path, starting: str) -> list[str]:
     return [b for b in blocks if b.startswith(starting)]
 
 
-@pytest.mark.parametrize("doc", ["docs/writing-a-pack.md", "README.md"])
+@pytest.mark.parametrize("doc", ["docs/writing-a-pack.md", "docs/development.md"])
 def test_the_documented_declaration_is_a_valid_pack_spec(doc: str) -> None:
     from mmcore import PackSpec
 
