@@ -5,12 +5,12 @@
   when it writes it: memory holds about one tensor per writer thread, not a file, not the model.
   Two threads read, build and write tensors side by side; files are flushed to disk once, at
   the end, instead of one ``fsync`` per tensor; and torch's per-record CRC32 is not computed
-  (the stage's manifest already records every output file's sha256). Together: 12.6 s -> 5.0 s
-  for a 4.1 GiB Qwen2-VL-2B checkpoint on 2 cores (``bench/convert_speed.py``).
+  (the stage's manifest already records every output file's sha256). Speed and memory:
+  ``bench/convert_speed.py``, figures in BENCHMARKS.md.
 * DCP -> HF writes safetensors shards (``max_shard_bytes``) plus ``model.safetensors.index.json``
   tensor by tensor: a tensor stored whole in its own file (convert's output) is memory-mapped,
   the others (training checkpoints' shards) are read ``read_bytes`` at a time through
-  ``dcp.load``. Peak memory for a 4.1 GiB checkpoint: 717 MiB, was 1425 (bench/convert_speed.py).
+  ``dcp.load``, so peak memory stays near the largest tensor, not the checkpoint.
 * The DCP output reshards at load: FSDP2 at any world size loads it with ``dcp.load``.
 * The convert stage checks key coverage: the converted tensors are exactly the training
   model's (tied weights once), with its shapes, before anything trains.
