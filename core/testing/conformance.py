@@ -31,6 +31,9 @@ failure starts with ``[rule] hook:``:
   killed with SIGKILL resumes to the uninterrupted losses, the adapter export loads in its
   library (peft's ``PeftModel.from_pretrained``, or diffusers' ``load_lora_weights``) with the
   trained tensors, nothing missing, and ``mmcore infer`` answers from its checkpoint and export.
+
+A rule that came with a later SDK than the pack declares (:data:`RULE_SINCE`) skips, saying so:
+a pack that passed conformance keeps passing it on every later minor of its SDK.
 """
 
 from __future__ import annotations
@@ -51,6 +54,24 @@ from mmcore.pack import CATEGORIES, STAGE_OUTPUTS, STAGES
 
 def _fail(rule: str, hook: str, message: str) -> None:
     pytest.fail(f"[{rule}] {hook}: {message}", pytrace=False)
+
+
+#: The SDK minor each later rule came with (the others are 1.0's). A pack declares the SDK it was
+#: written for (``PackSpec(sdk=...)``); a minor only adds, so a pack written before a rule
+#: existed takes no part in its feature and is not failed by it: the rule skips, saying why.
+RULE_SINCE = {"evaluate": "1.5", "infer": "1.5", "lora": "1.6", "mixed data": "1.16"}
+
+
+def _takes_part(entry: Any, rule: str) -> None:
+    """Skip ``rule`` for a pack whose declared SDK predates it."""
+    since, declared = RULE_SINCE[rule], entry.spec.sdk
+    minor = lambda version: tuple(int(part) for part in version.split("."))  # noqa: E731
+    try:
+        older = minor(declared) < minor(since)
+    except ValueError:
+        return  # not MAJOR.MINOR: `mmcore list` reports the pack broken; every rule applies
+    if older:
+        pytest.skip(f"[{rule}] came with SDK {since}; the pack declares SDK {declared}: declare PackSpec(sdk={since!r}) or later to take part")
 
 
 class _Cli:
@@ -298,9 +319,10 @@ class PackConformance:
         _fail("bad input", "mmcore_preprocess", f"{bad.name} holds no valid sample, yet preprocess finished")
 
     # ------------------------------------------------------------------ evaluate and infer
-    def test_evaluate_writes_one_result_per_item(self, plugins, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_evaluate_writes_one_result_per_item(self, plugins, entry, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
         if "evaluate" not in plugins.implemented_stages(self.pack_name):
             pytest.skip("the pack has no evaluate stage")
+        _takes_part(entry, "evaluate")
         manifest = self._manifest(tiny_run, "evaluate")
         if manifest.get("status") != "finished":
             return  # declined: nothing to check
@@ -309,9 +331,10 @@ class PackConformance:
         if len(rows) != manifest["metrics"].get("items", len(rows)):
             _fail("evaluate", "mmcore_evaluate", f"metrics say {manifest['metrics'].get('items')} items, {results.name} holds {len(rows)}")
 
-    def test_infer_answers_from_the_training_checkpoint_and_the_export(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_infer_answers_from_the_training_checkpoint_and_the_export(self, plugins, entry, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
         if not plugins.has_infer(self.pack_name):
             pytest.skip("the pack has no infer")
+        _takes_part(entry, "infer")
         self._infer_from_checkpoint_and_export(work, tiny_run)
 
     def _infer_from_checkpoint_and_export(self, work: Path, run: Path) -> None:
@@ -388,6 +411,7 @@ class PackConformance:
         kinds = self.mixed_media or (("image",) if entry.spec.category in ("vlm", "omni") else ())
         if not kinds or "train" not in plugins.implemented_stages(self.pack_name):
             pytest.skip("the pack reads no conversations with media (set mixed_media)")
+        _takes_part(entry, "mixed data")
         data = write_mixed_mllm(work / "mixed-data", kinds)
         # plain shuffling (no tower balancing, which would pair samples of alike media): the worst case
         settings = [f"data.datasets=[{data}]", "data.demo_samples=0", "data.eval_fraction=0.25", "training.steps=4", "training.balance_towers=false",
@@ -420,7 +444,7 @@ class PackConformance:
 
     # ------------------------------------------------------------------ LoRA
     @pytest.mark.compares_runs
-    def test_lora_trains_only_the_adapters_resumes_and_exports_them(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+    def test_lora_trains_only_the_adapters_resumes_and_exports_them(self, plugins, entry, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
         from mmcore import safe_dcp
         from mmcore.errors import MmcoreError
         from mmcore.lora import is_adapter
@@ -428,6 +452,7 @@ class PackConformance:
         stages = plugins.implemented_stages(self.pack_name)
         if "train" not in stages or "export" not in stages or not self.supports_lora:
             pytest.skip("the pack has no train and export stages, or trains no LoRA (supports_lora)")
+        _takes_part(entry, "lora")
         straight = work / "lora"
         shutil.copytree(tiny_run, straight, symlinks=True)
         for stage in ("train", "export", "evaluate"):

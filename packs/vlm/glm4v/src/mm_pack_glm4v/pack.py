@@ -22,7 +22,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.7",
+        sdk="1.16",
         config_class="mm_pack_glm4v.family:Glm4vRunConfig",
         presets=presets,
         default_preset=default_preset,

@@ -21,7 +21,7 @@ class InternVLPack:
         name="internvl",
         category="vlm",
         summary="InternVL 3 / 3.5 (1B-78B, transformers format) vision-language models",
-        sdk="1.7",
+        sdk="1.16",
         config_class="mm_pack_internvl.family:InternVLRunConfig",
         presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
         default_preset="demo",

@@ -26,7 +26,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.14",
+        sdk="1.16",
         config_class="mm_pack_qwen2vl.config:Qwen2VLConfig",
         presets=presets,
         default_preset=default_preset,

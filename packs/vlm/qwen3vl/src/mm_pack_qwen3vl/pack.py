@@ -25,7 +25,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.7",
+        sdk="1.16",
         config_class="mm_pack_qwen3vl.family:Qwen3VLConfig",
         presets=presets,
         default_preset=default_preset,
