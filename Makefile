@@ -48,6 +48,7 @@ PARALLEL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # Expensive matrices keep one representative case in `make test`; `make test-matrix` runs the
 # rest (marker matrix: FSDP2 on two processes for every pack, further kill points).
 test: $(VENV)/.installed
+	$(BIN)/ruff check --quiet .
 	$(PARALLEL) $(BIN)/python -m pytest -q $(WORKERS) --durations=15 -m "not matrix"
 	@echo "isa_sample tests again with: $$($(BIN)/python tools/other_isa.py)"
 	$(PARALLEL) $(OTHER_ISA) $(BIN)/python -m pytest -q $(WORKERS) -m isa_sample

@@ -19,7 +19,6 @@ checked bit-identical once.
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import subprocess
 import sys

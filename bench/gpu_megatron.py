@@ -181,7 +181,6 @@ def main() -> None:
         args.tokens, args.micro, args.steps = min(args.tokens, 64), min(args.micro, 2), min(args.steps, 3)
     import importlib.util
 
-    import torch
     import torch.distributed as dist
 
     from mmcore.megatron.gpt import init_model_parallel
