@@ -144,24 +144,24 @@ def numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def logged_through(ctx: Any) -> int | None:
-    """The last step the interrupted attempt of this stage logged, from ``metrics.jsonl``: read by
-    a tracker's ``mmcore_metrics_resumed`` (``tryfirst``, before the events plugin cuts the file
-    back to the checkpoint). A tracker that cannot delete what it holds logs only later steps."""
-    path = Path(ctx.stage_dir) / "metrics.jsonl"
-    last = None
+def kept_rows(ctx: Any, step: int) -> list[tuple[int, dict[str, float]]]:
+    """(step, numbers) of the rows of ``metrics.jsonl`` up to ``step``: what a stage resumed from
+    that step's checkpoint will not log again. A tracker that lost some of them in the kill (wandb
+    writes its file every 15 s) logs them from here, so it holds every step once."""
+    rows = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = (Path(ctx.stage_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     except OSError:
-        return None
+        return []
     for line in lines:
         try:
-            step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
+            row = json.loads(line)
+        except ValueError:
             continue  # a line a kill cut short
-        if isinstance(step, int) and (last is None or step > last):
-            last = step
-    return last
+        at = row.get("step") if isinstance(row, dict) else None
+        if isinstance(at, int) and at <= step:
+            rows.append((at, numbers({k: v for k, v in row.items() if k not in ("step", "time")})))
+    return rows
 
 
 def stage_files(ctx: Any, manifest: Any) -> dict[str, Path]:

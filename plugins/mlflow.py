@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.tracking import active, evaluate_results, flat_config, numbers, project, run_name, stage_files, tracker_run
+from mmcore.tracking import active, evaluate_results, flat_config, kept_rows, numbers, project, run_name, stage_files, tracker_run
 
 NAME = "mlflow"
 
-# stage folder -> the open run: client, run id, and the (metric, step) pairs the store already
-# holds from an interrupted attempt (MLflow cannot delete a metric's point: those are not
-# logged again, so each step is in the history once)
+# stage folder -> the open run: client and run id; and the (metric, step) pairs the store
+# already holds from an interrupted attempt (MLflow cannot delete a metric's point: those are
+# not logged again, so each step is in the history once)
 _runs: dict[str, dict[str, Any]] = {}
 _held: dict[str, set[tuple[str, int]]] = {}
 
@@ -76,7 +76,7 @@ def _open(ctx: Any) -> dict[str, Any]:
     return _runs[key]
 
 
-@hookimpl(trylast=True)  # after metrics.jsonl has the step: the record a resume reads
+@hookimpl
 def mmcore_log_metrics(ctx, step, metrics):
     if not active(ctx, NAME):
         return
@@ -90,7 +90,7 @@ def mmcore_log_metrics(ctx, step, metrics):
         run["client"].log_batch(run["run_id"], metrics=batch)
 
 
-@hookimpl(tryfirst=True)
+@hookimpl
 def mmcore_metrics_resumed(ctx, step):
     if not active(ctx, NAME):
         return
@@ -100,8 +100,10 @@ def mmcore_metrics_resumed(ctx, step):
     prefix = f"{ctx.stage}/"
     for key in client.get_run(run_id).data.metrics:
         if key.startswith(prefix):
-            held.update((key, m.step) for m in client.get_metric_history(run_id, key) if m.step > step)
+            held.update((key, m.step) for m in client.get_metric_history(run_id, key))
     _held[str(ctx.stage_dir)] = held
+    for at, values in kept_rows(ctx, step):  # what the store lacks of the kept steps (MLflow writes each at once: rarely any)
+        mmcore_log_metrics(ctx, at, values)
 
 
 @hookimpl
