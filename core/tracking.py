@@ -65,8 +65,9 @@ def check_trackers(config: Any, plugins: Any = None) -> None:
 
 def active(ctx: Any, name: str) -> bool:
     """Whether tracker ``name`` logs for this process: asked for, and the main process (the other
-    ranks run the same hooks; one record per run). A missing package fails here, at the stage's
-    start, for a run not started by the CLI (which refused it before the first stage)."""
+    ranks run the same hooks; one record per run). A missing package is a :class:`ConfigError`
+    here, at a stage's start, for a run not started by the CLI (which refuses it before the first
+    stage)."""
     if not ctx.world.is_main or name not in report_to(ctx.config):
         return False
     check_trackers(ctx.config)

@@ -71,6 +71,11 @@ def _open(ctx: Any) -> Any:
 
 
 @hookimpl
+def mmcore_stage_started(ctx):
+    active(ctx, NAME)  # a run not started by the CLI: a missing package is said now, not at the first step
+
+
+@hookimpl
 def mmcore_log_metrics(ctx, step, metrics):
     if not active(ctx, NAME):
         return

@@ -196,3 +196,17 @@ def test_the_logging_section_reads_one_or_none_and_refuses_an_unknown_tracker() 
     assert "\n" not in str(err.value)
     # the section is no stage's input: turning a tracker on reruns nothing
     assert all("logging" not in part for part in RunConfig().slice(("training", "data", "model")))
+
+
+def test_only_rank_0_of_a_distributed_stage_logs(cli: CLI, line_data: Path, tmp_path: Path) -> None:
+    """Two torchrun workers run train; each step is in wandb and MLflow once (from rank 0), in
+    the same tracker runs as the stages the launching process ran."""
+    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "r", "--nproc-per-node", "2", "logging.report_to=[wandb,mlflow]",
+        MLFLOW_TRACKING_URI="", WANDB_MODE="offline", WANDB_DIR=str(tmp_path))
+    run = tmp_path / "r"
+    steps = [step for step, _ in jsonl_steps(run)["loss"]]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    client, mlrun = mlflow_run(run)
+    assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "train/loss")] == steps
+    logged = wandb_run(tmp_path)
+    assert len(logged["ids"]) == 1 and sorted(row["train/step"] for row in logged["rows"] if "train/loss" in row) == steps
