@@ -12,12 +12,13 @@ a user's own MLflow code in the same process.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.tracking import active, evaluate_results, flat_config, kept_rows, numbers, project, run_name, stage_files, tracker_run
+from mmcore.tracking import active, evaluate_results, flat_config, kept_rows, numbers, project, run_name, stage_files, tracker_run, write_state
 
 NAME = "mlflow"
 
@@ -31,8 +32,6 @@ _held: dict[str, set[tuple[str, int]]] = {}
 def _tracking_uri(ctx: Any) -> str | None:
     """The configured store, else None: the run directory's own (MLflow 3.18 refuses a plain
     file store, ./mlruns, unless told to allow it; SQLite is its local default)."""
-    import os
-
     return ctx.config.logging.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
@@ -59,9 +58,9 @@ def _open(ctx: Any) -> dict[str, Any]:
     client = MlflowClient(tracking_uri=uri)
     state, fresh = tracker_run(ctx, NAME, where=uri)
     run_id = state.get("mlflow_run_id")
-    if not fresh and run_id:
+    if not fresh and run_id and _exists(client, run_id):
         client.update_run(run_id, status="RUNNING")
-    else:
+    else:  # a new run; or the store no longer has ours (deleted, another store at the same URI)
         name = project(ctx, "MLFLOW_EXPERIMENT_NAME")
         experiment = client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(name, artifact_location=artifacts)
@@ -69,11 +68,18 @@ def _open(ctx: Any) -> dict[str, Any]:
         # the config once, as the run's parameters (MLflow refuses a parameter changing value)
         params = [Param(k, str(v)[:6000]) for k, v in flat_config(ctx.config).items()]
         client.log_batch(run_id, params=params)
-        from mmcore.tracking import write_state
-
         write_state(ctx, NAME, {**state, "mlflow_run_id": run_id})
     _runs[key] = {"client": client, "run_id": run_id}
     return _runs[key]
+
+
+def _exists(client: Any, run_id: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:
+        return False
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """Weights & Biases tracker (``logging.report_to: [wandb]``; ``pip install 'mmcore[wandb]'``).
 
 One wandb run per run directory (its id in ``<run_dir>/trackers/wandb.json``; each stage that
-logs resumes it): the config once, as the run's config; every metric of every stage against that
+logs resumes it): the config, as the run's config; every metric of every stage against that
 stage's own step (``<stage>/step``, so train's steps and a later stage's never collide on wandb's
 single increasing step); a finished stage's plot (``train.png``) as an image, the evaluate
 stage's numbers in the run's summary, its ``metrics.json`` and ``report.html`` as an artifact.
