@@ -152,6 +152,9 @@ def _runner(kw: dict[str, Any]):
     from mmcore.preflight import check_layout
 
     check_layout(plugins, session.pack, session.config, session.run_dir.root)  # so is a parallel layout that cannot work: once, here, not per rank at train
+    from mmcore.tracking import check_trackers
+
+    check_trackers(session.config, plugins)  # and a tracker in logging.report_to that is not installed
     parallel = session.config.parallel
     if _follows(parallel):
         # a following node: node 0 owns the run directory (lock, run.json, config.yaml), this one joins it

@@ -152,12 +152,13 @@ def _kernel_choice(registry: Any, name: str, device: str) -> str:
 @click.option("--rdzv-endpoint", default=None, help="HOST:PORT you intend to use for the rendezvous.")
 @click.option("--run-dir-root", default="runs", show_default=True, help="Where runs are written (disk check).")
 @click.option("--min-free-gb", default=5.0, show_default=True)
+@click.option("--offline", is_flag=True, help="You will run with --offline (run.offline): the hub is not contacted.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def doctor_cmd(pack: str | None, device: str, rdzv_endpoint: str | None, run_dir_root: str, min_free_gb: float, as_json: bool) -> None:
-    """Pre-flight checks: device and driver, torch/torch_npu, rendezvous port, disk, pack requirements."""
+def doctor_cmd(pack: str | None, device: str, rdzv_endpoint: str | None, run_dir_root: str, min_free_gb: float, offline: bool, as_json: bool) -> None:
+    """Pre-flight checks: device and driver (of the accelerators this machine has), torch/torch_npu, the hub, rendezvous port, disk, pack requirements."""
     from mmcore.doctor import run_checks
 
-    checks = run_checks(load_plugins(), pack=pack, device=device, rdzv_endpoint=rdzv_endpoint, runs_root=run_dir_root, min_free_gb=min_free_gb)
+    checks = run_checks(load_plugins(), pack=pack, device=device, rdzv_endpoint=rdzv_endpoint, runs_root=run_dir_root, min_free_gb=min_free_gb, offline=offline)
     failed = [c for c in checks if not c.ok and c.required]
     if as_json:
         click.echo(json.dumps({"ok": not failed, "checks": [c.as_dict() for c in checks]}, indent=2))

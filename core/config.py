@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mmcore.errors import ConfigError
 
@@ -173,6 +173,37 @@ class GenerationSection(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weights and compute while generating; auto: bfloat16 on an accelerator that supports it, float32 on CPU (where the evaluate stage's figures are exact).")
 
 
+#: The experiment trackers ``logging.report_to`` may name (each a plugin in ``mmcore_plugins``).
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow")
+
+
+class LoggingSection(Section):
+    """Where a run's metrics go besides ``metrics.jsonl`` (always written): the experiment
+    trackers, each an observer plugin (docs/tracking.md). Not part of any stage's plan: turning a
+    tracker on or off reruns nothing."""
+
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"], description="Trackers that get the config, every training and held-out metric at its step, the plots and the evaluate results: tensorboard, wandb (pip install 'mmcore[wandb]'), mlflow (pip install 'mmcore[mlflow]'); [] or none: only metrics.jsonl.")
+    project: str | None = Field(None, description="The wandb project and the MLflow experiment; default: WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME where set, else mmcore.")
+    run_name: str | None = Field(None, description="The run's name in wandb and MLflow; default: the run directory's name.")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(None, description="wandb's mode; default: offline under run.offline, else what WANDB_MODE says, else online (which needs `wandb login` or WANDB_API_KEY).")
+    mlflow_tracking_uri: str | None = Field(None, description="Where MLflow records the run; default: MLFLOW_TRACKING_URI where set, else a local SQLite store in the run directory (mlflow.db, artifacts in mlflow-artifacts/).")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_or_none(cls, value: Any) -> Any:
+        # `logging.report_to=wandb` on the command line is a string: one tracker; none: no tracker
+        if isinstance(value, str):
+            value = [] if value.strip().lower() == "none" else [value]
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str) and value[0].strip().lower() == "none":
+            return []
+        return value
+
+    @field_validator("report_to")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+
 class RunConfig(Section):
     """The whole configuration of a run. Packs subclass it to add their own fields."""
 
@@ -186,6 +217,7 @@ class RunConfig(Section):
     export: ExportSection = Field(default_factory=ExportSection)
     evaluate: EvaluateSection = Field(default_factory=EvaluateSection)
     generation: GenerationSection = Field(default_factory=GenerationSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
 
     def slice(self, sections: tuple[str, ...]) -> dict[str, Any]:
         """The parts of the config a stage reads (recorded in its manifest), plus the seed.

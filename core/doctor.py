@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import os
 import platform
 import shutil
 import socket
@@ -39,7 +41,59 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto", rdzv_endpoint: str | None = None, runs_root: str = "runs", min_free_gb: float = 5.0) -> list[Check]:
+#: What shows that a machine has an accelerator's hardware (device files, the driver's tool),
+#: whatever torch makes of it: only then is a missing piece (CUDA build, CANN, torch_npu) worth a
+#: warning. A CPU machine is told nothing about CUDA or Ascend.
+HARDWARE_SIGNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cuda": (("/dev/nvidia[0-9]*", "/dev/kfd"), ("nvidia-smi", "rocm-smi")),
+    "npu": (("/dev/davinci[0-9]*",), ("npu-smi",)),
+}
+
+
+def hardware_sign(name: str) -> str | None:
+    """What shows accelerator ``name``'s hardware here (a device file, the driver's tool on
+    PATH), or None; an accelerator without known signs counts as present (a plugin's own)."""
+    if name not in HARDWARE_SIGNS:
+        return name
+    files, tools = HARDWARE_SIGNS[name]
+    for pattern in files:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    for tool in tools:
+        if shutil.which(tool):
+            return f"{tool} on PATH"
+    return None
+
+
+#: Longest wait for the hub's answer: doctor is a quick look, not a download.
+HUB_TIMEOUT_S = 3.0
+
+
+def hub_check(*, offline: bool = False, timeout: float = HUB_TIMEOUT_S) -> Check:
+    """Whether the hub (HF_ENDPOINT, else huggingface.co) answers, through huggingface_hub's
+    own session (its proxy settings and headers); any HTTP answer counts. Offline mode is
+    said, not tried."""
+    from mmcore.hub import hub_endpoint
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "")
+    if offline or flag.strip().lower() in ("1", "true", "yes", "on"):
+        who = "--offline (run.offline)" if offline else f"HF_HUB_OFFLINE={flag}"
+        return Check("hub", True, f"offline mode set by {who}: not contacted; models come from local folders and the hub cache")
+    endpoint = hub_endpoint()
+    try:
+        from huggingface_hub.utils import get_session
+
+        response = get_session().head(endpoint, timeout=timeout, follow_redirects=False)
+    except Exception as exc:  # what the network said, in one line: refused, timed out, no such host, proxy
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return Check("hub", False, f"{endpoint} unreachable within {timeout:g} s ({reason})",
+                     "check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), or work offline: --offline with local model folders", required=False)
+    return Check("hub", True, f"{endpoint} answers (HTTP {response.status_code})")
+
+
+def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto", rdzv_endpoint: str | None = None, runs_root: str = "runs", min_free_gb: float = 5.0,
+               offline: bool = False, hub: bool = True) -> list[Check]:
     checks: list[Check] = []
     py_ok = sys.version_info >= (3, 10)
     checks.append(Check("python", py_ok, f"{platform.python_version()} ({sys.executable})", "use Python 3.10 or newer"))
@@ -64,6 +118,11 @@ def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto
         available = bool(info.get("available"))
         detail = ", ".join(f"{k}={v}" for k, v in info.items() if k not in ("available",)) if available else str(info.get("why", "not present"))
         wanted = device == name
+        sign = hardware_sign(name)
+        if not available and not wanted and sign is None:
+            continue  # no such hardware here: nothing is missing
+        if not available and sign is not None and sign != name:
+            detail = f"{detail} (the hardware is there: {sign})"
         hint = {"cuda": "install the NVIDIA driver and a CUDA build of torch", "npu": "install CANN and torch_npu matching your torch"}.get(name, "")
         checks.append(Check(f"device {name}", available, detail, hint, required=wanted))
     try:
@@ -84,6 +143,9 @@ def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto
         port = int(port_text)
     free = port_free(host if host not in ("localhost", "") else "127.0.0.1", port)
     checks.append(Check("rendezvous port", free, f"{host}:{port} {'is free' if free else 'is in use'}", "a stale torchrun may hold it: stop it, or set parallel.rdzv_endpoint=HOST:PORT to another port", required=bool(rdzv_endpoint)))
+
+    if hub:
+        checks.append(hub_check(offline=offline))
 
     root = Path(runs_root).absolute()
     probe = root

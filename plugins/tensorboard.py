@@ -1,22 +1,15 @@
-"""TensorBoard metric sink: ``<stage_dir>/tensorboard``, when the tensorboard package is installed."""
+"""TensorBoard metric sink: ``<stage_dir>/tensorboard``, when ``logging.report_to`` names
+tensorboard (the default; a tracker like the others, :mod:`mmcore.tracking`)."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from mmcore import hookimpl
+from mmcore.tracking import active
 
 _writers: dict[str, Any] = {}
 _purge: dict[str, int] = {}  # stage folder -> first step to log again after a resume
-_installed: bool | None = None  # looked up once: find_spec walks sys.path on every call
-
-
-def _tensorboard_installed() -> bool:
-    global _installed
-    if _installed is None:
-        _installed = importlib.util.find_spec("tensorboard") is not None
-    return _installed
 
 
 def _writer(ctx: Any) -> Any:
@@ -33,7 +26,7 @@ def _writer(ctx: Any) -> Any:
 
 @hookimpl
 def mmcore_log_metrics(ctx, step, metrics):
-    if not _tensorboard_installed():
+    if not active(ctx, "tensorboard"):
         return
     writer = _writer(ctx)
     for name, value in metrics.items():
@@ -50,6 +43,6 @@ def mmcore_stage_finished(ctx):
 
 @hookimpl
 def mmcore_metrics_resumed(ctx, step):
-    if _tensorboard_installed() and (ctx.stage_dir / "tensorboard").is_dir():
+    if active(ctx, "tensorboard") and (ctx.stage_dir / "tensorboard").is_dir():
         _purge[str(ctx.stage_dir)] = step + 1
 

@@ -68,7 +68,7 @@ def test_info_lists_the_kernel_each_device_gets(cli: CLI) -> None:
 
 
 def test_doctor_passes_here_and_reports_a_busy_port_with_a_fix(cli: CLI) -> None:
-    report = json.loads(cli("doctor", "--pack", "toy", "--json").stdout)
+    report = json.loads(cli("doctor", "--pack", "toy", "--json", HF_HUB_OFFLINE="1").stdout)  # tests contact no real host
     assert report["ok"]
     names = {c["name"]: c for c in report["checks"]}
     assert names["torch"]["ok"] and names["device cpu"]["ok"] and names["pack toy requirements"]["ok"]
@@ -76,14 +76,14 @@ def test_doctor_passes_here_and_reports_a_busy_port_with_a_fix(cli: CLI) -> None
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = cli("doctor", "--rdzv-endpoint", f"127.0.0.1:{port}", check=False)
+        proc = cli("doctor", "--rdzv-endpoint", f"127.0.0.1:{port}", check=False, HF_HUB_OFFLINE="1")
     assert proc.returncode == 1
     assert f"[FAIL] rendezvous port: 127.0.0.1:{port} is in use" in proc.stdout
     assert "fix: a stale torchrun may hold it" in proc.stdout
 
 
 def test_doctor_flags_an_unknown_pack(cli: CLI) -> None:
-    proc = cli("doctor", "--pack", "nope", check=False)
+    proc = cli("doctor", "--pack", "nope", check=False, HF_HUB_OFFLINE="1")
     assert proc.returncode == 1 and "[FAIL] pack nope: not installed" in proc.stdout
 
 
