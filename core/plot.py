@@ -13,14 +13,15 @@ from typing import Any
 HELD_OUT = ("eval/accuracy", "eval/wer", "eval/rewards/accuracy", "eval/implicit_accuracy", "eval/loss")
 
 
-def plot_training(stage_dir: Path, history: list[dict[str, float]], throughput: str) -> None:
+def plot_training(stage_dir: Path, history: list[dict[str, float]], throughput: str) -> list[str]:
     """``train.png`` from ``metrics.jsonl`` (all attempts; else ``history``): loss and learning
-    rate, the held-out metric (logged every ``training.eval_every``), and throughput, by step."""
+    rate, the held-out metric (logged every ``training.eval_every``), and throughput, by step.
+    Returns the panels' titles (none when there was nothing to plot or no matplotlib)."""
     path = stage_dir / "metrics.jsonl"
     logged = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else history
     rows = last_per_step(r for r in logged if "loss" in r)  # a resumed run repeats steps: keep the last
     if not rows:
-        return
+        return []
     held = last_per_step(r for r in logged if any(k.startswith("eval/") for k in r))
     try:
         import matplotlib
@@ -28,7 +29,7 @@ def plot_training(stage_dir: Path, history: list[dict[str, float]], throughput: 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
+        return []
     steps = [r["step"] for r in rows]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 3.6))
     ax1.plot(steps, [r["loss"] for r in rows], color="C0")
@@ -48,6 +49,7 @@ def plot_training(stage_dir: Path, history: list[dict[str, float]], throughput: 
     fig.tight_layout()
     fig.savefig(stage_dir / "train.png", dpi=90)
     plt.close(fig)
+    return [ax.get_title() for ax in (ax1, ax2, ax3)]
 
 
 def held_out_panel(ax: Any, held: list[dict[str, Any]]) -> None:
