@@ -9,7 +9,7 @@ mesh is 2-D (HSDP): replicas across its first dimension, shards within each.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from mmcore import hookimpl
 from mmcore.errors import StageError
@@ -48,7 +48,29 @@ class FSDP2Backend:
         for module in shard_modules:
             fully_shard(module, **options)
         fully_shard(model, **options)
+        # before FSDP's own post-forward hook (registered by fully_shard, not prepended)
+        model.register_forward_hook(without_tower_outputs, prepend=True)
         return model
+
+
+#: Fields of transformers' multimodal outputs (``MultimodalModelOutput``) that hold the towers'
+#: own outputs: their ``pooler_output`` is the image/video/audio embeddings ``torch.split`` per
+#: item, views of one tensor.
+TOWER_OUTPUTS = ("image_outputs", "video_outputs", "audio_outputs")
+
+
+def without_tower_outputs(module: Any, args: Any, output: Any) -> Any:
+    """The sharded root's output without the towers' outputs. FSDP2 hooks every grad-requiring
+    tensor a sharded module returns and warns once per view among them ("... can cause backward
+    to fail or produce wrong gradients": an in-place op on a view would skip its all-gather);
+    those split views were the views, on every rank at every step. Nothing reads them -- the
+    recipes' losses read logits (and router logits) -- and the language model has already
+    consumed the embeddings, so dropping them changes no number and removes the views."""
+    if isinstance(output, Mapping):
+        for name in TOWER_OUTPUTS:
+            if output.get(name) is not None:
+                output[name] = None
+    return output
 
 
 @hookimpl
