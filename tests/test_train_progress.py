@@ -50,3 +50,16 @@ def test_the_terminal_bar_shows_absolute_steps_and_the_loss() -> None:
         bar.loss = 0.25
     text = shown.getvalue()
     assert "100/100" in text and "loss 0.25" in text and "ETA" in text and "elapsed" in text and "60/60" not in text
+
+
+@pytest.mark.slow
+def test_a_real_run_resumed_at_step_2_of_4_reports_steps_3_and_4(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from mmcore.testing import StageCLI
+
+    mm = StageCLI(tmp_path)
+    args = ["run", "--pack", "whisper", "--preset", "tiny", "--run-dir", "r", "data.demo_samples=8", "training.steps=4", "training.checkpoint_every=2"]
+    killed = mm(*args, check=False, MMCORE_TEST_KILL="train-step:2")  # killed after step 2's checkpoint
+    assert killed.returncode != 0
+    resumed = mm(*args)  # a log, not a terminal: plain lines
+    lines = [line for line in resumed.stderr.splitlines() if line.startswith("train: step")]
+    assert len(lines) == 1 and lines[0].startswith("train: step 4/4, loss "), resumed.stderr  # not "2/2": steps 3 and 4 of 4
