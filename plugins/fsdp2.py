@@ -49,7 +49,7 @@ class FSDP2Backend:
             fully_shard(module, **options)
         fully_shard(model, **options)
         # before FSDP's own post-forward hook (registered by fully_shard, not prepended)
-        model.register_forward_hook(without_tower_outputs, prepend=True)
+        model.register_forward_hook(root_output_without_views, prepend=True)
         return model
 
 
@@ -59,18 +59,34 @@ class FSDP2Backend:
 TOWER_OUTPUTS = ("image_outputs", "video_outputs", "audio_outputs")
 
 
-def without_tower_outputs(module: Any, args: Any, output: Any) -> Any:
-    """The sharded root's output without the towers' outputs. FSDP2 hooks every grad-requiring
-    tensor a sharded module returns and warns once per view among them ("... can cause backward
-    to fail or produce wrong gradients": an in-place op on a view would skip its all-gather);
-    those split views were the views, on every rank at every step. Nothing reads them -- the
-    recipes' losses read logits (and router logits) -- and the language model has already
-    consumed the embeddings, so dropping them changes no number and removes the views."""
+def root_output_without_views(module: Any, args: Any, output: Any) -> Any:
+    """The sharded root's output with no view among its grad-requiring tensors.
+
+    FSDP2 registers its pre-backward hook on every grad-requiring tensor a sharded module
+    returns, and warns for each view among them ("... can cause backward to fail or produce
+    wrong gradients": an in-place op on a view, ``out += y``, would drop the hook and skip the
+    all-gather); it warned on every rank at every step. The views were (1) transformers'
+    multimodal outputs' ``image_outputs``/``video_outputs``/``audio_outputs``, the towers'
+    embeddings split per item, which the language model has consumed and no loss reads: dropped;
+    (2) diffusers' transformers' prediction, unpatchified by ``reshape`` (a view of the permuted
+    tensor): cloned, one copy of a latent-sized tensor per forward, so whatever the loss does
+    with it the hook stays. Neither changes a number: 2 ranks still equal 1.
+    """
     if isinstance(output, Mapping):
         for name in TOWER_OUTPUTS:
             if output.get(name) is not None:
                 output[name] = None
-    return output
+        for name, value in list(output.items()):
+            if is_grad_view(value):
+                output[name] = value.clone()
+        return output
+    if type(output) in (tuple, list):
+        return type(output)(value.clone() if is_grad_view(value) else value for value in output)
+    return output.clone() if is_grad_view(output) else output
+
+
+def is_grad_view(value: Any) -> bool:
+    return getattr(value, "_base", None) is not None and value.requires_grad
 
 
 @hookimpl
