@@ -758,7 +758,7 @@ class DiffusionFamily:
         metrics = {"items": len(rows), "samples": len(rows)}
         write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: samples of the export for the held-out captions", columns=("item", "caption", "video"),
                       images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))], ctx=ctx,
-                      dataset=None if ctx.config.evaluate.datasets or self.conditions else "export.sample_prompts")
+                      dataset="the held-out clips' first frames and captions" if self.conditions else None if ctx.config.evaluate.datasets else "export.sample_prompts")
         note = f"{len(rows)} sample video(s) of the export and a contact sheet in {folder} (no metric: look at them, report.html)"
         return StageResult(outputs={"results": "results.jsonl", "samples": "samples", "report": "report.html"}, metrics=metrics, notes=[note])
 

@@ -93,6 +93,8 @@ class DevTools:
 
     def media_report(self, page: Path, limit_ms: int = 10000) -> dict[str, Any]:
         """``{"title", "media": [...]}`` of ``page`` as Chromium loaded it (see :data:`PROBE`)."""
+        if not page.is_file():  # Chromium would show its error page, never this URL
+            raise FileNotFoundError(page)
         url = page.absolute().as_uri()
         target = self.call("Target.createTarget", {"url": url})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
