@@ -31,8 +31,13 @@ AUDIO = {".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac"}
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
          "vertical-align:top}table{border-collapse:collapse}.miss{background:#fee}.about{color:#555}"
          ".media img{max-width:160px;max-height:160px;image-rendering:pixelated;display:block}"
-         ".media video{width:256px;image-rendering:pixelated;display:block}.turn{white-space:pre-wrap;max-width:40em}"
+         ".media video{width:256px;image-rendering:pixelated;display:block}.turn{white-space:pre-wrap}th{white-space:nowrap}"
+         ".turn,.text{max-width:40em;min-width:10em;overflow-wrap:anywhere}"
          "pre{background:#f6f6f6;padding:1em;overflow:auto}")
+
+
+#: Cells of free text: the user's turn keeps its lines; long unbroken model output wraps instead of widening the page.
+CLASSES = {"prompt": " class='turn'", "caption": " class='turn'", "reference": " class='text'", "prediction": " class='text'"}
 
 
 def media_kind(path: str | Path) -> str | None:
@@ -141,7 +146,7 @@ def render(rows: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], *, tit
         for r in rows:
             miss = " class='miss'" if r.get("exact_match") == 0.0 or r.get("error") else ""
             cells = [f"<td class='media'>{media_html(r.get('media') or [])}</td>"] if with_media else []
-            cells += [f"<td class='turn'>{e(_shown(r.get(c, '')))}</td>" if c in ("prompt", "caption") else f"<td>{e(_shown(r.get(c, '')))}</td>" for c in shown]
+            cells += [f"<td{CLASSES.get(c, '')}>{e(_shown(r.get(c, '')))}</td>" for c in shown]
             page.append(f"<tr{miss}>{''.join(cells)}</tr>")
         page.append("</table>")
     if ctx is not None:
