@@ -23,6 +23,7 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
+from urllib.parse import quote
 
 IMAGE = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp"}
 VIDEO = {".mp4", ".webm", ".mov", ".m4v", ".ogv", ".mkv", ".avi"}
@@ -161,7 +162,7 @@ def media_html(media: Iterable[Mapping[str, str]]) -> str:
     """Thumbnails and players of a row's media (``src`` relative to the report)."""
     out = []
     for item in media:
-        src = html.escape(item["src"], quote=True)
+        src = html.escape(quote(item["src"]), quote=True)  # a file named "a b#1.png" is still found
         if item["kind"] == "image":
             out.append(f"<a href='{src}'><img src='{src}' alt='{src}'></a>")
         elif item["kind"] == "video":

@@ -84,3 +84,32 @@ def test_video_report_plays_each_generated_sample(reports, browser) -> None:  # 
     text = page.read_text()
     assert "a &lt;b&gt;blue&lt;/b&gt; square &amp; co" in text and "<b>blue</b>" not in text
     assert "data: <b>export.sample_prompts</b>" in text
+
+
+def test_odd_file_names_still_load_and_markup_in_the_data_stays_text(browser, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Media named as users name them (spaces, '#', '<'), a prompt with markup: the files are
+    kept beside the report and found, the text shown as text (no second browser run needed)."""
+    import wave
+
+    import numpy as np
+    from PIL import Image
+
+    from mmcore.data.video import write_mp4
+    from mmcore.report import keep_media, write_results
+
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.new("RGB", (8, 6), "red").save(data / "a b#1 <x>.png")
+    write_mp4(data / "clip 1.mp4", np.zeros((4, 16, 16, 3), dtype=np.uint8), 4)
+    with wave.open(str(data / "tone?.wav"), "wb") as out:
+        out.setnchannels(1), out.setsampwidth(2), out.setframerate(8000)
+        out.writeframes(np.zeros(4000, dtype=np.int16).tobytes())
+    report = tmp_path / "evaluate"
+    media = keep_media(report, sorted(data.iterdir()))
+    rows = [{"item": "x.json:0", "prompt": "<script>document.title='pwned'</script>What is <b>this</b>?", "media": media}]
+    write_results(report, rows, {"items": 1}, title="a <title>", columns=("item", "prompt"))
+    seen = browser.media_report(report / "report.html")
+    assert seen["title"] == "a <title>"  # the script did not run
+    assert sorted(m["tag"] for m in seen["media"]) == ["audio", "img", "video"]
+    assert all(m.get("naturalWidth", 1) > 0 and not m.get("error") for m in seen["media"]), seen
+    assert "&lt;script&gt;" in (report / "report.html").read_text()
