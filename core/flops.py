@@ -58,4 +58,14 @@ class StepFlops:
         return self._counts[key]
 
 
-__all__ = ["parameter_counts", "dense_flops", "attention_flops", "StepFlops"]
+def utilisation(flops: float, seconds: float, accelerator: Any) -> dict[str, float]:
+    """Achieved TFLOP/s of this process, and the model FLOPs utilisation where the device's peak is known."""
+    achieved = flops / max(seconds, 1e-9)
+    out = {"tflops": achieved / 1e12}
+    peak = accelerator.peak_flops()
+    if peak:
+        out["mfu"] = achieved / peak
+    return out
+
+
+__all__ = ["parameter_counts", "dense_flops", "attention_flops", "StepFlops", "utilisation"]

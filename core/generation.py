@@ -14,7 +14,6 @@ at the same column, with the KV cache. Greedy unless ``generation.temperature`` 
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections import Counter
@@ -302,31 +301,11 @@ def answer_scores(prediction: str, reference: str) -> dict[str, float]:
 
 
 def write_results(folder: Path, rows: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], *, title: str,
-                  columns: Sequence[str], images: Sequence[tuple[str, str]] = ()) -> None:
-    """``results.jsonl`` (one row per item), ``metrics.json`` and ``report.html`` (the metrics,
-    the pictures ``images`` = (file relative to ``folder``, caption), and a table of ``columns``)."""
-    from mmcore.io import atomic_write_json, atomic_write_text
+                  columns: Sequence[str], images: Sequence[tuple[str, str]] = (), ctx: Any = None, dataset: str | None = None) -> None:
+    """``results.jsonl``, ``metrics.json`` and ``report.html`` (:func:`mmcore.report.write_results`)."""
+    from mmcore.report import write_results as write
 
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / "results.jsonl", "".join(json.dumps(dict(r), ensure_ascii=False) + "\n" for r in rows))
-    atomic_write_json(folder / "metrics.json", dict(metrics))
-    cells = lambda values: "".join(f"<td>{html.escape(str(v))}</td>" for v in values)  # noqa: E731
-    page = [
-        "<!doctype html><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}"
-        "table{border-collapse:collapse}.miss{background:#fee}</style>",
-        f"<h1>{html.escape(title)}</h1>",
-        "<table>" + "".join(f"<tr><th>{html.escape(k)}</th>{cells([_shown(v)])}</tr>" for k, v in metrics.items()) + "</table>",
-    ]
-    for src, caption in images:
-        page.append(f"<figure><img src='{html.escape(src)}' style='image-rendering:pixelated;max-width:100%'><figcaption>{html.escape(caption)}</figcaption></figure>")
-    if rows:
-        page.append("<h2>Per item</h2><table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in columns) + "</tr>")
-        for r in rows:
-            miss = " class='miss'" if r.get("exact_match") == 0.0 or r.get("error") else ""
-            page.append(f"<tr{miss}>{cells([_shown(r.get(c, '')) for c in columns])}</tr>")
-        page.append("</table>")
-    atomic_write_text(folder / "report.html", "\n".join(page) + "\n")
+    write(folder, rows, metrics, title=title, columns=columns, images=images, ctx=ctx, dataset=dataset)
 
 
 def read_held_out(ctx: Any, read: Callable[[Path], Iterable[Any]], encode: Callable[[Any], Any],
@@ -367,13 +346,9 @@ def empty_evaluation(ctx: Any, skipped: int = 0) -> Any:
     """The evaluate stage's result when there is nothing held out: empty results, and why."""
     from mmcore.pack import StageResult
 
-    write_results(ctx.stage_dir, [], {"items": 0, "skipped": skipped}, title=f"{ctx.pack}: evaluation", columns=())
+    write_results(ctx.stage_dir, [], {"items": 0, "skipped": skipped}, title=f"{ctx.pack}: evaluation", columns=(), ctx=ctx)
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json"}, metrics={"items": 0, "skipped": skipped},
                        notes=["nothing to evaluate: no held-out items (set data.eval_fraction, or evaluate.datasets / `mmcore eval --data FILE`)"])
-
-
-def _shown(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 __all__ = [

@@ -29,6 +29,7 @@ from mmcore.context import StageContext
 from mmcore.ema import EMA_OUTPUT, MovingAverage
 from mmcore.errors import StageError
 from mmcore.faults import crash_point
+from mmcore.flops import utilisation
 from mmcore.guards import NonFinite, lora_size_warning, refuse_nonfinite_checkpoint
 from mmcore.io import ensure_free_space
 from mmcore.optim import clip_grad_norm, freeze, lr_lambda
@@ -38,6 +39,7 @@ from mmcore.recompute import apply_recompute
 from mmcore.rundir import Manifest, RunDir
 from mmcore.sampler import EpochSampler, TokenBudgetSampler
 from mmcore.sharded_load import load_weights, materialise, on_meta, parameters_on_meta
+from mmcore.train_progress import TrainProgress
 
 if TYPE_CHECKING:
     import torch
@@ -235,7 +237,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
-    bar = ctx.progress(range(step, cfg.steps), total=cfg.steps - step, description="train", unit="step")
+    bar = TrainProgress(ctx, step, cfg.steps)  # absolute steps, the loss, elapsed and ETA
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
@@ -255,7 +257,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         grad_norm = clip_grad_norm(params, cfg.max_grad_norm)  # model-wide: the same on every rank
         if world.distributed:
             dist.all_reduce(loss_sum)  # before the update: a nan on one rank is every rank's, and all stop or skip alike
-        step_loss = loss_sum.item() / global_tokens
+        bar.loss = step_loss = loss_sum.item() / global_tokens  # a float already: the progress line costs no sync
         applies = nonfinite.check(step + 1, step_loss, grad_norm)
         if applies:
             optimizer.step()
@@ -463,16 +465,6 @@ def _is_sharded(model: Any) -> bool:
     except ImportError:  # pragma: no cover - torch without distributed
         return False
     return isinstance(model, FSDPModule)
-
-
-def utilisation(flops: float, seconds: float, accelerator: Any) -> dict[str, float]:
-    """Achieved TFLOP/s of this process, and the model FLOPs utilisation where the device's peak is known."""
-    achieved = flops / max(seconds, 1e-9)
-    out = {"tflops": achieved / 1e12}
-    peak = accelerator.peak_flops()
-    if peak:
-        out["mfu"] = achieved / peak
-    return out
 
 
 def computes_in_bf16(precision: str, accelerator: Any) -> bool:

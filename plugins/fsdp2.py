@@ -9,7 +9,7 @@ mesh is 2-D (HSDP): replicas across its first dimension, shards within each.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from mmcore import hookimpl
 from mmcore.errors import StageError
@@ -48,7 +48,45 @@ class FSDP2Backend:
         for module in shard_modules:
             fully_shard(module, **options)
         fully_shard(model, **options)
+        # before FSDP's own post-forward hook (registered by fully_shard, not prepended)
+        model.register_forward_hook(root_output_without_views, prepend=True)
         return model
+
+
+#: Fields of transformers' multimodal outputs (``MultimodalModelOutput``) that hold the towers'
+#: own outputs: their ``pooler_output`` is the image/video/audio embeddings ``torch.split`` per
+#: item, views of one tensor.
+TOWER_OUTPUTS = ("image_outputs", "video_outputs", "audio_outputs")
+
+
+def root_output_without_views(module: Any, args: Any, output: Any) -> Any:
+    """The sharded root's output with no view among its grad-requiring tensors.
+
+    FSDP2 registers its pre-backward hook on every grad-requiring tensor a sharded module
+    returns, and warns for each view among them ("... can cause backward to fail or produce
+    wrong gradients": an in-place op on a view, ``out += y``, would drop the hook and skip the
+    all-gather); it warned on every rank at every step. The views were (1) transformers'
+    multimodal outputs' ``image_outputs``/``video_outputs``/``audio_outputs``, the towers'
+    embeddings split per item, which the language model has consumed and no loss reads: dropped;
+    (2) diffusers' transformers' prediction, unpatchified by ``reshape`` (a view of the permuted
+    tensor): cloned, one copy of a latent-sized tensor per forward, so whatever the loss does
+    with it the hook stays. Neither changes a number: 2 ranks still equal 1.
+    """
+    if isinstance(output, Mapping):
+        for name in TOWER_OUTPUTS:
+            if output.get(name) is not None:
+                output[name] = None
+        for name, value in list(output.items()):
+            if is_grad_view(value):
+                output[name] = value.clone()
+        return output
+    if type(output) in (tuple, list):
+        return type(output)(value.clone() if is_grad_view(value) else value for value in output)
+    return output.clone() if is_grad_view(output) else output
+
+
+def is_grad_view(value: Any) -> bool:
+    return getattr(value, "_base", None) is not None and value.requires_grad
 
 
 @hookimpl

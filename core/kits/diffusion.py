@@ -750,10 +750,15 @@ class DiffusionFamily:
         folder = ctx.stage_dir / "samples"
         written = self.render(ctx, pipe, captions, folder, [f"sample-{i}" for i in range(len(captions))], images)
         contact_sheet(folder / "contact_sheet.png", [w.pop("pixels") for w in written], scale=4)
-        rows = [{"item": i, "caption": c, "video": str(Path(w["video"]).relative_to(ctx.stage_dir))} for i, (c, w) in enumerate(zip(captions, written))]
+        for i, image in enumerate(images or []):  # the first frame it was given, beside what it made of it
+            image.save(folder / f"sample-{i}-first-frame.png")
+        rows = [{"item": i, "caption": c, "video": str(Path(w["video"]).relative_to(ctx.stage_dir)),
+                 "media": ([{"kind": "image", "src": f"samples/sample-{i}-first-frame.png"}] if images else []) + [{"kind": "video", "src": str(Path(w["video"]).relative_to(ctx.stage_dir))}]}
+                for i, (c, w) in enumerate(zip(captions, written))]
         metrics = {"items": len(rows), "samples": len(rows)}
-        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: samples of the export", columns=("item", "caption", "video"),
-                      images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))])
+        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: samples of the export for the held-out captions", columns=("item", "caption", "video"),
+                      images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))], ctx=ctx,
+                      dataset="the held-out clips' first frames and captions" if self.conditions else None if ctx.config.evaluate.datasets else "export.sample_prompts")
         note = f"{len(rows)} sample video(s) of the export and a contact sheet in {folder} (no metric: look at them, report.html)"
         return StageResult(outputs={"results": "results.jsonl", "samples": "samples", "report": "report.html"}, metrics=metrics, notes=[note])
 

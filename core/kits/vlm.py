@@ -532,7 +532,9 @@ class VLMFamily:
         ``accuracy`` (normalised exact match), ``token_f1``, and ``token_accuracy`` (the answer's
         tokens reproduced exactly, what teacher-forced accuracy measures without teacher forcing)."""
         from mmcore.causal_lm import answer_span
+        from mmcore.data.mllm import read_samples
         from mmcore.generation import ModelSource, answer_scores, write_results
+        from mmcore.report import held_out_sources, keep_media, user_text
 
         items, skipped = self.held_out(ctx, upstream)
         if not items:
@@ -546,20 +548,21 @@ class VLMFamily:
             references.append(answer)
         tokens, tokenizer, _ = self.generate(ctx, network, folder, prompts, what="evaluate")
         ends = set(tokenizer.convert_tokens_to_ids([self.end_token]) if self.end_token else []) | {tokenizer.eos_token_id}
-        rows = []
+        sources, rows = held_out_sources(ctx, upstream, lambda path: read_samples(path, ctx.config.data)), []
         for (name, _), prompt, answer, generated in zip(items, prompts, references, tokens):
             while answer and answer[-1] in ends:
                 answer = answer[:-1]
             reference = tokenizer.decode(answer, skip_special_tokens=True).strip()
             prediction = tokenizer.decode(generated, skip_special_tokens=True).strip()
-            rows.append({"item": name, "prompt": tokenizer.decode(prompt["input_ids"], skip_special_tokens=True).strip()[-300:],
-                         "reference": reference, "prediction": prediction, **answer_scores(prediction, reference),
-                         "token_match": float(generated == answer)})
+            said = sources.get(name)  # the user's words and media as written, not the template the model read
+            rows.append({"item": name, "prompt": user_text(said.turns) if said else tokenizer.decode(prompt["input_ids"], skip_special_tokens=True).strip()[-300:],
+                         "media": keep_media(ctx.stage_dir, [f for files in said.media.values() for f in files]) if said else [],
+                         "reference": reference, "prediction": prediction, **answer_scores(prediction, reference), "token_match": float(generated == answer)})
         n = len(rows)
         metrics = {"items": n, "skipped": skipped, "accuracy": sum(r["exact_match"] for r in rows) / n,
                    "token_f1": sum(r["token_f1"] for r in rows) / n, "token_accuracy": sum(r["token_match"] for r in rows) / n}
-        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: evaluation of {folder}",
-                      columns=("item", "prompt", "reference", "prediction", "exact_match", "token_f1"))
+        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: greedy answers of the export {folder.name}/ to the held-out prompts",
+                      columns=("item", "prompt", "reference", "prediction", "exact_match", "token_f1"), ctx=ctx)
         note = (f"{n} held-out item(s), greedy generate() on the export: accuracy {metrics['accuracy']:.1%} "
                 f"(exact tokens {metrics['token_accuracy']:.1%}), token F1 {metrics['token_f1']:.3f}; report in {ctx.stage_dir / 'report.html'}")
         return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])

@@ -217,6 +217,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     from mmcore.recompute import apply_recompute
     from mmcore.sampler import EpochSampler
     from mmcore.train import HeldOutLog, computes_in_bf16, sampler_notes, tower_balance, utilisation
+    from mmcore.train_progress import TrainProgress
 
     cfg, parallel, world, accelerator = ctx.config.training, ctx.config.parallel, ctx.world, ctx.accelerator
     usable, why = megatron.status()
@@ -332,7 +333,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
-    for step in ctx.progress(range(step, cfg.steps), total=cfg.steps - step, description="train", unit="step"):
+    for step in (bar := TrainProgress(ctx, step, cfg.steps)):  # absolute steps, the loss, elapsed and ETA
         # ---- step
         t0 = time.perf_counter()
         micro, flops = [], 0.0
@@ -358,7 +359,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         grad_norm = clip_gradients(params, cfg.max_grad_norm)  # over every stage and shard: the same on every rank
         total = torch.tensor([loss_sum], dtype=torch.float64, device=device)
         dist.all_reduce(total, group=dp_group)
-        step_loss = total.item() / global_tokens
+        bar.loss = step_loss = total.item() / global_tokens
         # the loss lives on the last pipeline stage only: the stages agree on whether it is finite
         # (one reduction) before any of them updates, stops or skips
         bad = torch.tensor([0.0 if math.isfinite(step_loss) else 1.0], device=device)

@@ -129,7 +129,9 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
     """WER and CER of the export's greedy transcripts of the held-out clips."""
     from mm_pack_whisper.data import Encoder
     from mmcore.evaluation import char_errors, word_errors
+    from mm_pack_whisper.data import read_utterances
     from mmcore.generation import empty_evaluation, write_results
+    from mmcore.report import held_out_sources, keep_media
 
     network, folder = load(ctx, upstream, ModelSource("export", upstream["export"].output("model")))
     encoder = Encoder(folder, ctx.config.data.task)
@@ -143,14 +145,17 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
     transcripts = transcribe(network, items, encoder.tokenizer.eos_token_id, steps, ctx.config.generation.batch_size, progress)
     words, normaliser = word_normaliser(encoder.tokenizer)
     rows, totals = [], [0, 0, 0, 0]
+    sources = held_out_sources(ctx, upstream, lambda path: read_utterances(path, ctx.config.data))  # the clips, to listen to in the report
     for (name, _, _, reference), tokens in zip(clips, transcripts):
         prediction = encoder.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         w, c = word_errors(reference, prediction, words), char_errors(reference, prediction, words)
         totals = [totals[0] + w[0], totals[1] + w[1], totals[2] + c[0], totals[3] + c[1]]
-        rows.append({"item": name, "reference": reference, "prediction": prediction, "word_errors": w[0], "words": w[1]})
+        clip = sources.get(name)
+        rows.append({"item": name, "media": keep_media(ctx.stage_dir, [clip.audio]) if clip else [], "reference": reference, "prediction": prediction, "word_errors": w[0], "words": w[1]})
     metrics = {"items": len(rows), "skipped": skipped, "wer": totals[0] / max(totals[1], 1), "cer": totals[2] / max(totals[3], 1),
                "normaliser": normaliser}
-    write_results(ctx.stage_dir, rows, metrics, title=f"whisper: evaluation of {folder}", columns=("item", "reference", "prediction", "word_errors", "words"))
+    write_results(ctx.stage_dir, rows, metrics, title=f"whisper: greedy transcripts of the export {folder.name}/ of the held-out clips",
+                  columns=("item", "reference", "prediction", "word_errors", "words"), ctx=ctx)
     note = f"{len(rows)} held-out clip(s), greedy with the KV cache: WER {metrics['wer']:.1%}, CER {metrics['cer']:.1%} ({normaliser} normaliser)"
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])
 
