@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from mmcore_helpers import CLI
+from mmcore import PackSpec, StageResult
 from mmcore.rundir import RunDir
 
 
@@ -59,3 +60,43 @@ def test_status_says_where_a_killed_training_stopped_and_its_newest_checkpoint(t
     assert runner.freshness("train", runner.plan("train", runner.upstream("train"))) == (False, "interrupted at step 5 (checkpoint 4)")
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 5
+
+
+def download(ctx, upstream):  # type: ignore[no-untyped-def]
+    (ctx.stage_dir / "model.json").write_text('{"w": 2}')
+    return StageResult(outputs={"model": "model.json"})
+
+
+def evaluate(ctx, upstream):  # type: ignore[no-untyped-def]
+    """Scores each held-out line (default: a built-in split) as an evaluate stage does."""
+    files = ctx.config.evaluate.datasets
+    items = [line for f in files for line in Path(f).read_text().splitlines()] if files else ["held-out 0", "held-out 1"]
+    for f in files:
+        ctx.record_input(f)
+    (ctx.stage_dir / "results.jsonl").write_text("".join(json.dumps({"item": item}) + "\n" for item in items))
+    return StageResult(outputs={"results": "results.jsonl"}, metrics={"items": len(items)})
+
+
+HELD = PackSpec(name="held", stages={"download": "test_run_promises:download", "evaluate": "test_run_promises:evaluate"})
+
+
+def test_eval_on_a_file_writes_its_own_folder_and_leaves_the_runs_evaluation_done(tmp_path: Path) -> None:
+    from mmcore.evaluation import evaluate_files
+    from mmcore.testing import make_runner, plugins_with
+
+    run = tmp_path / "run"
+    runner = make_runner(plugins_with(HELD), "held", run)
+    runner.run_pipeline()
+    own, config = (run / "evaluate/manifest.json").read_text(), (run / "config.yaml").read_text()
+    mine = tmp_path / "my data.jsonl"
+    mine.write_text("a\nb\nc\n")
+    manifest = evaluate_files(runner, [str(mine)])
+    assert manifest.stage_dir == run / "evaluate-my-data" and manifest.metrics == {"items": 3}
+    assert [json.loads(x)["item"] for x in (run / "evaluate-my-data/results.jsonl").read_text().splitlines()] == ["a", "b", "c"]
+    assert (run / "evaluate/manifest.json").read_text() == own and (run / "config.yaml").read_text() == config
+    plan = runner.plan("evaluate", runner.upstream("evaluate"))
+    assert runner.freshness("evaluate", plan)[0]  # `mmcore status`: the run's evaluate is still done
+    again = evaluate_files(runner, [str(mine)])  # the same file and model: up to date, not run again
+    assert again.finished_at == manifest.finished_at
+    mine.write_text("a\n")  # its content changed: evaluated again, in the same folder
+    assert evaluate_files(runner, [str(mine)]).metrics == {"items": 1} and not (run / ".evaluate-my-data.replaced").exists()

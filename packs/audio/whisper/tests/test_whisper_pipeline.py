@@ -38,7 +38,7 @@ def test_tiny_run_round_trips_exactly_and_exports_for_the_asr_pipeline(whisper_c
     lines = (demo / "train.jsonl").read_text().splitlines()[:3] + [json.dumps({"audio": "clips/gone.wav", "text": "one"})]
     (demo / "mine.jsonl").write_text("\n".join(lines) + "\n")
     whisper_cli("eval", "--run-dir", "r", "--data", str(demo / "mine.jsonl"), "data.on_bad_sample=skip")
-    evaluate = manifest(run, "evaluate")["metrics"]
+    evaluate = manifest(run, "evaluate-mine")["metrics"]  # its own folder: the run's evaluate/ stays
     assert evaluate["items"] == 3 and evaluate["skipped"] == 1 and 0 <= evaluate["cer"] and 0 <= evaluate["wer"]
     # `mmcore infer --input`: media alone is a transcription request; an image is refused on its line
     (demo / "requests.jsonl").write_text(json.dumps({"audios": [json.loads(lines[0])["audio"]]}) + "\n"
