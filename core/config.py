@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mmcore.errors import ConfigError
+from mmcore.knobs import check_training, without_derived
 
 
 #: Step counts above this are a typo (1e12, 10^30), not a run: 1e8 steps at 10 ms each are 11 days.
@@ -91,12 +92,17 @@ class DpoSection(Section):
 
 class TrainingSection(Section):
     method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
-    steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000).")
-    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: Steps = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    weight_decay: float = Field(0.0, ge=0)
+    steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000); unused with training.epochs.")
+    epochs: int | None = Field(None, strict=True, ge=1, le=100_000, description="Train this many passes over the data instead of training.steps: steps = epochs x the micro-batches the sampler deals per epoch (samples / (data-parallel processes x micro_batch_size), or training.max_tokens' packed rows) / grad_accum_steps, rounded down; null: training.steps.")
+    optimizer: Literal["adamw", "sgd", "adafactor"] = Field("adamw", description="adamw (torch.optim.AdamW, with training.betas and eps); sgd (with training.momentum); adafactor (torch.optim.Adafactor, factored second moments: little optimizer memory; torch's own betas and eps; not on parallel.backend megatron).")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field((0.9, 0.999), description="adamw: decay rates of the moving averages of the gradient and of its square.")
+    eps: float = Field(1e-8, gt=0, allow_inf_nan=False, description="adamw: added to the denominator for numerical stability.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd: momentum (0: plain SGD, no optimizer state).")
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="Peak learning rate (after warmup, before decay).")
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warmup to min_lr_ratio x lr at the last step: cosine, linear, or none (constant).")
+    warmup_steps: Steps = Field(0, ge=0, description="Steps of linear warmup from lr / warmup_steps to lr.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The learning rate at the last step, as a fraction of lr (cosine and linear).")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (adamw; sgd and adafactor as torch applies it).")
     micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
     grad_accum_steps: Steps = Field(1, ge=1)
     max_grad_norm: float | None = Field(1.0, gt=0, allow_inf_nan=False, description="Clip gradients to this norm (> 0: a negative one would flip the gradient); null: no clipping.")
@@ -203,6 +209,8 @@ class RunConfig(Section):
             # layout, and 2 nodes of 1 process train as 1 node of 2); how many there are is
             data["parallel"].pop(name, None)
         data["parallel"]["world_size"] = self.world_size
+        if data["training"]["epochs"] is not None:
+            data["training"]["steps"] = None  # not the user's: the epochs and the data set it
         out: dict[str, Any] = {}
         for path in sections:
             value: Any = data
@@ -366,10 +374,12 @@ def build_config(config_class: type[RunConfig], layers: list[Layer]) -> RunConfi
         _check_values(layer)
         _merge(merged, layer.values, layer.origin, origins)
     try:
-        return config_class.model_validate(merged)
+        config = config_class.model_validate(merged)
     except ValidationError as exc:
         lines = format_validation_error(exc, config_class, origins)
         raise ConfigError("\n".join(lines)) from None
+    check_training(config.training, origins, [layer.origin for layer in layers])
+    return config
 
 
 def overrides_layer(overrides: list[str]) -> Layer:
@@ -406,5 +416,5 @@ def without_permissions(values: Mapping[str, Any], *, keys: tuple[tuple[str, str
 def dump_config(config: RunConfig, path: Path) -> None:
     from mmcore.io import atomic_write_text
 
-    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    text = yaml.safe_dump(without_derived(config.model_dump(mode="json")), sort_keys=False)
     atomic_write_text(path, text)

@@ -23,6 +23,8 @@ from mmcore.errors import ConfigError
 def megatron_layout_problem(parallel: Any, training: Any, world_size: int) -> str | None:
     """What makes ``parallel`` unusable on megatron-core over ``world_size`` processes, whatever the model."""
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if training.optimizer == "adafactor":  # its row and column moments: megatron's checkpoint shards state shaped as the parameter
+        return "training.optimizer: adafactor does not run on parallel.backend: megatron (its checkpoint shards optimizer state shaped like the parameters); use adamw or sgd"
     if world_size % (tp * pp):
         return f"parallel.tensor_parallel={tp} x parallel.pipeline_parallel={pp} does not divide the {world_size} process(es) (--nproc-per-node x nodes)"
     if parallel.sequence_parallel and tp == 1:
