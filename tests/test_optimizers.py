@@ -123,3 +123,11 @@ def test_a_killed_epochs_run_resumes_to_the_straight_runs_losses(tmp_path: Path)
     train(tmp_path / "straight", "training.epochs=3")  # 12 steps of one sample
     killed_then_resumed(tmp_path / "killed", "train-step:7", "training.epochs=3")  # mid-epoch 2, checkpoint at step 6
     assert train_losses(tmp_path / "killed") == train_losses(tmp_path / "straight") and len(train_losses(tmp_path / "straight")) == 12
+
+
+def test_adafactor_is_refused_on_megatron_before_any_work() -> None:
+    from mmcore.preflight import megatron_layout_problem
+
+    config = make_config(plugins_with(PACK), "knobs", overrides=["training.optimizer=adafactor", "parallel.backend=megatron"])
+    problem = megatron_layout_problem(config.parallel, config.training, config.world_size)  # what `mmcore train` checks at launch, and the engine again
+    assert problem is not None and problem.startswith("training.optimizer: adafactor does not run on parallel.backend: megatron")
