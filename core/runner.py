@@ -173,7 +173,7 @@ class Runner:
         """``--resume`` continues interrupted work; a finished stage whose own config changed has
         none, and retraining it from scratch would replace it (refused, naming the keys). True
         when ``stage`` has a finished result that this attempt will set aside."""
-        manifest = self.run_dir.read_manifest(stage)
+        manifest, _ = self.run_dir.load_manifest(stage)  # an unreadable one: freshness has warned
         if manifest is None:
             return False
         changed = changed_keys(manifest.config, self.config.slice(self.spec.sections_for(stage)))
