@@ -57,6 +57,18 @@ def build_optimizer(params: "Sequence[nn.Parameter] | Sequence[dict]", cfg: Any)
     return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
 
 
+def empty_state(optimizer: "torch.optim.Optimizer", parameter: "torch.Tensor") -> dict[str, Any]:
+    """The state ``optimizer`` keeps for ``parameter`` once it has stepped, zeroed: what a
+    checkpoint that must know its shapes before reading (megatron's) loads into."""
+    import torch
+
+    if isinstance(optimizer, torch.optim.AdamW):
+        return {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(parameter), "exp_avg_sq": torch.zeros_like(parameter)}
+    if isinstance(optimizer, torch.optim.SGD):
+        return {"momentum_buffer": torch.zeros_like(parameter)} if optimizer.defaults["momentum"] else {}
+    raise StageError(f"training.optimizer: {type(optimizer).__name__}'s state cannot be laid out for this checkpoint; use adamw or sgd")
+
+
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if warmup and step < warmup:
@@ -84,4 +96,4 @@ def clip_grad_norm(params: "Sequence[nn.Parameter]", max_norm: float | None) -> 
     return float(norm)
 
 
-__all__ = ["build_optimizer", "STATE_COPIES", "freeze", "frozen_names", "lr_lambda", "clip_grad_norm"]
+__all__ = ["build_optimizer", "empty_state", "STATE_COPIES", "freeze", "frozen_names", "lr_lambda", "clip_grad_norm"]

@@ -196,8 +196,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     optimizer = build_optimizer(params, cfg)
     data = recipe.dataset(ctx, upstream)
     sampler = _sampler(ctx, recipe, data)
-    total = planned_steps(cfg, sampler)  # training.steps, or training.epochs of this data
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, total, cfg.min_lr_ratio))
+    planned = planned_steps(cfg, sampler)  # training.steps, or training.epochs of this data
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio))
     keep, files = _lora_checkpoint(model, plan)
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
     averaged = ema.state_dict() if ema is not None else None
@@ -236,7 +236,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
-    bar = ctx.progress(range(step, total), total=total - step, description="train", unit="step")
+    bar = ctx.progress(range(step, planned), total=planned - step, description="train", unit="step")
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
@@ -286,17 +286,17 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             metrics.update(utilisation(flops, elapsed, accelerator))
         history.append({"step": done, **metrics})
         metrics.update({"epoch": sampler.position / sampler.epoch_length()} if cfg.epochs is not None else {})  # passes over the data so far
-        if done % cfg.log_every == 0 or done == total:
+        if done % cfg.log_every == 0 or done == planned:
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
-        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < planned:
             refuse_nonfinite_checkpoint(params, world, done, ckpt_root, device)
             save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < total:
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < planned:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish
-    final_step = max(total, step)
+    final_step = max(planned, step)
     refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root, device)
     save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
     outputs = {"checkpoint": f"{CHECKPOINTS}/{LATEST}"}

@@ -279,8 +279,8 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
     costs = [recipe.work_of(i) for i in range(len(data))] if recipe.work_of is not None and cfg.balance_towers else None
     sampler = EpochSampler(len(data), ctx.seed, layout.dp_rank, layout.dp, cfg.micro_batch_size, groups, costs=costs)
-    total = planned_steps(cfg, sampler)  # training.steps, or training.epochs of this data
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, total, cfg.min_lr_ratio))
+    planned = planned_steps(cfg, sampler)  # training.steps, or training.epochs of this data
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio))
     # training.ema: this rank's part of the average, each tensor sharded as its parameter
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
     averages = [(ema.parameters[name], average) for name, average in ema.average.items()] if ema is not None else None
@@ -333,7 +333,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
-    for step in ctx.progress(range(step, total), total=total - step, description="train", unit="step"):
+    for step in ctx.progress(range(step, planned), total=planned - step, description="train", unit="step"):
         # ---- step
         t0 = time.perf_counter()
         micro, flops = [], 0.0
@@ -385,17 +385,17 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
             metrics["skipped_steps"] = nonfinite.skipped
         history.append({"step": done, **metrics})
         metrics.update({"epoch": sampler.position / sampler.epoch_length()} if cfg.epochs is not None else {})  # passes over the data so far
-        if done % cfg.log_every == 0 or done == total:
+        if done % cfg.log_every == 0 or done == planned:
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
-        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < total:
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < planned:
             refuse_nonfinite_checkpoint(params, world, done, ckpt_root, device, group=dist.group.WORLD)
             save(ckpt_root, done, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < total:
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < planned:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
-    final_step = max(total, step)
+    final_step = max(planned, step)
     refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root, device, group=dist.group.WORLD)
     save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
     hub = write_trained(ckpt_root / TRAINED, model, family, layout, world, converted)
