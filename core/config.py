@@ -94,7 +94,7 @@ class TrainingSection(Section):
     method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
     steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000); unused with training.epochs.")
     epochs: int | None = Field(None, strict=True, ge=1, le=100_000, description="Train this many passes over the data instead of training.steps: steps = epochs x the micro-batches the sampler deals per epoch (samples / (data-parallel processes x micro_batch_size), or training.max_tokens' packed rows) / grad_accum_steps, rounded down; null: training.steps.")
-    optimizer: Literal["adamw", "sgd", "adafactor"] = Field("adamw", description="adamw (torch.optim.AdamW, with training.betas and eps); sgd (with training.momentum); adafactor (torch.optim.Adafactor, factored second moments: little optimizer memory; torch's own betas and eps; not on parallel.backend megatron).")
+    optimizer: Literal["adamw", "sgd", "adafactor"] = Field("adamw", description="adamw (torch.optim.AdamW, with training.betas and eps); sgd (with training.momentum); adafactor (torch.optim.Adafactor, factored second moments: little optimizer memory; torch's own betas and eps; unsharded parameters only: one process, fp32, not megatron).")
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field((0.9, 0.999), description="adamw: decay rates of the moving averages of the gradient and of its square.")
     eps: float = Field(1e-8, gt=0, allow_inf_nan=False, description="adamw: added to the denominator for numerical stability.")
     momentum: float = Field(0.0, ge=0, lt=1, description="sgd: momentum (0: plain SGD, no optimizer state).")

@@ -41,6 +41,11 @@ def frozen_names(names: Sequence[str], patterns: Sequence[str], groups: Mapping[
 STATE_COPIES = {"adamw": 2, "sgd": 1, "adafactor": 0}
 
 
+#: where torch's Adafactor cannot run (found by a two-process FSDP2 run: ``aten.pow_`` on a partial DTensor)
+ADAFACTOR_UNSHARDED = ("adafactor runs on unsharded parameters only (one process, fp32; torch.optim.Adafactor does not take FSDP2's sharded ones): "
+                       "use adamw or sgd, or --nproc-per-node 1 with training.precision: fp32")
+
+
 def build_optimizer(params: "Sequence[nn.Parameter] | Sequence[dict]", cfg: Any) -> "torch.optim.Optimizer":
     """The optimizer ``cfg`` (``training``) asks for over ``params`` (tensors or one group), the
     same on FSDP2 and megatron; its state is a torch optimizer's, saved and resumed by either
@@ -54,6 +59,8 @@ def build_optimizer(params: "Sequence[nn.Parameter] | Sequence[dict]", cfg: Any)
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=False)
     if not hasattr(torch.optim, "Adafactor"):
         raise StageError(f"training.optimizer: adafactor is torch.optim.Adafactor, which torch {torch.__version__} lacks (torch >= 2.5 has it); use adamw or sgd")
+    if any(type(p).__name__ == "DTensor" for p in params):  # its factored moments reduce over the sharded dimension in place: DTensor refuses
+        raise StageError(f"training.optimizer: {ADAFACTOR_UNSHARDED}")
     return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
 
 

@@ -59,6 +59,10 @@ def model_layout_problem(parallel: Any, model_config: Mapping[str, Any], where: 
 def check_layout(plugins: Any, pack: str, config: Any, run_dir: Path) -> None:
     """Refuse, as one :class:`ConfigError`, a layout the train stage would refuse (see the module)."""
     parallel = config.parallel
+    if config.training.optimizer == "adafactor" and config.world_size > 1 and parallel.backend != "megatron":
+        from mmcore.optim import ADAFACTOR_UNSHARDED
+
+        raise ConfigError(f"training.optimizer: {ADAFACTOR_UNSHARDED}")
     split = parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel or parallel.virtual_pipeline > 1
     if parallel.backend != "megatron":
         if split:

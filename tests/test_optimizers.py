@@ -131,3 +131,18 @@ def test_adafactor_is_refused_on_megatron_before_any_work() -> None:
     config = make_config(plugins_with(PACK), "knobs", overrides=["training.optimizer=adafactor", "parallel.backend=megatron"])
     problem = megatron_layout_problem(config.parallel, config.training, config.world_size)  # what `mmcore train` checks at launch, and the engine again
     assert problem is not None and problem.startswith("training.optimizer: adafactor does not run on parallel.backend: megatron")
+
+
+def test_adafactor_on_sharded_parameters_is_refused_in_one_line(tmp_path: Path) -> None:
+    """torch's Adafactor fails on FSDP2's DTensors (a two-process run: ``aten.pow_`` on a partial
+    placement): two processes are refused at launch, a one-process sharded run (bf16) at the stage."""
+    from mmcore.errors import MmcoreError
+    from mmcore.preflight import check_layout
+
+    plugins = plugins_with(PACK)
+    config = make_config(plugins, "knobs", overrides=["training.optimizer=adafactor", "parallel.nproc_per_node=2"])
+    with pytest.raises(ConfigError, match=r"^training.optimizer: adafactor runs on unsharded parameters only .*: use adamw or sgd"):
+        check_layout(plugins, "knobs", config, tmp_path / "run")
+    with pytest.raises(MmcoreError) as info:
+        train(tmp_path / "bf16", "training.steps=2", "training.optimizer=adafactor", "training.precision=bf16")
+    assert info.value.one_line().startswith("training.optimizer: adafactor runs on unsharded parameters only (one process, fp32")

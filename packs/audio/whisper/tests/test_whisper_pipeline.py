@@ -68,7 +68,8 @@ def test_frozen_encoder_cache_equals_running_the_encoder_and_spec_augment_bypass
 @pytest.mark.slow
 @pytest.mark.compares_runs
 @pytest.mark.matrix  # qwen2vl's FSDP2 tests (full and LoRA) are the representative cases in `make test`
-@pytest.mark.parametrize("lora", [[], ["training.lora.r=4", "training.lr=1e-2"]], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [[], ["training.lora.r=4", "training.lr=1e-2"], ["training.optimizer=sgd", "training.momentum=0.9"]],
+                         ids=["full", "lora", "sgd"])  # sgd: its momentum buffers, sharded by FSDP2
 def test_two_process_fsdp2_matches_one_process(whisper_cli, tmp_path: Path, lora: list[str]) -> None:  # type: ignore[no-untyped-def]
     whisper_cli("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2", *lora)
     whisper_cli("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2", *lora)
