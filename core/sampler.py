@@ -195,10 +195,10 @@ class TokenBudgetSampler(PlannedSampler):
         return real / max(1, sum(len(group) for group in steps) * self.budget)
 
 
-def planned_steps(training: Any, sampler: PlannedSampler) -> int:
+def planned_steps(training: Any, sampler: PlannedSampler, say: Any = None) -> int:
     """The run's length in optimizer steps: ``training.steps``, or with ``training.epochs`` that
     many epochs of the sampler's global micro-batches, ``grad_accum_steps`` to a step, rounded
-    down (no step runs past the last epoch's end)."""
+    down (no step runs past the last epoch's end), said in one line through ``say``."""
     if training.epochs is None:
         return training.steps
     per_epoch = sampler.epoch_length()
@@ -206,6 +206,8 @@ def planned_steps(training: Any, sampler: PlannedSampler) -> int:
     if steps < 1:
         raise StageError(f"training.epochs={training.epochs}: {training.epochs} epoch(s) of {per_epoch} micro-batch(es) make no step of "
                          f"training.grad_accum_steps={training.grad_accum_steps}: raise training.epochs or lower training.grad_accum_steps")
+    if say is not None:
+        say(f"training.epochs={training.epochs}: {per_epoch} micro-batch(es) an epoch, {training.grad_accum_steps} a step: {steps} steps")
     return steps
 
 

@@ -196,7 +196,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     optimizer = build_optimizer(params, cfg)
     data = recipe.dataset(ctx, upstream)
     sampler = _sampler(ctx, recipe, data)
-    planned = planned_steps(cfg, sampler)  # training.steps, or training.epochs of this data
+    planned = planned_steps(cfg, sampler, ctx.say)  # training.steps, or training.epochs of this data
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio))
     keep, files = _lora_checkpoint(model, plan)
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None

@@ -98,7 +98,7 @@ def test_a_bad_optimizer_or_length_setting_is_one_line_naming_the_key(override: 
     assert str(info.value) == line
 
 
-def test_epochs_train_the_steps_the_data_makes_and_every_sample_twice(tmp_path: Path) -> None:
+def test_epochs_train_the_steps_the_data_makes_and_every_sample_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     SEEN.clear()
     # 4 samples, 1 per micro-batch, 2 micro-batches a step: 2 steps an epoch, 4 steps in 2 epochs
     manifest = train(tmp_path / "run", "training.epochs=2", "training.grad_accum_steps=2")
@@ -107,6 +107,20 @@ def test_epochs_train_the_steps_the_data_makes_and_every_sample_twice(tmp_path: 
     rows = [json.loads(x) for x in (tmp_path / "run/train/metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0.5, 1.0, 1.5, 2.0]
     assert "after 4 steps (2 epochs)" in manifest.notes[0]
+    assert "training.epochs=2: 4 micro-batch(es) an epoch, 2 a step: 4 steps" in capsys.readouterr().out
+
+
+def test_epochs_of_packed_rows_are_the_token_budget_samplers_plan() -> None:
+    from types import SimpleNamespace
+
+    from mmcore.sampler import TokenBudgetSampler, planned_steps
+
+    sampler = TokenBudgetSampler([5, 9, 3, 7, 2, 8, 4, 6, 1, 10], budget=12, seed=0, rank=0, world=1)
+    per_epoch = len(sampler.steps(0))  # rows of up to 12 tokens
+    steps = planned_steps(SimpleNamespace(epochs=3, steps=100, grad_accum_steps=1), sampler)
+    assert steps == 3 * per_epoch
+    epochs = [sampler.next_batch()[1] for _ in range(steps)]
+    assert epochs == [e for e in range(3) for _ in range(per_epoch)]  # exactly three passes, then the run ends
 
 
 

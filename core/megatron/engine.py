@@ -279,7 +279,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
     costs = [recipe.work_of(i) for i in range(len(data))] if recipe.work_of is not None and cfg.balance_towers else None
     sampler = EpochSampler(len(data), ctx.seed, layout.dp_rank, layout.dp, cfg.micro_batch_size, groups, costs=costs)
-    planned = planned_steps(cfg, sampler)  # training.steps, or training.epochs of this data
+    planned = planned_steps(cfg, sampler, ctx.say)  # training.steps, or training.epochs of this data
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio))
     # training.ema: this rank's part of the average, each tensor sharded as its parameter
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
