@@ -45,10 +45,9 @@ def unfinished(run_root: Path, stage_dir: Path) -> str | None:
     if step is None and saved is None:
         return None
     step = max(step or 0, saved or 0)
-    if saved is not None:
-        where = f" (checkpoint {saved})"
-    else:  # a pack training its own way may keep its state elsewhere: say nothing of it
-        where = " (no complete checkpoint yet)" if (stage_dir / CHECKPOINTS).is_dir() else ""
+    # no complete checkpoint: the engine's run starts again at step 0 (training.checkpoint_every: 0
+    # saves only at the end); a pack training its own way may keep its state elsewhere, hence the folder
+    where = f" (checkpoint {saved})" if saved is not None else f" (no complete checkpoint in {CHECKPOINTS}/)"
     others = [pid for pid in holders(run_root / RUN_LOCK) if pid != os.getpid()]  # a run asking about itself
     return f"{'running' if others else 'interrupted'} at step {step}{where}"
 
