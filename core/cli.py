@@ -212,8 +212,9 @@ def eval_cmd(**kw: Any) -> None:
     """
     from mmcore.evaluation import evaluate_files
 
-    runner = _runner(dict(kw, data=()))
-    manifest = evaluate_files(runner, kw["data"], force=kw["force"]) if kw["data"] else runner.run_stage("evaluate", resume="no", force=kw["force"])
+    data = kw["data"]  # --data: this command's overrides are for its evaluation only; the run's config stays as it is
+    runner = _runner(dict(kw, data=(), overrides=() if data else kw["overrides"]))
+    manifest = evaluate_files(runner, data, _request(dict(kw, data=())), force=kw["force"]) if data else runner.run_stage("evaluate", resume="no", force=kw["force"])
     if manifest is not None and "results" in manifest.outputs:
         click.echo(f"results: {manifest.output('results')}")
 

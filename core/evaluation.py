@@ -21,15 +21,18 @@ def files_folder(files: Sequence[str]) -> str:
     return "evaluate-" + "+".join(stems)[:100]
 
 
-def evaluate_files(runner: Any, files: Sequence[str], *, force: bool = False) -> Any:
+def evaluate_files(runner: Any, files: Sequence[str], request: Any = None, *, force: bool = False) -> Any:
     """Run the evaluate stage on ``files`` (``mmcore eval --data``) into its own folder
     (:func:`files_folder`), with its own manifest: the run's config and its own ``evaluate/``
     results are left as they are (``mmcore status`` still says evaluate is done), and asking
-    again for the same files with the same model is up to date. Returns the manifest."""
+    again for the same files with the same model is up to date. ``request`` (the command's
+    :class:`~mmcore.session.Request`): its overrides apply to this evaluation only, never
+    recorded in the run's ``config.yaml``. Returns the manifest."""
     from mmcore.rundir import RunDir
     from mmcore.runner import Runner
+    from mmcore.session import open_session
 
-    config = runner.config.model_copy(deep=True)
+    config = (open_session(runner.plugins, request).config if request is not None else runner.config).model_copy(deep=True)
     config.evaluate.datasets = [str(Path(f).absolute()) for f in files]
     own = RunDir(runner.run_dir.root, folders={"evaluate": files_folder(files)})
     return Runner(runner.plugins, runner.pack, config, own, debug=runner.debug, world=runner.world).run_stage("evaluate", resume="no", force=force)
