@@ -91,7 +91,7 @@ def test_adamw_with_its_defaults_spelled_out_is_bit_identical_to_the_default(tmp
     (["training.betas=[0.9,1.5]"], "command line: training.betas.1: Input should be less than 1 (got 1.5)"),
     (["training.eps=-1"], "command line: training.eps: Input should be greater than 0 (got -1)"),
     (["training.steps=10", "training.epochs=2"], "command line: training.steps and training.epochs are both set: give one (steps counts optimizer steps, epochs passes over the data; training.epochs=null to count steps)"),
-])
+], ids=["unknown-optimizer", "betas-with-sgd", "momentum-with-adamw", "beta-out-of-range", "negative-eps", "steps-and-epochs"])
 def test_a_bad_optimizer_or_length_setting_is_one_line_naming_the_key(override: list[str], line: str) -> None:
     with pytest.raises(ConfigError) as info:
         make_config(plugins_with(PACK), "knobs", overrides=override)
