@@ -7,7 +7,6 @@ Errors the user can fix print as ``error: ...`` lines with a non-zero exit; ``--
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -213,14 +212,14 @@ def run_cmd(**kw: Any) -> None:
 def eval_cmd(**kw: Any) -> None:
     """Run the evaluate stage alone (after export): generate for the held-out items and score them.
 
-    --data FILE evaluates on FILE (the training data's format) instead of the held-out split
-    preprocess made; it does not change the training data. Writes results.jsonl, metrics.json
-    and report.html in the run's evaluate/ folder.
+    Writes results.jsonl, metrics.json and report.html in evaluate/. --data FILE (the training data's
+    format) evaluates on FILE instead, into evaluate-<FILE's stem>/; the run's own stay as they are.
     """
-    data = [str(Path(p).absolute()) for p in kw["data"]]
-    kw = dict(kw, data=(), overrides=(*kw["overrides"], *([f"evaluate.datasets={json.dumps(data)}"] if data else [])))
-    runner = _runner(kw)
-    manifest = runner.run_stage("evaluate", resume="no", force=kw["force"])
+    from mmcore.evaluation import evaluate_files
+
+    data = kw["data"]  # --data: this command's overrides are for its evaluation only; the run's config stays as it is
+    runner = _runner(dict(kw, data=(), overrides=() if data else kw["overrides"]))
+    manifest = evaluate_files(runner, data, _request(dict(kw, data=())), force=kw["force"]) if data else runner.run_stage("evaluate", resume="no", force=kw["force"])
     if manifest is not None and "results" in manifest.outputs:
         click.echo(f"results: {manifest.output('results')}")
 

@@ -15,7 +15,6 @@ A pack extends :class:`RunConfig` by subclassing its sections::
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
@@ -23,6 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mmcore.errors import ConfigError
+from mmcore.config_errors import format_validation_error
+from mmcore.knobs import check_training, without_derived
 
 
 #: Step counts above this are a typo (1e12, 10^30), not a run: 1e8 steps at 10 ms each are 11 days.
@@ -91,12 +92,17 @@ class DpoSection(Section):
 
 class TrainingSection(Section):
     method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
-    steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000).")
-    lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="Peak learning rate (reached after warmup_steps, then shaped by lr_schedule).")
-    lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="How the learning rate falls after warmup: cosine or linear down to lr x min_lr_ratio at the last step, or constant.")
-    warmup_steps: Steps = Field(0, ge=0, description="Steps over which the learning rate rises linearly from lr / warmup_steps to lr.")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The learning rate at the last step, as a fraction of lr (cosine and linear schedules).")
-    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay of the optimizer (AdamW's), on every trained parameter.")
+    steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000); unused with training.epochs.")
+    epochs: int | None = Field(None, strict=True, ge=1, le=100_000, description="Train this many passes over the data instead of training.steps: steps = epochs x the micro-batches the sampler deals per epoch (samples / (data-parallel processes x micro_batch_size), or training.max_tokens' packed rows) / grad_accum_steps, rounded down; null: training.steps.")
+    optimizer: Literal["adamw", "sgd", "adafactor"] = Field("adamw", description="adamw (torch.optim.AdamW, with training.betas and eps); sgd (with training.momentum); adafactor (torch.optim.Adafactor, factored second moments: little optimizer memory; torch's own betas and eps; unsharded parameters only: one process, fp32, not megatron).")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field((0.9, 0.999), description="adamw: decay rates of the moving averages of the gradient and of its square.")
+    eps: float = Field(1e-8, gt=0, allow_inf_nan=False, description="adamw: added to the denominator for numerical stability.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd: momentum (0: plain SGD, no optimizer state).")
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="Peak learning rate (after warmup, before decay).")
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warmup to min_lr_ratio x lr at the last step: cosine, linear, or none (constant).")
+    warmup_steps: Steps = Field(0, ge=0, description="Steps of linear warmup from lr / warmup_steps to lr.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The learning rate at the last step, as a fraction of lr (cosine and linear).")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (adamw; sgd and adafactor as torch applies it).")
     micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
     grad_accum_steps: Steps = Field(1, ge=1, description="Micro-batches per optimizer step; gradients are reduced once per step, after the last one. Samples per step = micro_batch_size x grad_accum_steps x data-parallel processes.")
     max_grad_norm: float | None = Field(1.0, gt=0, allow_inf_nan=False, description="Clip gradients to this norm (> 0: a negative one would flip the gradient); null: no clipping.")
@@ -235,6 +241,8 @@ class RunConfig(Section):
             # layout, and 2 nodes of 1 process train as 1 node of 2); how many there are is
             data["parallel"].pop(name, None)
         data["parallel"]["world_size"] = self.world_size
+        if data["training"]["epochs"] is not None:
+            data["training"]["steps"] = None  # not the user's: the epochs and the data set it
         out: dict[str, Any] = {}
         for path in sections:
             value: Any = data
@@ -332,42 +340,6 @@ def _mark(value: Any, origin: str, origins: dict[tuple[str, ...], str], path: tu
             _mark(sub, origin, origins, (*path, str(key)))
 
 
-def _origin_of(loc: tuple[str, ...], origins: Mapping[tuple[str, ...], str]) -> str:
-    for end in range(len(loc), 0, -1):
-        if loc[:end] in origins:
-            return origins[loc[:end]]
-    return "defaults"
-
-
-def _fields_at(model: type[BaseModel], loc: tuple[str, ...]) -> list[str]:
-    """Field names of the section at ``loc`` (to suggest the key the user meant)."""
-    current: Any = model
-    for part in loc:
-        field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        current = field.annotation
-    return list(getattr(current, "model_fields", {}))
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel], origins: Mapping[tuple[str, ...], str]) -> list[str]:
-    lines = []
-    for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"])
-        key = ".".join(loc) or "(top level)"
-        origin = _origin_of(loc, origins)
-        if err["type"] == "extra_forbidden":
-            known = _fields_at(model, loc[:-1])
-            guess = difflib.get_close_matches(loc[-1], known, n=1)
-            hint = f"; did you mean {'.'.join((*loc[:-1], guess[0]))!r}?" if guess else (f"; known keys: {', '.join(known)}" if known else "")
-            lines.append(f"{origin}: {key}: unknown key{hint}")
-        else:
-            got = err.get("input")
-            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-            lines.append(f"{origin}: {key}: {err['msg']}{shown}")
-    return lines
-
-
 #: Deeper than this is no config a person wrote; merging and validating recurse once per level.
 MAX_DEPTH = 32
 #: Integers beyond 64 bits fit no seed, count or size the stages hand to torch or numpy.
@@ -398,10 +370,12 @@ def build_config(config_class: type[RunConfig], layers: list[Layer]) -> RunConfi
         _check_values(layer)
         _merge(merged, layer.values, layer.origin, origins)
     try:
-        return config_class.model_validate(merged)
+        config = config_class.model_validate(merged)
     except ValidationError as exc:
         lines = format_validation_error(exc, config_class, origins)
         raise ConfigError("\n".join(lines)) from None
+    check_training(config.training, origins, [layer.origin for layer in layers])
+    return config
 
 
 def overrides_layer(overrides: list[str]) -> Layer:
@@ -438,5 +412,5 @@ def without_permissions(values: Mapping[str, Any], *, keys: tuple[tuple[str, str
 def dump_config(config: RunConfig, path: Path) -> None:
     from mmcore.io import atomic_write_text
 
-    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    text = yaml.safe_dump(without_derived(config.model_dump(mode="json")), sort_keys=False)
     atomic_write_text(path, text)

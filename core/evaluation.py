@@ -8,9 +8,34 @@ round-robin and ranks with one item fewer repeat one whose result is not counted
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["sharded_sums", "word_errors", "char_errors", "normalize_words"]
+__all__ = ["sharded_sums", "word_errors", "char_errors", "normalize_words", "evaluate_files", "files_folder"]
+
+
+def files_folder(files: Sequence[str]) -> str:
+    """``mmcore eval --data``'s results folder: ``evaluate-<file stem>`` (several files: their
+    stems joined by ``+``), beside the run's own ``evaluate/``."""
+    stems = [re.sub(r"[^A-Za-z0-9._-]+", "-", Path(f).stem).strip("-.") or "data" for f in files]
+    return "evaluate-" + "+".join(stems)[:100]
+
+
+def evaluate_files(runner: Any, files: Sequence[str], request: Any = None, *, force: bool = False) -> Any:
+    """Run the evaluate stage on ``files`` (``mmcore eval --data``) into its own folder
+    (:func:`files_folder`), with its own manifest: the run's config and its own ``evaluate/``
+    results are left as they are (``mmcore status`` still says evaluate is done), and asking
+    again for the same files with the same model is up to date. ``request`` (the command's
+    :class:`~mmcore.session.Request`): its overrides apply to this evaluation only, never
+    recorded in the run's ``config.yaml``. Returns the manifest."""
+    from mmcore.rundir import RunDir
+    from mmcore.runner import Runner
+    from mmcore.session import open_session
+
+    config = (open_session(runner.plugins, request).config if request is not None else runner.config).model_copy(deep=True)
+    config.evaluate.datasets = [str(Path(f).absolute()) for f in files]
+    own = RunDir(runner.run_dir.root, folders={"evaluate": files_folder(files)})
+    return Runner(runner.plugins, runner.pack, config, own, debug=runner.debug, world=runner.world).run_stage("evaluate", resume="no", force=force)
 
 
 def sharded_sums(ctx: Any, count: int, measure: Callable[..., Sequence[float]], width: int, fill: Any = None) -> list[float]:

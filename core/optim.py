@@ -1,14 +1,16 @@
-"""What the train loop does to parameters besides stepping: freeze groups, the lr schedule, clipping."""
+"""What the train loop does to parameters: the optimizer (``training.optimizer``, one builder
+for every backend), freeze groups, the lr schedule, clipping."""
 
 from __future__ import annotations
 
 import fnmatch
 import math
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mmcore.errors import StageError
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 
@@ -32,6 +34,46 @@ def frozen_names(names: Sequence[str], patterns: Sequence[str], groups: Mapping[
         known = ", ".join(groups) or "none"
         raise StageError(f"training.freeze: {unmatched[0]!r} matches no parameter and is no group (groups: {known})")
     return [name for name in names if any(fnmatch.fnmatchcase(name, g) for g in globs)]
+
+
+#: ``training.optimizer`` -> optimizer state tensors per trained parameter (a checkpoint's size):
+#: AdamW's two moments, SGD's momentum buffer, Adafactor's row and column second moments (~0)
+STATE_COPIES = {"adamw": 2, "sgd": 1, "adafactor": 0}
+
+
+#: where torch's Adafactor cannot run (found by a two-process FSDP2 run: ``aten.pow_`` on a partial DTensor)
+ADAFACTOR_UNSHARDED = ("adafactor runs on unsharded parameters only (one process, fp32; torch.optim.Adafactor does not take FSDP2's sharded ones): "
+                       "use adamw or sgd, or --nproc-per-node 1 with training.precision: fp32")
+
+
+def build_optimizer(params: "Sequence[nn.Parameter] | Sequence[dict]", cfg: Any) -> "torch.optim.Optimizer":
+    """The optimizer ``cfg`` (``training``) asks for over ``params`` (tensors or one group), the
+    same on FSDP2 and megatron; its state is a torch optimizer's, saved and resumed by either
+    backend's checkpoint. ``foreach=False``: per-parameter kernels, the same numbers however the
+    parameters are sharded or grouped."""
+    import torch
+
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, weight_decay=cfg.weight_decay, foreach=False)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=False)
+    if not hasattr(torch.optim, "Adafactor"):
+        raise StageError(f"training.optimizer: adafactor is torch.optim.Adafactor, which torch {torch.__version__} lacks (torch >= 2.5 has it); use adamw or sgd")
+    if any(type(p).__name__ == "DTensor" for p in params):  # its factored moments reduce over the sharded dimension in place: DTensor refuses
+        raise StageError(f"training.optimizer: {ADAFACTOR_UNSHARDED}")
+    return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+
+
+def empty_state(optimizer: "torch.optim.Optimizer", parameter: "torch.Tensor") -> dict[str, Any]:
+    """The state ``optimizer`` keeps for ``parameter`` once it has stepped, zeroed: what a
+    checkpoint that must know its shapes before reading (megatron's) loads into."""
+    import torch
+
+    if isinstance(optimizer, torch.optim.AdamW):
+        return {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(parameter), "exp_avg_sq": torch.zeros_like(parameter)}
+    if isinstance(optimizer, torch.optim.SGD):
+        return {"momentum_buffer": torch.zeros_like(parameter)} if optimizer.defaults["momentum"] else {}
+    raise StageError(f"training.optimizer: {type(optimizer).__name__}'s state cannot be laid out for this checkpoint; use adamw or sgd")
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
@@ -61,4 +103,4 @@ def clip_grad_norm(params: "Sequence[nn.Parameter]", max_norm: float | None) -> 
     return float(norm)
 
 
-__all__ = ["freeze", "frozen_names", "lr_lambda", "clip_grad_norm"]
+__all__ = ["build_optimizer", "empty_state", "STATE_COPIES", "freeze", "frozen_names", "lr_lambda", "clip_grad_norm"]

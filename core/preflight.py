@@ -23,6 +23,8 @@ from mmcore.errors import ConfigError
 def megatron_layout_problem(parallel: Any, training: Any, world_size: int) -> str | None:
     """What makes ``parallel`` unusable on megatron-core over ``world_size`` processes, whatever the model."""
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
+    if training.optimizer == "adafactor":  # its row and column moments: megatron's checkpoint shards state shaped as the parameter
+        return "training.optimizer: adafactor does not run on parallel.backend: megatron (its checkpoint shards optimizer state shaped like the parameters); use adamw or sgd"
     if world_size % (tp * pp):
         return f"parallel.tensor_parallel={tp} x parallel.pipeline_parallel={pp} does not divide the {world_size} process(es) (--nproc-per-node x nodes)"
     if parallel.sequence_parallel and tp == 1:
@@ -57,6 +59,10 @@ def model_layout_problem(parallel: Any, model_config: Mapping[str, Any], where: 
 def check_layout(plugins: Any, pack: str, config: Any, run_dir: Path) -> None:
     """Refuse, as one :class:`ConfigError`, a layout the train stage would refuse (see the module)."""
     parallel = config.parallel
+    if config.training.optimizer == "adafactor" and config.world_size > 1 and parallel.backend != "megatron":
+        from mmcore.optim import ADAFACTOR_UNSHARDED
+
+        raise ConfigError(f"training.optimizer: {ADAFACTOR_UNSHARDED}")
     split = parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel or parallel.virtual_pipeline > 1
     if parallel.backend != "megatron":
         if split:

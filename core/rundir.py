@@ -145,12 +145,14 @@ def output_problems(manifest: Manifest, *, full: bool = False) -> list[str]:
 
 
 class RunDir:
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], folders: dict[str, str] | None = None) -> None:
         self.root = Path(root).absolute()
         self._lock_handle: Any = None
+        #: stage -> its folder where not the stage's name (``mmcore eval --data``'s own results)
+        self.folders = dict(folders or {})
 
     def stage_dir(self, stage: str) -> Path:
-        return self.root / stage
+        return self.root / self.folders.get(stage, stage)
 
     # ---------------------------------------------------------------- manifests
     def read_manifest(self, stage: str) -> Manifest | None:
@@ -196,7 +198,7 @@ class RunDir:
             pass
 
     def replaced_dir(self, stage: str) -> Path:
-        return self.root / f".{stage}.replaced"
+        return self.root / f".{self.folders.get(stage, stage)}.replaced"
 
     def start_afresh(self, stage: str) -> None:
         """Empty the stage's directory for a new attempt without losing finished work: a

@@ -26,6 +26,7 @@ from mmcore.hub import TRUST_REMOTE_CODE
 from mmcore.io import sha256_json
 from mmcore.pack import STAGES, StageResult
 from mmcore.plugins import Plugins
+from mmcore.progress import unfinished
 from mmcore.stages import ContractError, check_result
 from mmcore.rundir import Manifest, RunDir, changed_inputs, hash_inputs, hash_outputs, missing_outputs, output_problems
 from mmcore.versions import version_record
@@ -101,7 +102,9 @@ class Runner:
         """(up to date?, why) for ``stage`` under ``plan``."""
         manifest = self.run_dir.read_manifest(stage)
         if manifest is None:
-            return False, "not finished yet" if self.run_dir.read_started(stage) else "not run yet"
+            if not self.run_dir.read_started(stage):
+                return False, "not run yet"
+            return False, unfinished(self.run_dir.root, self.run_dir.stage_dir(stage)) or "not finished yet"
         if manifest.plan != plan:
             changed = changed_keys(manifest.config, self.config.slice(self.spec.sections_for(stage)))
             if changed:
@@ -156,13 +159,29 @@ class Runner:
         if fresh and not force:
             self._skipped(stage, why)
             return self.run_dir.read_manifest(stage)
+        replacing = self._refuse_resuming_finished(stage, resume, force)
         resuming = self._prepare(stage, plan, resume)
-        say(f"[{stage}] {'resuming' if resuming else 'running'}" + ("" if fresh else f" ({why})"))
+        kept = f"; the finished {stage} is kept as {self.run_dir.replaced_dir(stage).name} until this one finishes" if replacing and not resuming else ""
+        say(f"[{stage}] {'resuming' if resuming else 'running'}" + ("" if fresh else f" ({why})") + kept)
         if stage in self.spec.distributed_stages and self.config.world_size > 1 and not self.world.distributed:
             return self._launch(stage, plan, resuming)
         manifest = self.execute(stage, plan, upstream, resume=resuming)
         self._report(manifest)
         return manifest
+
+    def _refuse_resuming_finished(self, stage: str, resume: ResumeMode, force: bool) -> bool:
+        """``--resume`` continues interrupted work; a finished stage whose own config changed has
+        none, and retraining it from scratch would replace it (refused, naming the keys). True
+        when ``stage`` has a finished result that this attempt will set aside."""
+        manifest, _ = self.run_dir.load_manifest(stage)  # an unreadable one: freshness has warned
+        if manifest is None:
+            return False
+        changed = changed_keys(manifest.config, self.config.slice(self.spec.sections_for(stage)))
+        if resume == "required" and changed and not force:
+            raise UsageError(f"cannot resume {stage!r}: it finished, and its config changed since: " + "; ".join(changed[:3])
+                             + (f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""),
+                             hint="run it without --resume to redo it with the new config (the finished one is kept until the new one finishes), or drop the changes")
+        return manifest.status == "finished"
 
     def _prepare(self, stage: str, plan: str, resume: ResumeMode) -> bool:
         """Clear the way for ``stage``: drop its manifest, keep or wipe unfinished work."""

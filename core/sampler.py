@@ -24,9 +24,13 @@ class PlannedSampler:
             self._epoch_cache = (epoch, self.steps(epoch))
         return self._epoch_cache[1]
 
+    def epoch_length(self) -> int:
+        """Global micro-batches per epoch: :meth:`next_batch` moves to the next epoch after this many."""
+        return len(self._plan(0))
+
     def next_batch(self) -> tuple[list[int], int]:
         """This rank's sample indices of the next micro-batch, and its epoch."""
-        epoch, index = divmod(self.position, len(self._plan(0)))
+        epoch, index = divmod(self.position, self.epoch_length())
         self.position += 1
         return self._plan(epoch)[index][self.rank], epoch
 
@@ -191,6 +195,34 @@ class TokenBudgetSampler(PlannedSampler):
         return real / max(1, sum(len(group) for group in steps) * self.budget)
 
 
+def planned_steps(training: Any, sampler: PlannedSampler, say: Any = None) -> int:
+    """The run's length in optimizer steps: ``training.steps``, or with ``training.epochs`` that
+    many epochs of the sampler's global micro-batches, ``grad_accum_steps`` to a step, rounded
+    down (no step runs past the last epoch's end), said in one line through ``say``."""
+    if training.epochs is None:
+        return training.steps
+    per_epoch = sampler.epoch_length()
+    steps = training.epochs * per_epoch // training.grad_accum_steps
+    if steps < 1:
+        raise StageError(f"training.epochs={training.epochs}: {training.epochs} epoch(s) of {per_epoch} micro-batch(es) make no step of "
+                         f"training.grad_accum_steps={training.grad_accum_steps}: raise training.epochs or lower training.grad_accum_steps")
+    if say is not None:
+        say(f"training.epochs={training.epochs}: {per_epoch} micro-batch(es) an epoch, {training.grad_accum_steps} a step: {steps} steps")
+    return steps
+
+
+def sampler_notes(sampler: Any) -> list[str]:
+    """What the sampler does with samples that do not fill whole global micro-batches."""
+    notes = []
+    if getattr(sampler, "repeated", 0):
+        notes.append(f"{sampler.repeated} repeat(s) per epoch fill the global micro-batch of the groups smaller than one "
+                     "(a micro-batch holds one group: one bucket, or one kind of media), so every sample trains")
+    left = sampler.left_out() if hasattr(sampler, "left_out") else 0
+    if left:
+        notes.append(f"each epoch leaves out {left} sample(s), the groups' ragged tails (others each epoch)")
+    return notes
+
+
 def refuse_fewer_than_a_step(config: Any, train_samples: int, what: str = "samples") -> None:
     """Preprocess's early refusal of a training split smaller than one global micro-batch
     (data-parallel processes x ``training.micro_batch_size``) under this config, before extract
@@ -206,4 +238,4 @@ def refuse_fewer_than_a_step(config: Any, train_samples: int, what: str = "sampl
                          f"training.micro_batch_size={training.micro_batch_size}): add {what}, or lower training.micro_batch_size or the number of processes")
 
 
-__all__ = ["PlannedSampler", "EpochSampler", "TokenBudgetSampler", "refuse_fewer_than_a_step"]
+__all__ = ["PlannedSampler", "EpochSampler", "TokenBudgetSampler", "planned_steps", "sampler_notes", "refuse_fewer_than_a_step"]

@@ -32,12 +32,12 @@ from mmcore.faults import crash_point
 from mmcore.flops import utilisation
 from mmcore.guards import NonFinite, lora_size_warning, refuse_nonfinite_checkpoint
 from mmcore.io import ensure_free_space
-from mmcore.optim import clip_grad_norm, freeze, lr_lambda
+from mmcore.optim import STATE_COPIES, build_optimizer, clip_grad_norm, freeze, lr_lambda
 from mmcore.pack import StageResult
 from mmcore.plot import plot_training
 from mmcore.recompute import apply_recompute
 from mmcore.rundir import Manifest, RunDir
-from mmcore.sampler import EpochSampler, TokenBudgetSampler
+from mmcore.sampler import EpochSampler, TokenBudgetSampler, planned_steps, sampler_notes
 from mmcore.sharded_load import load_weights, materialise, on_meta, parameters_on_meta
 from mmcore.train_progress import TrainProgress
 
@@ -187,18 +187,19 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
-    if world.is_local_main:  # a checkpoint: every weight (LoRA: the trained ones) plus AdamW's two moments of the trained ones
+    if world.is_local_main:  # a checkpoint: every weight (LoRA: the trained ones) plus the optimizer's state of the trained ones
         held = params if plan is not None else list(model.parameters())
-        checkpoint_bytes = sum(p.numel() * p.element_size() for p in held) + sum((2 + bool(cfg.ema)) * p.numel() * 4 for p in params)
+        checkpoint_bytes = sum(p.numel() * p.element_size() for p in held) + sum((STATE_COPIES[cfg.optimizer] + bool(cfg.ema)) * p.numel() * 4 for p in params)
         previous = RunDir(ctx.run_dir).replaced_dir(ctx.stage)
         hint = f"free disk space, e.g. delete {previous} (the previous finished training, kept until this one finishes)" if previous.exists() else "free disk space or point --run-dir at a larger disk"
         ensure_free_space(ctx.stage_dir, checkpoint_bytes, "a training checkpoint", hint=hint)
         if plan is not None and (warning := lora_size_warning(plan.r, checkpoint_bytes, sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad))):
             ctx.say(warning)
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+    optimizer = build_optimizer(params, cfg)
     data = recipe.dataset(ctx, upstream)
     sampler = _sampler(ctx, recipe, data)
+    planned = planned_steps(cfg, sampler, ctx.say)  # training.steps, or training.epochs of this data
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio))
     keep, files = _lora_checkpoint(model, plan)
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
     averaged = ema.state_dict() if ema is not None else None
@@ -237,7 +238,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
-    bar = TrainProgress(ctx, step, cfg.steps)  # absolute steps, the loss, elapsed and ETA
+    bar = TrainProgress(ctx, step, planned)  # absolute steps, the loss, elapsed and ETA
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
@@ -286,17 +287,18 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         if recipe.flops is not None:
             metrics.update(utilisation(flops, elapsed, accelerator))
         history.append({"step": done, **metrics})
-        if done % cfg.log_every == 0 or done == cfg.steps:
+        metrics.update({"epoch": sampler.position / sampler.epoch_length()} if cfg.epochs is not None else {})  # passes over the data so far
+        if done % cfg.log_every == 0 or done == planned:
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
-        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < planned:
             refuse_nonfinite_checkpoint(params, world, done, ckpt_root, device)
             save_checkpoint(ckpt_root, done, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < planned:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish
-    final_step = max(cfg.steps, step)
+    final_step = max(planned, step)
     refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root, device)
     save_checkpoint(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, backend, loss=last_loss, keep=keep, files=files, ema=averaged)
     outputs = {"checkpoint": f"{CHECKPOINTS}/{LATEST}"}
@@ -307,7 +309,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     log_eval(final_step)
     if world.is_main:
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
-    notes = [f"final loss {last_loss:.4f} after {final_step} steps", f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
+    notes = [f"final loss {last_loss:.4f} after {final_step} steps" + (f" ({cfg.epochs} epochs)" if cfg.epochs else ""), f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}"]
     result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": len(frozen), "bf16": use_bf16,
                                       "sharded": _is_sharded(model), "recompute": cfg.recompute}
     if plan is not None:
@@ -517,18 +519,6 @@ def step_batches(ctx: StageContext, recipe: TrainRecipe, sampler: Any, data: Seq
         for accum, indices in enumerate(drawn):
             micro[accum]["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)
     return micro, max(reduced[0], 1.0), data_time + time.perf_counter() - t1, spread
-
-
-def sampler_notes(sampler: Any) -> list[str]:
-    """What the sampler does with samples that do not fill whole global micro-batches."""
-    notes = []
-    if getattr(sampler, "repeated", 0):
-        notes.append(f"{sampler.repeated} repeat(s) per epoch fill the global micro-batch of the groups smaller than one "
-                     "(a micro-batch holds one group: one bucket, or one kind of media), so every sample trains")
-    left = sampler.left_out() if hasattr(sampler, "left_out") else 0
-    if left:
-        notes.append(f"each epoch leaves out {left} sample(s), the groups' ragged tails (others each epoch)")
-    return notes
 
 
 def filler_count(presence: Sequence[float], world_size: int) -> int:

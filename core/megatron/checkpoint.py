@@ -5,7 +5,7 @@ convert must match training" does not apply).
 
 A model here is a module whose megatron-core children (``GPTModel``) say how they are sharded
 (``sharded_state_dict``) and whose other children (a transformers vision tower) are replicated
-on every rank. The optimizer is a torch optimizer over the model's parameters (AdamW): each
+on every rank. The optimizer is a torch optimizer over the model's parameters (AdamW or SGD): each
 state tensor is sharded as its parameter is; the step count, the same for every parameter, is
 kept once. A moving average of the trained weights (``training.ema``) is sharded as its
 parameter too, under ``ema.<the parameter's key>``.
@@ -101,9 +101,12 @@ def load(model: Any, folder: Path, optimizer: Any = None, averages: Sequence[tup
     state = sharded_state(model)
     wanted: dict[str, Any] = {"model": state, "common": {}}
     if optimizer is not None:
+        from mmcore.optim import empty_state
+
         for group in optimizer.param_groups:  # state tensors to load into, shaped as the parameters
             for parameter in group["params"]:
-                optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(parameter), "exp_avg_sq": torch.zeros_like(parameter)}
+                optimizer.state[parameter] = empty_state(optimizer, parameter)
+        counts_steps = any("step" in entry for entry in optimizer.state.values())  # AdamW's count, saved once (SCALAR_STATE); SGD has none
         wanted.update(_optimizer_state(state, optimizer))
     if averages:
         wanted["ema"] = _average_state(state, averages)
@@ -115,7 +118,8 @@ def load(model: Any, folder: Path, optimizer: Any = None, averages: Sequence[tup
     if optimizer is not None:
         optimizer_state = loaded["optimizer"]
         for entry in optimizer_state["state"].values():
-            entry["step"] = torch.tensor(float(loaded["optimizer_step"]))
+            if counts_steps:
+                entry["step"] = torch.tensor(float(loaded["optimizer_step"]))
         optimizer_state["param_groups"] = [{**group, "params": own["params"]} for group, own in zip(optimizer_state["param_groups"], optimizer.state_dict()["param_groups"])]
         optimizer.load_state_dict(optimizer_state)
     return dict(loaded.get("common", {}))

@@ -212,10 +212,10 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     from mmcore.megatron.gpt import init_model_parallel
     from mmcore.megatron.precision import Bf16Compute
     from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients, sum_tied_gradients
-    from mmcore.optim import lr_lambda
+    from mmcore.optim import build_optimizer, lr_lambda
     from mmcore.plot import plot_training
     from mmcore.recompute import apply_recompute
-    from mmcore.sampler import EpochSampler
+    from mmcore.sampler import EpochSampler, planned_steps
     from mmcore.train import HeldOutLog, computes_in_bf16, sampler_notes, tower_balance, utilisation
     from mmcore.train_progress import TrainProgress
 
@@ -275,12 +275,13 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         raise StageError("every parameter is frozen (training.freeze): nothing to train")
     # bf16: each step computes on bf16 copies of the fp32 weights (mmcore.megatron.precision)
     precision = Bf16Compute(model.parameters(), enabled=bf16)
-    optimizer = torch.optim.AdamW([{"params": params}], lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)  # a group: it may be empty
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+    optimizer = build_optimizer([{"params": params}], cfg)  # a group: it may be empty
     data = recipe.dataset(ctx, upstream)
     groups = [recipe.group_of(i) for i in range(len(data))] if recipe.group_of else None
     costs = [recipe.work_of(i) for i in range(len(data))] if recipe.work_of is not None and cfg.balance_towers else None
     sampler = EpochSampler(len(data), ctx.seed, layout.dp_rank, layout.dp, cfg.micro_batch_size, groups, costs=costs)
+    planned = planned_steps(cfg, sampler, ctx.say)  # training.steps, or training.epochs of this data
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio))
     # training.ema: this rank's part of the average, each tensor sharded as its parameter
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
     averages = [(ema.parameters[name], average) for name, average in ema.average.items()] if ema is not None else None
@@ -333,7 +334,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         log_eval(0)
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
-    for step in (bar := TrainProgress(ctx, step, cfg.steps)):  # absolute steps, the loss, elapsed and ETA
+    for step in (bar := TrainProgress(ctx, step, planned)):  # absolute steps, the loss, elapsed and ETA
         # ---- step
         t0 = time.perf_counter()
         micro, flops = [], 0.0
@@ -384,17 +385,18 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         if nonfinite.skipped:
             metrics["skipped_steps"] = nonfinite.skipped
         history.append({"step": done, **metrics})
-        if done % cfg.log_every == 0 or done == cfg.steps:
+        metrics.update({"epoch": sampler.position / sampler.epoch_length()} if cfg.epochs is not None else {})  # passes over the data so far
+        if done % cfg.log_every == 0 or done == planned:
             ctx.log_metrics(done, metrics)
         # ---- checkpoint
-        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < planned:
             refuse_nonfinite_checkpoint(params, world, done, ckpt_root, device, group=dist.group.WORLD)
             save(ckpt_root, done, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < planned:
             log_eval(done)
         crash_point("train-step", done)
     # ---- finish: the last checkpoint, then the trained weights in the family's names for export
-    final_step = max(cfg.steps, step)
+    final_step = max(planned, step)
     refuse_nonfinite_checkpoint(params, world, final_step, ckpt_root, device, group=dist.group.WORLD)
     save(ckpt_root, final_step, model, optimizer, scheduler, sampler, world, layout, last_loss, averages)
     hub = write_trained(ckpt_root / TRAINED, model, family, layout, world, converted)
@@ -414,7 +416,7 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
         dist.destroy_process_group()
     metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "backend": "megatron", **_layout_record(layout), "bf16": bf16, "recompute": cfg.recompute,
                                "frozen_parameters": frozen}
-    notes = [f"final loss {last_loss:.4f} after {final_step} steps on megatron-core ({layout.describe()})",
+    notes = [f"final loss {last_loss:.4f} after {final_step} steps" + (f" ({cfg.epochs} epochs)" if cfg.epochs else "") + f" on megatron-core ({layout.describe()})",
              f"megatron checkpoint (resumes at any TP/PP): {ckpt_root / LATEST}; trained weights for export: {ckpt_root / TRAINED}",
              f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}", *sampler_notes(sampler)]
     if nonfinite.skipped:

@@ -38,7 +38,7 @@ def test_tiny_run_round_trips_exactly_and_exports_for_the_asr_pipeline(whisper_c
     lines = (demo / "train.jsonl").read_text().splitlines()[:3] + [json.dumps({"audio": "clips/gone.wav", "text": "one"})]
     (demo / "mine.jsonl").write_text("\n".join(lines) + "\n")
     whisper_cli("eval", "--run-dir", "r", "--data", str(demo / "mine.jsonl"), "data.on_bad_sample=skip")
-    evaluate = manifest(run, "evaluate")["metrics"]
+    evaluate = manifest(run, "evaluate-mine")["metrics"]  # its own folder: the run's evaluate/ stays
     assert evaluate["items"] == 3 and evaluate["skipped"] == 1 and 0 <= evaluate["cer"] and 0 <= evaluate["wer"]
     # `mmcore infer --input`: media alone is a transcription request; an image is refused on its line
     (demo / "requests.jsonl").write_text(json.dumps({"audios": [json.loads(lines[0])["audio"]]}) + "\n"
@@ -68,7 +68,8 @@ def test_frozen_encoder_cache_equals_running_the_encoder_and_spec_augment_bypass
 @pytest.mark.slow
 @pytest.mark.compares_runs
 @pytest.mark.matrix  # qwen2vl's FSDP2 tests (full and LoRA) are the representative cases in `make test`
-@pytest.mark.parametrize("lora", [[], ["training.lora.r=4", "training.lr=1e-2"]], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [[], ["training.lora.r=4", "training.lr=1e-2"], ["training.optimizer=sgd", "training.momentum=0.9"]],
+                         ids=["full", "lora", "sgd"])  # sgd: its momentum buffers, sharded by FSDP2
 def test_two_process_fsdp2_matches_one_process(whisper_cli, tmp_path: Path, lora: list[str]) -> None:  # type: ignore[no-untyped-def]
     whisper_cli("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2", *lora)
     whisper_cli("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2", *lora)

@@ -177,8 +177,8 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
     # `mmcore eval --data`: held-out captions from a file (no videos needed); a record without one is named
     (tmp_path / "captions.jsonl").write_text(json.dumps({"cap": "a green square moves up"}) + "\n")
     wan("eval", "--run-dir", str(run), "--data", str(tmp_path / "captions.jsonl"), "generation.num_inference_steps=2")
-    assert manifest(run, "evaluate")["metrics"]["samples"] == 1
-    assert [json.loads(x)["caption"] for x in (run / "evaluate/results.jsonl").read_text().splitlines()] == ["a green square moves up"]
+    assert manifest(run, "evaluate-captions")["metrics"]["samples"] == 1  # its own folder: the run's evaluate/ stays
+    assert [json.loads(x)["caption"] for x in (run / "evaluate-captions/results.jsonl").read_text().splitlines()] == ["a green square moves up"]
     (tmp_path / "captions.jsonl").write_text(json.dumps({"path": "x.mp4"}) + "\n")
     proc = wan("eval", "--run-dir", str(run), "--data", str(tmp_path / "captions.jsonl"), check=False)
     assert proc.returncode == 1 and f"{tmp_path / 'captions.jsonl'}: record 0: no caption" in proc.stderr

@@ -103,12 +103,15 @@ def test_eval_on_a_file_of_held_out_conversations(trained) -> None:  # type: ign
     records = json.loads((demo / "eval.json").read_text())[:5]
     records.append({"messages": [{"role": "user", "content": "<image>Colour?"}, {"role": "assistant", "content": "red"}], "images": ["images/gone.png"]})
     (demo / "mine.json").write_text(json.dumps(records))
+    own = (root / "r/evaluate/manifest.json").read_text()
     proc = mm("eval", "--run-dir", "r", "--data", str(demo / "mine.json"), check=False)
     assert proc.returncode == 1 and "mine.json: sample 5: image file not found" in proc.stderr.strip().splitlines()[-1]
     mm("eval", "--run-dir", "r", "--data", str(demo / "mine.json"), "data.on_bad_sample=skip")
-    metrics = json.loads((root / "r/evaluate/metrics.json").read_text())
+    metrics = json.loads((root / "r/evaluate-mine/metrics.json").read_text())  # its own folder: the run's evaluate/ stays
     assert metrics["items"] == 5 and metrics["skipped"] == 1
-    assert [r["item"] for r in rows(root / "r/evaluate/results.jsonl")] == [f"mine.json:{i}" for i in range(5)]
+    assert [r["item"] for r in rows(root / "r/evaluate-mine/results.jsonl")] == [f"mine.json:{i}" for i in range(5)]
+    assert (root / "r/evaluate/manifest.json").read_text() == own  # the run's own evaluation stays, and counts as done
+    assert "  evaluate    ok    up to date" in mm("status", "--run-dir", "r").stdout
 
 
 def test_infer_refuses_what_the_model_cannot_take_each_request_on_its_own_line(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -484,3 +484,23 @@ def test_a_layout_the_model_cannot_take_is_refused_once_before_download(mm, tmp_
         proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "--run-dir", "layout", "parallel.backend=megatron", *overrides, check=False)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr
         assert not (tmp_path / "layout" / "download").exists()
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+def test_megatron_sgd_with_momentum_over_epochs_resumes_bit_for_bit(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """training.optimizer and training.epochs on megatron (the optimizer FSDP2 builds, from
+    mmcore.optim): SGD's momentum buffers are sharded as their parameters at TP=2, so a run killed
+    after step 3 and resumed from step 2 gives the uninterrupted run's losses; two epochs are the
+    steps the sampler's plan makes, each logged with its epoch."""
+    tied_checkpoint(tmp_path / "tied")
+    run = [*(a for a in TINY if not a.startswith("training.steps=")), "data.demo_samples=12", "training.epochs=2", "training.optimizer=sgd",
+           "training.momentum=0.9", "training.lr=0.05", "training.eval_every=0", "evaluate.enabled=false", *MEGATRON, "parallel.tensor_parallel=2"]
+    mm("run", *run, "--run-dir", "whole")
+    assert mm("run", *run, "--run-dir", "again", check=False, MMCORE_TEST_KILL="train-step:3").returncode != 0
+    assert "resumed from step 2" in mm("run", *run, "--run-dir", "again").stdout
+    assert losses(tmp_path / "whole") == losses(tmp_path / "again")
+    rows = [json.loads(line) for line in (tmp_path / "whole/train/metrics.jsonl").read_text().splitlines() if "loss" in line]
+    steps = manifest(tmp_path / "whole", "train")["metrics"]["steps"]
+    # each step draws grad_accum_steps=2 of the epoch's micro-batches; the last step ends the second epoch
+    assert len(rows) == steps >= 4 and rows[-1]["epoch"] == 2.0 and rows[0]["epoch"] * steps == pytest.approx(2.0)
