@@ -101,6 +101,8 @@ def test_every_command_of_using_it_runs_as_written(qwen2vl, tmp_path: Path) -> N
     assert "train       ok" in outputs["verify"] and "export      ok" in outputs["verify"]
     assert "infer" in outputs  # four steps teach nothing: its answer may be empty, so only the command is checked here
     # the README's own sample data, evaluated by the exported demo model: both samples read
-    evaluated = [p for p in (run / "evaluate").rglob("metrics.json")]
-    items = [json.loads(p.read_text()).get("items") for p in evaluated]
-    assert 2 in items, f"held_out.json's two samples were not evaluated: {items}"
+    other = json.loads((run / "evaluate-held_out/metrics.json").read_text())
+    assert other["items"] == 2, f"held_out.json's two samples were not all evaluated: {other}"
+    # ... into its own folder: the run's own evaluation stays done
+    status = mmcore(" ".join(lines[[line.split()[1] for line in lines].index("status")].split()).replace("--preset demo", SHORT_DEMO), tmp_path)
+    assert re.search(r"^  evaluate\s+ok\s", status.stdout, flags=re.M), status.stdout
