@@ -176,6 +176,18 @@ def stage_files(ctx: Any, manifest: Any) -> dict[str, Path]:
     return found
 
 
+def finishing_files(ctx: Any, name: str, manifest: Any, held: dict[str, Any], runs: Mapping[str, Any]) -> dict[str, Path] | None:
+    """What tracker ``name`` logs as a stage ends: the stage's files (:func:`stage_files`), or
+    None where it logs nothing -- the tracker is off, or the stage logged no metric and left no
+    file (download, convert...), so no tracker run is opened for it. Forgets ``held``'s steps."""
+    if not active(ctx, name):
+        return None
+    key = str(ctx.stage_dir)
+    held.pop(key, None)
+    files = stage_files(ctx, manifest)
+    return files if key in runs or files else None
+
+
 def evaluate_results(files: Mapping[str, Path]) -> dict[str, float]:
     """The numbers of an evaluate stage's ``metrics.json`` (nested keys joined by dots)."""
     path = files.get("metrics.json")

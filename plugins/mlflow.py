@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.tracking import active, evaluate_results, flat_config, kept_rows, numbers, project, run_name, stage_files, tracker_run, write_state
+from mmcore.tracking import active, evaluate_results, finishing_files, flat_config, kept_rows, numbers, project, run_name, tracker_run, write_state
 
 NAME = "mlflow"
 
@@ -119,13 +119,9 @@ def mmcore_metrics_resumed(ctx, step):
 
 @hookimpl
 def mmcore_stage_finished(ctx, manifest, error):
-    if not active(ctx, NAME):
+    files = finishing_files(ctx, NAME, manifest, _held, _runs)
+    if files is None:
         return
-    key = str(ctx.stage_dir)
-    _held.pop(key, None)
-    files = stage_files(ctx, manifest)
-    if key not in _runs and not files:
-        return  # a stage that logged nothing (download, convert...): no run to touch
     run = _open(ctx)
     client, run_id = run["client"], run["run_id"]
     try:
@@ -138,5 +134,5 @@ def mmcore_stage_finished(ctx, manifest, error):
             now = int(time.time() * 1000)
             client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in results.items()])
     finally:
-        _runs.pop(key, None)
+        _runs.pop(str(ctx.stage_dir), None)
         client.set_terminated(run_id, status="FAILED" if error is not None else "FINISHED")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mmcore import hookimpl
-from mmcore.tracking import active, evaluate_results, flat_config, kept_rows, numbers, project, read_state, run_name, stage_files, tracker_run
+from mmcore.tracking import active, evaluate_results, finishing_files, flat_config, kept_rows, numbers, project, read_state, run_name, tracker_run
 
 NAME = "wandb"
 
@@ -112,13 +112,9 @@ def mmcore_metrics_resumed(ctx, step):
 
 @hookimpl
 def mmcore_stage_finished(ctx, manifest, error):
-    if not active(ctx, NAME):
+    files = finishing_files(ctx, NAME, manifest, _held, _runs)
+    if files is None:
         return
-    key = str(ctx.stage_dir)
-    _held.pop(key, None)
-    files = stage_files(ctx, manifest)
-    if key not in _runs and not files:
-        return  # a stage that logged nothing (download, convert...): no run to resume
     run = _open(ctx)
     try:
         import wandb
@@ -135,7 +131,7 @@ def mmcore_stage_finished(ctx, manifest, error):
                 artifact.add_file(str(path))
             run.log_artifact(artifact)
     finally:
-        _runs.pop(key, None)
+        _runs.pop(str(ctx.stage_dir), None)
         run.finish(exit_code=1 if error is not None else 0)
 
 
