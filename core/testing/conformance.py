@@ -24,7 +24,8 @@ failure starts with ``[rule] hook:``:
 * kernels: each kernel has a reference; each implementation usable here matches it on the
   kernel's example input.
 * bad input: a sample that is not a sample fails preprocess with one line naming the file.
-* resume: training killed after step ``kill_step`` resumes to the uninterrupted losses.
+* resume: training killed between checkpoints (one step after ``kill_step``'s) resumes to the
+  uninterrupted losses, each step in ``metrics.jsonl`` once.
 * mixed data: text-only samples beside images, videos and audio (``mixed_media``) train on two
   processes to the one-process losses, with a mixed held-out split evaluated on both.
 * lora: ``training.lora`` trains adapters only (the checkpoint holds nothing else), a LoRA run
@@ -372,28 +373,34 @@ class PackConformance:
             _fail("infer", "mmcore_infer", f"{run.name}: greedy answers differ between the training checkpoint and the export: {answers}")
 
     # ------------------------------------------------------------------ resume
-    def _killed_and_resumed(self, work: Path, tiny_run: Path, name: str, *extra: str) -> Path:
+    def _killed_and_resumed(self, work: Path, tiny_run: Path, name: str, *extra: str, kill_at: int = 0) -> Path:
         """A copy of the shared run whose training (with ``extra``) is killed with SIGKILL after
-        ``kill_step`` by a real ``mmcore train``, then resumed in this process."""
+        step ``kill_at`` (default ``kill_step``) by a real ``mmcore train``, then resumed in this
+        process; each step must be in ``metrics.jsonl`` once, the replayed ones included."""
+        kill_at = kill_at or self.kill_step
         killed = work / name
         shutil.copytree(tiny_run, killed, symlinks=True)
         for stage in ("train", "export", "evaluate"):
             shutil.rmtree(killed / stage, ignore_errors=True)
         args = ["--pack", self.pack_name, "--preset", self.preset, *self._overrides(), *extra]
-        proc = _Cli(work)("train", *args, "--run-dir", name, MMCORE_TEST_KILL=f"train-step:{self.kill_step}")
+        proc = _Cli(work)("train", *args, "--run-dir", name, MMCORE_TEST_KILL=f"train-step:{kill_at}")
         if proc.returncode == 0:
-            _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{self.kill_step} (use mmcore.train's loop)")
+            _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{kill_at} (use mmcore.train's loop)")
         self._runner(killed, *extra).run_stage("train", resume="required")
         steps = [json.loads(line)["step"] for line in (killed / "train/metrics.jsonl").read_text().splitlines() if '"loss"' in line]
         if steps != list(range(1, self._runner(killed, *extra).config.training.steps + 1)):
-            _fail("resume", "mmcore_train", f"expected steps 1..{self.kill_step} before the kill and the rest after resuming, once each; got {steps}")
+            _fail("resume", "mmcore_train", f"expected steps 1..{kill_at} before the kill and the rest after resuming, once each; got {steps}")
         return killed
 
     @pytest.mark.compares_runs
     def test_training_killed_mid_run_resumes_to_the_same_losses(self, plugins, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
         if "train" not in plugins.implemented_stages(self.pack_name):
             pytest.skip("the pack has no train stage")
-        killed = self._killed_and_resumed(work, tiny_run, "killed")
+        # Killed between checkpoints (saved at kill_step, killed one step later): the resumed run
+        # replays that step, and metrics.jsonl must still hold each step once.
+        between = self.kill_step + 1 <= self.steps
+        killed = self._killed_and_resumed(work, tiny_run, "killed", *([f"training.checkpoint_every={self.kill_step}"] if between else []),
+                                          kill_at=self.kill_step + 1 if between else self.kill_step)
         # Same batches, same kernels, same RNG streams: resumed losses equal the straight run's bits.
         if _losses(killed) != _losses(tiny_run):
             _fail("resume", "mmcore_train", f"resumed losses {_losses(killed)} differ from uninterrupted {_losses(tiny_run)}")
