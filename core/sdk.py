@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.16"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.17"  # what each minor added: docs/sdk-changelog.md
 
 #: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
 #: module uses it, so that a new helper joins the SDK only by being listed here.
@@ -64,6 +64,8 @@ SURFACE: Mapping[str, frozenset[str]] = {
     }),
     "mmcore.tiny": frozenset({"train_byte_level_bpe", "byte_level_tokenizer", "pick_preset", "unigram_tokenizer", "clip_tokenizer"}),
     "mmcore.io": frozenset({"atomic_write_json", "sha256_file", "sha256_json"}),
+    # evaluate reports (1.17): report.html with the items' media, for a pack writing its own evaluate
+    "mmcore.report": frozenset({"held_out_sources", "keep_media", "media_kind", "user_text", "write_results"}),
     "mmcore.faults": frozenset({"crash_point"}),
     "mmcore.data.workers": frozenset({"Failed", "map_in_order"}),
     # data: shards, feature cache, media, conversations
