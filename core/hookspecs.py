@@ -189,7 +189,8 @@ def mmcore_register_kernels(register: Callable[[KernelSpec], None]) -> None:
 def mmcore_register_backends(register: Callable[[BackendSpec], None]) -> None:
     """Provide distributed training backends (``fsdp2``, ``megatron``, ...).
 
-    :param register: Call with a :class:`mmcore.registry.BackendSpec`.
+    :param register: Call with a :class:`mmcore.registry.BackendSpec`; its factory makes a
+        :class:`mmcore.backend.Backend` (what the train loop calls, and when).
     """
 
 

@@ -68,7 +68,8 @@ class BackendSpec:
 
     Attributes:
         name: ``"fsdp2"``, ``"megatron"``, ...
-        factory: ``"module:attr"`` of a callable that builds the backend object.
+        factory: ``"module:attr"`` of a callable that builds the backend object, one per
+            train stage: a :class:`mmcore.backend.Backend`, which the train loop drives.
         summary: One line for ``mmcore info``.
     """
 

@@ -1,0 +1,122 @@
+"""What a family gives the megatron backend (:class:`MegatronFamily`) and where a process sits
+in the TP x PP x DP grid (:class:`Layout`); the names every part of the backend shares."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from mmcore.adapters import StateDictAdapter
+    from mmcore.parallel_map import ParallelMap
+
+#: what ``training.recompute: selective`` keeps of a megatron-core layer: the linears' outputs; the
+#: attention scores and probabilities are recomputed (Megatron's own selective recompute, of
+#: the core attention; its local attention also masks the scores in place, which a kept output
+#: must not be)
+RECOMPUTE_KEPT_OPS = ("mm", "addmm")
+TRAINED = "trained"  # checkpoints/trained: the final weights in the family's training names
+ADAPTER = "adapter"  # checkpoints/adapter: with training.lora, the adapters in PEFT's format
+
+
+def _next_token_loss(logits: Any, batch: dict[str, Any]) -> Any:
+    from mmcore.causal_lm import next_token_loss_sum
+
+    return next_token_loss_sum(logits, batch["labels"])
+
+
+@dataclass
+class MegatronFamily:
+    """What a family gives the megatron backend (its pack's ``megatron.py``).
+
+    Attributes:
+        build: ``(layout) -> module``: this rank's part of the model (:class:`Layout`: its TP
+            size, pipeline stage and virtual-stage chunk, whether sequence-parallel),
+            uninitialised (the engine loads it). Its megatron-core ``GPTModel`` is the
+            attribute ``decoder``; on the first (virtual) stage, the modules of ``whole`` are too. It
+            follows Megatron's schedule protocol (``config``, ``set_input_tensor``) and returns
+            the logits on the last stage.
+        parallel_map: the family's table (hub names <-> Megatron names, how each is split).
+        adapter: the family's state-dict adapter (hub names <-> training names), to read
+            convert's checkpoint and to write the trained one.
+        inputs: the batch fields ``build``'s module takes (``labels`` go to ``loss_sum``).
+        decoder: the attribute holding the ``GPTModel``; ``decoder_prefix`` its tensors'
+            prefix in the table (``"text_decoder."``).
+        whole: hub name prefix -> attribute of a module every tensor-parallel rank of the first
+            stage holds whole, as transformers has it (a vision tower: ``{"visual.": "visual"}``).
+        loss_sum: ``(logits, batch) -> summed loss`` of a micro-batch on the last stage
+            (default: next-token cross-entropy over ``batch["labels"]``).
+        score: ``(logits, batch) -> {name: (numerator, denominator)}`` of a held-out micro-batch
+            on the last stage (``accuracy``: (rows right, rows)); with ``held_out``, logged as
+            ``eval/<name>`` = sum of numerators / sum of denominators at step 0, every
+            ``training.eval_every`` steps and at the end, as the FSDP2 loop's evaluation.
+            ``score_names``: the names it gives (every rank needs them, the last stage alone
+            computes them).
+        held_out: the held-out samples (``len`` and indexing; the kit's ``eval`` split);
+            ``collate_one`` makes one sample a micro-batch.
+        use_cache: ``(first chunk of the first stage) -> None``: switch its frozen towers to the
+            extract stage's cached features (what the FSDP2 recipe's model gets with a finished
+            extract stage; the samples then carry the features). None: the feature cache is refused.
+    """
+
+    build: Callable[["Layout"], Any]
+    parallel_map: "ParallelMap"
+    adapter: "StateDictAdapter"
+    inputs: Sequence[str]
+    decoder: str = "language_model"
+    decoder_prefix: str = "text_decoder."
+    whole: Mapping[str, str] = field(default_factory=dict)
+    loss_sum: Callable[[Any, dict[str, Any]], Any] = _next_token_loss
+    score: Callable[[Any, dict[str, Any]], Mapping[str, tuple[float, float]]] | None = None
+    score_names: Sequence[str] = ()
+    held_out: Any = None
+    collate_one: Callable[[Any], dict[str, Any]] | None = None
+    use_cache: Callable[[Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank; whether
+    the sequence is split over the tensor-parallel ranks between their layers; how many model
+    chunks a pipeline rank holds (``virtual``: the interleaved schedule) and which of them a
+    module is (``chunk``: what ``MegatronFamily.build`` builds)."""
+
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    stage: int
+    dp_rank: int
+    sequence_parallel: bool = False
+    virtual: int = 1
+    chunk: int = 0
+
+    @classmethod
+    def current(cls, sequence_parallel: bool = False, virtual: int = 1) -> "Layout":
+        from megatron.core import parallel_state as ps
+
+        return cls(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(), ps.get_data_parallel_world_size(),
+                   ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(), sequence_parallel, virtual)
+
+    def of_chunk(self, chunk: int) -> "Layout":
+        return dataclasses.replace(self, chunk=chunk)
+
+    @property
+    def virtual_stage(self) -> int:
+        """This chunk's place among the PP x V runs of layers (Megatron's interleaved order)."""
+        return self.chunk * self.pp + self.stage
+
+    @property
+    def rng_stream(self) -> int:
+        """Which random stream this rank draws from: one per data-parallel replica and pipeline
+        stage, shared by the tensor-parallel ranks (a LoRA dropout mask over an input every TP
+        rank holds must be the same on each: :mod:`mmcore.megatron.lora`)."""
+        return self.dp_rank + self.dp * self.stage
+
+    def describe(self) -> str:
+        return (f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp}"
+                f"{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''} x DP={self.dp}")
+
+
+__all__ = ["MegatronFamily", "Layout", "TRAINED", "ADAPTER", "RECOMPUTE_KEPT_OPS"]
