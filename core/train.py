@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -47,9 +47,15 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-@dataclass
 class TrainRecipe:
-    """What a pack supplies to the train engine.
+    """What a pack supplies to the train engine: a subclass whose methods are the model's part
+    of training (what the kits do: ``VLMRecipe``, ``DiffusionRecipe``), or, as SDK 1.x packs do,
+    an instance built from keyword parts (``TrainRecipe(build_model=..., loss=...)``), each part
+    a callable that takes the place of the method of that name.
+
+    The four parts every recipe has are methods (:meth:`build_model`, :meth:`dataset`,
+    :meth:`collate`, :meth:`loss`); the optional ones are ``None`` until a subclass defines
+    them or a keyword gives them, and the engine reads ``None`` as "not used".
 
     Attributes:
         build_model: ``(ctx, upstream) -> nn.Module`` in fp32, single-device code. With
@@ -100,25 +106,55 @@ class TrainRecipe:
             says how alike.
     """
 
-    build_model: Callable[[StageContext, Mapping[str, Manifest]], "nn.Module"]
-    dataset: Callable[[StageContext, Mapping[str, Manifest]], Sequence[Any]]
-    collate: Callable[[list[Any]], dict[str, Any]]
-    loss: Callable[["nn.Module", dict[str, Any]], "torch.Tensor"]
-    shard_modules: Callable[["nn.Module"], list["nn.Module"]] = lambda model: []
-    freeze_groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    evaluate: Callable[[StageContext, "nn.Module", int], dict[str, float]] | None = None
-    loss_unit: str = "tokens"
-    group_of: Callable[[int], Any] | None = None
+    # optional parts: None means the recipe does not use it
     weights: Callable[[StageContext, Mapping[str, Manifest]], Path] | None = None
+    evaluate: Callable[[StageContext, "nn.Module", int], dict[str, float]] | None = None
+    group_of: Callable[[int], Any] | None = None
     flops: Callable[["nn.Module", dict[str, Any]], float] | None = None
     length_of: Callable[[int], int] | None = None
-    lora_targets: Sequence[str] = ()
     prepare: Callable[[StageContext, "nn.Module"], None] | None = None
     step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
-    sample_seeds: bool = False
     megatron: Callable[[StageContext, Mapping[str, Manifest]], Any] | None = None
     fill: Any = None
     work_of: Callable[[int], float] | None = None
+    # settings
+    freeze_groups: Mapping[str, Sequence[str]] = MappingProxyType({})
+    loss_unit: str = "tokens"
+    lora_targets: Sequence[str] = ()
+    sample_seeds: bool = False
+
+    _REQUIRED = ("build_model", "dataset", "collate", "loss")
+
+    def __init__(self, **parts: Any) -> None:
+        known = set(self._REQUIRED) | {"shard_modules"} | {name for name in vars(TrainRecipe) if not name.startswith("_") and not callable(getattr(TrainRecipe, name))}
+        unknown = sorted(set(parts) - known)
+        if unknown:
+            raise TypeError(f"TrainRecipe got unknown part(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        missing = [name for name in self._REQUIRED if name not in parts and getattr(type(self), name) is getattr(TrainRecipe, name)]
+        if missing:
+            raise TypeError(f"TrainRecipe needs {', '.join(missing)} (a keyword part or a method of {type(self).__name__})")
+        for name, value in parts.items():
+            setattr(self, name, value)
+
+    def build_model(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> "nn.Module":
+        """The model in fp32, single-device code (see ``build_model`` above)."""
+        raise NotImplementedError
+
+    def dataset(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Sequence[Any]:
+        """The training samples, map-style (``len`` and ``[i]``)."""
+        raise NotImplementedError
+
+    def collate(self, samples: list[Any]) -> dict[str, Any]:
+        """Samples -> one micro-batch; sets ``batch["num_loss_tokens"]``."""
+        raise NotImplementedError
+
+    def loss(self, model: "nn.Module", batch: dict[str, Any]) -> "torch.Tensor":
+        """The summed loss of the batch (the engine divides by the global batch's loss units)."""
+        raise NotImplementedError
+
+    def shard_modules(self, model: "nn.Module") -> list["nn.Module"]:
+        """The modules the backend shards one by one before the root (none by default)."""
+        return []
 
 
 # --------------------------------------------------------------------------- the stage
