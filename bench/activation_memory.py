@@ -6,7 +6,7 @@ peak after building the model), step time beside it:
   backend's ``GPTModel`` of that shape (TP = PP = 1, the engine's ``forward_backward``);
 * packed attention: a packed row of 4k, 8k and 16k tokens (512-token samples) through a 2-layer
   decoder, transformers' SDPA with its block-diagonal mask vs the varlen kernel path
-  (``mmcore.attention``): the mask is T x T, so that path's memory grows with T^2.
+  (``mmcore.train.attention``): the mask is T x T, so that path's memory grows with T^2.
 
     python bench/activation_memory.py [--only recompute|megatron|attention]
 
@@ -44,7 +44,7 @@ def decoder(hidden: int, layers: int, max_positions: int) -> object:
 def recompute_case(mode: str, queue: object) -> None:
     import torch
 
-    from mmcore.recompute import apply_recompute
+    from mmcore.train.recompute import apply_recompute
 
     torch.set_num_threads(2)
     model = decoder(1024, 8, 4096)
@@ -65,10 +65,10 @@ def megatron_recompute_case(mode: str, queue: object) -> None:
     import torch
     import torch.distributed as dist
 
-    from mmcore.megatron.engine import RECOMPUTE_KEPT_OPS
-    from mmcore.megatron.gpt import gpt_model, init_model_parallel
-    from mmcore.megatron.train import forward_backward, vocab_parallel_loss_sum
-    from mmcore.recompute import apply_recompute
+    from mmcore.backends.megatron.engine import RECOMPUTE_KEPT_OPS
+    from mmcore.backends.megatron.gpt import gpt_model, init_model_parallel
+    from mmcore.backends.megatron.train import forward_backward, vocab_parallel_loss_sum
+    from mmcore.train.recompute import apply_recompute
 
     torch.set_num_threads(2)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -99,7 +99,7 @@ def megatron_recompute_case(mode: str, queue: object) -> None:
 def attention_case(path: str, tokens: int, queue: object) -> None:
     import torch
 
-    from mmcore.attention import use_packed_attention, varlen_attention
+    from mmcore.train.attention import use_packed_attention, varlen_attention
 
     torch.set_num_threads(2)
     model = decoder(256, 2, tokens)

@@ -5,7 +5,7 @@ KV-cached greedy decoding vs decoding without a cache (what the held-out WER did
     python bench/batched_generation.py [--quick] [--requests 100] [--batch 16] [--reps 5]
 
 Each repetition decodes the same ``--requests`` held-out prompts (an image and a question each)
-greedily with ``mmcore.generation.generate_tokens``: in batches of ``--batch`` (left-padded,
+greedily with ``mmcore.engines.generation.generate_tokens``: in batches of ``--batch`` (left-padded,
 longest first, KV cache) and one by one (batch 1: no padding), order alternating. The figure is
 the median of (one-by-one seconds per request) / (batched seconds per request). Goal (issue
 16): >= 3. Both sides must produce the same tokens (checked).
@@ -37,9 +37,9 @@ def main() -> None:
     reps = reps_of(args)
 
     from mm_pack_qwen2vl.family import FAMILY
-    from mmcore.causal_lm import answer_span
+    from mmcore.train.causal_lm import answer_span
     from mmcore.data.shards import ShardDataset
-    from mmcore.generation import generate_tokens
+    from mmcore.engines.generation import generate_tokens
 
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         # a short training, so that answers are short and sure, as a trained model's are
@@ -75,7 +75,7 @@ def main() -> None:
         assert same == len(prompts), f"batched and one-by-one answers differ for {len(prompts) - same} of {len(prompts)} prompts"
         emit(figure("generation/qwen2vl-batched", f"qwen2vl demo export: greedy answers to {args.requests} image questions, batch {args.batch} vs one by one",
                     "s/request", times[args.batch], times[1], baseline_name="one request at a time", ratio_is="baseline/mmcore", goal=(">=", 3.0),
-                    how=f"mmcore.generation.generate_tokens, left-padded batches longest first with the KV cache vs batch 1; the demo trained 40 steps; "
+                    how=f"mmcore.engines.generation.generate_tokens, left-padded batches longest first with the KV cache vs batch 1; the demo trained 40 steps; "
                         f"max_new_tokens {args.max_new_tokens}; same tokens both ways; {reps} repetitions alternating, {args.threads} threads"))
     whisper_cache(args, min(reps, 3))  # the uncached side is slow (quadratic), and its spread small
 

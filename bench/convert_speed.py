@@ -5,7 +5,7 @@ Each repetition, from a warm page cache (the source files are read once beforeha
 container cannot drop caches, so no cold figure):
 
 * ``cp -r`` of the HF folder, then ``sync``: the disk's copy speed, the baseline;
-* mmcore HF -> DCP (``mmcore.convert.hf_to_dcp``) and DCP -> HF (``dcp_to_hf``), each in a
+* mmcore HF -> DCP (``mmcore.engines.convert.hf_to_dcp``) and DCP -> HF (``dcp_to_hf``), each in a
   fresh process, timed whole (imports included, as a user waits for them) and without imports;
 * the naive converter: load every tensor, rename, ``dcp.save``, same process setup.
 
@@ -53,7 +53,7 @@ def make_checkpoint(out: Path, config: dict, shard_bytes: int = 1 << 30) -> int:
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     from mm_pack_qwen2vl.adapter import ADAPTER
-    from mmcore.convert import TensorInfo
+    from mmcore.engines.convert import TensorInfo
 
     with torch.device("meta"):
         model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(**config))
@@ -82,8 +82,8 @@ def make_checkpoint(out: Path, config: dict, shard_bytes: int = 1 << 30) -> int:
 # per address space, reset at exec). The rusage a parent gets from wait4 is not usable here:
 # Linux carries the forking parent's RSS peak into the child's ru_maxrss.
 CHILD = {
-    "stream_hf_to_dcp": "from mmcore.convert import hf_to_dcp; from mm_pack_qwen2vl.adapter import ADAPTER; from pathlib import Path\nT0 = time.perf_counter(); hf_to_dcp(Path({src!r}), Path({dst!r}), ADAPTER)",
-    "stream_dcp_to_hf": "from mmcore.convert import dcp_to_hf; from mm_pack_qwen2vl.adapter import ADAPTER; from pathlib import Path\nT0 = time.perf_counter(); dcp_to_hf(Path({src!r}), Path({dst!r}), ADAPTER, max_shard_bytes=1<<30)",
+    "stream_hf_to_dcp": "from mmcore.engines.convert import hf_to_dcp; from mm_pack_qwen2vl.adapter import ADAPTER; from pathlib import Path\nT0 = time.perf_counter(); hf_to_dcp(Path({src!r}), Path({dst!r}), ADAPTER)",
+    "stream_dcp_to_hf": "from mmcore.engines.convert import dcp_to_hf; from mm_pack_qwen2vl.adapter import ADAPTER; from pathlib import Path\nT0 = time.perf_counter(); dcp_to_hf(Path({src!r}), Path({dst!r}), ADAPTER, max_shard_bytes=1<<30)",
     "naive_hf_to_dcp": (
         "import torch.distributed.checkpoint as dcp; from safetensors.torch import load_file; from pathlib import Path\n"
         "from mm_pack_qwen2vl.adapter import ADAPTER\n"
@@ -93,11 +93,11 @@ CHILD = {
         "sd = {{'model.' + ADAPTER._rename(k, True): v for k, v in sd.items()}}\n"
         "dcp.save(sd, checkpoint_id={dst!r}, no_dist=True)"
     ),
-    "compare_round_trip": "from mmcore.convert import compare_hf; from pathlib import Path\nT0 = time.perf_counter(); p = compare_hf(Path({src!r}), Path({dst!r})); assert not p, p[:3]",
+    "compare_round_trip": "from mmcore.engines.convert import compare_hf; from pathlib import Path\nT0 = time.perf_counter(); p = compare_hf(Path({src!r}), Path({dst!r})); assert not p, p[:3]",
 }
 PRELUDE = "import time, warnings; warnings.filterwarnings('ignore')\nimport torch.distributed.checkpoint  # imported lazily by the converters: an import, not work\n"
 REPORT = "\nimport os, re\nprint('WORK_S', time.perf_counter() - T0)\nprint('VMHWM_KIB', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
-BASELINE = "import torch, safetensors, torch.distributed.checkpoint, mmcore.convert, mm_pack_qwen2vl.adapter\nT0 = time.perf_counter()"
+BASELINE = "import torch, safetensors, torch.distributed.checkpoint, mmcore.engines.convert, mm_pack_qwen2vl.adapter\nT0 = time.perf_counter()"
 
 
 def run_child(name: str, src: Path, dst: Path) -> dict[str, float]:

@@ -62,7 +62,7 @@ class Case:
     """One model: its run directory prepared up to train, then timed repetitions of both loops."""
 
     def __init__(self, name: str, workdir: Path, quick: bool) -> None:
-        from mmcore.plugins import Plugins
+        from mmcore.framework.plugins import Plugins
         from mmcore.testing import make_runner
 
         pack, preset, overrides, self.warmup, steps, quick_steps = CASES[name]
@@ -84,7 +84,7 @@ class Case:
 
     # ---- mmcore: the train stage, its recipe's data swapped for the pre-collated batches
     def mmcore_step_times(self) -> list[float]:
-        import mmcore.train as engine
+        import mmcore.train.loop as engine
 
         original = engine.run_training
         timed: list[TimedBatches] = []
@@ -117,9 +117,9 @@ class Case:
     def bare_step_times(self) -> list[float]:
         import torch
 
-        from mmcore.checkpointing import seed_everything
-        from mmcore.optim import freeze
-        from mmcore.sharded_load import load_weights
+        from mmcore.checkpoint.training import seed_everything
+        from mmcore.train.optim import freeze
+        from mmcore.checkpoint.sharded_load import load_weights
 
         assert self.batches is not None and self.captured is not None, "run mmcore first: it collates the batches"
         ctx, upstream, recipe = self.captured

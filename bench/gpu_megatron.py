@@ -6,20 +6,20 @@ in the same run. Not yet run on a device (no session has been lent one since it 
     python bench/gpu_megatron.py --tiny      # CPU dry run: a tiny shape, way A only
 
 The model: Qwen2-VL-2B's language model (hidden 1536, 12 heads, 2 KV groups, SwiGLU 8960,
-vocab 151936, tied), random weights, as mmcore builds it (``mmcore.megatron.gpt.gpt_model``, the
+vocab 151936, tied), random weights, as mmcore builds it (``mmcore.backends.megatron.gpt.gpt_model``, the
 local layer spec); text batches of ``--micro`` micro-batches of one ``--tokens`` row.
 
-* **A, mmcore's engine step**: fp32 weights, ``mmcore.megatron.train.forward_backward`` (the
+* **A, mmcore's engine step**: fp32 weights, ``mmcore.backends.megatron.train.forward_backward`` (the
   per-token loss over the step's tokens), the model-wide clip (1.0), torch AdamW; run twice:
-  fp32 compute, and bf16 compute (``mmcore.megatron.precision.Bf16Compute``, what
+  fp32 compute, and bf16 compute (``mmcore.backends.megatron.precision.Bf16Compute``, what
   ``training.precision: bf16`` does on this backend).
 * **B, Megatron's own**: bf16 weights (``Float16Module``), its ``DistributedDataParallel``
   with fp32 gradient buffers, its distributed optimizer (fp32 main weights, Adam), its gradient
   clipping (``OptimizerConfig.clip_grad`` 1.0), ``finalize_model_grads`` dividing by the step's
   tokens.
 
-Prints per way: the losses, step time, tokens/s, TFLOP/s, MFU (FLOPs from ``mmcore.flops``;
-the device's bf16 peak from ``mmcore.accelerator``) and peak memory; then each bf16 way's losses
+Prints per way: the losses, step time, tokens/s, TFLOP/s, MFU (FLOPs from ``mmcore.train.flops``;
+the device's bf16 peak from ``mmcore.framework.accelerator``) and peak memory; then each bf16 way's losses
 against the fp32 one's (they should agree to ~1e-2 relative) and the speed and memory ratios
 of mmcore's bf16 against Megatron's. The Transformer
 Engine layer spec is measured only where ``transformer_engine`` imports (it is printed as
@@ -47,7 +47,7 @@ def build(config: Any, device: Any, dtype: Any) -> Any:
     """The rank's GPTModel (TP = PP = 1), the same random weights for every way (seeded)."""
     import torch
 
-    from mmcore.megatron.gpt import gpt_model
+    from mmcore.backends.megatron.gpt import gpt_model
 
     model = gpt_model(config, 1, tied=True, qkv_bias=True, dtype=dtype, parallel_output=True)
     generator = torch.Generator().manual_seed(0)
@@ -74,7 +74,7 @@ def batches(config: Any, args: argparse.Namespace, device: Any) -> list[list[dic
 
 
 def step_flops(model: Any, config: Any, args: argparse.Namespace) -> float:
-    from mmcore.flops import attention_flops, dense_flops, parameter_counts
+    from mmcore.train.flops import attention_flops, dense_flops, parameter_counts
 
     tokens = args.tokens * args.micro
     return dense_flops(parameter_counts(model), tokens) + attention_flops(config.num_hidden_layers, config.hidden_size, [args.tokens] * args.micro)
@@ -84,8 +84,8 @@ def way_a(config: Any, args: argparse.Namespace, device: Any, accelerator: Any, 
     """mmcore's engine step: fp32 weights, fp32 or bf16 compute."""
     import torch
 
-    from mmcore.megatron.precision import Bf16Compute
-    from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients, vocab_parallel_loss_sum
+    from mmcore.backends.megatron.precision import Bf16Compute
+    from mmcore.backends.megatron.train import clip_gradients, forward_backward, reduce_gradients, vocab_parallel_loss_sum
 
     model = build(config, device, torch.float32).train()
     precision = Bf16Compute(model.parameters(), enabled=bf16)
@@ -116,7 +116,7 @@ def way_b(config: Any, args: argparse.Namespace, device: Any, accelerator: Any) 
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.module import Float16Module
 
-    from mmcore.megatron.train import vocab_parallel_loss_sum
+    from mmcore.backends.megatron.train import vocab_parallel_loss_sum
 
     gpt = build(config, device, torch.bfloat16)
     gpt.config.bf16 = True
@@ -183,8 +183,8 @@ def main() -> None:
 
     import torch.distributed as dist
 
-    from mmcore.megatron.gpt import init_model_parallel
-    from mmcore.plugins import Plugins
+    from mmcore.backends.megatron.gpt import init_model_parallel
+    from mmcore.framework.plugins import Plugins
 
     accelerator = Plugins.load().registry.accelerator("auto")
     accelerator.set_device(0)

@@ -2,7 +2,7 @@
 training step with random weights, through mmcore's engine pieces (meta build, FSDP2 bf16 policy,
 packed attention through the device's varlen kernel, selective recompute off) next to plain
 transformers + FSDP2 (SDPA with its block-diagonal mask) on the same model, the same batch, in
-the same run. Prints tokens/s, TFLOP/s, MFU (mmcore.flops; peak from mmcore.accelerator) and peak
+the same run. Prints tokens/s, TFLOP/s, MFU (mmcore.train.flops; peak from mmcore.framework.accelerator) and peak
 memory of each, and their ratio.
 
     python bench/gpu_step.py [--tokens 16384] [--steps 6] [--layers 28]
@@ -46,9 +46,9 @@ def run(way: str, args: argparse.Namespace, device: object, accelerator: object)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    from mmcore.attention import use_packed_attention
-    from mmcore.flops import attention_flops, dense_flops, parameter_counts
-    from mmcore.sharded_load import materialise, parameters_on_meta
+    from mmcore.train.attention import use_packed_attention
+    from mmcore.train.flops import attention_flops, dense_flops, parameter_counts
+    from mmcore.checkpoint.sharded_load import materialise, parameters_on_meta
 
     if not dist.is_initialized():
         dist.init_process_group("gloo" if device.type == "cpu" else "cpu:gloo,cuda:nccl", store=dist.HashStore(), rank=0, world_size=1)
@@ -66,7 +66,7 @@ def run(way: str, args: argparse.Namespace, device: object, accelerator: object)
         for p in model.parameters():
             p.normal_(0, 0.02)
     if way == "mmcore":
-        from mmcore.plugins import Plugins
+        from mmcore.framework.plugins import Plugins
 
         kernel = Plugins.load().registry.kernel("varlen_attention", accelerator.name)
         use_packed_attention(model, kernel)
@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny:
         args.tokens, args.steps = min(args.tokens, 1024), min(args.steps, 3)
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
 
     registry = Plugins.load().registry
     accelerator = registry.accelerator("auto")

@@ -3,13 +3,13 @@ megatron``), one process (TP=1) against two at TP=2 and at PP=2, gloo on CPU:
 
 * **load**: each rank builds only its part (megatron-core's layers, uninitialised) and fills it
   from convert's checkpoint one layer (or vision block) at a time
-  (:func:`mmcore.megatron.engine.load_rank`); convert writes each tensor alone in a file, which
-  is mapped, and :meth:`mmcore.parallel_map.Rule.shard` copies out the rank's slices only. A
+  (:func:`mmcore.backends.megatron.engine.load_rank`); convert writes each tensor alone in a file, which
+  is mapped, and :meth:`mmcore.backends.megatron.tensor_map.Rule.shard` copies out the rank's slices only. A
   rank should hold its part (the decoder ~ 1 / (TP x PP) of it, the vision tower whole on the
   first stage, the tied embedding on both stages at PP=2) plus about one layer.
-* **write** of the trained weights at the end (:func:`mmcore.megatron.engine.write_trained`):
+* **write** of the trained weights at the end (:func:`mmcore.backends.megatron.engine.write_trained`):
   every rank writes its own pieces of the hub tensors into one DCP checkpoint
-  (:mod:`mmcore.megatron.trained`), against the way before it, in the same processes: every
+  (:mod:`mmcore.backends.megatron.trained`), against the way before it, in the same processes: every
   rank's part gathered on rank 0, which converts and writes the whole model.
 
 The model is Qwen2-VL-2B-shaped (its widths and vocabulary, tied embedding) with 6 decoder
@@ -56,10 +56,10 @@ def worker(rank: int, world: int, port: int, tp: int, pp: int, model_dir: str, c
     import torch.distributed as dist
 
     from mm_pack_qwen2vl.megatron import megatron_family
-    from mmcore.context import WorldInfo
-    from mmcore.convert import dcp_index
-    from mmcore.megatron.engine import Layout, _write_gathered, load_rank, write_trained
-    from mmcore.megatron.gpt import init_model_parallel
+    from mmcore.framework.context import WorldInfo
+    from mmcore.engines.convert import dcp_index
+    from mmcore.backends.megatron.engine import Layout, _write_gathered, load_rank, write_trained
+    from mmcore.backends.megatron.gpt import init_model_parallel
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     family = megatron_family(Path(model_dir))
@@ -104,7 +104,7 @@ def main() -> None:
     import sys
     import tempfile
 
-    from mmcore.megatron import status
+    from mmcore.backends.megatron import status
 
     usable, why = status()
     if not usable:

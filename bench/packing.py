@@ -33,9 +33,9 @@ def main() -> None:
     import torch
     import transformers
 
-    from mmcore.attention import use_packed_attention, varlen_attention
+    from mmcore.train.attention import use_packed_attention, varlen_attention
     from mmcore.data.synthetic import vlm_mix_lengths
-    from mmcore.sampler import TokenBudgetSampler
+    from mmcore.train.sampler import TokenBudgetSampler
 
     lengths = vlm_mix_lengths(2000)
     sampler = TokenBudgetSampler(lengths, args.budget, seed=0, rank=0, world=1)

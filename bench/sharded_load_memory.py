@@ -43,7 +43,7 @@ def peak_mib() -> float:
 def build(meta: bool) -> object:
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    from mmcore.sharded_load import parameters_on_meta
+    from mmcore.checkpoint.sharded_load import parameters_on_meta
 
     config = Qwen2VLConfig(**SHAPE)
     config._attn_implementation = "sdpa"
@@ -63,7 +63,7 @@ def write_checkpoint(folder: Path) -> tuple[int, int, int]:
     import torch
 
     from mm_pack_qwen2vl.adapter import ADAPTER
-    from mmcore.convert import hf_to_dcp
+    from mmcore.engines.convert import hf_to_dcp
 
     torch.manual_seed(0)
     model = build(meta=False)
@@ -87,8 +87,8 @@ def worker(rank: int, world: int, port: int, way: str, folder: str, out: str) ->
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from mmcore.checkpointing import load_converted
-    from mmcore.sharded_load import load_weights, materialise
+    from mmcore.checkpoint.training import load_converted
+    from mmcore.checkpoint.sharded_load import load_weights, materialise
 
     import transformers  # noqa: F401  (imports belong to the baseline)
 

@@ -59,7 +59,7 @@ def main() -> None:
                     how=f"{reps} repetitions alternating with the torch import, warm page cache", imports_torch=imports_torch(cli)))
     if args.quick or args.no_envs:
         return
-    from mmcore.env_requirements import uv_binary
+    from mmcore.run.env_requirements import uv_binary
 
     if uv_binary() is None:
         print("# startup/env-create: not run, uv is not installed", file=sys.stderr)

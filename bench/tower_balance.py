@@ -41,7 +41,7 @@ def main() -> None:
     p = parser(__doc__)
     args = p.parse_args()
     from mmcore.data.synthetic import vlm_mix_work
-    from mmcore.sampler import EpochSampler, TokenBudgetSampler
+    from mmcore.train.sampler import EpochSampler, TokenBudgetSampler
 
     lengths, towers = vlm_mix_work(1000 if args.quick else 3000)
     kinds = ["text" if t == 0 else "video" if n > 2000 else "image" for n, t in zip(lengths, towers)]

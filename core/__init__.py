@@ -13,26 +13,45 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from mmcore._version import __version__
-from mmcore.errors import ConfigError, MmcoreError, PackError, StageError, UsageError
-from mmcore.pack import STAGES, PackSpec, Stage, StageResult
+__version__ = "0.1.0"
 
-#: Marks a function as an implementation of an mmcore hook (see :mod:`mmcore.hookspecs`).
+# old module paths (before the folders) answer with the moved modules until SDK 2.0
+from mmcore.framework.moved import install as _install_moved  # noqa: E402
+
+_install_moved()
+
+from mmcore.errors import ConfigError, MmcoreError, PackError, StageError, UsageError
+from mmcore.framework.pack import STAGES, PackSpec, Stage, StageResult
+
+#: Marks a function as an implementation of an mmcore hook (see :mod:`mmcore.framework.hookspecs`).
 hookimpl = pluggy.HookimplMarker("mmcore")
 
 if TYPE_CHECKING:
     from mmcore.config import RunConfig
-    from mmcore.context import StageContext, WorldInfo
-    from mmcore.registry import BackendSpec, KernelSpec
-    from mmcore.rundir import Manifest
+    from mmcore.framework.context import StageContext, WorldInfo
+    from mmcore.framework.registry import BackendSpec, KernelSpec
+    from mmcore.run.rundir import Manifest
 
 _LAZY = {
     "RunConfig": "mmcore.config",
-    "StageContext": "mmcore.context",
-    "WorldInfo": "mmcore.context",
-    "KernelSpec": "mmcore.registry",
-    "BackendSpec": "mmcore.registry",
-    "Manifest": "mmcore.rundir",
+    "StageContext": "mmcore.framework.context",
+    "WorldInfo": "mmcore.framework.context",
+    "KernelSpec": "mmcore.framework.registry",
+    "BackendSpec": "mmcore.framework.registry",
+    "Manifest": "mmcore.run.rundir",
+    # the stage outputs, file helpers and crash points every pack uses
+    "CHECKPOINT": "mmcore.framework.pack",
+    "DATASET": "mmcore.framework.pack",
+    "FEATURES": "mmcore.framework.pack",
+    "MODEL": "mmcore.framework.pack",
+    "ON_DEMAND": "mmcore.framework.pack",
+    "RESULTS": "mmcore.framework.pack",
+    "STAGE_OUTPUTS": "mmcore.framework.pack",
+    "atomic_write_json": "mmcore.framework.files",
+    "crash_point": "mmcore.framework.faults",
+    "missing_dependency": "mmcore.errors",
+    "sha256_file": "mmcore.framework.files",
+    "sha256_json": "mmcore.framework.files",
 }
 
 

@@ -1,3 +1,3 @@
-from mmcore.cli import main
+from mmcore.cli.commands import main
 
 main()

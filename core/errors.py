@@ -104,7 +104,7 @@ def _free_at(path: "str | os.PathLike[str]") -> str:
     import shutil
     from pathlib import Path
 
-    from mmcore.io import size_text
+    from mmcore.framework.files import size_text
 
     probe = Path(path)
     while not probe.exists() and probe != probe.parent:

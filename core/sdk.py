@@ -6,9 +6,13 @@ Versions follow semantic versioning on this surface alone: a minor version adds 
 major version changes or removes them. A pack built for SDK ``M.n`` loads on a core with SDK
 ``M.k`` where ``k >= n``; otherwise ``mmcore list`` shows it as broken, with the reason.
 
-:data:`SURFACE` lists every module a pack may import from and the names it may use there.
-Everything else in mmcore is internal and may change in any release. The conformance suite
-(:mod:`mmcore.testing.conformance`) reads a pack's source and fails on any other import.
+:data:`SURFACE` is the façade (SDK 1.18+), as ``pytest`` is over ``_pytest``: eight modules a
+pack imports from -- the contract (``mmcore``), ``mmcore.config``, ``mmcore.engines``,
+``mmcore.train``, ``mmcore.data``, ``mmcore.kits``, ``mmcore.backends.megatron`` and
+``mmcore.testing`` -- and the names it may use there. :data:`LEGACY_SURFACE` keeps the SDK 1.0-1.17
+module paths working until SDK 2.0. Everything else in mmcore is internal and may change in
+any release. The conformance suite (:mod:`mmcore.testing.conformance`) reads a pack's source and
+fails on any other import.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.17"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.18"  # what each minor added: docs/sdk-changelog.md
 
-#: module -> the names a pack may import from it. ``"*"`` would mean every public name; no
-#: module uses it, so that a new helper joins the SDK only by being listed here.
-SURFACE: Mapping[str, frozenset[str]] = {
+#: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
+#: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
+#: new code imports the façade, :data:`SURFACE`.
+LEGACY_SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore": frozenset({
         "__version__", "hookimpl", "STAGES", "PackSpec", "Stage", "StageResult", "StageContext", "WorldInfo",
         "RunConfig", "KernelSpec", "BackendSpec", "Manifest", "MmcoreError", "ConfigError", "UsageError",
@@ -100,6 +105,91 @@ SURFACE: Mapping[str, frozenset[str]] = {
 }
 
 
+#: SDK 1.18+: the façade -> the names a pack may import from it (each façade loads a name's
+#: module on first use and never imports torch by itself). Everything else in mmcore is internal.
+SURFACE: Mapping[str, frozenset[str]] = {
+    # the contract: what a pack declares, what a stage receives and returns, errors, file helpers
+    "mmcore": frozenset({
+        "BackendSpec", "CHECKPOINT", "ConfigError", "DATASET", "FEATURES", "KernelSpec", "MODEL", "Manifest",
+        "MmcoreError", "ON_DEMAND", "PackError", "PackSpec", "RESULTS", "RunConfig", "STAGES", "STAGE_OUTPUTS",
+        "Stage", "StageContext", "StageError", "StageResult", "UsageError", "WorldInfo", "__version__",
+        "atomic_write_json", "crash_point", "hookimpl", "missing_dependency", "sha256_file", "sha256_json",
+    }),
+    # the run configuration a pack extends
+    "mmcore.config": frozenset({
+        "ConvertSection", "DataSection", "DpoSection", "EvaluateSection", "ExportSection", "ExtractSection",
+        "GenerationSection", "LoraSection", "MegatronConvertSection", "MegatronExportSection", "ModelSection",
+        "RunConfig", "Section", "TrainingSection",
+    }),
+    # the stage engines a pack binds: download, convert, export, evaluate, infer
+    "mmcore.engines": frozenset({
+        "FusedExpertsAdapter", "InitBuilder", "MODEL_PREFIX", "ModelSource", "PLACEHOLDERS", "Recipe",
+        "RenameAdapter", "Request", "SAFE_INDEX", "SafetensorsFolder", "StateDictAdapter", "TensorInfo",
+        "answer_scores", "batches", "byte_level_tokenizer", "char_errors", "check_checkpoint_folder",
+        "clip_tokenizer", "compare_hf", "convert_stage", "copy_side_files", "coverage_problems", "dcp_index",
+        "dcp_to_hf", "download_model", "download_stage", "empty_evaluation", "exact_match", "expected_tensors",
+        "export_checked", "generate_tokens", "generation_dtype", "held_out_sources", "hf_to_dcp", "iter_pairs",
+        "keep_media", "left_padded", "load_dcp_tensors", "media_kind", "media_problem", "model_from_config",
+        "normalize_answer", "normalize_words", "pick_preset", "read_header", "read_held_out", "remote_code",
+        "safetensors_files", "sampling_options", "sharded_sums", "token_f1", "train_byte_level_bpe",
+        "trained_checkpoint", "unigram_tokenizer", "user_text", "word_errors", "write_results",
+        "write_safetensors_streaming",
+    }),
+    # the train engine and its methods: recipe, sampler, LoRA, DPO, EMA, losses
+    "mmcore.train": frozenset({
+        "EMA_OUTPUT", "EpochSampler", "LoraPlan", "MovingAverage", "Pair", "ReferenceLogps", "StepFlops",
+        "TokenBudgetSampler", "TrainRecipe", "attention_flops", "count_loss_tokens", "decay_at", "dense_flops",
+        "diffusers_lora_state", "dpo_terms", "evaluate_accuracy", "freeze", "generate_accuracy", "is_adapter",
+        "is_adapter_folder", "load_adapter_folder", "load_converted", "lr_lambda", "merged_state",
+        "next_token_loss_sum", "packed_rows", "padded_rows", "parameter_counts", "read_pairs", "reference_mode",
+        "refuse_fewer_than_a_step", "reward_sums", "run_training", "sample_seed", "segment_bounds", "sequence_logps",
+        "train_stage", "use_packed_attention", "varlen_attention", "with_adapters", "write_peft_adapter",
+    }),
+    # data engines: MLLM JSON, chat templates, shards, feature cache, media, synthetic demo data
+    "mmcore.data": frozenset({
+        "BadJSON", "BadRecord", "BadSample", "BadSamples", "CHATML_TEMPLATE", "COLOURS", "CachedSamples",
+        "ChatMLEncoder", "ChatTemplateEncoder", "ChatTemplateError", "Columns", "DemoWriter", "Encoded", "Expander",
+        "Failed", "FeatureCache", "FeatureCacheWriter", "Fill", "IGNORE", "KINDS", "MLLMDataSection", "MOVES",
+        "MediaError", "PART_TYPES", "PITCHES", "PLACEHOLDERS", "Piece", "Probe", "SHAPES", "SHAPE_TONE_QUESTION",
+        "SQUARE_COLOURS", "Sample", "ShardDataset", "ShardWriter", "TONE_RATE", "Turn", "append_fillers",
+        "check_pixels", "check_seconds", "choose_bucket", "contact_sheet", "dataset_files", "encode_fillers",
+        "frames_at", "held_out", "kinds_by_fields", "kinds_in", "load_audio", "load_image", "load_records",
+        "map_in_order", "media_limits", "media_root", "moving_square", "preprocess_captioned_videos",
+        "preprocess_conversations", "probe", "read_captions", "read_samples", "resize_crop", "resolve_media",
+        "sample_frames", "shape_image", "split_key", "tone_clip", "write_audio", "write_filler_media",
+        "write_moving_square_preferences", "write_moving_squares", "write_mp4", "write_shape_preferences",
+        "write_shape_questions", "write_shape_tone_questions",
+    }),
+    # the kits: VLMFamily, DiffusionFamily and what they share
+    "mmcore.kits": frozenset({
+        "DiffusionFamily", "DiffusionTraining", "EVAL_SIGMAS", "EXPERTS", "FLOW_MATCHING", "FlowMatching",
+        "FlowMatchingTraining", "GuidanceEmbeddingTraining", "MelClipExpander", "NoiseSchedule", "ProcessorImages",
+        "SampleExport", "TINY_SIZES", "TransformersNames", "VLMFamily", "VideoData", "audio_clips", "auto_family",
+        "blocks_at", "clip_key", "collate", "collate_mel_clips", "content_key", "denoiser_flops", "diffusion_loss",
+        "flow_matching_loss", "guidance_option", "mel_tower_tokens", "pad_clips", "restarting_positions", "rows_of",
+        "shrink_config", "sigmas", "text_to_video_sample", "tiny_checkpoint", "use_cached_audio", "with_tail",
+    }),
+    # megatron-core (optional extra): a family's Megatron part, its tensor table, MindSpeed-MM checkpoints
+    "mmcore.backends.megatron": frozenset({
+        "ADAPTER", "DEFAULT_TARGETS", "LayerStack", "Layout", "MegatronBackend", "MegatronFamily", "ParallelMap",
+        "Rule", "SequenceParallelNorm", "TESTED_MINOR", "TRAINED", "adapter_shards", "add_adapters",
+        "check_rank_names", "clip_gradients", "copy_rank_state", "even_layers", "export_mindspeed", "fill_rank",
+        "forward_backward", "forward_scores", "gather_hub_state", "gpt_model", "grad_norm", "import_mindspeed",
+        "init_adapters", "init_model_parallel", "is_checkpoint", "load", "load_rank", "load_rank_state",
+        "mark_parallel_weights", "merged_state", "pad_sequence", "padded_vocab", "parallel_lora", "peft_state",
+        "rank_sources", "read_checkpoint", "read_stages", "reduce_gradients", "run_megatron_training", "save",
+        "scatter_sequence", "sharded_state", "status", "sum_tied_gradients", "vocab_parallel_exact_match",
+        "vocab_parallel_loss_sum", "write_adapter", "write_checkpoint", "write_peft", "write_trained",
+    }),
+    # test helpers, the conformance suite, the crash matrix
+    "mmcore.testing": frozenset({
+        "PackConformance", "StageCLI", "cache_matches_on_the_fly", "crash_chain", "declined_stages", "differences",
+        "diffusion_demo_holds", "losses", "make_config", "make_runner", "plugins_with", "points_for", "run_args",
+        "run_mmcore", "run_nodes", "straight_run",
+    }),
+}
+
+
 def sdk_problem(pack_sdk: str, core_sdk: str = SDK_VERSION) -> str | None:
     """Why a pack written for SDK ``pack_sdk`` cannot load on this core, or None if it can."""
     try:
@@ -124,7 +214,7 @@ def imports_outside_sdk(package_dir: Path) -> list[str]:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "mmcore":
-                allowed = SURFACE.get(node.module)
+                allowed = SURFACE.get(node.module, LEGACY_SURFACE.get(node.module))
                 for alias in node.names:
                     if allowed is None:
                         problems.append(f"{path.name}:{node.lineno}: module {node.module} is not part of the mmcore SDK")
@@ -133,9 +223,9 @@ def imports_outside_sdk(package_dir: Path) -> list[str]:
                         problems.append(f"{path.name}:{node.lineno}: {node.module}.{alias.name} is not part of the mmcore SDK")
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    if alias.name.split(".")[0] == "mmcore" and alias.name not in SURFACE:
+                    if alias.name.split(".")[0] == "mmcore" and alias.name not in SURFACE and alias.name not in LEGACY_SURFACE:
                         problems.append(f"{path.name}:{node.lineno}: module {alias.name} is not part of the mmcore SDK")
     return problems
 
 
-__all__ = ["SDK_VERSION", "SURFACE", "sdk_problem", "imports_outside_sdk"]
+__all__ = ["SDK_VERSION", "SURFACE", "LEGACY_SURFACE", "sdk_problem", "imports_outside_sdk"]

@@ -1,4 +1,4 @@
-"""``mmcore env``: per-pack environments (the engine is :mod:`mmcore.envs`).
+"""``mmcore env``: per-pack environments (the engine is :mod:`mmcore.run.envs`).
 
 Registered through ``mmcore_register_commands``, the same hook a third party uses to add commands.
 """
@@ -29,7 +29,7 @@ def env_group() -> None:
 @click.option("--force", is_flag=True, help="Recreate the env if it exists.")
 def create_cmd(pack: str, requirement: str | None, extra: tuple[str, ...], python: str | None, find_links: tuple[str, ...], index_url: str | None, offline: bool, engine: str, force: bool) -> None:
     """Create the env of PACK and record it; `mmcore <stage> --pack PACK` then runs there."""
-    from mmcore import envs
+    from mmcore.run import envs
 
     record = envs.create(pack, requirement=requirement, extra=extra, python=python, find_links=find_links, index_url=index_url, offline=offline, engine=engine, force=force, say=click.echo)
     click.echo(f"created {record.path} in {record.seconds:.1f}s with {record.engine} ({record.disk_mib:.0f} MiB not shared with other envs)")
@@ -42,7 +42,7 @@ def list_cmd(as_json: bool) -> None:
     """List the recorded envs, the packs inside them, and whether they still match the host."""
     from dataclasses import asdict
 
-    from mmcore import envs
+    from mmcore.run import envs
 
     rows = []
     for name, record in sorted(envs.load_records().items()):
@@ -61,7 +61,7 @@ def list_cmd(as_json: bool) -> None:
 @click.argument("pack")
 def remove_cmd(pack: str) -> None:
     """Delete PACK's env."""
-    from mmcore import envs
+    from mmcore.run import envs
 
     record = envs.remove(pack)
     click.echo(f"removed {record.path}")
@@ -71,7 +71,7 @@ def remove_cmd(pack: str) -> None:
 @click.argument("pack")
 def path_cmd(pack: str) -> None:
     """Print the folder of PACK's env."""
-    from mmcore import envs
+    from mmcore.run import envs
     from mmcore.errors import UsageError
 
     record = envs.find(pack)

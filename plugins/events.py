@@ -82,7 +82,7 @@ def mmcore_metrics_resumed(ctx, step):
             continue  # a line a kill cut short
         if not isinstance(row_step, int) or row_step <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
-    from mmcore.io import atomic_write_text
+    from mmcore.framework.files import atomic_write_text
 
     atomic_write_text(path, "".join(kept))
 

@@ -1,11 +1,11 @@
 """The FSDP2 distributed backend (torch.distributed ``fully_shard``), registered as
-``parallel.backend: fsdp2``; the train loop's side of it is :mod:`mmcore.fsdp2`."""
+``parallel.backend: fsdp2``; the train loop's side of it is :mod:`mmcore.backends.fsdp2`."""
 
 from __future__ import annotations
 
 from mmcore import hookimpl
-from mmcore.fsdp2 import FSDP2Backend, root_output_without_views
-from mmcore.registry import BackendSpec
+from mmcore.backends.fsdp2 import FSDP2Backend, root_output_without_views
+from mmcore.framework.registry import BackendSpec
 
 
 @hookimpl

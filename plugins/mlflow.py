@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.tracking import active, evaluate_results, finishing_files, flat_config, kept_rows, numbers, project, run_name, tracker_run, write_state
+from mmcore.framework.tracking import active, evaluate_results, finishing_files, flat_config, kept_rows, numbers, project, run_name, tracker_run, write_state
 
 NAME = "mlflow"
 
@@ -64,7 +64,7 @@ def _open(ctx: Any) -> dict[str, Any]:
         name = project(ctx, "MLFLOW_EXPERIMENT_NAME")
         experiment = client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(name, artifact_location=artifacts)
-        run_id = client.create_run(experiment_id, run_name=run_name(ctx), tags={"mmcore.pack": ctx.pack, "mmcore.run_dir": str(ctx.run_dir)}).info.run_id
+        run_id = client.create_run(experiment_id, run_name=run_name(ctx), tags={"mmcore.framework.pack": ctx.pack, "mmcore.run_dir": str(ctx.run_dir)}).info.run_id
         # the config once, as the run's parameters (MLflow refuses a parameter changing value)
         params = [Param(k, str(v)[:6000]) for k, v in flat_config(ctx.config).items()]
         client.log_batch(run_id, params=params)

@@ -1,12 +1,12 @@
 """TensorBoard metric sink: ``<stage_dir>/tensorboard``, when ``logging.report_to`` names
-tensorboard (the default; a tracker like the others, :mod:`mmcore.tracking`)."""
+tensorboard (the default; a tracker like the others, :mod:`mmcore.framework.tracking`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.tracking import active
+from mmcore.framework.tracking import active
 
 _writers: dict[str, Any] = {}
 _purge: dict[str, int] = {}  # stage folder -> first step to log again after a resume

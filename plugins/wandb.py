@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mmcore import hookimpl
-from mmcore.tracking import active, evaluate_results, finishing_files, flat_config, kept_rows, numbers, project, read_state, run_name, tracker_run
+from mmcore.framework.tracking import active, evaluate_results, finishing_files, flat_config, kept_rows, numbers, project, read_state, run_name, tracker_run
 
 NAME = "wandb"
 

@@ -1,4 +1,4 @@
-"""Packed attention (mmcore.attention): each sample attends only to itself, equal to what
+"""Packed attention (mmcore.train.attention): each sample attends only to itself, equal to what
 transformers computes with its block-diagonal mask, without ever allocating that T x T mask."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from mmcore.attention import segment_bounds, use_packed_attention, varlen_attention  # noqa: E402
+from mmcore.train.attention import segment_bounds, use_packed_attention, varlen_attention  # noqa: E402
 
 
 class LargestTensor(TorchDispatchMode):
@@ -133,8 +133,8 @@ def test_no_t_by_t_mask_is_allocated(total: int) -> None:
 def test_device_kernel_matches_the_reference(device: str) -> None:
     """flash-attn varlen (CUDA), npu_fusion_attention TND (NPU) against the reference, bf16
     (tolerance: bf16 rounding of a different summation order)."""
-    from mmcore.attention import varlen_attention_example
-    from mmcore.plugins import Plugins
+    from mmcore.train.attention import varlen_attention_example
+    from mmcore.framework.plugins import Plugins
 
     registry = Plugins.load().registry
     accelerator = registry.accelerators[device]

@@ -11,7 +11,7 @@ pytest.importorskip("transformers", reason="chat templates are rendered by trans
 
 from mmcore.data.chat_template import IGNORE, ChatTemplateEncoder, ChatTemplateError, Piece  # noqa: E402
 from mmcore.data.mllm import Sample, Turn  # noqa: E402
-from mmcore.tiny import byte_level_tokenizer  # noqa: E402
+from mmcore.engines.tiny import byte_level_tokenizer  # noqa: E402
 
 # LLaVA-1.5's template as llava-hf ships it: images first in a turn, then text, assistant text
 # in {% generation %} blocks, "ASSISTANT:" as the generation prompt.

@@ -19,13 +19,13 @@ def mmcore(*args: str) -> subprocess.CompletedProcess[str]:
 def repository_pack_classes() -> dict:  # type: ignore[type-arg]
     """The installed packs' config classes that this repository holds (not a test's toy pack,
     which another test may have put on this process's path)."""
-    from mmcore.config_reference import installed_pack_classes
+    from mmcore.config.reference import installed_pack_classes
 
     return {name: cls for name, cls in installed_pack_classes().items() if Path(inspect.getfile(cls)).resolve().is_relative_to(ROOT / "packs")}
 
 
 def test_docs_configuration_md_is_what_mmcore_config_prints() -> None:
-    from mmcore.config_reference import render_markdown
+    from mmcore.config.reference import render_markdown
 
     classes = repository_pack_classes()
     if not {"qwen2vl", "wan", "whisper"} <= set(classes):
@@ -37,7 +37,7 @@ def test_docs_configuration_md_is_what_mmcore_config_prints() -> None:
 
 def test_every_key_of_the_core_and_the_packs_says_what_it_does() -> None:
     from mmcore.config import RunConfig
-    from mmcore.config_reference import keys
+    from mmcore.config.reference import keys
 
     missing = [k.path for k in keys(RunConfig) if not k.description]
     for name, cls in repository_pack_classes().items():

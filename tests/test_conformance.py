@@ -24,7 +24,7 @@ class TestToyConformance(PackConformance):
 def test_a_pack_written_for_sdk_1_0_is_not_failed_by_a_later_rule(toy_pack) -> None:  # type: ignore[no-untyped-def]
     """SDK minors only add: a rule for a feature that came later skips for an older pack, saying
     why, instead of failing a pack that passed conformance before (its code unchanged)."""
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
 
     entry = Plugins.load().pack("toy")
     assert entry.spec.sdk == "1.0"

@@ -24,15 +24,15 @@ PACK = PackSpec(
     presets={{"tiny": {{"model": {{"source": "init:tiny"}}, "data": {{"demo_samples": 8}}, "training": {{"steps": 3}}}}}},
     default_preset="tiny",
     stages={{
-        "download": Stage("mmcore.hub:download_stage", parts={{"build_init": "mm_pack_whisper.tiny:build_init_checkpoint"}}),
+        "download": Stage("mmcore.engines.download:download_stage", parts={{"build_init": "mm_pack_whisper.tiny:build_init_checkpoint"}}),
         "convert": {convert},
         "preprocess": {preprocess},
-        "train": Stage("mmcore.train:train_stage", parts={{"recipe": "mm_pack_whisper.model:recipe"}}),
+        "train": Stage("mmcore.train.loop:train_stage", parts={{"recipe": "mm_pack_whisper.model:recipe"}}),
     }},
 )
 
 def convert_misnamed(ctx, upstream):
-    from mmcore.convert import convert_stage
+    from mmcore.engines.convert import convert_stage
     from mm_pack_whisper.adapter import ADAPTER
     from mm_pack_whisper.model import build_model
 
@@ -44,11 +44,11 @@ def preprocess_dict(ctx, upstream):
 
     return vars(preprocess(ctx, upstream))
 
-from mmcore.convert import RenameAdapter
+from mmcore.engines.convert import RenameAdapter
 DROPS_FINAL_NORM = RenameAdapter(rules=[], tied=["proj_out.weight"], ignore=[r"model\\.decoder\\.layer_norm\\."])
 """
 
-CONVERT = 'Stage("mmcore.convert:convert_stage", parts={{"adapter": "{adapter}", "build_model": "mm_pack_whisper.model:build_model"}})'
+CONVERT = 'Stage("mmcore.engines.convert:convert_stage", parts={{"adapter": "{adapter}", "build_model": "mm_pack_whisper.model:build_model"}})'
 GOOD_CONVERT = CONVERT.format(adapter="mm_pack_whisper.adapter:ADAPTER")
 GOOD_PREPROCESS = '"mm_pack_whisper.preprocess:preprocess"'
 

@@ -11,8 +11,8 @@ import pytest
 
 from mmcore_helpers import CLI
 from mmcore.errors import UsageError
-from mmcore.plugins import Plugins
-from mmcore.registry import KernelSpec, Registry
+from mmcore.framework.plugins import Plugins
+from mmcore.framework.registry import KernelSpec, Registry
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_cpu_is_always_there_and_auto_picks_the_best_available(registry: Registr
 
 def test_npu_probe_never_imports_torch_npu_without_cann() -> None:
     code = (
-        "import sys\nfrom mmcore.plugins import Plugins\n"
+        "import sys\nfrom mmcore.framework.plugins import Plugins\n"
         "npu = Plugins.load(installed_packs=False).registry.accelerators['npu']\n"
         "print(npu.is_available(), 'torch_npu' in sys.modules, npu.why_unavailable)"
     )

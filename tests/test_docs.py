@@ -27,15 +27,15 @@ def test_the_documented_declaration_is_a_valid_pack_spec(doc: str) -> None:
         exec(compile(block, doc, "exec"), namespace)
         spec = namespace["pack"]
         assert isinstance(spec, PackSpec) and set(spec.stages) == {"download", "convert", "preprocess", "train", "export", "evaluate", "infer"}
-        assert spec.declared("convert").function == "mmcore.convert:convert_stage"
+        assert spec.declared("convert").function == "mmcore.engines.convert:convert_stage"
 
 
 def test_the_documented_adapter_renames_both_ways() -> None:
     import torch
 
-    from mmcore.convert import TensorInfo
+    from mmcore.engines.convert import TensorInfo
 
-    (block,) = python_blocks(ROOT / "docs/writing-a-pack.md", "from mmcore.convert import RenameAdapter")
+    (block,) = python_blocks(ROOT / "docs/writing-a-pack.md", "from mmcore.engines.convert import RenameAdapter")
     namespace: dict = {}  # type: ignore[type-arg]
     exec(compile(block, "writing-a-pack.md", "exec"), namespace)
     adapter = namespace["ADAPTER"]

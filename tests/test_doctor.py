@@ -13,7 +13,7 @@ from mmcore_helpers import CLI
 
 
 def test_doctor_on_a_machine_without_accelerators_says_nothing_of_cuda_or_cann(cli: CLI) -> None:
-    from mmcore.doctor import hardware_sign
+    from mmcore.cli.doctor import hardware_sign
 
     if hardware_sign("cuda") or hardware_sign("npu"):
         pytest.skip("this machine has accelerator hardware")
@@ -43,7 +43,7 @@ def test_doctor_warns_of_the_missing_pieces_of_an_accelerator_whose_driver_is_th
 
 
 def test_doctor_says_an_unreachable_hub_in_one_line_and_offline_mode_with_who_set_it(cli: CLI) -> None:
-    from mmcore.launch import free_port
+    from mmcore.run.launch import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there: refused at once
     proc = cli("doctor", HF_ENDPOINT=endpoint, HF_HUB_OFFLINE="0")

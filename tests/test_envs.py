@@ -143,7 +143,7 @@ def test_real_packs_with_different_transformers_pins_run_from_one_host(host: CLI
     assert seen == {"wan": "5.20.0", "qwen2vl": envs["qwen2vl"]["versions"]["transformers"]}
     assert seen["qwen2vl"] != "5.20.0"
     # qwen2.5vl ships in the same distribution: it runs in qwen2vl's env without an env of its own.
-    from mmcore import envs
+    from mmcore.run import envs
 
     monkeypatch.setenv("MMCORE_HOME", str(world["home"]))
     assert envs.find("qwen2.5vl").pack == "qwen2vl"
@@ -175,7 +175,7 @@ def test_an_env_gets_the_hosts_mmcore_when_it_was_not_installed_editable(world, 
 def test_a_local_library_the_pack_needs_comes_from_the_host_or_from_the_packs_source_tree(tmp_path: Path) -> None:
     """mm-qwen-vision is on no index: an env gets the host's install, or, where the host has
     none (tox's core env), the project beside the pack in its source tree."""
-    from mmcore.env_requirements import local_dependencies
+    from mmcore.run.env_requirements import local_dependencies
 
     pack, shared = tmp_path / "packs/vlm/mypack", tmp_path / "packs/vlm/shared"
     for folder, text in ((pack, '[project]\nname = "mm-pack-mine"\ndependencies = ["mmcore>=0.1", "numpy", "mm-shared-lib-xyz>=0.1"]\n'), (shared, '[project]\nname = "mm_shared.lib-xyz"\n')):
@@ -187,7 +187,7 @@ def test_a_local_library_the_pack_needs_comes_from_the_host_or_from_the_packs_so
 
 def test_the_pack_of_a_command_line_is_its_flag_or_its_run_directorys(tmp_path: Path) -> None:
     """`mmcore infer --run-dir R` has no --pack, yet must run in the pack's env."""
-    from mmcore.envs import pack_from_argv
+    from mmcore.run.envs import pack_from_argv
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r/run.json").write_text(json.dumps({"pack": "wan"}))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.evaluation import char_errors, word_errors
-from mmcore.generation import answer_scores, generate_tokens, left_padded, normalize_answer, read_requests, request_from_flags, token_f1
+from mmcore.engines.evaluation import char_errors, word_errors
+from mmcore.engines.generation import answer_scores, generate_tokens, left_padded, normalize_answer, read_requests, request_from_flags, token_f1
 
 
 def test_requests_from_a_jsonl_file_each_line_on_its_own(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_batched_left_padded_decoding_answers_as_one_by_one() -> None:
 
 def test_greedy_by_default_and_sampling_is_seeded() -> None:
     from mmcore.config import GenerationSection
-    from mmcore.generation import sampling_options
+    from mmcore.engines.generation import sampling_options
 
     assert sampling_options(GenerationSection(), seed=0) == {"do_sample": False}
     decode = tiny_lm()
@@ -131,7 +131,7 @@ def test_generation_dtype_is_bf16_on_an_accelerator_that_has_it_and_fp32_on_cpu(
     import torch
 
     from mmcore.config import GenerationSection, RunConfig
-    from mmcore.generation import generation_dtype
+    from mmcore.engines.generation import generation_dtype
 
     def ctx(device_type: str, bf16: bool, dtype: str = "auto") -> object:
         accelerator = types.SimpleNamespace(device_type=device_type, supports_bf16=lambda: bf16)

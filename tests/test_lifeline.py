@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmcore import runlock
+from mmcore.run import lock as runlock
 from mmcore.errors import UsageError
 from mmcore.testing.crash import survivors
 
@@ -27,7 +27,7 @@ child.wait()
 """
 _CHILD = """
 import time
-import mmcore.lifeline as lifeline
+import mmcore.run.lifeline as lifeline
 if {watch}:
     lifeline._ask_the_kernel = lambda: False  # the thread that watches the parent, as off Linux
 lifeline.die_with_parent()
@@ -52,7 +52,7 @@ def test_a_child_dies_when_its_parent_is_killed(how: str) -> None:
 _WORKER = """
 import sys, time
 from pathlib import Path
-from mmcore.runlock import hold_as_worker
+from mmcore.run.lock import hold_as_worker
 held = hold_as_worker(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(float(sys.argv[2]))
@@ -92,7 +92,7 @@ def test_a_worker_that_lives_on_is_named_and_the_run_refused(tmp_path: Path, mon
 @pytest.mark.skipif(not LINUX, reason="names holders from Linux's /proc/locks")
 def test_the_run_lock_names_the_process_that_holds_it(tmp_path: Path) -> None:
     held = runlock.lock_run(tmp_path)
-    code = f"from pathlib import Path\nfrom mmcore.runlock import lock_run\nlock_run(Path({str(tmp_path)!r}))"
+    code = f"from pathlib import Path\nfrom mmcore.run.lock import lock_run\nlock_run(Path({str(tmp_path)!r}))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode != 0 and f"is in use by another mmcore process (pid {os.getpid()})" in proc.stderr
     held.close()

@@ -1,4 +1,4 @@
-"""LoRA through peft (mmcore.lora): which layers get adapters, how they start, what a checkpoint
+"""LoRA through peft (mmcore.train.lora): which layers get adapters, how they start, what a checkpoint
 and an export hold. The whole path through every pack (train, resume after SIGKILL, export
 loaded by peft / diffusers) is the conformance suite's; 2 processes == 1 is qwen2vl's."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("peft", reason="LoRA trains through peft")
 
 from mmcore.config import LoraSection  # noqa: E402
 from mmcore.errors import StageError  # noqa: E402
-from mmcore.lora import (  # noqa: E402
+from mmcore.train.lora import (  # noqa: E402
     LoraPlan, base_key, init_adapters, inject, is_adapter, load_adapter_folder, merged_state, plan_lora, trained_names, write_peft_adapter,
 )
 
@@ -139,7 +139,7 @@ def test_merging_adds_the_scaled_product_to_the_targets_and_nothing_else() -> No
 
 
 def test_resuming_against_another_base_or_other_adapters_refuses(tmp_path: Path) -> None:
-    from mmcore.train import _check_same_adapters
+    from mmcore.train.loop import _check_same_adapters
 
     saved = LoraPlan(r=4, alpha=8.0, dropout=0.0, init="default", targets=["a.q"], base="../../../convert/dcp", base_fingerprint="f" * 32)
     (tmp_path / "step-00000002").mkdir()
@@ -164,7 +164,7 @@ def test_adapter_config_is_the_same_file_whatever_the_string_hashing(tmp_path: P
     import subprocess
     import sys
 
-    script = ("import sys; from pathlib import Path; from peft import LoraConfig; from mmcore.lora import save_peft_config; "
+    script = ("import sys; from pathlib import Path; from peft import LoraConfig; from mmcore.train.lora import save_peft_config; "
               "save_peft_config(LoraConfig(r=4, target_modules=['q_proj', 'k_proj', 'v_proj', 'up_proj', 'down_proj']), Path(sys.argv[1]))")
     written = []
     for seed in ("1", "2"):
@@ -176,7 +176,7 @@ def test_adapter_config_is_the_same_file_whatever_the_string_hashing(tmp_path: P
 
 def test_a_rank_wider_than_a_target_layer_is_refused_naming_it() -> None:
     from mmcore.errors import ConfigError
-    from mmcore.guards import lora_size_warning
+    from mmcore.train.guards import lora_size_warning
 
     model = tiny_lm()  # k_proj and v_proj: 32 inputs, 16 outputs (2 KV heads of 8)
 

@@ -155,7 +155,7 @@ def test_verify_fails_on_a_manifest_that_is_not_json(cli: CLI, line_data: Path, 
 
 
 def test_the_free_space_refusal_shows_small_sizes_and_names_the_reserve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmcore.io import ensure_free_space
+    from mmcore.framework.files import ensure_free_space
 
     monkeypatch.setenv("MMCORE_MIN_FREE_BYTES", str(1 << 62))
     with pytest.raises(MmcoreError) as info:  # a tiny model's checkpoint used to read "needs about 0.00 GiB"
@@ -223,8 +223,8 @@ def test_a_disk_full_inside_a_checkpoint_save_is_one_line_naming_the_path_and_fr
 
 
 def test_a_checkpoint_that_fails_to_write_gives_its_space_back(tmp_path: Path) -> None:
-    from mmcore.checkpointing import commit_checkpoint
-    from mmcore.context import WorldInfo
+    from mmcore.checkpoint.training import commit_checkpoint
+    from mmcore.framework.context import WorldInfo
 
     def write(partial: Path) -> None:  # a real ENOSPC after the first bytes landed
         partial.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""bf16 compute on the megatron backend (mmcore.megatron.precision.Bf16Compute): bf16 weights
+"""bf16 compute on the megatron backend (mmcore.backends.megatron.precision.Bf16Compute): bf16 weights
 inside a step, the fp32 weights untouched outside it, micro-batch gradients summed in fp32.
 (The engine's bf16 run at PP=2 is in the qwen2vl pack's megatron engine test.)"""
 
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mmcore.megatron.precision import Bf16Compute  # noqa: E402
+from mmcore.backends.megatron.precision import Bf16Compute  # noqa: E402
 
 
 def test_a_step_computes_in_bf16_and_leaves_the_fp32_weights_as_they_were() -> None:

@@ -16,7 +16,7 @@ import pytest
 from mmcore import PackSpec, Stage, StageResult
 from mmcore.errors import ConfigError
 from mmcore.testing import make_config, make_runner, plugins_with, train_losses
-from mmcore.train import TrainRecipe
+from mmcore.train.loop import TrainRecipe
 
 ROWS = [[1.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 0.5], [2.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
 SEEN: list[int] = []  # the rows each micro-batch trained on, in order (this process)
@@ -44,7 +44,7 @@ def recipe(ctx, upstream):  # type: ignore[no-untyped-def]
 
 
 PACK = PackSpec(name="knobs", stages={"download": "test_optimizers:download",
-                                      "train": Stage("mmcore.train:train_stage", parts={"recipe": "test_optimizers:recipe"})})
+                                      "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "test_optimizers:recipe"})})
 COMMON = ["training.lr_schedule=constant", "training.lr=0.05", "training.checkpoint_every=2"]
 
 
@@ -113,7 +113,7 @@ def test_epochs_train_the_steps_the_data_makes_and_every_sample_twice(tmp_path: 
 def test_epochs_of_packed_rows_are_the_token_budget_samplers_plan() -> None:
     from types import SimpleNamespace
 
-    from mmcore.sampler import TokenBudgetSampler, planned_steps
+    from mmcore.train.sampler import TokenBudgetSampler, planned_steps
 
     sampler = TokenBudgetSampler([5, 9, 3, 7, 2, 8, 4, 6, 1, 10], budget=12, seed=0, rank=0, world=1)
     per_epoch = len(sampler.steps(0))  # rows of up to 12 tokens
@@ -140,7 +140,7 @@ def test_a_killed_epochs_run_resumes_to_the_straight_runs_losses(tmp_path: Path)
 
 
 def test_adafactor_is_refused_on_megatron_before_any_work() -> None:
-    from mmcore.preflight import megatron_layout_problem
+    from mmcore.run.preflight import megatron_layout_problem
 
     config = make_config(plugins_with(PACK), "knobs", overrides=["training.optimizer=adafactor", "parallel.backend=megatron"])
     problem = megatron_layout_problem(config.parallel, config.training, config.world_size)  # what `mmcore train` checks at launch, and the engine again
@@ -151,7 +151,7 @@ def test_adafactor_on_sharded_parameters_is_refused_in_one_line(tmp_path: Path) 
     """torch's Adafactor fails on FSDP2's DTensors (a two-process run: ``aten.pow_`` on a partial
     placement): two processes are refused at launch, a one-process sharded run (bf16) at the stage."""
     from mmcore.errors import MmcoreError
-    from mmcore.preflight import check_layout
+    from mmcore.run.preflight import check_layout
 
     plugins = plugins_with(PACK)
     config = make_config(plugins, "knobs", overrides=["training.optimizer=adafactor", "parallel.nproc_per_node=2"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mmcore.errors import StageError
-from mmcore.parallel_map import Rule
+from mmcore.backends.megatron.tensor_map import Rule
 
 VOCAB = 11  # not a multiple of 2 or 4: the last rank's shard has padding rows
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mmcore.plot import plot_training
+from mmcore.train.plot import plot_training
 
 
 def write(stage: Path, rows: list[dict]) -> None:  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""Preference pairs and the DPO loss (mmcore.preference): LLaMA-Factory's ranking formats as
+"""Preference pairs and the DPO loss (mmcore.train.preference): LLaMA-Factory's ranking formats as
 they are written, bad pairs named, and the loss and its gradients against a direct
 implementation. The DPO demo (held-out reward accuracy 0.5 -> >= 0.9) is qwen2vl's test."""
 
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from mmcore.data.badsamples import BadSample  # noqa: E402
 from mmcore.data.mllm import MLLMDataSection  # noqa: E402
-from mmcore.preference import Pair, dpo_terms, read_pairs, reward_sums, sequence_logps  # noqa: E402
+from mmcore.train.preference import Pair, dpo_terms, read_pairs, reward_sums, sequence_logps  # noqa: E402
 
 
 def write(path: Path, records: list) -> Path:  # type: ignore[type-arg]
@@ -153,7 +153,7 @@ def test_diffusion_dpo_loss_and_gradients_equal_a_direct_implementation() -> Non
     from mmcore.config import LoraSection
     from mmcore.kits.diffusion import FLOW_MATCHING
     from mmcore.kits.diffusion_dpo import TIMESTEPS, diffusion_dpo_terms
-    from mmcore.lora import init_adapters, inject, plan_lora
+    from mmcore.train.lora import init_adapters, inject, plan_lora
 
     class Denoiser(torch.nn.Module):
         def __init__(self) -> None:

@@ -61,7 +61,7 @@ def write_readme_data(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def qwen2vl() -> None:
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
 
     if "qwen2vl" not in Plugins.load().packs:
         pytest.skip("the qwen2vl pack is not installed (make install)")

@@ -1,4 +1,4 @@
-"""Activation recompute (mmcore.recompute): the same losses and gradients as keeping every
+"""Activation recompute (mmcore.train.recompute): the same losses and gradients as keeping every
 activation. (How much memory it saves is measured in bench/recompute_memory.py.)"""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from mmcore.recompute import apply_recompute  # noqa: E402
+from mmcore.train.recompute import apply_recompute  # noqa: E402
 
 
 def tiny_decoder() -> "transformers.PreTrainedModel":

@@ -95,7 +95,7 @@ def test_odd_file_names_still_load_and_markup_in_the_data_stays_text(browser, tm
     from PIL import Image
 
     from mmcore.data.video import write_mp4
-    from mmcore.report import keep_media, write_results
+    from mmcore.engines.report import keep_media, write_results
 
     data = tmp_path / "data"
     data.mkdir()

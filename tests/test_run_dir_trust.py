@@ -21,15 +21,15 @@ class Loads:
     @hookimpl
     def mmcore_download(self, ctx):  # type: ignore[no-untyped-def]
         from mmcore import StageResult
-        from mmcore.hub import remote_code
+        from mmcore.engines.download import remote_code
 
         (ctx.stage_dir / "model.json").write_text("{}")
         return StageResult(outputs={"model": "model.json"}, metrics=remote_code())
 
 
 def test_a_run_directory_cannot_grant_trust_remote_code(tmp_path: Path) -> None:
-    from mmcore.runner import Runner
-    from mmcore.session import Request, open_session
+    from mmcore.run.runner import Runner
+    from mmcore.run.session import Request, open_session
     from mmcore.testing import make_runner, plugins_with
 
     plugins = plugins_with(Loads())
@@ -66,7 +66,7 @@ def test_status_says_when_trust_remote_code_is_on(cli, tmp_path: Path) -> None: 
 
 
 def test_side_files_copy_links_inside_as_content_and_refuse_links_leading_out(tmp_path: Path) -> None:
-    from mmcore.convert import copy_side_files
+    from mmcore.engines.convert import copy_side_files
     from mmcore.errors import StageError
 
     model = tmp_path / "model"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mmcore_helpers import CLI
 from mmcore import PackSpec, StageResult
-from mmcore.rundir import RunDir
+from mmcore.run.rundir import RunDir
 
 
 def test_resume_refuses_a_finished_stage_whose_config_changed_naming_the_keys(cli: CLI, line_data: Path, tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ HELD = PackSpec(name="held", stages={"download": "test_run_promises:download", "
 
 
 def test_eval_on_a_file_writes_its_own_folder_and_leaves_the_runs_evaluation_done(tmp_path: Path) -> None:
-    from mmcore.evaluation import evaluate_files
+    from mmcore.engines.evaluation import evaluate_files
     from mmcore.testing import make_runner, plugins_with
 
     run = tmp_path / "run"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.io import atomic_write_bytes, sha256_tree
-from mmcore.rundir import Manifest, RunDir, changed_inputs, hash_inputs, missing_outputs
+from mmcore.framework.files import atomic_write_bytes, sha256_tree
+from mmcore.run.rundir import Manifest, RunDir, changed_inputs, hash_inputs, missing_outputs
 
 
 def test_atomic_write_keeps_the_old_content_when_writing_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +74,7 @@ def test_hand_edited_manifest_counts_as_unfinished(tmp_path: Path, capsys: pytes
 def test_output_hashes_find_truncation_and_tampering_but_not_a_touch(tmp_path: Path) -> None:
     import os
 
-    from mmcore.rundir import Manifest, hash_outputs, output_problems
+    from mmcore.run.rundir import Manifest, hash_outputs, output_problems
 
     stage = tmp_path / "convert"
     (stage / "dcp").mkdir(parents=True)
@@ -98,7 +98,7 @@ def test_output_hashes_find_truncation_and_tampering_but_not_a_touch(tmp_path: P
 def test_hub_hashes_are_compared_for_lfs_files(tmp_path: Path) -> None:
     from huggingface_hub.hf_api import BlobLfsInfo, RepoSibling
 
-    from mmcore.hub import hub_hash_mismatches
+    from mmcore.engines.download import hub_hash_mismatches
 
     local = {"model.safetensors": "a" * 64, "config.json": "c" * 64}
     siblings = [RepoSibling("model.safetensors", lfs=BlobLfsInfo(size=1, sha256="a" * 64, pointer_size=1)), RepoSibling("config.json")]
@@ -109,7 +109,7 @@ def test_hub_hashes_are_compared_for_lfs_files(tmp_path: Path) -> None:
 
 def test_trust_remote_code_reaches_the_loaders_only_when_the_run_asks(tmp_path: Path) -> None:
     from mmcore import PackSpec, StageResult, hookimpl
-    from mmcore.hub import remote_code
+    from mmcore.engines.download import remote_code
     from mmcore.testing import make_runner, plugins_with
 
     class Loads:

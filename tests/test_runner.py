@@ -11,7 +11,7 @@ import pytest
 from mmcore_helpers import CLI
 from mmcore import PackSpec, StageResult, hookimpl
 from mmcore.errors import StageError, UsageError
-from mmcore.rundir import RunDir
+from mmcore.run.rundir import RunDir
 from mmcore.testing import make_runner, plugins_with
 
 
@@ -245,7 +245,7 @@ def test_run_directory_is_locked_against_a_second_process(tmp_path: Path) -> Non
     import subprocess
     import sys
 
-    code = f"from mmcore.rundir import RunDir\nRunDir({str(tmp_path)!r}).lock()"
+    code = f"from mmcore.run.rundir import RunDir\nRunDir({str(tmp_path)!r}).lock()"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "is in use by another mmcore process" in proc.stderr
     del held  # closing the handle releases the lock
@@ -282,7 +282,7 @@ def test_a_failed_two_node_attempt_ends_in_time_and_a_plain_rerun_restores_the_f
     parallel.rdzv_timeout_s=30 (torchrun's static rendezvous reads "timeout", not
     "join_timeout"); parallel.nnodes=2 then stuck in the run's config.yaml, so a plain rerun hung
     again, and --nnodes 1 retrained instead of restoring the training the attempt had set aside."""
-    from mmcore.launch import free_port
+    from mmcore.run.launch import free_port
 
     cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "r")
     trained = (tmp_path / "r" / "train" / "manifest.json").read_text()

@@ -1,4 +1,4 @@
-"""Building on meta and loading through the engine (mmcore.sharded_load) gives the model that
+"""Building on meta and loading through the engine (mmcore.checkpoint.sharded_load) gives the model that
 building for real and loading every weight gives: parameters, persistent and non-persistent
 buffers, tied weights."""
 
@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from mmcore.checkpointing import load_converted  # noqa: E402
-from mmcore.sharded_load import load_weights, materialise, on_meta, parameters_on_meta  # noqa: E402
+from mmcore.checkpoint.training import load_converted  # noqa: E402
+from mmcore.checkpoint.sharded_load import load_weights, materialise, on_meta, parameters_on_meta  # noqa: E402
 
 
 def build(seed: int = 0) -> "torch.nn.Module":

@@ -10,7 +10,7 @@ import pytest
 
 from mmcore import PackSpec, Stage, StageResult, hookimpl
 from mmcore.errors import PackError
-from mmcore.stages import ContractError
+from mmcore.framework.stages import ContractError
 from mmcore.testing import make_runner, plugins_with
 
 
@@ -29,7 +29,7 @@ def test_a_declared_stage_runs_with_its_bound_parts_and_options(tmp_path: Path) 
     plugins = plugins_with(pack)
     assert plugins.implemented_stages("bound") == ["download", "convert"]
     run_convert(pack, tmp_path / "run")
-    from mmcore.rundir import RunDir
+    from mmcore.run.rundir import RunDir
 
     manifest = RunDir(tmp_path / "run").read_manifest("convert")
     assert manifest.metrics == {"source": "bound part"}
@@ -64,7 +64,7 @@ def test_the_cli_reports_a_contract_break_in_one_line_with_exit_1(tmp_path: Path
         "pack = PackSpec(name='brokenpack', stages={'download': 'contract_stages:download', 'convert': 'contract_stages:convert_misnamed'})\n"
     )
     code = (
-        "import sys, brokenpack; from mmcore.cli import main; from mmcore import plugins\n"
+        "import sys, brokenpack; from mmcore.cli.commands import main; from mmcore import plugins\n"
         "real = plugins.Plugins.load\n"
         "plugins.Plugins.load = classmethod(lambda cls, **kw: real(extra_packs=[('brokenpack', brokenpack.pack)], installed_packs=False))\n"
         "sys.exit(main(['run', '--pack', 'brokenpack', '--run-dir', 'r']))\n"
@@ -99,7 +99,7 @@ def test_declarations_that_cannot_work_are_refused_when_the_spec_is_made() -> No
 
 @pytest.mark.parametrize(("sdk", "reason"), [("2.0", "major versions differ"), ("1.99", "upgrade mmcore"), ("one", "not MAJOR.MINOR")])
 def test_a_pack_for_an_incompatible_sdk_is_listed_as_broken_with_the_reason(sdk: str, reason: str) -> None:
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
 
     world = Plugins.load(extra_packs=[("future", PackSpec(name="future", sdk=sdk, stages={"download": "contract_stages:download"}))], installed_packs=False)
     assert not world.packs["future"].ok
@@ -136,7 +136,7 @@ def tied_model(tie: bool):  # type: ignore[no-untyped-def]
 def test_coverage_understands_tied_weights_and_names_every_gap() -> None:
     import torch
 
-    from mmcore.convert import TensorInfo, coverage_problems, expected_tensors
+    from mmcore.engines.convert import TensorInfo, coverage_problems, expected_tensors
 
     expected, aliases = expected_tensors(tied_model(tie=True))
     assert set(expected) == {"embed.weight", "steps"} and aliases == {"lm_head.weight": "embed.weight"}
@@ -164,9 +164,16 @@ def test_every_name_the_sdk_lists_exists_and_importing_it_needs_no_torch() -> No
 
     from mmcore.sdk import SURFACE
 
-    for module, names in SURFACE.items():
+    from mmcore.sdk import LEGACY_SURFACE
+
+    for module, names in [*SURFACE.items(), *LEGACY_SURFACE.items()]:
         missing = sorted(n for n in names if not hasattr(importlib.import_module(module), n))
         assert not missing, f"{module} lacks {missing}"
+    # a façade's name is the object its SDK 1.x path gave (one object, two paths)
+    for module, names in LEGACY_SURFACE.items():
+        for name in names:
+            old = getattr(importlib.import_module(module), name)
+            assert any(getattr(importlib.import_module(f), name, None) is old for f, listed in SURFACE.items() if name in listed), f"{module}.{name} has no façade"
     code = "import json, sys, importlib; from mmcore.sdk import SURFACE; [importlib.import_module(m) for m in SURFACE]; print(json.dumps('torch' in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) is False  # packs import SDK modules at their top level
@@ -175,9 +182,9 @@ def test_every_name_the_sdk_lists_exists_and_importing_it_needs_no_torch() -> No
 def test_imports_outside_the_sdk_are_named_with_file_and_line(tmp_path: Path) -> None:
     from mmcore.sdk import imports_outside_sdk
 
-    (tmp_path / "stage.py").write_text("from mmcore.train import run_training\nfrom mmcore.runner import Runner\nfrom mmcore.convert import _secret\nimport mmcore.launch\n")
+    (tmp_path / "stage.py").write_text("from mmcore.train import run_training\nfrom mmcore.run.runner import Runner\nfrom mmcore.engines import _secret\nimport mmcore.run.launch\n")
     assert imports_outside_sdk(tmp_path) == [
-        "stage.py:2: module mmcore.runner is not part of the mmcore SDK",
-        "stage.py:3: mmcore.convert._secret is not part of the mmcore SDK",
-        "stage.py:4: module mmcore.launch is not part of the mmcore SDK",
+        "stage.py:2: module mmcore.run.runner is not part of the mmcore SDK",
+        "stage.py:3: mmcore.engines._secret is not part of the mmcore SDK",
+        "stage.py:4: module mmcore.run.launch is not part of the mmcore SDK",
     ]

@@ -9,7 +9,7 @@ import pytest
 
 from mmcore.data.synthetic import vlm_mix_lengths as long_tailed_mix
 from mmcore.errors import StageError
-from mmcore.sampler import TokenBudgetSampler
+from mmcore.train.sampler import TokenBudgetSampler
 
 
 def test_bins_fit_the_budget_use_each_sample_once_and_fill_it() -> None:

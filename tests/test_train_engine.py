@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mmcore.errors import StageError
-from mmcore.train import EpochSampler, lr_lambda
+from mmcore.train.loop import EpochSampler, lr_lambda
 
 
 def test_sampler_ranks_split_one_global_batch_and_groups_never_mix() -> None:
@@ -54,7 +54,7 @@ def test_moving_average_follows_diffusers_ema_model() -> None:
     torch = pytest.importorskip("torch")
     training_utils = pytest.importorskip("diffusers.training_utils")
 
-    from mmcore.ema import MovingAverage
+    from mmcore.train.ema import MovingAverage
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)

@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from mmcore import train_progress
-from mmcore.train_progress import TrainProgress
+from mmcore.train import progress as train_progress
+from mmcore.train.progress import TrainProgress
 
 
 def ctx(main: bool = True) -> types.SimpleNamespace:

@@ -12,9 +12,9 @@ import pytest
 
 from mmcore import PackSpec, Stage, StageResult
 from mmcore.errors import MmcoreError
-from mmcore.rundir import RunDir
+from mmcore.run.rundir import RunDir
 from mmcore.testing import make_runner, plugins_with
-from mmcore.train import TrainRecipe
+from mmcore.train.loop import TrainRecipe
 
 
 def download(ctx, upstream):  # type: ignore[no-untyped-def]
@@ -47,7 +47,7 @@ def recipe(ctx, upstream):  # type: ignore[no-untyped-def]
 
 
 PACK = PackSpec(name="linear", stages={"download": "test_training_guards:download",
-                                       "train": Stage("mmcore.train:train_stage", parts={"recipe": "test_training_guards:recipe"})})
+                                       "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "test_training_guards:recipe"})})
 
 
 def train(run: Path, *overrides: str):  # type: ignore[no-untyped-def]

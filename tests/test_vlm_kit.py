@@ -31,7 +31,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_checkpoint_names_map_to_the_model_and_back_as_transformers_does(tiny: Path) -> None:
     from safetensors import safe_open
 
-    from mmcore.adapters import TensorInfo
+    from mmcore.engines.state_dict import TensorInfo
 
     with safe_open(str(tiny / "model.safetensors"), "pt") as handle:
         hub = {k: TensorInfo(tuple(handle.get_slice(k).get_shape()), torch.float32) for k in handle.keys()}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmcore.errors import StageError
-from mmcore.worker_errors import ERRORS_ENV, WorkerError, collected, report
+from mmcore.run.worker_errors import ERRORS_ENV, WorkerError, collected, report
 
 
 def test_the_same_error_on_every_rank_is_one_line_with_the_workers_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

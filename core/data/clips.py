@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from mmcore.context import StageContext
+from mmcore.framework.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.captions import read_caption_pairs, read_captions
 from mmcore.data.shards import ShardWriter, held_out, split_key
@@ -20,7 +20,7 @@ from mmcore.data.workers import Failed, map_in_order
 from mmcore.data.media import media_limits
 from mmcore.data.video import MediaError, choose_bucket, probe, resize_crop, sample_frames
 from mmcore.errors import StageError
-from mmcore.pack import StageResult
+from mmcore.framework.pack import StageResult
 
 
 class _Clip:
@@ -91,7 +91,7 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
     skipped = bad.close()
     if not writer.samples:
         raise StageError("no usable videos" + (f" ({skipped})" if skipped else ""))
-    from mmcore.sampler import refuse_fewer_than_a_step
+    from mmcore.train.sampler import refuse_fewer_than_a_step
 
     refuse_fewer_than_a_step(ctx.config, counts["train"], "preference pairs" if ranking else "clips")
     writer.close(fps=cfg.fps, ranking=ranking)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from mmcore.context import StageContext
+from mmcore.framework.context import StageContext
 from mmcore.data.badsamples import BadSample, BadSamples
 from mmcore.data.fillers import KINDS, encode_fillers, kinds_in
 from mmcore.data.media import MediaError
@@ -19,8 +19,8 @@ from mmcore.data.media import media_limits
 from mmcore.data.shards import ShardWriter, held_out, split_key
 from mmcore.data.workers import Failed, map_in_order
 from mmcore.errors import StageError
-from mmcore.pack import StageResult
-from mmcore.sampler import refuse_fewer_than_a_step
+from mmcore.framework.pack import StageResult
+from mmcore.train.sampler import refuse_fewer_than_a_step
 
 #: ``(folder, samples, seed) -> (train file, held-out file)``: writes a demo dataset.
 DemoWriter = Callable[[Path, int, int], tuple[Path, Path]]
@@ -87,7 +87,7 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
 
     for path, split in [(p, "train") for p in train_files] + [(p, "eval") for p in eval_files]:
         if ranking:
-            from mmcore.preference import read_pairs
+            from mmcore.train.preference import read_pairs
 
             samples: list[Any] = list(read_pairs(path, cfg))
         else:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmcore.errors import StageError
-from mmcore.faults import crash_point
-from mmcore.io import atomic_write_json, fsync_dir, fsync_file
+from mmcore.framework.faults import crash_point
+from mmcore.framework.files import atomic_write_json, fsync_dir, fsync_file
 
 FORMAT = 2
 CHUNK_GLOB = "chunk-*.safetensors"

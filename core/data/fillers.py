@@ -78,7 +78,7 @@ def encode_fillers(encoder: Any, kinds: Sequence[str], folder: Path) -> dict[str
     no expander for is left out (its samples could not have been encoded either)."""
     import torch
 
-    from mmcore.causal_lm import IGNORE
+    from mmcore.train.causal_lm import IGNORE
     from mmcore.data.chat_template import Encoded
 
     expanders: Mapping[str, Callable[[Path], Any]] = getattr(encoder, "expanders", {})

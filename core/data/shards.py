@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import hashlib
 
 from mmcore.errors import StageError
-from mmcore.faults import crash_point
-from mmcore.io import atomic_write_json, fsync_file
+from mmcore.framework.faults import crash_point
+from mmcore.framework.files import atomic_write_json, fsync_file
 
 if TYPE_CHECKING:
     import torch

@@ -38,7 +38,7 @@ class Failed:
 def _start_worker(parent: int) -> None:
     import torch
 
-    from mmcore.lifeline import die_with_parent
+    from mmcore.run.lifeline import die_with_parent
 
     die_with_parent(parent)  # a killed stage leaves no worker behind
     torch.set_num_threads(1)  # the workers are the parallelism

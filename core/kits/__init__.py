@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from mmcore.framework.facade import lazy_exports
+
 from typing import Any, Sequence
 
 
@@ -24,3 +26,14 @@ def blocks_at(model: Any, paths: Sequence[str]) -> list[Any]:
             found = getattr(found, name)
         blocks.extend(found)
     return blocks
+
+
+#: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(('DiffusionFamily', 'DiffusionTraining', 'EVAL_SIGMAS', 'EXPERTS', 'FLOW_MATCHING', 'FlowMatching', 'FlowMatchingTraining', 'GuidanceEmbeddingTraining', 'NoiseSchedule', 'SampleExport', 'VideoData', 'collate', 'content_key', 'denoiser_flops', 'diffusion_loss', 'flow_matching_loss', 'guidance_option', 'sigmas', 'text_to_video_sample',), "mmcore.kits.diffusion"),
+    **dict.fromkeys(('MelClipExpander', 'audio_clips', 'clip_key', 'collate_mel_clips', 'mel_tower_tokens', 'pad_clips', 'use_cached_audio',), "mmcore.kits.mel_audio"),
+    **dict.fromkeys(('ProcessorImages', 'TINY_SIZES', 'TransformersNames', 'auto_family', 'shrink_config', 'tiny_checkpoint',), "mmcore.kits.auto"),
+    **dict.fromkeys(('VLMFamily', 'restarting_positions', 'rows_of', 'with_tail',), "mmcore.kits.vlm"),
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -7,14 +7,16 @@ the fixtures without importing anything. Pack authors subclass
 
 from __future__ import annotations
 
+from mmcore.framework.facade import lazy_exports
+
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from mmcore.config import Layer, RunConfig, build_config, overrides_layer
-from mmcore.plugins import Plugins
-from mmcore.rundir import RunDir
-from mmcore.runner import Runner
-from mmcore.session import config_class, preset_layer
+from mmcore.framework.plugins import Plugins
+from mmcore.run.rundir import RunDir
+from mmcore.run.runner import Runner
+from mmcore.run.session import config_class, preset_layer
 
 
 def plugins_with(*packs: Any, installed_packs: bool = False) -> Plugins:
@@ -23,7 +25,7 @@ def plugins_with(*packs: Any, installed_packs: bool = False) -> Plugins:
     Each item is a pack object (its ``PACK.name`` is used), a bare :class:`~mmcore.PackSpec`,
     or a ``(name, object)`` pair.
     """
-    from mmcore.pack import PackSpec
+    from mmcore.framework.pack import PackSpec
 
     pairs: list[tuple[str, Any]] = []
     for item in packs:
@@ -62,7 +64,7 @@ def make_runner(plugins: Plugins, pack: str, run_dir: str | Path, **config_kw: A
 
     dump_config(config, rd.config_path)
     if rd.read_run_json() is None:  # what `mmcore` writes, so the CLI accepts the directory too
-        from mmcore.io import atomic_write_json
+        from mmcore.framework.files import atomic_write_json
 
         atomic_write_json(rd.run_json_path, {"pack": pack, "preset": config_kw.get("preset"), "config_file": None, "overrides": list(config_kw.get("overrides", [])), "created_at": 0})
     return Runner(plugins, pack, config, rd)
@@ -105,7 +107,7 @@ def run_nodes(cwd: Path, args: Sequence[str], nnodes: int = 2, *, order: Sequenc
     import tempfile
     import time
 
-    from mmcore.launch import free_port
+    from mmcore.run.launch import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     env = dict(env) if env is not None else {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
@@ -218,3 +220,12 @@ def infer_answers_held_out(cli: Any, run_root: Path, run_dir: str = "demo", coun
 
 
 __all__ = ["train_losses", "stage_manifest", "two_processes_match_one", "infer_answers_held_out", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]
+
+
+#: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(('PackConformance',), "mmcore.testing.conformance"),
+    **dict.fromkeys(('crash_chain', 'declined_stages', 'differences', 'losses', 'points_for', 'run_args', 'run_mmcore', 'straight_run',), "mmcore.testing.crash"),
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

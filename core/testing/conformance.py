@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from mmcore.pack import CATEGORIES, STAGE_OUTPUTS, STAGES
+from mmcore.framework.pack import CATEGORIES, STAGE_OUTPUTS, STAGES
 
 
 def _fail(rule: str, hook: str, message: str) -> None:
@@ -140,7 +140,7 @@ class PackConformance:
 
     @classmethod
     def _runner(cls, run_dir: Path, *extra: str) -> Any:
-        from mmcore.plugins import Plugins
+        from mmcore.framework.plugins import Plugins
         from mmcore.testing import make_runner
 
         return make_runner(Plugins.load(), cls.pack_name, run_dir, preset=cls.preset, overrides=[*cls._overrides(), *extra])
@@ -169,7 +169,7 @@ class PackConformance:
 
     @pytest.fixture
     def plugins(self):  # type: ignore[no-untyped-def]
-        from mmcore.plugins import Plugins
+        from mmcore.framework.plugins import Plugins
 
         assert self.pack_name, "set pack_name on your PackConformance subclass"
         return Plugins.load()
@@ -220,7 +220,7 @@ class PackConformance:
 
     def test_presets_validate(self, plugins, entry) -> None:  # type: ignore[no-untyped-def]
         from mmcore.config import RunConfig, build_config
-        from mmcore.session import config_class, preset_layer
+        from mmcore.run.session import config_class, preset_layer
 
         cls = config_class(entry)
         assert issubclass(cls, RunConfig)
@@ -229,7 +229,7 @@ class PackConformance:
 
     # ------------------------------------------------------------------ pipeline
     def test_every_stage_finishes_with_the_outputs_the_engines_read(self, plugins, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
-        from mmcore.hookspecs import STAGE_HOOKS
+        from mmcore.framework.hookspecs import STAGE_HOOKS
 
         for stage in plugins.implemented_stages(self.pack_name):
             manifest = self._manifest(tiny_run, stage)
@@ -249,12 +249,12 @@ class PackConformance:
             pytest.skip("the pack has no convert stage")
         manifest = self._manifest(tiny_run, "convert")
         if manifest["metrics"].get("verified") is not True:
-            _fail("convert", "mmcore_convert", "convert.verify=true did not verify the round trip (use mmcore.convert.convert_stage)")
+            _fail("convert", "mmcore_convert", "convert.verify=true did not verify the round trip (use mmcore.engines.convert.convert_stage)")
         if not any(note.startswith("key coverage:") for note in manifest["notes"]):
-            _fail("convert", "mmcore_convert", "key coverage against the training model was not checked (use mmcore.convert.convert_stage)")
+            _fail("convert", "mmcore_convert", "key coverage against the training model was not checked (use mmcore.engines.convert.convert_stage)")
 
     def test_export_loads_in_its_library(self, plugins, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
-        from mmcore.registry import import_object
+        from mmcore.framework.registry import import_object
 
         if "export" not in plugins.implemented_stages(self.pack_name):
             pytest.skip("the pack has no export stage")
@@ -285,7 +285,7 @@ class PackConformance:
                 _fail("kernels", "mmcore_register_kernels", f"kernel {name!r} has no reference implementation")
             if not reference.example:
                 _fail("kernels", "mmcore_register_kernels", f"kernel {name!r} has no example input (KernelSpec.example) to check it on")
-            from mmcore.registry import import_object
+            from mmcore.framework.registry import import_object
 
             args = import_object(reference.example)()
             expected = reference.load()(*args)
@@ -385,7 +385,7 @@ class PackConformance:
         args = ["--pack", self.pack_name, "--preset", self.preset, *self._overrides(), *extra]
         proc = _Cli(work)("train", *args, "--run-dir", name, MMCORE_TEST_KILL=f"train-step:{kill_at}")
         if proc.returncode == 0:
-            _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{kill_at} (use mmcore.train's loop)")
+            _fail("resume", "mmcore_train", f"training did not pass crash point train-step:{kill_at} (use mmcore.train.loop's loop)")
         self._runner(killed, *extra).run_stage("train", resume="required")
         steps = [json.loads(line)["step"] for line in (killed / "train/metrics.jsonl").read_text().splitlines() if '"loss"' in line]
         if steps != list(range(1, self._runner(killed, *extra).config.training.steps + 1)):
@@ -452,9 +452,9 @@ class PackConformance:
     # ------------------------------------------------------------------ LoRA
     @pytest.mark.compares_runs
     def test_lora_trains_only_the_adapters_resumes_and_exports_them(self, plugins, entry, work: Path, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
-        from mmcore import safe_dcp
+        from mmcore.checkpoint import safe_dcp
         from mmcore.errors import MmcoreError
-        from mmcore.lora import is_adapter
+        from mmcore.train.lora import is_adapter
 
         stages = plugins.implemented_stages(self.pack_name)
         if "train" not in stages or "export" not in stages or not self.supports_lora:
@@ -470,7 +470,7 @@ class PackConformance:
             _fail("lora", "mmcore run", f"{' '.join(self.lora_overrides)}: error: {exc.one_line()}")
         train = self._manifest(straight, "train")
         if "lora" not in train.get("metrics", {}):
-            _fail("lora", "mmcore_train", "the train stage ignored training.lora (use mmcore.train's loop, or set supports_lora = False)")
+            _fail("lora", "mmcore_train", "the train stage ignored training.lora (use mmcore.train.loop's loop, or set supports_lora = False)")
         losses = list(_losses(straight).values())
         metrics = train.get("metrics", {})
         if "eval/loss" in metrics and "eval/loss@0" in metrics:  # a loss at fixed noise (diffusion): the training loss is too noisy to read
@@ -481,10 +481,10 @@ class PackConformance:
         checkpoint = (straight / "train" / train["outputs"]["checkpoint"]).resolve()
         held = [k[len("model."):] for k in safe_dcp.read_metadata(checkpoint).state_dict_metadata if k.startswith("model.")]
         if not held or not all(is_adapter(k) for k in held):
-            _fail("lora", "mmcore_train", f"a LoRA checkpoint must hold the adapters only, not {[k for k in held if not is_adapter(k)][:3] or 'nothing'} (use mmcore.train's loop)")
+            _fail("lora", "mmcore_train", f"a LoRA checkpoint must hold the adapters only, not {[k for k in held if not is_adapter(k)][:3] or 'nothing'} (use mmcore.train.loop's loop)")
         export = self._manifest(straight, "export")
         if "adapter" not in export.get("outputs", {}):
-            _fail("lora", "mmcore_export", "records no output 'adapter' after LoRA training (use mmcore.export.export_checked or a kit's export)")
+            _fail("lora", "mmcore_export", "records no output 'adapter' after LoRA training (use mmcore.engines.export.export_checked or a kit's export)")
         tensors = _load_adapter_in_its_library(straight / "download" / self._manifest(straight, "download")["outputs"]["model"], straight / "export" / export["outputs"]["adapter"])
         if not any(k.endswith("lora_B.weight") and bool(v.abs().sum() > 0) for k, v in tensors.items()):
             _fail("lora", "mmcore_train", "every lora_B is still zero after training: the adapters did not learn")
@@ -502,7 +502,7 @@ def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
     from peft import PeftModel, get_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from mmcore.registry import import_object
+    from mmcore.framework.registry import import_object
 
     base_class = import_object(_named_class(base))
     if (adapter / "adapter_config.json").is_file():

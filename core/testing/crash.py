@@ -2,7 +2,7 @@
 nothing was lost: the resumed run's export is bit-identical to an uninterrupted one, every
 training step's loss equals the uninterrupted run's, and the train manifest's final loss too.
 
-Crash points (:func:`mmcore.faults.crash_point`, selected with ``MMCORE_TEST_KILL=<tag>:<n>``):
+Crash points (:func:`mmcore.framework.faults.crash_point`, selected with ``MMCORE_TEST_KILL=<tag>:<n>``):
 
 * ``<stage>-start``, ``<stage>-done``: around every stage's work (the runner), ``-done`` after
   the outputs exist and before the manifest is written;
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from mmcore.pack import STAGES
+from mmcore.framework.pack import STAGES
 
 
 def points_for(stages: Sequence[str], steps: int, declined: Sequence[str] = ()) -> list[str]:
@@ -104,7 +104,7 @@ def crash_chain(cwd: Path, pack: str, preset: str, run_dir: Path, overrides: Seq
         proc = run_mmcore(cwd, run_args(pack, preset, run_dir, overrides), {"MMCORE_TEST_KILL": point}, timeout)
         attempts.append(Attempt(point, proc.returncode, time.perf_counter() - start, (proc.stdout + proc.stderr)[-2000:]))
         # one process dies of the signal itself; under torchrun (parallel.nproc_per_node > 1) the
-        # killed rank's launcher says so (mmcore.torchrun) and the run fails
+        # killed rank's launcher says so (mmcore.run.torchrun) and the run fails
         if proc.returncode != -signal.SIGKILL and not (proc.returncode != 0 and "was killed by SIGKILL" in proc.stderr):
             raise AssertionError(f"crash point {point}: expected the run to be killed there, it exited {proc.returncode}:\n{attempts[-1].tail}")
     start = time.perf_counter()
@@ -180,13 +180,13 @@ def straight_run(cwd: Path, pack: str, preset: str, run_dir: Path, overrides: Se
 
 
 def declined_stages(run: Path) -> list[str]:
-    from mmcore.rundir import RunDir
+    from mmcore.run.rundir import RunDir
 
     return [stage for stage in STAGES if (m := RunDir(run).read_manifest(stage)) is not None and m.status == "declined"]
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    from mmcore.io import iter_files
+    from mmcore.framework.files import iter_files
 
     root = folder.resolve()
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in iter_files(root)}
@@ -199,7 +199,7 @@ def losses(run: Path) -> dict[int, float]:
 
 def differences(straight: Path, resumed: Path) -> list[str]:
     """What a resumed run lost or changed compared with the uninterrupted one (empty: nothing)."""
-    from mmcore.rundir import RunDir
+    from mmcore.run.rundir import RunDir
 
     problems = []
     for stage in STAGES:
@@ -282,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--override", action="append", default=None, help="config overrides of every run (default: data.demo_samples=4, the packs' demo data, kept small)")
     args = parser.parse_args(argv)
 
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
 
     plugins = Plugins.load()
     packs = args.pack or sorted(name for name, entry in plugins.packs.items() if entry.spec is not None and "tiny" in entry.spec.presets)

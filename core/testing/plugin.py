@@ -24,7 +24,7 @@ def mmcore_plugins() -> Callable[..., Any]:
 
 @pytest.fixture
 def mmcore_run_dir(tmp_path):  # type: ignore[no-untyped-def]
-    from mmcore.rundir import RunDir
+    from mmcore.run.rundir import RunDir
 
     rd = RunDir(tmp_path / "run")
     rd.root.mkdir(parents=True)
@@ -127,7 +127,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     from importlib.metadata import entry_points
 
-    from mmcore.conformance_record import write_record
+    from mmcore.framework.conformance_record import write_record
 
     versions = {ep.name: ep.dist.version for ep in entry_points(group="mmcore.packs") if ep.dist is not None}
     for pack, counts in _CONFORMANCE.items():

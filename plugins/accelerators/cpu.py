@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.accelerator import Accelerator
+from mmcore.framework.accelerator import Accelerator
 
 
 class CPUAccelerator(Accelerator):

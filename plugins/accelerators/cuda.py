@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.accelerator import Accelerator
+from mmcore.framework.accelerator import Accelerator
 
 
 class CUDAAccelerator(Accelerator):

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from mmcore import hookimpl
-from mmcore.accelerator import Accelerator
+from mmcore.framework.accelerator import Accelerator
 
 
 def _cann_present() -> bool:
