@@ -164,7 +164,7 @@ def test_adapter_config_is_the_same_file_whatever_the_string_hashing(tmp_path: P
     import subprocess
     import sys
 
-    script = ("import sys; from pathlib import Path; from peft import LoraConfig; from mmcore.train.lora import save_peft_config; "
+    script = ("import sys; from pathlib import Path; from peft import LoraConfig; from mmcore.train.lora_export import save_peft_config; "
               "save_peft_config(LoraConfig(r=4, target_modules=['q_proj', 'k_proj', 'v_proj', 'up_proj', 'down_proj']), Path(sys.argv[1]))")
     written = []
     for seed in ("1", "2"):

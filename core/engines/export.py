@@ -137,7 +137,7 @@ def _publish_kept_adapter(ctx: StageContext, done: CheckedExport, kept: Path, mo
 
     import torch
 
-    from mmcore.train.lora import load_adapter_folder
+    from mmcore.train.lora_export import load_adapter_folder
 
     out = ctx.stage_dir / "adapter"
     shutil.rmtree(out, ignore_errors=True)
@@ -174,7 +174,7 @@ def _export_adapter(ctx: StageContext, model_dir: Path, checkpoint: Path, plan: 
     and compared with the trained model."""
     import tempfile
 
-    from mmcore.train.lora import load_adapter_folder, merged_state, write_peft_adapter
+    from mmcore.train.lora_export import load_adapter_folder, merged_state, write_peft_adapter
 
     out = ctx.stage_dir / "adapter"
     shutil.rmtree(out, ignore_errors=True)

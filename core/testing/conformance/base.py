@@ -1,0 +1,199 @@
+"""What every conformance rule shares: the pack's settings, the shared tiny run, helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+
+
+
+
+def _fail(rule: str, hook: str, message: str) -> None:
+    pytest.fail(f"[{rule}] {hook}: {message}", pytrace=False)
+
+
+#: The SDK minor each later rule came with (the others are 1.0's). A pack declares the SDK it was
+#: written for (``PackSpec(sdk=...)``); a minor only adds, so a pack written before a rule
+#: existed takes no part in its feature and is not failed by it: the rule skips, saying why.
+RULE_SINCE = {"evaluate": "1.5", "infer": "1.5", "lora": "1.6", "mixed data": "1.16"}
+
+
+def _takes_part(entry: Any, rule: str) -> None:
+    """Skip ``rule`` for a pack whose declared SDK predates it."""
+    since, declared = RULE_SINCE[rule], entry.spec.sdk
+    minor = lambda version: tuple(int(part) for part in version.split("."))  # noqa: E731
+    try:
+        older = minor(declared) < minor(since)
+    except ValueError:
+        return  # not MAJOR.MINOR: `mmcore list` reports the pack broken; every rule applies
+    if older:
+        pytest.skip(f"[{rule}] came with SDK {since}; the pack declares SDK {declared}: declare PackSpec(sdk={since!r}) or later to take part")
+
+
+class _Cli:
+    """``python -m mmcore ARGS`` in a folder, with only the ``MMCORE_*`` variables given."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+
+    def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
+        full["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this process's view of installed packs
+        full.update(env)
+        return subprocess.run([sys.executable, "-m", "mmcore", *args], cwd=self.cwd, env=full, capture_output=True, text=True, timeout=1800)
+
+
+def _losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}  # a resumed run repeats steps: keep the last
+
+
+
+class ConformanceBase:
+    """The settings a pack's conformance class sets, and the runs its rules share."""
+
+    #: The pack under test (its entry-point name).
+    pack_name: ClassVar[str] = ""
+    #: The preset of the shared run: small enough to run every stage in seconds on a CPU.
+    preset: ClassVar[str] = "tiny"
+    #: Overrides of the shared run (``key=value``). Checkpoints every step, so resume is tested.
+    overrides: ClassVar[tuple[str, ...]] = ()
+    #: ``"library:Class"`` whose ``from_pretrained`` loads the export's ``model`` output (or
+    #: ``"module:function"`` that loads it, for an export no hub library reads). Default: the
+    #: class the export names itself (``config.json`` architectures, ``model_index.json``).
+    export_class: ClassVar[str] = ""
+    #: Training is killed after this step, then resumed.
+    kill_step: ClassVar[int] = 2
+    #: Steps of the shared run (more than ``kill_step``).
+    steps: ClassVar[int] = 3
+    #: One ``mmcore infer`` request (a line of ``--input``) for the trained run, where the pack
+    #: has ``infer``; ``images``/``videos``/``audios`` are counts of media files the suite writes.
+    infer_request: ClassVar[dict[str, Any]] = {"prompt": "<image>What colour is it?", "images": 1}
+    #: Whether the pack trains LoRA adapters (``training.lora``): every pack on mmcore's train
+    #: engine does; a pack with a train loop of its own may say it does not.
+    supports_lora: ClassVar[bool] = True
+    #: Overrides of the LoRA runs (on top of ``overrides``): long enough for the loss to fall.
+    lora_overrides: ClassVar[tuple[str, ...]] = ("training.lora.r=8", "training.lr=1e-2", "training.steps=6", "evaluate.enabled=false")
+    #: Media kinds (``image``, ``video``, ``audio``) the mixed-data rule mixes with text-only
+    #: samples in MLLM JSON; empty: ``("image",)`` for a vlm or omni pack, else the rule skips
+    #: (the pack reads no conversations).
+    mixed_media: ClassVar[tuple[str, ...]] = ()
+    #: Overrides of the mixed-data runs (e.g. ``training.moe_aux_loss_coef=0``: a router's
+    #: balance loss is per micro-batch, so it differs between one process and two by design).
+    mixed_overrides: ClassVar[tuple[str, ...]] = ()
+    #: Whether the mixed-data rule runs in ``make test`` (one pack per kit) rather than only in
+    #: ``make test-matrix``.
+    mixed_in_make_test: ClassVar[bool] = False
+    #: Names of this class's tests that run only in ``make test-matrix`` (marker ``matrix``):
+    #: the expensive ones whose code path another pack's ``make test`` already runs (a variant
+    #: of a family, a kit family whose LoRA is the kit's), for the test budget.
+    matrix: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------------ shared runs
+    # Runs happen in this process (torch and the pack imported once), except the one that is
+    # killed: that is a real `mmcore train` killed with SIGKILL at the crash point.
+    @classmethod
+    def _overrides(cls) -> list[str]:
+        return ["convert.verify=true", f"training.steps={cls.steps}", "training.checkpoint_every=1", *cls.overrides]
+
+    @classmethod
+    def _runner(cls, run_dir: Path, *extra: str) -> Any:
+        from mmcore.framework.plugins import Plugins
+        from mmcore.testing import make_runner
+
+        return make_runner(Plugins.load(), cls.pack_name, run_dir, preset=cls.preset, overrides=[*cls._overrides(), *extra])
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def work(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        assert cls.pack_name, "set pack_name on your PackConformance subclass"
+        return tmp_path_factory.mktemp(f"conformance-{cls.pack_name}")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tiny_run(cls, work: Path) -> Path:
+        """Every stage of the pack, once, shared by the checks of this class."""
+        from mmcore.errors import MmcoreError
+
+        try:
+            cls._runner(work / "tiny").run_pipeline(resume="no")
+        except MmcoreError as exc:
+            _fail("pipeline", "mmcore run", f"the {cls.preset} preset did not run end to end: error: {exc.one_line()}")
+        return work / "tiny"
+
+    def _manifest(self, run: Path, stage: str) -> dict[str, Any]:
+        path = run / stage / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    @pytest.fixture
+    def plugins(self):  # type: ignore[no-untyped-def]
+        from mmcore.framework.plugins import Plugins
+
+        assert self.pack_name, "set pack_name on your PackConformance subclass"
+        return Plugins.load()
+
+    @pytest.fixture
+    def entry(self, plugins):  # type: ignore[no-untyped-def]
+        return plugins.pack(self.pack_name)
+
+
+def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
+    """Load the adapter folder on ``base`` as its ecosystem does; the adapter tensors the library
+    holds afterwards (peft's saved names), required to equal the files' exactly."""
+    import torch
+    from peft import PeftModel, get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from mmcore.framework.registry import import_object
+
+    base_class = import_object(_named_class(base))
+    if (adapter / "adapter_config.json").is_file():
+        model = PeftModel.from_pretrained(base_class.from_pretrained(base), str(adapter))
+        held = get_peft_model_state_dict(model)
+        saved = load_file(str(adapter / "adapter_model.safetensors"))
+    else:
+        pipe = base_class.from_pretrained(base)
+        if hasattr(pipe, "load_lora_weights"):
+            pipe.load_lora_weights(str(adapter))
+        else:  # a pipeline without a LoRA loader: its denoiser's own
+            pipe.transformer.load_lora_adapter(str(adapter), prefix="transformer", weight_name="pytorch_lora_weights.safetensors")
+        held = {f"transformer.{k}": v for k, v in get_peft_model_state_dict(pipe.transformer, adapter_name=pipe.transformer.active_adapters()[0]).items()}
+        saved = load_file(str(adapter / "pytorch_lora_weights.safetensors"))
+    if set(held) != set(saved):
+        _fail("lora", "mmcore_export", f"the library loaded other adapter tensors than the export holds: {sorted(set(held) ^ set(saved))[:3]}")
+    differing = [k for k in saved if not torch.equal(held[k].to(saved[k].dtype), saved[k])]
+    if differing:
+        _fail("lora", "mmcore_export", f"the library holds {differing[0]} other than the export wrote")
+    return saved
+
+
+def _named_class(folder: Path) -> str:
+    """``"transformers:Arch"`` or ``"diffusers:Pipeline"`` as the exported folder names itself."""
+    if (folder / "model_index.json").is_file():
+        return "diffusers:" + json.loads((folder / "model_index.json").read_text())["_class_name"]
+    if (folder / "config.json").is_file():
+        names = json.loads((folder / "config.json").read_text()).get("architectures") or []
+        return f"transformers:{names[0]}" if names else ""
+    return ""
+
+
+def _device_here(device: str) -> bool:
+    """Whether kernels for ``device`` can run in this process (reference and cpu always can)."""
+    if device == "cpu":
+        return True
+    try:
+        import torch
+
+        if device == "cuda":
+            return torch.cuda.is_available()
+        return bool(getattr(torch, device, None) and getattr(torch, device).is_available())
+    except Exception:
+        return False
+
