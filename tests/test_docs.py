@@ -27,7 +27,7 @@ def test_the_documented_declaration_is_a_valid_pack_spec(doc: str) -> None:
         exec(compile(block, doc, "exec"), namespace)
         spec = namespace["pack"]
         assert isinstance(spec, PackSpec) and set(spec.stages) == {"download", "convert", "preprocess", "train", "export", "evaluate", "infer"}
-        assert spec.declared("convert").function == "mmcore.engines.convert:convert_stage"
+        assert spec.declared("convert").function == "mmcore.engines:convert_stage"
 
 
 def test_the_documented_adapter_renames_both_ways() -> None:
