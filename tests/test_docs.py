@@ -35,7 +35,7 @@ def test_the_documented_adapter_renames_both_ways() -> None:
 
     from mmcore.engines.convert import TensorInfo
 
-    (block,) = python_blocks(ROOT / "docs/writing-a-pack.md", "from mmcore.engines.convert import RenameAdapter")
+    (block,) = python_blocks(ROOT / "docs/writing-a-pack.md", "from mmcore.engines import RenameAdapter")
     namespace: dict = {}  # type: ignore[type-arg]
     exec(compile(block, "writing-a-pack.md", "exec"), namespace)
     adapter = namespace["ADAPTER"]
