@@ -216,7 +216,7 @@ def render_markdown(pack_classes: dict[str, type[RunConfig]]) -> list[str]:
                   "The VLM and diffusion kits' config sections, which the packs built on them take.", ""]
         for owner, (rows, names) in sorted(kit_keys.items(), key=lambda item: item[0].__qualname__):
             doc = " ".join((owner.__doc__ or "").split())
-            lines += [f"### `{owner.__module__}.{owner.__qualname__}`", "",
+            lines += [f"### `{sdk_path(owner)}`", "",
                       (doc + " " if doc else "") + "Packs: " + ", ".join(f"`{n}`" for n in names) + ".", ""] + _table(rows) + [""]
     if groups:
         lines += ["## Keys the packs add", "",
@@ -271,6 +271,20 @@ def config_cmd(pack: str | None, preset: str | None, config_file: str | None, ma
         click.echo(json.dumps(rows, indent=2, default=str))
         return
     click.echo("\n".join(render_text(chosen, values, origins, title)))
+
+
+
+def sdk_path(owner: type) -> str:
+    """Where a pack imports ``owner`` from: its SDK façade (``mmcore.kits.VideoData``), or
+    where it is defined when no façade lists it."""
+    import importlib
+
+    from mmcore.sdk import SURFACE
+
+    for facade, names in SURFACE.items():
+        if owner.__qualname__ in names and getattr(importlib.import_module(facade), owner.__qualname__, None) is owner:
+            return f"{facade}.{owner.__qualname__}"
+    return f"{owner.__module__}.{owner.__qualname__}"
 
 
 __all__ = ["Key", "keys", "render_markdown", "render_text", "config_cmd"]
