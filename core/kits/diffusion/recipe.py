@@ -1,0 +1,122 @@
+"""The diffusion kit's part of training (``training.method: sft``): :class:`DiffusionRecipe`, the
+train engine's :class:`~mmcore.train.TrainRecipe` of a :class:`DiffusionFamily`.
+
+The family's objective (:mod:`mmcore.kits.diffusion.objectives`) at noise levels drawn per
+sample, captions dropped with ``training.caption_dropout`` for classifier-free guidance, each
+sample's draws from its own seed (so 2 ranks train as 1 does); from the feature cache after an
+extract stage, or encoding each batch afresh without one (the same numbers either way). With
+``data.eval_fraction``, the held-out clips' error at fixed noise levels and noise
+(``eval/loss``): what says a run learns where the training loss is noisy.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from mmcore.framework.context import StageContext
+from mmcore.errors import StageError
+from mmcore.kits import blocks_at
+from mmcore.kits.diffusion.batches import collate, encode
+from mmcore.kits.diffusion.flops import denoiser_flops
+from mmcore.kits.diffusion.objectives import FlowMatching, diffusion_loss
+from mmcore.run.rundir import Manifest
+from mmcore.train import TrainRecipe
+
+if TYPE_CHECKING:
+    from mmcore.kits.diffusion.family import DiffusionFamily
+
+
+class DiffusionRecipe(TrainRecipe):
+    """Training of ``family``'s denoiser (the expert ``training.expert`` names, on its noise
+    levels) on the preprocessed clips ``data`` (a :class:`~mmcore.data.shards.ShardDataset`)."""
+
+    loss_unit = "samples"
+    sample_seeds = True  # 2 ranks draw what 1 does
+
+    def __init__(self, family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[str, Manifest], data: Any) -> None:
+        super().__init__()
+        self.family = family
+        self.cfg = ctx.config.training
+        self.model_dir: Path = upstream["download"].output("model")
+        self.subfolder, levels = family.expert(ctx, self.model_dir)
+        if data.index.get("ranking"):
+            raise StageError("the dataset holds preference pairs (data.ranking): train them with training.method: dpo")
+        self.train = data.split("train")
+        self.train_samples, self.empty_text, self.encoders = family.samples(ctx, upstream, self.train)
+        held = data.split("eval")
+        self.held_samples, _, self.held_encoders = family.samples(ctx, upstream, held) if len(held) else (None, None, None)
+        self.predict = family.predictor(ctx, self.model_dir)
+        self.objective = family.objective(self.model_dir)
+        if levels != (0.0, 1.0):
+            if not isinstance(self.objective, FlowMatching):
+                raise StageError("training.expert: only flow-matching families have experts split by noise level")
+            self.objective = FlowMatching(levels)
+        self.freeze_groups = family.freeze_groups
+        self.step_flops = (family.flops or denoiser_flops)()
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def build_model(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+        return self.family.build_model(self.model_dir, subfolder=self.subfolder)
+
+    def weights(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path:
+        return upstream["convert"].output("checkpoint")
+
+    def shard_modules(self, model: Any) -> list[Any]:
+        return blocks_at(model, self.family.shard_layers)
+
+    def flops(self, model: Any, batch: dict[str, Any]) -> float:
+        return self.step_flops(model, batch)
+
+    # -- the data ----------------------------------------------------------------------------
+
+    def dataset(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Sequence[Any]:
+        return self.train_samples
+
+    def collate(self, samples: list[Any]) -> dict[str, Any]:
+        return collate(samples)
+
+    def group_of(self, index: int) -> Any:
+        return tuple(self.train.meta(index)["bucket"])  # latents of one micro-batch must stack
+
+    # -- the loss ----------------------------------------------------------------------------
+
+    def loss(self, model: Any, batch: dict[str, Any]) -> Any:
+        """The batch's summed error (:func:`~mmcore.kits.diffusion.objectives.diffusion_loss`),
+        each sample's draws from its ``sample_seeds``."""
+        encode(batch, self.encoders, self.family.conditions)
+        device = next(model.parameters()).device
+        return diffusion_loss(self.objective, self.conditioned(batch, device), model, batch["latents"].to(device), batch["text"].to(device),
+                              self.empty_text, self.cfg, batch.get("sample_seeds"))
+
+    def conditioned(self, batch: dict[str, Any], device: Any, repeat: int = 1) -> Callable[..., Any]:
+        """``predict`` with the batch's conditions bound (each sample's ``repeat`` times in a row)."""
+        if not self.family.conditions:
+            return self.predict
+        return functools.partial(self.predict, **{name: batch[name].to(device).repeat_interleave(repeat, dim=0) for name in self.family.conditions})
+
+    def evaluate(self, ctx: StageContext, model: Any, step: int) -> dict[str, float]:
+        """The objective's error on held-out clips at fixed noise levels (``EVAL_SIGMAS``) with
+        fixed noise per clip: comparable across steps and runs, unlike the training loss."""
+        import torch
+
+        if self.held_samples is None:
+            return {}
+        device = next(model.parameters()).device
+        count, total = min(len(self.held_samples), 256), 0.0
+        with torch.no_grad():
+            for i in range(count):
+                batch = collate([self.held_samples[i]])
+                encode(batch, self.held_encoders, self.family.conditions)
+                latents, text = batch["latents"].to(device), batch["text"].to(device)
+                levels = self.objective.eval_levels().to(device)
+                count_levels = len(levels)
+                noise = torch.randn((count_levels, *latents.shape[1:]), generator=torch.Generator().manual_seed(ctx.seed * 100_003 + i)).to(device)
+                clean = latents.expand(count_levels, *latents.shape[1:])
+                total += float(self.objective.errors(self.conditioned(batch, device, count_levels), model, clean, noise, levels, text.expand(count_levels, *text.shape[1:])).mean())
+        return {"loss": total / count}
+
+
+__all__ = ["DiffusionRecipe"]

@@ -1,0 +1,173 @@
+"""Generating with a trained denoiser: the infer stage (``mmcore infer --prompt``: a video and its
+frames in the run's ``infer/``) and the evaluate stage (sample videos of the export for the
+held-out captions and a contact sheet, with a report page)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from mmcore.framework.context import StageContext
+from mmcore.errors import StageError
+from mmcore.engines.generation import ModelSource, Request, generation_dtype
+from mmcore.kits.diffusion.export import LORA_WEIGHTS
+from mmcore.framework.pack import StageResult
+from mmcore.run.rundir import Manifest
+
+if TYPE_CHECKING:
+    from mmcore.kits.diffusion.family import DiffusionFamily
+
+
+def text_to_video_sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
+    """``DiffusionFamily.sample`` of a text-to-video pipeline called as diffusers' video pipelines
+    are (Wan, CogVideoX, HunyuanVideo): the first bucket's size, the export's steps and guidance,
+    the data's text length; frames [F, H, W, 3] in [0, 1]."""
+    height, width, frames = ctx.config.data.buckets[0]
+    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
+                guidance_scale=ctx.config.export.guidance_scale, max_sequence_length=ctx.config.data.max_sequence_length,
+                generator=generator, output_type="np").frames[0]
+
+
+class VideoSampling:
+    """One family's pipeline generating videos in one stage (infer or evaluate) of a run."""
+
+    def __init__(self, family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
+        self.family = family
+        self.ctx = ctx
+        self.upstream = upstream
+
+    def pipeline(self, source: ModelSource) -> Any:
+        """The diffusers pipeline of ``source``: a training checkpoint's denoiser in the downloaded
+        pipeline, or a pipeline folder (the export's, or any)."""
+        family, ctx, downloaded = self.family, self.ctx, self.upstream["download"].output("model")
+        if source.kind == "train":
+            subfolder, _ = family.expert(ctx, downloaded)
+            denoiser = family.build_model(downloaded, source.path, subfolder).eval()
+            pipe = family.diffusers_class(family.pipeline_class).from_pretrained(downloaded, **{subfolder: denoiser})
+        elif (source.path / LORA_WEIGHTS).is_file():  # a LoRA export: the downloaded pipeline plus the adapter
+            subfolder, _ = family.expert(ctx, downloaded)
+            pipe = family.lora_pipeline(downloaded, source.path, subfolder)
+        else:
+            pipe = family.diffusers_class(family.pipeline_class).from_pretrained(source.path)
+        pipe.set_progress_bar_config(disable=True)
+        dtype = generation_dtype(ctx)
+        # casting to the dtype the weights have already only draws diffusers' warning about casting
+        return pipe.to(ctx.accelerator.device()) if pipe.dtype == dtype else pipe.to(ctx.accelerator.device(), dtype)
+
+    def render(self, pipe: Any, prompts: list[str], folder: Path, names: list[str], images: list[Any] | None = None) -> list[dict[str, str]]:
+        """One video per prompt (``<name>.mp4`` and its frames as ``<name>.png``), seeded by
+        ``generation.seed`` (default ``run.seed``) plus the prompt's position; steps and guidance
+        from ``generation`` where set, else ``export.sample_steps`` / ``export.guidance_scale``;
+        ``images``: each prompt's first frame (PIL), for a family with ``conditions``."""
+        import dataclasses
+
+        import torch
+
+        from mmcore.data.video import contact_sheet, write_mp4
+
+        ctx = self.ctx
+        gen, export = ctx.config.generation, ctx.config.export
+        chosen = export.model_copy(update={"sample_steps": gen.num_inference_steps or export.sample_steps,
+                                           "guidance_scale": gen.guidance_scale or export.guidance_scale})
+        sampling = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"export": chosen}))
+        seed = gen.seed if gen.seed is not None else ctx.seed
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for i, (prompt, name) in enumerate(ctx.progress(list(zip(prompts, names)), description=ctx.stage, unit="video")):
+            first_frame = {"image": images[i]} if images is not None else {}
+            frames = self.family.sample(pipe, sampling, prompt, torch.Generator().manual_seed(seed + i), **first_frame)  # type: ignore[misc]
+            pixels = (frames.clip(0, 1) * 255).round().astype("uint8")
+            write_mp4(folder / f"{name}.mp4", pixels, ctx.config.data.fps)
+            contact_sheet(folder / f"{name}.png", [pixels], scale=4)
+            written.append({"video": str(folder / f"{name}.mp4"), "contact_sheet": str(folder / f"{name}.png"), "pixels": pixels})
+        return written
+
+    def infer(self, model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:
+        """A video for each request's prompt, written to ``infer/`` under a new number."""
+        family, ctx = self.family, self.ctx
+        if family.sample is None:
+            return [{"error": f"the {ctx.pack} pack cannot generate samples"} for _ in requests]
+        from mmcore.data.video import MediaError, load_image
+
+        pipe = self.pipeline(model)
+        answers: list[dict[str, Any]] = [{} for _ in requests]
+        wanted = {"images": 1} if family.conditions else {}
+        runnable = [i for i, r in enumerate(requests) if r.prompt and {k: len(v) for k, v in r.media.items() if v} == wanted]
+        images: list[Any] = []
+        for i, request in enumerate(requests):
+            if i not in runnable:
+                answers[i] = {"error": "give a caption (--prompt) and one first frame (--image): this pack generates video from an image and text" if family.conditions
+                              else "give a caption (--prompt) and no media: this pack generates video from text"}
+            elif family.conditions:
+                try:
+                    images.append(load_image(request.media["images"][0]))
+                except MediaError as exc:
+                    answers[i] = {"error": str(exc)}
+        runnable = [i for i in runnable if not answers[i]]
+        first = 1 + max((int(p.stem) for p in ctx.stage_dir.glob("[0-9]*.mp4") if p.stem.isdigit()), default=0)
+        names = [f"{first + k:04d}" for k in range(len(runnable))]
+        done_all = self.render(pipe, [requests[i].prompt for i in runnable], ctx.stage_dir, names, images if family.conditions else None)
+        for i, done in zip(runnable, done_all):
+            answers[i] = {"video": done["video"], "contact_sheet": done["contact_sheet"]}
+        return answers
+
+    def evaluate(self) -> StageResult:
+        """Sample videos of the export for the held-out captions (``evaluate.datasets``, else
+        ``export.sample_prompts``) and one contact sheet of them all; no number stands for quality."""
+        from mmcore.data.video import contact_sheet
+        from mmcore.engines.generation import empty_evaluation, write_results
+
+        family, ctx = self.family, self.ctx
+        captions, images = self.held_out_captions(), None
+        if family.conditions:  # generated from the held-out clips' first frames and captions
+            captions, images = self.held_out_first_frames()
+        if not captions or family.sample is None:
+            return empty_evaluation(ctx)
+        pipe = self.pipeline(ModelSource("export", self.upstream["export"].output("model")))
+        folder = ctx.stage_dir / "samples"
+        written = self.render(pipe, captions, folder, [f"sample-{i}" for i in range(len(captions))], images)
+        contact_sheet(folder / "contact_sheet.png", [w.pop("pixels") for w in written], scale=4)
+        for i, image in enumerate(images or []):  # the first frame it was given, beside what it made of it
+            image.save(folder / f"sample-{i}-first-frame.png")
+        rows = [{"item": i, "caption": c, "video": str(Path(w["video"]).relative_to(ctx.stage_dir)),
+                 "media": ([{"kind": "image", "src": f"samples/sample-{i}-first-frame.png"}] if images else []) + [{"kind": "video", "src": str(Path(w["video"]).relative_to(ctx.stage_dir))}]}
+                for i, (c, w) in enumerate(zip(captions, written))]
+        metrics = {"items": len(rows), "samples": len(rows)}
+        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: samples of the export for the held-out captions", columns=("item", "caption", "video"),
+                      images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))], ctx=ctx,
+                      dataset="the held-out clips' first frames and captions" if family.conditions else None if ctx.config.evaluate.datasets else "export.sample_prompts")
+        note = f"{len(rows)} sample video(s) of the export and a contact sheet in {folder} (no metric: look at them, report.html)"
+        return StageResult(outputs={"results": "results.jsonl", "samples": "samples", "report": "report.html"}, metrics=metrics, notes=[note])
+
+    def held_out_first_frames(self) -> tuple[list[str], list[Any]]:
+        """(captions, first frames as PIL images) of the held-out clips preprocess made (at most ``evaluate.limit``)."""
+        from PIL import Image
+
+        from mmcore.data.shards import ShardDataset
+
+        held = ShardDataset(self.upstream["preprocess"].output("dataset")).split("eval")
+        count = min(len(held), self.ctx.config.evaluate.limit)
+        return [held.meta(i)["caption"] for i in range(count)], [Image.fromarray(held[i]["frames"][0].numpy()) for i in range(count)]
+
+    def held_out_captions(self) -> list[str]:
+        """Captions from ``evaluate.datasets`` (JSON/JSONL records with ``cap``, ``caption`` or
+        ``prompt``; videos beside them are not needed), else ``export.sample_prompts``; at most
+        ``evaluate.limit``."""
+        from mmcore.data.mllm import BadJSON, load_records
+
+        ctx = self.ctx
+        if not ctx.config.evaluate.datasets:
+            return list(ctx.config.export.sample_prompts)[: ctx.config.evaluate.limit]
+        captions = []
+        for path in map(Path, ctx.config.evaluate.datasets):
+            ctx.record_input(path)
+            for index, record in enumerate(load_records(path)):
+                text = next((record.get(k) for k in ("cap", "caption", "prompt") if isinstance(record, dict) and k in record), None) if not isinstance(record, BadJSON) else None
+                text = text[0] if isinstance(text, list) and text else text
+                if not isinstance(text, str) or not text.strip():
+                    raise StageError(f"{path}: record {index}: no caption (a 'cap', 'caption' or 'prompt' string)")
+                captions.append(text.strip())
+        return captions[: ctx.config.evaluate.limit]
+
+
+__all__ = ["text_to_video_sample", "VideoSampling"]

@@ -1,0 +1,78 @@
+"""The diffusion kit's config sections, which a family's config subclasses: the data (captioned
+clips in size buckets), training (caption dropout, the flow-matching schedule, the expert, the
+guidance value) and the export's samples."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Mapping
+
+from pydantic import Field, field_validator
+
+from mmcore.config import DataSection, ExportSection, TrainingSection
+from mmcore.framework.context import StageContext
+
+
+class VideoData(DataSection):
+    """Captioned videos (or images: one-frame buckets) sampled into size buckets.
+
+    A family's subclass states what its VAE and patching need of a bucket (class variables):
+    sides a multiple of ``size_multiple`` (``size_reason`` says why), frames ``frame_stride``
+    x k + 1 (the VAE's temporal compression; 0: images, one frame)."""
+
+    size_multiple: ClassVar[int] = 1
+    size_reason: ClassVar[str] = ""
+    frame_stride: ClassVar[int] = 1
+
+    fps: float = Field(8.0, gt=0, description="Frames per second sampled from each video.")
+    buckets: list[tuple[int, int, int]] = Field(default_factory=lambda: [(32, 32, 9)], description="(height, width, frames) buckets.")
+    max_sequence_length: int = Field(32, ge=4, description="Text tokens per caption.")
+    demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic dataset with this many clips (the demo).")
+    ranking: bool = Field(False, description="The datasets are preference pairs (a caption with chosen and rejected videos), for training.method: dpo.")
+    eval_fraction: float = Field(0.0, ge=0, lt=1, description="The fraction of clips (with ranking: pairs) held out: training reports their velocity error at fixed noise (eval/loss), or preference accuracy.")
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets_fit_the_model(cls, buckets: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        for h, w, f in buckets:
+            if h % cls.size_multiple or w % cls.size_multiple:
+                raise ValueError(f"bucket {h}x{w}: height and width must be multiples of {cls.size_multiple} ({cls.size_reason})")
+            if cls.frame_stride == 0 and f != 1:
+                raise ValueError(f"bucket frames {f}: this family makes images, a bucket has 1 frame")
+            if cls.frame_stride > 1 and (f - 1) % cls.frame_stride:
+                raise ValueError(f"bucket frames {f}: must be {cls.frame_stride}k+1 (the VAE compresses time by {cls.frame_stride})")
+        return buckets
+
+
+class DiffusionTraining(TrainingSection):
+    caption_dropout: float = Field(0.1, ge=0, le=1, description="Probability of training on the empty caption (for classifier-free guidance).")
+
+
+class FlowMatchingTraining(DiffusionTraining):
+    flow_shift: float = Field(3.0, gt=0, description="Timestep shift of the flow-matching schedule.")
+    timestep_sampling: Literal["uniform", "logit_normal"] = Field("logit_normal", description="How training draws noise levels before the shift: logit_normal (sigmoid of a standard normal: more weight on middle levels, as SD3) or uniform.")
+    expert: Literal["none", "high_noise", "low_noise"] = Field("none", description="A pipeline of two denoisers split at a noise level (Wan2.2: model_index.json boundary_ratio): which one this run trains, on its own noise levels (high_noise: transformer, levels >= the boundary; low_noise: transformer_2, below). Export writes it beside the other, as downloaded.")
+
+
+class GuidanceEmbeddingTraining(FlowMatchingTraining):
+    """For a guidance-distilled denoiser (FLUX.1-dev, HunyuanVideo): it embeds a guidance value
+    beside the timestep, and training states which one (:func:`guidance_option` binds it)."""
+
+    guidance: float = Field(1.0, ge=0, description="The value the guidance embedding is given in training (models without the embedding ignore it).")
+
+
+def guidance_option(ctx: StageContext) -> Mapping[str, Any]:
+    """``DiffusionFamily.predict_options`` of a guidance-distilled family: ``training.guidance``."""
+    return {"guidance": ctx.config.training.guidance}
+
+
+#: ``training.expert`` -> the pipeline's subfolder of that denoiser (Wan2.2)
+EXPERTS = {"high_noise": "transformer", "low_noise": "transformer_2"}
+
+
+class SampleExport(ExportSection):
+    sample_prompts: list[str] = Field(default_factory=list, description="Captions the evaluate stage generates samples for (unless evaluate.datasets gives some).")
+    sample_steps: int = Field(20, ge=1, description="Denoising steps of the samples export and evaluate generate (generation.num_inference_steps overrides it).")
+    guidance_scale: float = Field(4.0, ge=1.0, description="Classifier-free guidance of those samples (1: none; generation.guidance_scale overrides it).")
+
+
+__all__ = ["VideoData", "DiffusionTraining", "FlowMatchingTraining", "GuidanceEmbeddingTraining", "guidance_option", "EXPERTS", "SampleExport"]
