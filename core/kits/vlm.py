@@ -7,8 +7,8 @@ the stage functions and parts its declared stages bind::
     FAMILY = VLMFamily(model_class="LlavaForConditionalGeneration", encoder=make_encoder, ...)
 
     STAGES = {
-        "download": Stage("mmcore.engines.download:download_stage", parts={"build_init": "mm_pack_x.tiny:build_init_checkpoint"}),
-        "convert": Stage("mmcore.engines.convert:convert_stage", parts={"adapter": "mm_pack_x.adapter:ADAPTER",
+        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_x.tiny:build_init_checkpoint"}),
+        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_x.adapter:ADAPTER",
                                                                "build_model": "mm_pack_x.family:FAMILY.build_model"}),
         "preprocess": "mm_pack_x.family:FAMILY.preprocess",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_x.family:FAMILY.recipe"}),
@@ -45,14 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from mmcore.train.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
-from mmcore.framework.context import StageContext
+from mmcore.causal_lm import count_loss_tokens, evaluate_accuracy, next_token_loss_sum, packed_rows, padded_rows
+from mmcore.context import StageContext
 from mmcore.errors import StageError
-from mmcore.engines.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation, generation_dtype
-from mmcore.engines.download import remote_code
+from mmcore.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation, generation_dtype
+from mmcore.hub import remote_code
 from mmcore.kits import blocks_at
-from mmcore.framework.pack import StageResult
-from mmcore.run.rundir import Manifest
+from mmcore.pack import StageResult
+from mmcore.rundir import Manifest
 
 Batch = dict[str, Any]
 #: ``(ctx, model dir, tokenizer) -> encoder`` (``encode``/``truncate``, see ChatTemplateEncoder)
@@ -94,9 +94,9 @@ class VLMFamily:
         side_files: ``(model dir, export dir) -> None`` for the non-weight files of the export
             (default: copy them).
         towers: module path -> ``batch -> tokens`` through it (vision patches, audio frames),
-            for the FLOPs of a step (:mod:`mmcore.train.flops`); the rest of the model counts text tokens.
+            for the FLOPs of a step (:mod:`mmcore.flops`); the rest of the model counts text tokens.
         packed_attention: with ``training.packing``, the text decoder's attention runs through
-            the device's ``varlen_attention`` kernel (:mod:`mmcore.train.attention`, no T x T mask);
+            the device's ``varlen_attention`` kernel (:mod:`mmcore.attention`, no T x T mask);
             False for a family whose text mask is not causal.
         lora_targets: the default of ``training.lora.target_modules`` (groups or module
             globs) among the linear layers of ``shard_layers``: the language model's.
@@ -113,9 +113,9 @@ class VLMFamily:
             their own micro-batches and generation batches: for a model that cannot take the
             kinds in one forward (GLM-4V writes images and video frames with one token).
         parallel_map: ``model folder -> ParallelMap``, the family's Megatron table
-            (:mod:`mmcore.backends.megatron.tensor_map`): with it, ``export.format: mindspeed-mm`` also writes
+            (:mod:`mmcore.parallel_map`): with it, ``export.format: mindspeed-mm`` also writes
             MindSpeed-MM's layout (the pack's config uses ``MegatronExportSection``).
-        megatron: ``model folder -> MegatronFamily`` (:mod:`mmcore.backends.megatron.engine`): the family
+        megatron: ``model folder -> MegatronFamily`` (:mod:`mmcore.megatron.engine`): the family
             on megatron-core, so SFT runs on ``parallel.backend: megatron`` (tensor and pipeline
             parallelism).
     """
@@ -161,7 +161,7 @@ class VLMFamily:
 
     def build_model(self, model_dir: Path, checkpoint: Path | None = None) -> Any:
         """The model of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
-        from mmcore.checkpoint.training import load_converted
+        from mmcore.checkpointing import load_converted
 
         config = self.config(model_dir)
         config._attn_implementation = "sdpa"
@@ -173,7 +173,7 @@ class VLMFamily:
     def export_side_files(self, model_dir: Path, out: Path) -> None:
         """The export's non-weight files: ``side_files``, or the folder's copied with, under
         ``config_class``, the config of the part the model is."""
-        from mmcore.engines.convert import copy_side_files
+        from mmcore.convert import copy_side_files
 
         if self.side_files is not None:
             self.side_files(model_dir, out)
@@ -184,7 +184,7 @@ class VLMFamily:
 
     def load_exported(self, folder: Path) -> Any:
         """An exported model folder, or a LoRA adapter folder on its base (peft's layers, unmerged)."""
-        from mmcore.train.lora import with_adapters
+        from mmcore.lora import with_adapters
 
         return with_adapters(lambda path: self.model_type(self.config(path)).from_pretrained(path, attn_implementation="sdpa"))(folder)
 
@@ -241,7 +241,7 @@ class VLMFamily:
     def step_flops(self) -> Callable[[Any, Batch], float]:
         """``(model, batch) -> FLOPs`` of a forward and backward: towers on their tokens, the
         rest on the text tokens, the decoder's attention per sample."""
-        from mmcore.train.flops import StepFlops, attention_flops, dense_flops
+        from mmcore.flops import StepFlops, attention_flops, dense_flops
 
         seen = StepFlops()
 
@@ -329,7 +329,7 @@ class VLMFamily:
             if self.prepare_model is not None:
                 self.prepare_model(ctx, model, upstream)
             if packing and self.packed_attention:
-                from mmcore.train.attention import use_packed_attention, varlen_attention
+                from mmcore.attention import use_packed_attention, varlen_attention
 
                 use_packed_attention(model, ctx.kernel("varlen_attention") if ctx.plugins is not None else varlen_attention)
             return model
@@ -417,7 +417,7 @@ class VLMFamily:
         """Write the export and prove it reproduces the trained logits (the evaluate stage then
         answers the held-out prompts with it)."""
         from mmcore.data.shards import ShardDataset
-        from mmcore.engines.export import export_checked
+        from mmcore.export import export_checked
 
         from mmcore.kits.vlm_dpo import chosen_view
 
@@ -433,7 +433,7 @@ class VLMFamily:
         )
         outputs, metrics, notes = dict(done.outputs), dict(done.metrics), list(done.notes)
         if getattr(ctx.config.export, "format", "hf") == "mindspeed-mm":
-            from mmcore.backends.megatron.mindspeed_mm import export_mindspeed
+            from mmcore.mindspeed_mm import export_mindspeed
 
             if self.parallel_map is None:
                 raise StageError(f"export.format=mindspeed-mm: the {ctx.pack} pack has no Megatron table")
@@ -458,7 +458,7 @@ class VLMFamily:
     def generation_inputs(self, model: Any, prompts: list[dict[str, Any]], ids: Mapping[str, int]) -> Batch:
         """``generate()`` inputs of prompts (``input_ids`` and media fields): ids left-padded,
         media concatenated in order, the family's own fields added as collation adds them."""
-        from mmcore.engines.generation import left_padded
+        from mmcore.generation import left_padded
 
         input_ids, mask = left_padded([p["input_ids"].tolist() for p in prompts], ids["pad_id"])
         batch: Batch = {"input_ids": input_ids, "attention_mask": mask}
@@ -471,7 +471,7 @@ class VLMFamily:
         """(generated tokens per prompt, the tokenizer, its token ids), batched as ``generation`` says."""
         from transformers import AutoTokenizer
 
-        from mmcore.engines.generation import generate_tokens, sampling_options
+        from mmcore.generation import generate_tokens, sampling_options
 
         tokenizer = AutoTokenizer.from_pretrained(folder, **remote_code())
         ids = self.token_ids_of(tokenizer)
@@ -499,7 +499,7 @@ class VLMFamily:
 
         from mmcore.data.media import MediaError
         from mmcore.data.mllm import Sample, Turn
-        from mmcore.engines.generation import context_length
+        from mmcore.generation import context_length
 
         network, folder = self.generation_model(ctx, upstream, model)
         encoder = self.encoder(ctx, folder, AutoTokenizer.from_pretrained(folder, **remote_code()))
@@ -531,10 +531,10 @@ class VLMFamily:
         """Greedy answers of the export to the held-out prompts, scored against the references:
         ``accuracy`` (normalised exact match), ``token_f1``, and ``token_accuracy`` (the answer's
         tokens reproduced exactly, what teacher-forced accuracy measures without teacher forcing)."""
-        from mmcore.train.causal_lm import answer_span
+        from mmcore.causal_lm import answer_span
         from mmcore.data.mllm import read_samples
-        from mmcore.engines.generation import ModelSource, answer_scores, write_results
-        from mmcore.engines.report import held_out_sources, keep_media, user_text
+        from mmcore.generation import ModelSource, answer_scores, write_results
+        from mmcore.report import held_out_sources, keep_media, user_text
 
         items, skipped = self.held_out(ctx, upstream)
         if not items:
@@ -577,7 +577,7 @@ class VLMFamily:
         from mmcore.data.media import MediaError
         from mmcore.data.mllm import read_samples
         from mmcore.data.shards import ShardDataset
-        from mmcore.engines.generation import read_held_out
+        from mmcore.generation import read_held_out
 
         cfg = ctx.config.evaluate
         if not cfg.datasets:

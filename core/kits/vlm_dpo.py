@@ -1,4 +1,4 @@
-"""DPO for the VLM kit: the train engine's recipe on preference pairs (:mod:`mmcore.train.preference`).
+"""DPO for the VLM kit: the train engine's recipe on preference pairs (:mod:`mmcore.preference`).
 
 A micro-batch of pairs is one batch of rows, every pair's chosen row first, then the rejected
 ones, each with the pair's media (or, with ``training.packing``, one packed row holding both
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from mmcore.framework.context import StageContext
+from mmcore.context import StageContext
 from mmcore.errors import StageError
-from mmcore.run.rundir import Manifest
+from mmcore.rundir import Manifest
 
 if TYPE_CHECKING:
     from mmcore.kits.vlm import VLMFamily
@@ -60,8 +60,8 @@ def dpo_recipe(family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Ma
 
     from mmcore.data.shards import ShardDataset
     from mmcore.kits.vlm import with_tail
-    from mmcore.train.lora import adapters_disabled
-    from mmcore.train.preference import ReferenceLogps, dpo_terms, reference_mode, reward_sums, sequence_logps
+    from mmcore.lora import adapters_disabled
+    from mmcore.preference import ReferenceLogps, dpo_terms, reference_mode, reward_sums, sequence_logps
     from mmcore.train import TrainRecipe
 
     cfg = ctx.config.training
