@@ -14,6 +14,11 @@ makes one backend object per stage (``BackendSpec.factory``); the loop then call
 4. :meth:`Backend.finish` once after the last checkpoint (the end-of-training outputs), then
    :meth:`Backend.close`.
 
+The recipe a backend gets is generic (:class:`mmcore.train.TrainRecipe`); a backend that needs
+more of it defines a protocol of its own (a ``runtime_checkable`` :class:`typing.Protocol`),
+checks the recipe with ``isinstance`` in :meth:`Backend.setup` and refuses, in one line, a recipe
+that is not one: megatron asks for :class:`mmcore.megatron.family.MegatronRecipe`.
+
 What every backend shares stays in the loop: the sampler and the planned steps, the token
 counts, the optimizer (:func:`mmcore.train.optim.build_optimizer` over :attr:`Prepared.optimizer_params`),
 the scheduler, the moving average over the trained parameters, the non-finite guards, the

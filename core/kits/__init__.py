@@ -3,7 +3,8 @@
 * :mod:`mmcore.kits.vlm` — transformers conversational models (VLMs, omni thinkers): chat-template
   preprocessing, padded or packed collation, loss, shard and freeze groups, held-out accuracy,
   export with reload and a ``generate()`` check. A pack declares a :class:`~mmcore.kits.vlm.VLMFamily`;
-  :mod:`mmcore.kits.auto` makes one from a transformers class name alone.
+  the kit's train recipe is :class:`~mmcore.kits.vlm.VLMRecipe` (a package, one job per module);
+  :mod:`mmcore.kits.auto` makes a family from a transformers class name alone.
 * :mod:`mmcore.kits.diffusion` — diffusers flow-matching denoisers (text-to-video/image):
   captioned-clip preprocessing in buckets, VAE and text-encoder extract into the feature cache,
   flow-matching loss and timestep sampling, diffusers export with sample videos. A pack

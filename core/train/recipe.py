@@ -10,6 +10,7 @@ method every recipe has and, one step on, the kit's own.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -31,6 +32,12 @@ class TrainRecipe:
     The four parts every recipe has are methods (:meth:`build_model`, :meth:`dataset`,
     :meth:`collate`, :meth:`loss`); the optional ones are ``None`` until a subclass defines
     them or a keyword gives them, and the engine reads ``None`` as "not used".
+
+    A backend that needs more of a recipe asks through a protocol of its own, which a subclass
+    implements beside these parts: ``parallel.backend: megatron`` a
+    :class:`mmcore.megatron.family.MegatronRecipe` (``megatron_family(ctx, upstream)``). The
+    SDK 1.x keyword ``megatron=`` (that method as a callable) is still accepted, deprecated
+    until SDK 2.0.
 
     Attributes:
         build_model: ``(ctx, upstream) -> nn.Module`` in fp32, single-device code. With
@@ -54,13 +61,13 @@ class TrainRecipe:
         length_of: optional ``sample index -> tokens``, for ``training.max_tokens`` (packed
             rows filled to a token budget); recipes that pack provide it.
         flops: optional ``(model, batch) -> float``: FLOPs of one forward and backward of the
-            batch (:mod:`mmcore.train.flops`), for the ``tflops`` and ``mfu`` metrics.
+            batch (:mod:`mmcore.flops`), for the ``tflops`` and ``mfu`` metrics.
         lora_targets: the default of ``training.lora.target_modules`` (groups or module globs),
             among the linear layers of ``shard_modules``' blocks; empty: all of those layers.
         prepare: optional ``(ctx, model) -> None``, called once on every rank when the model is
             ready (weights loaded, or resumed) and before the first step, without gradients, in
             eval mode: what a loss needs from the starting weights (DPO's reference
-            log-probabilities, :mod:`mmcore.train.preference`).
+            log-probabilities, :mod:`mmcore.preference`).
         step_metrics: optional ``() -> {name: tensor}``: sums over the step's loss units of
             what the loss measured besides itself (DPO's rewards), read and reset after every
             step; the engine sums them over processes and divides by the step's loss units.
@@ -69,8 +76,6 @@ class TrainRecipe:
             that draws random numbers (noise levels, noise, caption dropout) per sample. The draws
             then do not depend on how samples are cut into micro-batches or ranks, nor on a
             resume (``sample_seed``).
-        megatron: optional ``(ctx, upstream) -> MegatronFamily`` (:mod:`mmcore.backends.megatron.engine`):
-            the family on megatron-core, for ``parallel.backend: megatron``.
         fill: optional :class:`~mmcore.data.fillers.Fill`, for a model whose towers run only on
             the media a batch holds: a rank whose micro-batch lacks a media kind that another
             rank's holds collates it with that kind's filler, so every rank calls the same
@@ -89,7 +94,6 @@ class TrainRecipe:
     length_of: Callable[[int], int] | None = None
     prepare: Callable[[StageContext, "nn.Module"], None] | None = None
     step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
-    megatron: Callable[[StageContext, Mapping[str, Manifest]], Any] | None = None
     fill: Any = None
     work_of: Callable[[int], float] | None = None
     # settings
@@ -101,6 +105,11 @@ class TrainRecipe:
     _REQUIRED = ("build_model", "dataset", "collate", "loss")
 
     def __init__(self, **parts: Any) -> None:
+        megatron = parts.pop("megatron", None)  # SDK 1.x, deprecated until 2.0: MegatronRecipe's megatron_family
+        if megatron is not None:
+            warnings.warn("TrainRecipe(megatron=...) is deprecated and goes in SDK 2.0: define megatron_family(ctx, upstream) in a TrainRecipe "
+                          "subclass (mmcore.megatron.family.MegatronRecipe)", DeprecationWarning, stacklevel=2)
+            self.megatron_family = megatron
         known = set(self._REQUIRED) | {"shard_modules"} | {name for name in vars(TrainRecipe) if not name.startswith("_") and not callable(getattr(TrainRecipe, name))}
         unknown = sorted(set(parts) - known)
         if unknown:

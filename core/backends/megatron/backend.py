@@ -21,7 +21,7 @@ from mmcore.backend import Finished, Prepared, Resumed
 from mmcore.checkpointing import CHECKPOINTS, LATEST, TRAINER_STATE, commit_checkpoint, restore_rng, saved_rng, seed_everything
 from mmcore.ema import EMA_ADAPTER, EMA_OUTPUT
 from mmcore.errors import StageError
-from mmcore.megatron.family import ADAPTER, RECOMPUTE_KEPT_OPS, TRAINED, Layout, MegatronFamily
+from mmcore.megatron.family import ADAPTER, RECOMPUTE_KEPT_OPS, TRAINED, Layout, MegatronFamily, MegatronRecipe
 from mmcore.megatron.weights import chosen_parameters, freeze_rank, load_rank, lora_kinds, saved_modules
 from mmcore.megatron.write import write_adapter, write_trained
 
@@ -243,9 +243,10 @@ def evaluate_held_out(model: Sequence[Any], family: MegatronFamily, layout: Layo
 
 
 def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "TrainRecipe") -> MegatronFamily:
-    """The recipe's megatron part, after refusing what this backend does not do yet."""
+    """The recipe's family on megatron-core (a recipe that is a :class:`MegatronRecipe`), after
+    refusing what this backend does not do yet."""
     cfg, parallel = ctx.config.training, ctx.config.parallel
-    if recipe.megatron is None:
+    if not isinstance(recipe, MegatronRecipe):
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not run on megatron-core" + (" for training.method: dpo" if cfg.method == "dpo" else ""))
     from mmcore.preflight import megatron_layout_problem
 
@@ -261,7 +262,7 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
             raise StageError(f"parallel.backend: megatron does not support {what} yet")
     if recipe.weights is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not load its weights through the engine")
-    family = recipe.megatron(ctx, upstream)
+    family = recipe.megatron_family(ctx, upstream)
     if "extract" in upstream and family.use_cache is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not read the extract stage's feature cache on megatron yet (set extract.enabled=false)")
     return family

@@ -2,7 +2,8 @@
 
 The train engine's one loop (:func:`mmcore.train.run_training`) runs it, as it runs FSDP2: setup,
 step, checkpoint, log, with the same promises. What differs is where the model lives: each process holds one tensor-parallel
-shard of one pipeline stage (:class:`MegatronFamily` builds it; the family's table,
+shard of one pipeline stage (:class:`MegatronFamily` builds it: the recipe gives it as a
+:class:`MegatronRecipe`; the family's table,
 :class:`mmcore.parallel_map.ParallelMap`, cuts the converted weights for it), the
 micro-batches of a step run through Megatron's forward-backward schedule, and the
 *data-parallel* group (processes / (TP x PP)), not the world, drives the sampler, the token
@@ -64,7 +65,7 @@ from typing import TYPE_CHECKING, Mapping
 # them by this path: mmcore.sdk.SURFACE)
 from mmcore.checkpointing import INCOMPLETE
 from mmcore.megatron.backend import MEGATRON_RNG, MegatronBackend, evaluate_held_out, save
-from mmcore.megatron.family import ADAPTER, RECOMPUTE_KEPT_OPS, TRAINED, Layout, MegatronFamily
+from mmcore.megatron.family import ADAPTER, RECOMPUTE_KEPT_OPS, TRAINED, Layout, MegatronFamily, MegatronPart, MegatronRecipe, MegatronTable
 from mmcore.megatron.weights import _by_layer, chosen_parameters, fill_rank, freeze_rank, load_rank, lora_kinds, rank_sources, saved_modules
 from mmcore.megatron.write import _write_gathered, gather_hub_state, write_adapter, write_trained
 
@@ -82,6 +83,6 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     return run_training(ctx, upstream, recipe, backend=MegatronBackend())
 
 
-__all__ = ["MegatronFamily", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "fill_rank",
+__all__ = ["MegatronFamily", "MegatronRecipe", "MegatronPart", "MegatronTable", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "fill_rank",
            "gather_hub_state", "write_trained", "RECOMPUTE_KEPT_OPS", "INCOMPLETE", "MEGATRON_RNG", "evaluate_held_out", "save", "freeze_rank", "chosen_parameters",
            "saved_modules", "lora_kinds", "_by_layer", "_write_gathered"]

@@ -1,15 +1,37 @@
 """What a family gives the megatron backend (:class:`MegatronFamily`) and where a process sits
-in the TP x PP x DP grid (:class:`Layout`); the names every part of the backend shares."""
+in the TP x PP x DP grid (:class:`Layout`); the names every part of the backend shares.
+
+The backend asks for its family through protocols of its own, so that the generic contracts
+(:class:`mmcore.train.TrainRecipe`, the kits' family declarations) carry no field of one backend:
+
+* :class:`MegatronRecipe`: a train recipe that also runs on ``parallel.backend: megatron``
+  (``megatron_family(ctx, upstream)``); :mod:`mmcore.megatron.backend` checks
+  ``isinstance(recipe, MegatronRecipe)`` and refuses, in one line, a recipe that is not one.
+* :class:`MegatronPart`: a model family (a kit's declaration, e.g. a subclass of
+  :class:`~mmcore.kits.vlm.VLMFamily`) that has a megatron-core side
+  (``megatron_part(model_dir)``); the kit's recipe of such a family is a :class:`MegatronRecipe`.
+* :class:`MegatronTable`: a model family with a Megatron table (``megatron_table(model_dir)``),
+  for ``export.format: mindspeed-mm``.
+
+All three are structural (:class:`typing.Protocol`, ``runtime_checkable``): a class implements
+one by defining its method, without importing or subclassing it. SDK 1.x's ways, deprecated
+until SDK 2.0, still work: ``TrainRecipe(megatron=...)`` makes a :class:`MegatronRecipe`;
+``VLMFamily(megatron=..., parallel_map=...)`` stands for :class:`MegatronPart` and
+:class:`MegatronTable`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     from mmcore.adapters import StateDictAdapter
+    from mmcore.context import StageContext
     from mmcore.parallel_map import ParallelMap
+    from mmcore.rundir import Manifest
 
 #: what ``training.recompute: selective`` keeps of a megatron-core layer: the linears' outputs; the
 #: attention scores and probabilities are recomputed (Megatron's own selective recompute, of
@@ -28,7 +50,8 @@ def _next_token_loss(logits: Any, batch: dict[str, Any]) -> Any:
 
 @dataclass
 class MegatronFamily:
-    """What a family gives the megatron backend (its pack's ``megatron.py``).
+    """What a family gives the megatron backend (its pack's ``megatron.py``), through
+    :meth:`MegatronRecipe.megatron_family`.
 
     Attributes:
         build: ``(layout) -> module``: this rank's part of the model (:class:`Layout`: its TP
@@ -119,4 +142,67 @@ class Layout:
                 f"{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''} x DP={self.dp}")
 
 
-__all__ = ["MegatronFamily", "Layout", "TRAINED", "ADAPTER", "RECOMPUTE_KEPT_OPS"]
+# --------------------------------------------------------------------------- the protocols
+
+
+@runtime_checkable
+class MegatronRecipe(Protocol):
+    """A train recipe (:class:`mmcore.train.TrainRecipe`) that also runs on
+    ``parallel.backend: megatron``: what :mod:`mmcore.megatron.backend` asks of it besides the
+    recipe's generic parts (it reads ``weights``, ``freeze_groups``, ``flops`` and
+    ``build_model`` for the FLOPs as the FSDP2 backend does; ``collate`` and the sampler are the
+    loop's). The VLM kit's recipe is one where its family is a :class:`MegatronPart`."""
+
+    def megatron_family(self, ctx: "StageContext", upstream: Mapping[str, "Manifest"]) -> MegatronFamily:
+        """The family on megatron-core for this run, called once per process at the backend's setup.
+
+        :param ctx: The train stage's context: the validated config (``parallel``: TP, PP,
+            virtual stages, sequence parallelism; ``training``), the process's place in the
+            world, the accelerator, the stage directory.
+        :param upstream: The finished manifests of the earlier stages, by stage name:
+            ``download``'s ``model`` folder (the config and tokenizer the family is built
+            from), ``preprocess``'s ``dataset``, ``extract``'s ``features`` where that stage ran
+            (the backend then calls :attr:`MegatronFamily.use_cache`, refusing a family without it).
+        :return: A :class:`MegatronFamily`; with ``score``, ``held_out`` and ``collate_one`` its
+            held-out figures are logged as ``eval/<name>`` (at step 0, every
+            ``training.eval_every`` steps and at the end).
+        """
+        ...
+
+
+@runtime_checkable
+class MegatronPart(Protocol):
+    """A model family's megatron-core side, declared where the family is (a method of a kit
+    family's subclass: ``Qwen2VLFamily.megatron_part`` in ``packs/vlm/qwen2vl``). A kit turns it
+    into its recipe's :meth:`MegatronRecipe.megatron_family`, adding the run's held-out samples."""
+
+    def megatron_part(self, model_dir: Path) -> MegatronFamily:
+        """The family on megatron-core of one checkpoint.
+
+        :param model_dir: A checkpoint folder of the family in the hub's layout (``config.json``,
+            tokenizer): the download stage's ``model``. Read its config; the weights are loaded
+            by the backend from convert's checkpoint through :attr:`MegatronFamily.parallel_map`.
+        :return: A :class:`MegatronFamily` without ``held_out`` and ``collate_one`` (the kit's
+            recipe sets them from the run's data).
+        """
+        ...
+
+
+@runtime_checkable
+class MegatronTable(Protocol):
+    """A model family with a Megatron table (:class:`mmcore.parallel_map.ParallelMap`: hub names
+    <-> Megatron names, how each tensor is split): what ``export.format: mindspeed-mm`` writes
+    MindSpeed-MM's layout with (:func:`mmcore.mindspeed_mm.export_mindspeed`)."""
+
+    def megatron_table(self, model_dir: Path) -> "ParallelMap":
+        """The table of one checkpoint.
+
+        :param model_dir: A checkpoint folder of the family in the hub's layout: the download
+            stage's ``model``, or the export's ``from_pretrained`` folder (its ``config.json``
+            gives the layer counts and sizes the table is written for).
+        :return: The family's :class:`~mmcore.parallel_map.ParallelMap` for that config.
+        """
+        ...
+
+
+__all__ = ["MegatronFamily", "MegatronRecipe", "MegatronPart", "MegatronTable", "Layout", "TRAINED", "ADAPTER", "RECOMPUTE_KEPT_OPS"]

@@ -1,12 +1,13 @@
 """Qwen2-VL and Qwen2.5-VL as the VLM kit sees them: model classes, media fields, M-RoPE
-positions for packed rows, the fused RMSNorm, the frozen-vision cache. The kit
-(:mod:`mmcore.kits.vlm`) does preprocessing, collation, loss, training and export.
+positions for packed rows, the fused RMSNorm, the frozen-vision cache, and the megatron-core
+side (:class:`Qwen2VLFamily`). The kit (:mod:`mmcore.kits.vlm`) does preprocessing, collation,
+loss, training and export.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from mmcore.context import StageContext
 from mmcore.hub import remote_code
@@ -17,6 +18,10 @@ from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, mm_token_types
 
 from mm_pack_qwen2vl.adapter import ADAPTER
 from mm_pack_qwen2vl.megatron import megatron_family, of_checkpoint
+
+if TYPE_CHECKING:
+    from mmcore.megatron.engine import MegatronFamily
+    from mmcore.parallel_map import ParallelMap
 
 # training.freeze accepts these names as well as parameter globs.
 FREEZE_GROUPS = {
@@ -62,9 +67,19 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
         use_cached_vision(model)
 
 
-FAMILY = VLMFamily(
-    parallel_map=of_checkpoint,  # export.format: mindspeed-mm
-    megatron=megatron_family,  # parallel.backend: megatron
+class Qwen2VLFamily(VLMFamily):
+    """The kit's family with its megatron-core side (the protocols of :mod:`mmcore.megatron.family`)."""
+
+    def megatron_part(self, model_dir: Path) -> "MegatronFamily":
+        """``parallel.backend: megatron`` (``MegatronPart``): the language model as a megatron-core ``GPTModel``."""
+        return megatron_family(model_dir)
+
+    def megatron_table(self, model_dir: Path) -> "ParallelMap":
+        """``export.format: mindspeed-mm`` (``MegatronTable``): the Megatron table of the checkpoint."""
+        return of_checkpoint(model_dir)
+
+
+FAMILY = Qwen2VLFamily(
     model_class=model_class,
     encoder=encoder,
     adapter=ADAPTER,
