@@ -162,6 +162,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     }),
     # the kits: VLMFamily, DiffusionFamily and what they share
     "mmcore.kits": frozenset({
+        "VLMRecipe", "VLMDPORecipe", "VLMMegatronRecipe", "DiffusionRecipe", "DiffusionDPORecipe",
         "DiffusionFamily", "DiffusionTraining", "EVAL_SIGMAS", "EXPERTS", "FLOW_MATCHING", "FlowMatching",
         "FlowMatchingTraining", "GuidanceEmbeddingTraining", "MelClipExpander", "NoiseSchedule", "ProcessorImages",
         "SampleExport", "TINY_SIZES", "TransformersNames", "VLMFamily", "VideoData", "audio_clips", "auto_family",
@@ -171,6 +172,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     }),
     # megatron-core (optional extra): a family's Megatron part, its tensor table, MindSpeed-MM checkpoints
     "mmcore.backends.megatron": frozenset({
+        "MegatronRecipe", "MegatronPart", "MegatronTable",
         "ADAPTER", "DEFAULT_TARGETS", "LayerStack", "Layout", "MegatronBackend", "MegatronFamily", "ParallelMap",
         "Rule", "SequenceParallelNorm", "TESTED_MINOR", "TRAINED", "adapter_shards", "add_adapters",
         "check_rank_names", "clip_gradients", "copy_rank_state", "even_layers", "export_mindspeed", "fill_rank",

@@ -1,4 +1,4 @@
-"""How the megatron backend asks for a family (mmcore.megatron.family's protocols) instead of
+"""How the megatron backend asks for a family (mmcore.backends.megatron.family's protocols) instead of
 fields in the generic contracts: a recipe is a MegatronRecipe by its method, a VLM-kit family a
 MegatronPart / MegatronTable by its subclass's methods; SDK 1.x's keyword and fields still work,
 with a deprecation warning. No megatron-core needed."""
@@ -14,7 +14,7 @@ import pytest
 from mmcore.errors import StageError
 from mmcore.kits.vlm import VLMFamily
 from mmcore.kits.vlm.family import megatron_part_of, megatron_table_of
-from mmcore.megatron.family import MegatronPart, MegatronRecipe, MegatronTable
+from mmcore.backends.megatron.family import MegatronPart, MegatronRecipe, MegatronTable
 from mmcore.train import TrainRecipe
 
 PARTS = {"build_model": lambda ctx, upstream: None, "dataset": lambda ctx, upstream: [], "collate": lambda samples: {}, "loss": lambda model, batch: 0}
@@ -44,7 +44,7 @@ def test_the_sdk_1_keyword_still_makes_a_megatron_recipe_with_a_deprecation_warn
 
 
 def test_the_backend_refuses_a_recipe_that_is_not_a_megatron_recipe_in_one_line() -> None:
-    from mmcore.megatron.backend import _family
+    from mmcore.backends.megatron.backend import _family
 
     ctx = SimpleNamespace(pack="toy", config=SimpleNamespace(training=SimpleNamespace(method="dpo"), parallel=SimpleNamespace()))
     with pytest.raises(StageError, match=r"^parallel.backend: megatron: the toy pack does not run on megatron-core for training.method: dpo$"):

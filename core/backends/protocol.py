@@ -17,7 +17,7 @@ makes one backend object per stage (``BackendSpec.factory``); the loop then call
 The recipe a backend gets is generic (:class:`mmcore.train.TrainRecipe`); a backend that needs
 more of it defines a protocol of its own (a ``runtime_checkable`` :class:`typing.Protocol`),
 checks the recipe with ``isinstance`` in :meth:`Backend.setup` and refuses, in one line, a recipe
-that is not one: megatron asks for :class:`mmcore.megatron.family.MegatronRecipe`.
+that is not one: megatron asks for :class:`mmcore.backends.megatron.family.MegatronRecipe`.
 
 What every backend shares stays in the loop: the sampler and the planned steps, the token
 counts, the optimizer (:func:`mmcore.train.optim.build_optimizer` over :attr:`Prepared.optimizer_params`),

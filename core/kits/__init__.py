@@ -31,6 +31,9 @@ def blocks_at(model: Any, paths: Sequence[str]) -> list[Any]:
 
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
 _EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("VLMRecipe", "VLMDPORecipe", "VLMMegatronRecipe"), "mmcore.kits.vlm"),
+    **dict.fromkeys(("DiffusionRecipe",), "mmcore.kits.diffusion.recipe"),
+    **dict.fromkeys(("DiffusionDPORecipe",), "mmcore.kits.diffusion.dpo"),
     **dict.fromkeys(('DiffusionFamily', 'DiffusionTraining', 'EVAL_SIGMAS', 'EXPERTS', 'FLOW_MATCHING', 'FlowMatching', 'FlowMatchingTraining', 'GuidanceEmbeddingTraining', 'NoiseSchedule', 'SampleExport', 'VideoData', 'collate', 'content_key', 'denoiser_flops', 'diffusion_loss', 'flow_matching_loss', 'guidance_option', 'sigmas', 'text_to_video_sample',), "mmcore.kits.diffusion"),
     **dict.fromkeys(('MelClipExpander', 'audio_clips', 'clip_key', 'collate_mel_clips', 'mel_tower_tokens', 'pad_clips', 'use_cached_audio',), "mmcore.kits.mel_audio"),
     **dict.fromkeys(('ProcessorImages', 'TINY_SIZES', 'TransformersNames', 'auto_family', 'shrink_config', 'tiny_checkpoint',), "mmcore.kits.auto"),

@@ -20,10 +20,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from mmcore.adapters import Recipe, StateDictAdapter, TensorInfo
+from mmcore.engines.state_dict import Recipe, StateDictAdapter, TensorInfo
 from mmcore.data.chat_template import Piece
 from mmcore.errors import StageError
-from mmcore.hub import remote_code
+from mmcore.engines.download import remote_code
 from mmcore.kits.vlm import VLMFamily
 
 #: Sizes a tiny model gets wherever its config has the field (every sub-config too).
@@ -77,7 +77,7 @@ class TransformersNames(StateDictAdapter):
 
         transforms = get_model_conversion_mapping(self._meta)
         if any(isinstance(t, WeightConverter) for t in transforms):
-            raise StageError(f"{self.class_name} checkpoints combine or split tensors on load; the pack needs its own adapter (mmcore.adapters)")
+            raise StageError(f"{self.class_name} checkpoints combine or split tensors on load; the pack needs its own adapter (mmcore.engines.state_dict)")
         renames = [t for t in transforms if isinstance(t, WeightRenaming)]
         meta_state = self._meta.state_dict()
         return _unique({rename_source_key(k, renames, [], self._meta.base_model_prefix, meta_state)[0]: Recipe((k,), info) for k, info in hf.items()}, hf)
@@ -192,7 +192,7 @@ def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str],
     import torch
     from transformers.utils import logging as hf_logging
 
-    from mmcore.tiny import byte_level_tokenizer
+    from mmcore.engines.tiny import byte_level_tokenizer
 
     hf_logging.disable_progress_bar()
     cls = model_class(class_name)

@@ -102,9 +102,11 @@ def _runs_on_megatron(spec: Any) -> bool:
         owner = import_object(f"{module}:{attribute.rsplit('.', 1)[0]}")
     except Exception:  # the train stage names what does not import
         return True
-    if not type(owner).__module__.startswith("mmcore.kits."):
-        return True
-    return getattr(owner, "megatron", None) is not None
+    if not any(cls.__module__.startswith("mmcore.kits.") for cls in type(owner).__mro__):
+        return True  # not a kit family: the train stage tells
+    from mmcore.backends.megatron.family import MegatronPart
+
+    return isinstance(owner, MegatronPart) or getattr(owner, "megatron", None) is not None  # SDK 1.x's field, until 2.0
 
 
 def _model_config(spec: Any, config: Any, run_dir: Path) -> tuple[dict[str, Any], str] | None:

@@ -35,7 +35,7 @@ class TrainRecipe:
 
     A backend that needs more of a recipe asks through a protocol of its own, which a subclass
     implements beside these parts: ``parallel.backend: megatron`` a
-    :class:`mmcore.megatron.family.MegatronRecipe` (``megatron_family(ctx, upstream)``). The
+    :class:`mmcore.backends.megatron.family.MegatronRecipe` (``megatron_family(ctx, upstream)``). The
     SDK 1.x keyword ``megatron=`` (that method as a callable) is still accepted, deprecated
     until SDK 2.0.
 
@@ -61,13 +61,13 @@ class TrainRecipe:
         length_of: optional ``sample index -> tokens``, for ``training.max_tokens`` (packed
             rows filled to a token budget); recipes that pack provide it.
         flops: optional ``(model, batch) -> float``: FLOPs of one forward and backward of the
-            batch (:mod:`mmcore.flops`), for the ``tflops`` and ``mfu`` metrics.
+            batch (:mod:`mmcore.train.flops`), for the ``tflops`` and ``mfu`` metrics.
         lora_targets: the default of ``training.lora.target_modules`` (groups or module globs),
             among the linear layers of ``shard_modules``' blocks; empty: all of those layers.
         prepare: optional ``(ctx, model) -> None``, called once on every rank when the model is
             ready (weights loaded, or resumed) and before the first step, without gradients, in
             eval mode: what a loss needs from the starting weights (DPO's reference
-            log-probabilities, :mod:`mmcore.preference`).
+            log-probabilities, :mod:`mmcore.train.preference`).
         step_metrics: optional ``() -> {name: tensor}``: sums over the step's loss units of
             what the loss measured besides itself (DPO's rewards), read and reset after every
             step; the engine sums them over processes and divides by the step's loss units.
@@ -108,7 +108,7 @@ class TrainRecipe:
         megatron = parts.pop("megatron", None)  # SDK 1.x, deprecated until 2.0: MegatronRecipe's megatron_family
         if megatron is not None:
             warnings.warn("TrainRecipe(megatron=...) is deprecated and goes in SDK 2.0: define megatron_family(ctx, upstream) in a TrainRecipe "
-                          "subclass (mmcore.megatron.family.MegatronRecipe)", DeprecationWarning, stacklevel=2)
+                          "subclass (mmcore.backends.megatron.family.MegatronRecipe)", DeprecationWarning, stacklevel=2)
             self.megatron_family = megatron
         known = set(self._REQUIRED) | {"shard_modules"} | {name for name in vars(TrainRecipe) if not name.startswith("_") and not callable(getattr(TrainRecipe, name))}
         unknown = sorted(set(parts) - known)

@@ -2,9 +2,9 @@
 
 megatron-core is an optional extra (``pip install 'mmcore[megatron]'``), never imported unless a
 run or a test asks for it. :func:`status` says whether it is usable and, if not, why (``mmcore
-doctor`` and ``mmcore info`` print it). :mod:`mmcore.megatron.cpu` makes the pinned minor
-version run on the CPU accelerator (gloo), :mod:`mmcore.megatron.gpt` builds a ``GPTModel``
-from a transformers config and loads it from a family's :class:`mmcore.parallel_map.ParallelMap`.
+doctor`` and ``mmcore info`` print it). :mod:`mmcore.backends.megatron.cpu` makes the pinned minor
+version run on the CPU accelerator (gloo), :mod:`mmcore.backends.megatron.gpt` builds a ``GPTModel``
+from a transformers config and loads it from a family's :class:`mmcore.backends.megatron.tensor_map.ParallelMap`.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ __all__ = ["TESTED_MINOR", "status"]
 
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
 _EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("MegatronRecipe", "MegatronPart", "MegatronTable"), "mmcore.backends.megatron.family"),
     **dict.fromkeys(('ADAPTER', 'Layout', 'MegatronBackend', 'MegatronFamily', 'TRAINED', 'fill_rank', 'gather_hub_state', 'load_rank', 'rank_sources', 'run_megatron_training', 'write_adapter', 'write_trained',), "mmcore.backends.megatron.engine"),
     **dict.fromkeys(('DEFAULT_TARGETS', 'adapter_shards', 'add_adapters', 'init_adapters', 'merged_state', 'parallel_lora', 'peft_state', 'write_peft',), "mmcore.backends.megatron.lora"),
     **dict.fromkeys(('LayerStack', 'ParallelMap', 'Rule', 'even_layers',), "mmcore.backends.megatron.tensor_map"),

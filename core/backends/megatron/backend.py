@@ -1,5 +1,5 @@
 """The megatron-core backend (``parallel.backend: megatron``) as the train loop drives it
-(:class:`mmcore.backend.Backend`); :mod:`mmcore.megatron.engine` says what it does and why.
+(:class:`mmcore.backends.protocol.Backend`); :mod:`mmcore.backends.megatron.engine` says what it does and why.
 
 Each process holds one tensor-parallel shard of one pipeline stage (one chunk per virtual
 stage); the micro-batches of a step run through Megatron's forward-backward schedule; the
@@ -17,18 +17,18 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from mmcore.backend import Finished, Prepared, Resumed
-from mmcore.checkpointing import CHECKPOINTS, LATEST, TRAINER_STATE, commit_checkpoint, restore_rng, saved_rng, seed_everything
-from mmcore.ema import EMA_ADAPTER, EMA_OUTPUT
+from mmcore.backends.protocol import Finished, Prepared, Resumed
+from mmcore.checkpoint.training import CHECKPOINTS, LATEST, TRAINER_STATE, commit_checkpoint, restore_rng, saved_rng, seed_everything
+from mmcore.train.ema import EMA_ADAPTER, EMA_OUTPUT
 from mmcore.errors import StageError
-from mmcore.megatron.family import ADAPTER, RECOMPUTE_KEPT_OPS, TRAINED, Layout, MegatronFamily, MegatronRecipe
-from mmcore.megatron.weights import chosen_parameters, freeze_rank, load_rank, lora_kinds, saved_modules
-from mmcore.megatron.write import write_adapter, write_trained
+from mmcore.backends.megatron.family import ADAPTER, RECOMPUTE_KEPT_OPS, TRAINED, Layout, MegatronFamily, MegatronRecipe
+from mmcore.backends.megatron.weights import chosen_parameters, freeze_rank, load_rank, lora_kinds, saved_modules
+from mmcore.backends.megatron.write import write_adapter, write_trained
 
 if TYPE_CHECKING:
-    from mmcore.context import StageContext
-    from mmcore.ema import MovingAverage
-    from mmcore.rundir import Manifest
+    from mmcore.framework.context import StageContext
+    from mmcore.train.ema import MovingAverage
+    from mmcore.run.rundir import Manifest
     from mmcore.train import TrainRecipe
 
 
@@ -44,10 +44,10 @@ class MegatronBackend:
         import torch.distributed as dist
 
         from mmcore import megatron
-        from mmcore.convert import dcp_index
-        from mmcore.megatron.gpt import init_model_parallel
-        from mmcore.megatron.precision import Bf16Compute
-        from mmcore.recompute import apply_recompute
+        from mmcore.engines.convert import dcp_index
+        from mmcore.backends.megatron.gpt import init_model_parallel
+        from mmcore.backends.megatron.precision import Bf16Compute
+        from mmcore.train.recompute import apply_recompute
         from mmcore.train import computes_in_bf16
 
         cfg, parallel, world, accelerator = ctx.config.training, ctx.config.parallel, ctx.world, ctx.accelerator
@@ -78,7 +78,7 @@ class MegatronBackend:
         frozen = freeze_rank(model, family, layout, weights, cfg.freeze, recipe.freeze_groups) if cfg.freeze else 0
         self.lora, self.saved_hub = cfg.lora.r > 0, []
         if self.lora:  # adapters on the language model's layer linears, the rest frozen (after loading: the base keeps its names)
-            from mmcore.megatron.lora import add_adapters, init_adapters
+            from mmcore.backends.megatron.lora import add_adapters, init_adapters
 
             saved = saved_modules(family, converted, cfg.lora, recipe.freeze_groups)
             whole = chosen_parameters(model, family, layout, converted, saved, "training.lora.modules_to_save", "saved") if saved else []
@@ -101,14 +101,14 @@ class MegatronBackend:
         dist.all_reduce(trained)
         if not trained.item():
             raise StageError("every parameter is frozen (training.freeze): nothing to train")
-        # bf16: each step computes on bf16 copies of the fp32 weights (mmcore.megatron.precision)
+        # bf16: each step computes on bf16 copies of the fp32 weights (mmcore.backends.megatron.precision)
         self.precision = Bf16Compute(model.parameters(), enabled=bf16)
         self.dp_group = _dp_group()
         return Prepared(model=model, trained=params, optimizer_params=[{"params": params}], frozen=frozen, bf16=bf16,  # a group: it may be empty
                         data_rank=layout.dp_rank, data_ranks=layout.dp, data_group=self.dp_group, fills=False, finite_group=dist.group.WORLD)
 
     def start(self, checkpoint: Path | None, optimizer: Any, scheduler: Any, sampler: Any, ema: "MovingAverage | None") -> Resumed | None:
-        from mmcore.megatron.checkpoint import load as load_megatron_checkpoint
+        from mmcore.backends.megatron.checkpoint import load as load_megatron_checkpoint
 
         ctx, layout, world = self.ctx, self.layout, self.world
         ctx.say(f"megatron-core: {layout.describe()} over {world.world_size} process(es)")
@@ -138,7 +138,7 @@ class MegatronBackend:
             resumed = Resumed(step, float("nan") if state.get("loss") is None else float(state["loss"]), moved)
         self.shapes = None  # the training model on the meta device: what the recipe counts FLOPs on
         if self.recipe.flops is not None:
-            from mmcore.sharded_load import parameters_on_meta
+            from mmcore.checkpoint.sharded_load import parameters_on_meta
 
             with parameters_on_meta():
                 self.shapes = self.recipe.build_model(ctx, self.upstream)
@@ -149,7 +149,7 @@ class MegatronBackend:
     def forward_backward(self, batches: Sequence[dict[str, Any]], total_tokens: float) -> tuple[Any, float]:
         import torch
 
-        from mmcore.megatron.train import forward_backward
+        from mmcore.backends.megatron.train import forward_backward
 
         family, device, recipe = self.family, self.device, self.recipe
         flops = sum(recipe.flops(self.shapes, batch) for batch in batches) if self.shapes is not None else 0.0  # type: ignore[misc]
@@ -160,7 +160,7 @@ class MegatronBackend:
         return loss_sum, flops * self.layout.dp / self.world.world_size  # this replica's FLOPs, shared by its TP x PP processes
 
     def clip_gradients(self, max_norm: float | None) -> float:
-        from mmcore.megatron.train import clip_gradients, reduce_gradients, sum_tied_gradients
+        from mmcore.backends.megatron.train import clip_gradients, reduce_gradients, sum_tied_gradients
 
         for decoder in self.decoders:
             sum_tied_gradients(decoder)
@@ -229,7 +229,7 @@ def evaluate_held_out(model: Sequence[Any], family: MegatronFamily, layout: Layo
     the same ones; empty without a score or held-out samples."""
     import torch
 
-    from mmcore.megatron.train import forward_scores
+    from mmcore.backends.megatron.train import forward_scores
 
     if family.score is None or not family.score_names or family.held_out is None or family.collate_one is None or len(family.held_out) == 0:
         return {}
@@ -248,7 +248,7 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     cfg, parallel = ctx.config.training, ctx.config.parallel
     if not isinstance(recipe, MegatronRecipe):
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not run on megatron-core" + (" for training.method: dpo" if cfg.method == "dpo" else ""))
-    from mmcore.preflight import megatron_layout_problem
+    from mmcore.run.preflight import megatron_layout_problem
 
     problem = megatron_layout_problem(parallel, cfg, ctx.world.world_size)  # the launcher checked it too; a run started another way
     if problem:
@@ -296,7 +296,7 @@ def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, samp
     """``root/step-N``: the model, optimizer and moving average (``averages``: parameter and
     average pairs, none on a rank that trains nothing; None without training.ema) in megatron-core's ``dist_checkpointing``, with the scheduler, data
     position, layout and RNG states, by the engine's protocol."""
-    from mmcore.megatron.checkpoint import save as save_megatron_checkpoint
+    from mmcore.backends.megatron.checkpoint import save as save_megatron_checkpoint
 
     trainer_state = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position,
                      "backend": "megatron", "layout": _layout_record(layout), "ema": averages is not None}

@@ -101,7 +101,7 @@ def load(model: Any, folder: Path, optimizer: Any = None, averages: Sequence[tup
     state = sharded_state(model)
     wanted: dict[str, Any] = {"model": state, "common": {}}
     if optimizer is not None:
-        from mmcore.optim import empty_state
+        from mmcore.train.optim import empty_state
 
         for group in optimizer.param_groups:  # state tensors to load into, shaped as the parameters
             for parameter in group["params"]:

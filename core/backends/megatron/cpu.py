@@ -128,7 +128,7 @@ def activate() -> None:
         return
     import torch
 
-    from mmcore.megatron import status
+    from mmcore.backends.megatron import status
 
     usable, why = status()
     if not usable:

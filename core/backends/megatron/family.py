@@ -5,7 +5,7 @@ The backend asks for its family through protocols of its own, so that the generi
 (:class:`mmcore.train.TrainRecipe`, the kits' family declarations) carry no field of one backend:
 
 * :class:`MegatronRecipe`: a train recipe that also runs on ``parallel.backend: megatron``
-  (``megatron_family(ctx, upstream)``); :mod:`mmcore.megatron.backend` checks
+  (``megatron_family(ctx, upstream)``); :mod:`mmcore.backends.megatron.backend` checks
   ``isinstance(recipe, MegatronRecipe)`` and refuses, in one line, a recipe that is not one.
 * :class:`MegatronPart`: a model family (a kit's declaration, e.g. a subclass of
   :class:`~mmcore.kits.vlm.VLMFamily`) that has a megatron-core side
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
-    from mmcore.adapters import StateDictAdapter
-    from mmcore.context import StageContext
-    from mmcore.parallel_map import ParallelMap
-    from mmcore.rundir import Manifest
+    from mmcore.engines.state_dict import StateDictAdapter
+    from mmcore.framework.context import StageContext
+    from mmcore.backends.megatron.tensor_map import ParallelMap
+    from mmcore.run.rundir import Manifest
 
 #: what ``training.recompute: selective`` keeps of a megatron-core layer: the linears' outputs; the
 #: attention scores and probabilities are recomputed (Megatron's own selective recompute, of
@@ -43,7 +43,7 @@ ADAPTER = "adapter"  # checkpoints/adapter: with training.lora, the adapters in 
 
 
 def _next_token_loss(logits: Any, batch: dict[str, Any]) -> Any:
-    from mmcore.causal_lm import next_token_loss_sum
+    from mmcore.train.causal_lm import next_token_loss_sum
 
     return next_token_loss_sum(logits, batch["labels"])
 
@@ -134,7 +134,7 @@ class Layout:
     def rng_stream(self) -> int:
         """Which random stream this rank draws from: one per data-parallel replica and pipeline
         stage, shared by the tensor-parallel ranks (a LoRA dropout mask over an input every TP
-        rank holds must be the same on each: :mod:`mmcore.megatron.lora`)."""
+        rank holds must be the same on each: :mod:`mmcore.backends.megatron.lora`)."""
         return self.dp_rank + self.dp * self.stage
 
     def describe(self) -> str:
@@ -148,7 +148,7 @@ class Layout:
 @runtime_checkable
 class MegatronRecipe(Protocol):
     """A train recipe (:class:`mmcore.train.TrainRecipe`) that also runs on
-    ``parallel.backend: megatron``: what :mod:`mmcore.megatron.backend` asks of it besides the
+    ``parallel.backend: megatron``: what :mod:`mmcore.backends.megatron.backend` asks of it besides the
     recipe's generic parts (it reads ``weights``, ``freeze_groups``, ``flops`` and
     ``build_model`` for the FLOPs as the FSDP2 backend does; ``collate`` and the sampler are the
     loop's). The VLM kit's recipe is one where its family is a :class:`MegatronPart`."""
@@ -190,9 +190,9 @@ class MegatronPart(Protocol):
 
 @runtime_checkable
 class MegatronTable(Protocol):
-    """A model family with a Megatron table (:class:`mmcore.parallel_map.ParallelMap`: hub names
+    """A model family with a Megatron table (:class:`mmcore.backends.megatron.tensor_map.ParallelMap`: hub names
     <-> Megatron names, how each tensor is split): what ``export.format: mindspeed-mm`` writes
-    MindSpeed-MM's layout with (:func:`mmcore.mindspeed_mm.export_mindspeed`)."""
+    MindSpeed-MM's layout with (:func:`mmcore.backends.megatron.mindspeed_mm.export_mindspeed`)."""
 
     def megatron_table(self, model_dir: Path) -> "ParallelMap":
         """The table of one checkpoint.
@@ -200,7 +200,7 @@ class MegatronTable(Protocol):
         :param model_dir: A checkpoint folder of the family in the hub's layout: the download
             stage's ``model``, or the export's ``from_pretrained`` folder (its ``config.json``
             gives the layer counts and sizes the table is written for).
-        :return: The family's :class:`~mmcore.parallel_map.ParallelMap` for that config.
+        :return: The family's :class:`~mmcore.backends.megatron.tensor_map.ParallelMap` for that config.
         """
         ...
 

@@ -1,11 +1,11 @@
 """A megatron-core ``GPTModel`` for a transformers decoder (Llama / Qwen2 style: RMSNorm, SwiGLU,
 rotary or multimodal rotary positions, optional q/k/v biases), and its weights from a family's
-:class:`mmcore.parallel_map.ParallelMap`.
+:class:`mmcore.backends.megatron.tensor_map.ParallelMap`.
 
 The model is single-device code built per rank; tensor parallelism is Megatron's own layers
 (column-/row-parallel linears, a vocab-parallel embedding and output layer), which the table's
 split matches. Local layer spec (no Transformer Engine) with every fusion off, so the same
-model runs on the CPU accelerator (:mod:`mmcore.megatron.cpu`) and on CUDA.
+model runs on the CPU accelerator (:mod:`mmcore.backends.megatron.cpu`) and on CUDA.
 
 Sequence parallelism (``sequence_parallel``): between the tensor-parallel regions (the norms,
 the residual stream) each TP rank holds 1/TP of the sequence instead of all of it, so those
@@ -14,7 +14,7 @@ after (Megatron's own layers). megatron-core's local spec norm refuses it ("not 
 torch LayerNorm"), for the one reason that a norm's weight then sees only its rank's tokens:
 :class:`SequenceParallelNorm` is the same ``torch.nn.RMSNorm`` with its weight marked
 ``sequence_parallel``, whose gradient the engine sums over the TP ranks
-(:func:`mmcore.megatron.train.reduce_gradients`).
+(:func:`mmcore.backends.megatron.train.reduce_gradients`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: 
     in whole minutes: Megatron's unit)."""
     import torch.distributed as dist
 
-    from mmcore.megatron.cpu import activate
+    from mmcore.backends.megatron.cpu import activate
 
     activate()
     from megatron.core import parallel_state
@@ -50,7 +50,7 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: 
 
 def padded_vocab(vocab_size: int, tensor_parallel: int) -> int:
     """The vocabulary rows each rank's shards add up to: the smallest multiple of the TP size
-    (as :class:`mmcore.parallel_map.Rule` pads ``vocab`` tensors)."""
+    (as :class:`mmcore.backends.megatron.tensor_map.Rule` pads ``vocab`` tensors)."""
     return -(-vocab_size // tensor_parallel) * tensor_parallel
 
 
@@ -63,10 +63,10 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
     ``num_hidden_layers``, ``rms_norm_eps``, ``vocab_size``, rope theta), uninitialised (weights
     come from :func:`load_rank_state`); ``mrope_section``: Qwen2-VL's multimodal rotary sections.
     With ``pipeline_parallel`` > 1: this stage's layers (``stage_layers``: the count on each
-    stage, as :func:`mmcore.parallel_map.even_layers` places them), the embedding where
+    stage, as :func:`mmcore.backends.megatron.tensor_map.even_layers` places them), the embedding where
     ``pre_process``, the final norm and output layer where ``post_process``. ``parallel_output``:
     the last stage returns each tensor-parallel rank's slice of the (padded) vocabulary's
-    logits, for :func:`mmcore.megatron.train.vocab_parallel_loss_sum`; else the whole.
+    logits, for :func:`mmcore.backends.megatron.train.vocab_parallel_loss_sum`; else the whole.
     ``sequence_parallel``: the layers take and give [S / TP, B, H] (the module docstring); the
     embedding is not scattered (the caller adds its own features first:
     :func:`scatter_sequence`). ``virtual_pipeline`` > 1: this is virtual stage ``chunk`` of the
@@ -101,7 +101,7 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
         persist_layer_norm=False, gradient_accumulation_fusion=False,
         use_cpu_initialization=True, perform_initialization=False,
     )
-    from mmcore.megatron.cpu import tensor_cuda_stays
+    from mmcore.backends.megatron.cpu import tensor_cuda_stays
 
     with tensor_cuda_stays():  # a tied output layer's copy on the last stage is all-reduced as it is built
         model = GPTModel(

@@ -122,7 +122,7 @@ def _lora_class() -> type:
 def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS, dropout: float = 0.0) -> list[str]:
     """Put a :func:`parallel_lora` on every parallel linear named in ``targets`` (``dropout`` on
     its input while training), freeze every other parameter; returns the wrapped modules' names."""
-    from mmcore.lora import check_rank
+    from mmcore.train.lora import check_rank
 
     chosen = [(f"{name}.{child_name}" if name else child_name, child) for name, module in model.named_modules() for child_name, child in module.named_children()
               if child_name in targets and not isinstance(child, _lora_class()) and hasattr(child, "weight")]
@@ -246,7 +246,7 @@ def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, b
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from mmcore.lora import save_peft_config
+    from mmcore.train.lora import save_peft_config
 
     folder.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})

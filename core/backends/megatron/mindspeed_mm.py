@@ -13,7 +13,7 @@ pipeline: ``model0``, ``model1``, ... one per chunk; a trained one also holds th
 and the run's arguments, which are not read). The files are pickles, so they are read with
 ``torch.load(weights_only=True)`` only: tensors, containers and numbers, plus
 ``argparse.Namespace`` (Megatron's saved arguments); anything else is refused with the file's
-name. Names, fusions and splits come from the family's :class:`mmcore.parallel_map.ParallelMap`.
+name. Names, fusions and splits come from the family's :class:`mmcore.backends.megatron.tensor_map.ParallelMap`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mmcore.errors import StageError
-from mmcore.parallel_map import ParallelMap, State, even_layers
+from mmcore.backends.megatron.tensor_map import ParallelMap, State, even_layers
 
 if TYPE_CHECKING:
     import torch
@@ -219,7 +219,7 @@ def import_mindspeed(ctx: Any, folder: Path, model_dir: Path, parallel_map: Call
 
     from safetensors.torch import save_file
 
-    from mmcore.convert import copy_side_files
+    from mmcore.engines.convert import copy_side_files
 
     if not folder.is_dir():
         raise StageError(f"convert.mindspeed_mm: {folder} is not a folder")

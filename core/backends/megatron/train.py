@@ -103,7 +103,7 @@ def _same_length(batches: Sequence[dict[str, Any]], multiple: int) -> list[dict[
     ``labels`` -100 (not learned), the rest 0. Causal attention: the real tokens see none of it."""
     import torch.nn.functional as F
 
-    from mmcore.causal_lm import IGNORE
+    from mmcore.train.causal_lm import IGNORE
 
     longest = max(b["input_ids"].shape[1] for b in batches)
     longest += -longest % multiple
@@ -137,7 +137,7 @@ def vocab_parallel_loss_sum(logits: Any, labels: Any, vocab_size: int) -> Any:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    from mmcore.causal_lm import IGNORE
+    from mmcore.train.causal_lm import IGNORE
 
     shard = logits[:, :-1].float()
     width = shard.shape[-1]
@@ -154,14 +154,14 @@ def vocab_parallel_loss_sum(logits: Any, labels: Any, vocab_size: int) -> Any:
 
 def vocab_parallel_exact_match(logits: Any, labels: Any, vocab_size: int) -> Any:
     """Per row: every supervised next token is the argmax over the whole vocabulary (what greedy
-    decoding would answer; :func:`mmcore.causal_lm.exact_match`), from this tensor-parallel
+    decoding would answer; :func:`mmcore.train.causal_lm.exact_match`), from this tensor-parallel
     rank's slice of the logits: each rank's best (value, token) of its slice, the ranks' best
     taken (the lowest token among equal values, as ``argmax`` over the whole row takes)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from mmcore.causal_lm import IGNORE
+    from mmcore.train.causal_lm import IGNORE
 
     shard = logits[:, :-1].float()
     width = shard.shape[-1]
@@ -216,7 +216,7 @@ def reduce_gradients(parameters: Iterable[Any]) -> None:
 
 def sum_tied_gradients(gpt: Any) -> None:
     """A tied output layer over several pipeline stages: the last stage holds a copy of the
-    embedding (:meth:`mmcore.parallel_map.ParallelMap.split_pp`); sum the two gradients
+    embedding (:meth:`mmcore.backends.megatron.tensor_map.ParallelMap.split_pp`); sum the two gradients
     between the first and last stage, so both copies take the same update and stay equal."""
     import torch.distributed as dist
     from megatron.core import parallel_state

@@ -1,5 +1,5 @@
 """The trained weights, written by every rank at once: each rank of data-parallel replica 0 writes
-the pieces of the hub tensors its shards make (:meth:`mmcore.parallel_map.Rule.pieces`), under
+the pieces of the hub tensors its shards make (:meth:`mmcore.backends.megatron.tensor_map.Rule.pieces`), under
 the family's training names, into one DCP checkpoint (torch's distributed save: the coordinator
 writes the metadata, which checks that the pieces tile every tensor once). No rank gathers the
 model or holds more than its own part plus the piece being written, so the end of a run needs
@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from mmcore.errors import StageError
-from mmcore.faults import crash_point
+from mmcore.framework.faults import crash_point
 
 if TYPE_CHECKING:
     import torch
 
-    from mmcore.adapters import Recipe
-    from mmcore.megatron.engine import Layout, MegatronFamily
+    from mmcore.engines.state_dict import Recipe
+    from mmcore.backends.megatron.engine import Layout, MegatronFamily
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ def rank_pieces(model: Sequence[Any], family: "MegatronFamily", layout: "Layout"
     modules from tensor-parallel rank 0 of the first stage. Replicas of data-parallel rank > 0
     write nothing; a tensor the table replicates over TP is written by TP rank 0, after the
     ranks have checked that they hold the same values."""
-    from mmcore.megatron.engine import rank_sources
-    from mmcore.megatron.lora import merged_makers
+    from mmcore.backends.megatron.engine import rank_sources
+    from mmcore.backends.megatron.lora import merged_makers
 
     if layout.dp_rank:
         return {}
@@ -119,7 +119,7 @@ def write_pieces(folder: Path, pieces: Mapping[str, Sequence[Piece]], sizes: Map
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
     from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
-    from mmcore.convert import WRITER_THREADS
+    from mmcore.engines.convert import WRITER_THREADS
 
     makers = {(prefix + name, piece.offsets): piece.make for name, own in pieces.items() for piece in own}
     made = itertools.count(1)  # the crash point's count (the writer's threads share it; next() is atomic)

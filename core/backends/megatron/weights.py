@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mmcore.errors import StageError
-from mmcore.megatron.family import Layout, MegatronFamily
+from mmcore.backends.megatron.family import Layout, MegatronFamily
 
 
 def _stage_layers(family: MegatronFamily, megatron_names: Mapping[str, Any], pp: int) -> dict[str, list[int]]:
     """Layers per stage of each of the table's stacks: the decoder's as even as they go (as
-    ``build`` places them, :func:`mmcore.parallel_map.even_layers`), none of any other."""
-    from mmcore.parallel_map import even_layers
+    ``build`` places them, :func:`mmcore.backends.megatron.tensor_map.even_layers`), none of any other."""
+    from mmcore.backends.megatron.tensor_map import even_layers
 
     pmap = family.parallel_map
     return {stack.prefix: even_layers(pmap.layer_count(megatron_names, stack), pp) if stack.prefix.startswith(family.decoder_prefix) else [0] * pp
@@ -45,8 +45,8 @@ def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, ch
     of frozen and trained tensors (a fused QKV with only q frozen) is a one-line error, as is
     a layer's tensor frozen in some layers only. Returns how many training names are frozen
     (the FSDP2 loop's count)."""
-    from mmcore.convert import dcp_index
-    from mmcore.optim import frozen_names
+    from mmcore.engines.convert import dcp_index
+    from mmcore.train.optim import frozen_names
 
     index = dcp_index(checkpoint)
     frozen = set(frozen_names(list(index), patterns, groups))
@@ -93,7 +93,7 @@ def chosen_parameters(model: Sequence[Any], family: MegatronFamily, layout: Layo
 def saved_modules(family: MegatronFamily, index: Mapping[str, Any], lora: Any, groups: Mapping[str, Sequence[str]]) -> set[str]:
     """``training.lora.modules_to_save``: the training names of the modules its globs and the
     recipe's groups pick (a module holding parameters itself, as on FSDP2)."""
-    from mmcore.lora import expand_groups, matches_any
+    from mmcore.train.lora import expand_groups, matches_any
 
     saved: set[str] = set()
     for entry, globs in expand_groups(lora.modules_to_save, groups):
@@ -123,7 +123,7 @@ def _same_in_every_layer(family: MegatronFamily, chosen: Mapping[str, bool], set
 
 def lora_kinds(family: MegatronFamily, checkpoint: Path, lora: Any, groups: Mapping[str, Sequence[str]], freeze: Sequence[str]) -> tuple[str, ...]:
     """``training.lora.target_modules`` on megatron: which of a decoder layer's linears
-    (:data:`mmcore.megatron.lora.DEFAULT_TARGETS`) get adapters. The globs and the recipe's
+    (:data:`mmcore.backends.megatron.lora.DEFAULT_TARGETS`) get adapters. The globs and the recipe's
     groups pick training modules (a weight's name less ``.weight``) as on FSDP2, less what
     ``training.freeze`` freezes; through the family's adapter and table they must make up whole
     layer linears (q, k and v are one linear; gate and up one), the same in every layer, and
@@ -131,10 +131,10 @@ def lora_kinds(family: MegatronFamily, checkpoint: Path, lora: Any, groups: Mapp
     ``target_modules``: every layer linear, as FSDP2's default (the language model's blocks)."""
     import re
 
-    from mmcore.convert import dcp_index
-    from mmcore.lora import expand_groups, matches_any
-    from mmcore.megatron.lora import DEFAULT_TARGETS
-    from mmcore.optim import frozen_names
+    from mmcore.engines.convert import dcp_index
+    from mmcore.train.lora import expand_groups, matches_any
+    from mmcore.backends.megatron.lora import DEFAULT_TARGETS
+    from mmcore.train.optim import frozen_names
 
     if not lora.target_modules:
         return DEFAULT_TARGETS
@@ -174,8 +174,8 @@ def lora_kinds(family: MegatronFamily, checkpoint: Path, lora: Any, groups: Mapp
 def load_rank(model: Any, family: MegatronFamily, checkpoint: Path, layout: Layout) -> None:
     """Fill this rank's ``model`` from convert's checkpoint (training names, DCP) by
     :func:`fill_rank`: only the tensors this stage is made of are read, one layer at a time."""
-    from mmcore.adapters import materialize
-    from mmcore.convert import dcp_index, load_dcp_tensors, read_whole_tensor, whole_tensor_files
+    from mmcore.engines.state_dict import materialize
+    from mmcore.engines.convert import dcp_index, load_dcp_tensors, read_whole_tensor, whole_tensor_files
 
     index = dcp_index(checkpoint)
     to_hub = family.adapter.to_hf(index)  # hub name -> how to make it from training names
@@ -198,7 +198,7 @@ def fill_rank(model: Any, family: MegatronFamily, layout: Layout, hub_names: Seq
     storage): the decoder's tensor-parallel shard of this stage, cut by the table, and the
     ``whole`` modules on the first stage. One layer is read at a time: a rank holds its shard
     plus one layer's whole tensors (host memory ~ model / (TP x PP) + a layer)."""
-    from mmcore.megatron.gpt import check_rank_names, copy_rank_state
+    from mmcore.backends.megatron.gpt import check_rank_names, copy_rank_state
 
     mine, whole = rank_sources(family, hub_names, layout)
     decoder = getattr(model, family.decoder)

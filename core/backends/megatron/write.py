@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from mmcore.checkpointing import INCOMPLETE
-from mmcore.megatron.family import Layout, MegatronFamily
+from mmcore.checkpoint.training import INCOMPLETE
+from mmcore.backends.megatron.family import Layout, MegatronFamily
 
 
 def gather_hub_state(model: Sequence[Any], family: MegatronFamily, layout: Layout) -> dict[str, Any] | None:
@@ -19,7 +19,7 @@ def gather_hub_state(model: Sequence[Any], family: MegatronFamily, layout: Layou
     data-parallel replica 0 sends its chunks' shards there, where the table merges them (LoRA
     adapters merged into their base weights first). Holds the whole model in rank 0's memory
     (as an export does)."""
-    from mmcore.megatron.lora import merged_state
+    from mmcore.backends.megatron.lora import merged_state
 
     def part(chunk: int) -> tuple[dict[str, Any], dict[str, Any]]:
         decoder = {family.decoder_prefix + k: v.cpu() for k, v in merged_state(getattr(model[chunk], family.decoder)).items()}
@@ -58,18 +58,18 @@ def _gather_by_stage(layout: Layout, part: Callable[[int], Any]) -> list[list[An
 def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any,
                   index: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The trained weights in the family's training names as a DCP model checkpoint
-    (``model.<name>``: what export and :func:`mmcore.checkpointing.load_converted` read),
+    (``model.<name>``: what export and :func:`mmcore.checkpoint.training.load_converted` read),
     replacing ``folder`` only once complete. With ``index`` (convert's tensors: training name
     -> shape, the whole shapes) and an adapter that only renames, every rank writes its own
-    pieces (:mod:`mmcore.megatron.trained`: no rank holds more than its part) and None is
+    pieces (:mod:`mmcore.backends.megatron.trained`: no rank holds more than its part) and None is
     returned. Otherwise (an adapter that combines tensors; callers of SDK < 1.15) the model is
     gathered on rank 0, which must hold it whole, and gets it back under hub names."""
     import os
 
     import torch.distributed as dist
 
-    from mmcore.io import fsync_dir
-    from mmcore.megatron.trained import rank_pieces, renames_only, write_pieces
+    from mmcore.framework.files import fsync_dir
+    from mmcore.backends.megatron.trained import rank_pieces, renames_only, write_pieces
 
     to_hub = family.adapter.to_hf(dict(index)) if index is not None else None
     partial = folder.with_name(folder.name + INCOMPLETE)
@@ -100,7 +100,7 @@ def _write_gathered(partial: Path, model: Sequence[Any], family: MegatronFamily,
     the hub tensors on rank 0 (None elsewhere)."""
     import torch.distributed.checkpoint as dcp
 
-    from mmcore.adapters import TensorInfo, materialize
+    from mmcore.engines.state_dict import TensorInfo, materialize
 
     hub = gather_hub_state(model, family, layout)
     if hub is not None:
@@ -119,7 +119,7 @@ def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, la
     ``trained`` (its checkpoint), a tied output layer's beside the embedding's."""
     import torch.distributed as dist
 
-    from mmcore.megatron.lora import adapter_shards, peft_state, write_peft
+    from mmcore.backends.megatron.lora import adapter_shards, peft_state, write_peft
 
     def part(chunk: int) -> dict[str, Any]:
         shards = adapter_shards(getattr(model[chunk], family.decoder), prefix=family.decoder_prefix)
@@ -151,8 +151,8 @@ def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, la
 
 def _read_hub(trained: Path, family: MegatronFamily, names: Sequence[str]) -> dict[str, Any]:
     """The hub tensors ``names`` (those the checkpoint has) read whole from a trained checkpoint."""
-    from mmcore.adapters import materialize
-    from mmcore.convert import dcp_index, load_dcp_tensors
+    from mmcore.engines.state_dict import materialize
+    from mmcore.engines.convert import dcp_index, load_dcp_tensors
 
     index = dcp_index(trained)
     plan = {name: recipe for name, recipe in family.adapter.to_hf(index).items() if name in set(names)}

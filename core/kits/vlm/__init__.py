@@ -7,8 +7,8 @@ the stage functions and parts its declared stages bind::
     FAMILY = VLMFamily(model_class="LlavaForConditionalGeneration", encoder=make_encoder, ...)
 
     STAGES = {
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_x.tiny:build_init_checkpoint"}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_x.adapter:ADAPTER",
+        "download": Stage("mmcore.engines.download:download_stage", parts={"build_init": "mm_pack_x.tiny:build_init_checkpoint"}),
+        "convert": Stage("mmcore.engines.convert:convert_stage", parts={"adapter": "mm_pack_x.adapter:ADAPTER",
                                                                "build_model": "mm_pack_x.family:FAMILY.build_model"}),
         "preprocess": "mm_pack_x.family:FAMILY.preprocess",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_x.family:FAMILY.recipe"}),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from mmcore.causal_lm import count_loss_tokens, next_token_loss_sum, packed_rows, padded_rows
+from mmcore.train.causal_lm import count_loss_tokens, next_token_loss_sum, packed_rows, padded_rows
 from mmcore.kits import blocks_at
 from mmcore.kits.vlm.pairs import chosen_view
 
@@ -114,7 +114,7 @@ class VLMBatches:
     def step_flops(self: "VLMFamily") -> Callable[[Any, Batch], float]:
         """``(model, batch) -> FLOPs`` of a forward and backward: towers on their tokens, the
         rest on the text tokens, the decoder's attention per sample."""
-        from mmcore.flops import StepFlops, attention_flops, dense_flops
+        from mmcore.train.flops import StepFlops, attention_flops, dense_flops
 
         seen = StepFlops()
 

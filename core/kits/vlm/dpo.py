@@ -1,4 +1,4 @@
-"""DPO for the VLM kit: the train engine's recipe on preference pairs (:mod:`mmcore.preference`),
+"""DPO for the VLM kit: the train engine's recipe on preference pairs (:mod:`mmcore.train.preference`),
 :class:`VLMDPORecipe`.
 
 A micro-batch of pairs is one batch of rows, every pair's chosen row first, then the rejected
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from mmcore.context import StageContext
+from mmcore.framework.context import StageContext
 from mmcore.errors import StageError
 from mmcore.kits.vlm.batches import Batch, with_tail
 from mmcore.kits.vlm.pairs import PAIR_FIELDS, PairSamples, answer_views, chosen_view
 from mmcore.kits.vlm.recipe import VLMRecipe
-from mmcore.rundir import Manifest
+from mmcore.run.rundir import Manifest
 
 if TYPE_CHECKING:
     from mmcore.kits.vlm.family import VLMFamily
@@ -33,7 +33,7 @@ class VLMDPORecipe(VLMRecipe):
     loss_unit = "pairs"
 
     def __init__(self, family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
-        from mmcore.preference import reference_mode
+        from mmcore.train.preference import reference_mode
 
         super().__init__(family, ctx, upstream)
         cfg = ctx.config.training
@@ -71,7 +71,7 @@ class VLMDPORecipe(VLMRecipe):
 
     def logps(self, model: Any, batch: Batch) -> tuple[Any, Any]:
         """(summed log-probability of each row's answer, its token count)."""
-        from mmcore.preference import sequence_logps
+        from mmcore.train.preference import sequence_logps
 
         return sequence_logps(self.family.forward_logits(model, batch), batch["labels"], batch.get("segments"))
 
@@ -79,8 +79,8 @@ class VLMDPORecipe(VLMRecipe):
         """(per-pair loss, chosen rewards, rejected rewards, chosen token counts)."""
         import torch
 
-        from mmcore.lora import adapters_disabled
-        from mmcore.preference import dpo_terms
+        from mmcore.train.lora import adapters_disabled
+        from mmcore.train.preference import dpo_terms
 
         n = int(batch["num_loss_tokens"])
         sums, counts = self.logps(model, batch)
@@ -96,7 +96,7 @@ class VLMDPORecipe(VLMRecipe):
         return losses, chosen, rejected, counts[:n]
 
     def loss(self, model: Any, batch: Batch) -> Any:
-        from mmcore.preference import reward_sums
+        from mmcore.train.preference import reward_sums
 
         losses, chosen, rejected, _ = self.rewards(model, batch, "train")
         for name, value in reward_sums(chosen, rejected).items():
@@ -127,7 +127,7 @@ class VLMDPORecipe(VLMRecipe):
         """``precomputed``: the starting model's log-probabilities of every pair's answers."""
         import torch
 
-        from mmcore.preference import ReferenceLogps
+        from mmcore.train.preference import ReferenceLogps
 
         if self.mode != "precomputed":
             return
@@ -146,7 +146,7 @@ class VLMDPORecipe(VLMRecipe):
 
     def evaluate(self, ctx: StageContext, model: Any, step: int) -> dict[str, float]:
         """Held-out reward accuracy (a tie counts half) and mean rewards and margin."""
-        from mmcore.preference import reward_sums
+        from mmcore.train.preference import reward_sums
 
         held = self.held_pairs
         if not len(held):

@@ -7,9 +7,9 @@ The family's other methods come from the kit's modules, one job each: :mod:`.bat
 :class:`~mmcore.kits.vlm.recipe.VLMRecipe` (:mod:`.recipe`) or its DPO one (:mod:`.dpo`).
 
 A family that also runs on megatron-core says so through the megatron backend's protocols
-(:mod:`mmcore.megatron.family`): ``megatron_part(model_dir)`` (:class:`~mmcore.megatron.family.MegatronPart`,
+(:mod:`mmcore.backends.megatron.family`): ``megatron_part(model_dir)`` (:class:`~mmcore.backends.megatron.family.MegatronPart`,
 ``parallel.backend: megatron``) and ``megatron_table(model_dir)``
-(:class:`~mmcore.megatron.family.MegatronTable`, ``export.format: mindspeed-mm``), methods of a
+(:class:`~mmcore.backends.megatron.family.MegatronTable`, ``export.format: mindspeed-mm``), methods of a
 subclass (``packs/vlm/qwen2vl``: ``Qwen2VLFamily``). The SDK 1.x fields ``megatron`` and
 ``parallel_map`` still work, deprecated until SDK 2.0.
 """
@@ -21,17 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from mmcore.context import StageContext
-from mmcore.hub import remote_code
+from mmcore.framework.context import StageContext
+from mmcore.engines.download import remote_code
 from mmcore.kits.vlm.batches import Batch, CollateExtra, VLMBatches
 from mmcore.kits.vlm.generation import VLMGeneration
 from mmcore.kits.vlm.stages import VLMStages
-from mmcore.megatron.family import MegatronPart, MegatronTable
-from mmcore.rundir import Manifest
+from mmcore.backends.megatron.family import MegatronPart, MegatronTable
+from mmcore.run.rundir import Manifest
 
 if TYPE_CHECKING:
-    from mmcore.megatron.family import MegatronFamily
-    from mmcore.parallel_map import ParallelMap
+    from mmcore.backends.megatron.family import MegatronFamily
+    from mmcore.backends.megatron.tensor_map import ParallelMap
     from mmcore.train import TrainRecipe
 
 #: ``(ctx, model dir, tokenizer) -> encoder`` (``encode``/``truncate``, see ChatTemplateEncoder)
@@ -71,9 +71,9 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
         side_files: ``(model dir, export dir) -> None`` for the non-weight files of the export
             (default: copy them).
         towers: module path -> ``batch -> tokens`` through it (vision patches, audio frames),
-            for the FLOPs of a step (:mod:`mmcore.flops`); the rest of the model counts text tokens.
+            for the FLOPs of a step (:mod:`mmcore.train.flops`); the rest of the model counts text tokens.
         packed_attention: with ``training.packing``, the text decoder's attention runs through
-            the device's ``varlen_attention`` kernel (:mod:`mmcore.attention`, no T x T mask);
+            the device's ``varlen_attention`` kernel (:mod:`mmcore.train.attention`, no T x T mask);
             False for a family whose text mask is not causal.
         lora_targets: the default of ``training.lora.target_modules`` (groups or module
             globs) among the linear layers of ``shard_layers``: the language model's.
@@ -90,9 +90,9 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
             their own micro-batches and generation batches: for a model that cannot take the
             kinds in one forward (GLM-4V writes images and video frames with one token).
         parallel_map: deprecated (SDK 1.x, until SDK 2.0): ``model folder -> ParallelMap``;
-            implement :class:`~mmcore.megatron.family.MegatronTable` (``megatron_table``) instead.
+            implement :class:`~mmcore.backends.megatron.family.MegatronTable` (``megatron_table``) instead.
         megatron: deprecated (SDK 1.x, until SDK 2.0): ``model folder -> MegatronFamily``;
-            implement :class:`~mmcore.megatron.family.MegatronPart` (``megatron_part``) instead.
+            implement :class:`~mmcore.backends.megatron.family.MegatronPart` (``megatron_part``) instead.
     """
 
     model_class: str | Callable[[Any], Any]
@@ -124,7 +124,7 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
     def __post_init__(self) -> None:
         for name, instead in (("megatron", "MegatronPart (a megatron_part method)"), ("parallel_map", "MegatronTable (a megatron_table method)")):
             if getattr(self, name) is not None:
-                warnings.warn(f"VLMFamily({name}=...) is deprecated and goes in SDK 2.0: implement mmcore.megatron.family.{instead} "
+                warnings.warn(f"VLMFamily({name}=...) is deprecated and goes in SDK 2.0: implement mmcore.backends.megatron.family.{instead} "
                               "in a subclass of VLMFamily", DeprecationWarning, stacklevel=3)
 
     # -- the model ---------------------------------------------------------------------------
@@ -142,7 +142,7 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
 
     def build_model(self, model_dir: Path, checkpoint: Path | None = None) -> Any:
         """The model of ``model_dir``'s config, weights from a DCP ``checkpoint`` (convert's or train's)."""
-        from mmcore.checkpointing import load_converted
+        from mmcore.checkpoint.training import load_converted
 
         config = self.config(model_dir)
         config._attn_implementation = "sdpa"
@@ -154,7 +154,7 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
     def export_side_files(self, model_dir: Path, out: Path) -> None:
         """The export's non-weight files: ``side_files``, or the folder's copied with, under
         ``config_class``, the config of the part the model is."""
-        from mmcore.convert import copy_side_files
+        from mmcore.engines.convert import copy_side_files
 
         if self.side_files is not None:
             self.side_files(model_dir, out)
@@ -165,7 +165,7 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
 
     def load_exported(self, folder: Path) -> Any:
         """An exported model folder, or a LoRA adapter folder on its base (peft's layers, unmerged)."""
-        from mmcore.lora import with_adapters
+        from mmcore.train.lora import with_adapters
 
         return with_adapters(lambda path: self.model_type(self.config(path)).from_pretrained(path, attn_implementation="sdpa"))(folder)
 
@@ -192,13 +192,13 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
 
 def megatron_part_of(family: VLMFamily) -> "Callable[[Path], MegatronFamily] | None":
     """``model folder -> MegatronFamily`` where ``family`` runs on megatron-core: its
-    :class:`~mmcore.megatron.family.MegatronPart` method, or the deprecated ``megatron`` field."""
+    :class:`~mmcore.backends.megatron.family.MegatronPart` method, or the deprecated ``megatron`` field."""
     return family.megatron_part if isinstance(family, MegatronPart) else family.megatron
 
 
 def megatron_table_of(family: VLMFamily) -> "Callable[[Path], ParallelMap] | None":
     """``model folder -> ParallelMap`` where ``family`` has a Megatron table: its
-    :class:`~mmcore.megatron.family.MegatronTable` method, or the deprecated ``parallel_map`` field."""
+    :class:`~mmcore.backends.megatron.family.MegatronTable` method, or the deprecated ``parallel_map`` field."""
     return family.megatron_table if isinstance(family, MegatronTable) else family.parallel_map
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from mmcore.context import StageContext
-from mmcore.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation, generation_dtype
-from mmcore.hub import remote_code
+from mmcore.framework.context import StageContext
+from mmcore.engines.generation import PLACEHOLDERS, ModelSource, Request, empty_evaluation, generation_dtype
+from mmcore.engines.download import remote_code
 from mmcore.kits.vlm.batches import Batch
 from mmcore.kits.vlm.pairs import chosen_view
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore.framework.pack import StageResult
+from mmcore.run.rundir import Manifest
 
 if TYPE_CHECKING:
     from mmcore.kits.vlm.family import VLMFamily
@@ -42,7 +42,7 @@ class VLMGeneration:
     def generation_inputs(self: "VLMFamily", model: Any, prompts: list[dict[str, Any]], ids: Mapping[str, int]) -> Batch:
         """``generate()`` inputs of prompts (``input_ids`` and media fields): ids left-padded,
         media concatenated in order, the family's own fields added as collation adds them."""
-        from mmcore.generation import left_padded
+        from mmcore.engines.generation import left_padded
 
         input_ids, mask = left_padded([p["input_ids"].tolist() for p in prompts], ids["pad_id"])
         batch: Batch = {"input_ids": input_ids, "attention_mask": mask}
@@ -55,7 +55,7 @@ class VLMGeneration:
         """(generated tokens per prompt, the tokenizer, its token ids), batched as ``generation`` says."""
         from transformers import AutoTokenizer
 
-        from mmcore.generation import generate_tokens, sampling_options
+        from mmcore.engines.generation import generate_tokens, sampling_options
 
         tokenizer = AutoTokenizer.from_pretrained(folder, **remote_code())
         ids = self.token_ids_of(tokenizer)
@@ -83,7 +83,7 @@ class VLMGeneration:
 
         from mmcore.data.media import MediaError
         from mmcore.data.mllm import Sample, Turn
-        from mmcore.generation import context_length
+        from mmcore.engines.generation import context_length
 
         network, folder = self.generation_model(ctx, upstream, model)
         encoder = self.encoder(ctx, folder, AutoTokenizer.from_pretrained(folder, **remote_code()))
@@ -115,10 +115,10 @@ class VLMGeneration:
         """Greedy answers of the export to the held-out prompts, scored against the references:
         ``accuracy`` (normalised exact match), ``token_f1``, and ``token_accuracy`` (the answer's
         tokens reproduced exactly, what teacher-forced accuracy measures without teacher forcing)."""
-        from mmcore.causal_lm import answer_span
+        from mmcore.train.causal_lm import answer_span
         from mmcore.data.mllm import read_samples
-        from mmcore.generation import ModelSource, answer_scores, write_results
-        from mmcore.report import held_out_sources, keep_media, user_text
+        from mmcore.engines.generation import ModelSource, answer_scores, write_results
+        from mmcore.engines.report import held_out_sources, keep_media, user_text
 
         items, skipped = self.held_out(ctx, upstream)
         if not items:
@@ -161,7 +161,7 @@ class VLMGeneration:
         from mmcore.data.media import MediaError
         from mmcore.data.mllm import read_samples
         from mmcore.data.shards import ShardDataset
-        from mmcore.generation import read_held_out
+        from mmcore.engines.generation import read_held_out
 
         cfg = ctx.config.evaluate
         if not cfg.datasets:

@@ -10,7 +10,7 @@ whose micro-batch lacks a kind of media another rank's holds appends the dataset
 sample of that kind (:meth:`VLMRecipe.fill_of`), so every rank runs the same towers.
 
 A family that runs on megatron-core gets :class:`VLMMegatronRecipe`, which also answers the
-megatron backend's :class:`~mmcore.megatron.family.MegatronRecipe` protocol.
+megatron backend's :class:`~mmcore.backends.megatron.family.MegatronRecipe` protocol.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from mmcore.causal_lm import evaluate_accuracy
-from mmcore.context import StageContext
+from mmcore.train.causal_lm import evaluate_accuracy
+from mmcore.framework.context import StageContext
 from mmcore.errors import StageError
 from mmcore.kits.vlm.batches import Batch, with_tail
-from mmcore.rundir import Manifest
+from mmcore.run.rundir import Manifest
 from mmcore.train import TrainRecipe
 
 if TYPE_CHECKING:
     from mmcore.data.fillers import Fill
     from mmcore.kits.vlm.family import VLMFamily
-    from mmcore.megatron.family import MegatronFamily
+    from mmcore.backends.megatron.family import MegatronFamily
 
 #: ``(samples, fillers) -> batch``: a micro-batch with filler samples appended to its last sample
 FilledCollate = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Batch]
@@ -86,7 +86,7 @@ class VLMRecipe(TrainRecipe):
         if family.prepare_model is not None:
             family.prepare_model(ctx, model, upstream)
         if self.packing and family.packed_attention:
-            from mmcore.attention import use_packed_attention, varlen_attention
+            from mmcore.train.attention import use_packed_attention, varlen_attention
 
             use_packed_attention(model, ctx.kernel("varlen_attention") if ctx.plugins is not None else varlen_attention)
         return model
@@ -177,8 +177,8 @@ class VLMRecipe(TrainRecipe):
 
 class VLMMegatronRecipe(VLMRecipe):
     """:class:`VLMRecipe` of a family that runs on megatron-core: ``part`` is its ``model folder
-    -> MegatronFamily`` (:class:`~mmcore.megatron.family.MegatronPart`); the recipe answers
-    :class:`~mmcore.megatron.family.MegatronRecipe` for ``parallel.backend: megatron``."""
+    -> MegatronFamily`` (:class:`~mmcore.backends.megatron.family.MegatronPart`); the recipe answers
+    :class:`~mmcore.backends.megatron.family.MegatronRecipe` for ``parallel.backend: megatron``."""
 
     def __init__(self, family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest], part: Callable[[Path], "MegatronFamily"]) -> None:
         super().__init__(family, ctx, upstream)

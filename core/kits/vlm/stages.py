@@ -7,7 +7,7 @@
 * **export**: the trained checkpoint as a ``from_pretrained`` folder, reloaded by the model
   class and compared logit for logit; with ``export.format: mindspeed-mm`` also MindSpeed-MM's
   layout, through the family's Megatron table
-  (:class:`~mmcore.megatron.family.MegatronTable`).
+  (:class:`~mmcore.backends.megatron.family.MegatronTable`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Mapping
 
-from mmcore.context import StageContext
+from mmcore.framework.context import StageContext
 from mmcore.errors import StageError
-from mmcore.hub import remote_code
+from mmcore.engines.download import remote_code
 from mmcore.kits.vlm.pairs import chosen_view
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore.framework.pack import StageResult
+from mmcore.run.rundir import Manifest
 
 if TYPE_CHECKING:
     from mmcore.kits.vlm.family import VLMFamily
@@ -45,7 +45,7 @@ class VLMStages:
         """Write the export and prove it reproduces the trained logits (the evaluate stage then
         answers the held-out prompts with it)."""
         from mmcore.data.shards import ShardDataset
-        from mmcore.export import export_checked
+        from mmcore.engines.export import export_checked
         from mmcore.kits.vlm.family import megatron_table_of
 
         data = ShardDataset(upstream["preprocess"].output("dataset"))
@@ -60,7 +60,7 @@ class VLMStages:
         )
         outputs, metrics, notes = dict(done.outputs), dict(done.metrics), list(done.notes)
         if getattr(ctx.config.export, "format", "hf") == "mindspeed-mm":
-            from mmcore.mindspeed_mm import export_mindspeed
+            from mmcore.backends.megatron.mindspeed_mm import export_mindspeed
 
             table = megatron_table_of(self)
             if table is None:
