@@ -80,8 +80,8 @@ def test_old_import_paths_of_the_kit_still_import() -> None:
     from mmcore.kits.vlm.dpo import VLMDPORecipe
     from mmcore.kits.vlm.recipe import VLMRecipe
     from mmcore.kits.vlm_dpo import PairSamples, answer_views, chosen_view, dpo_recipe  # noqa: F401
-    from mmcore.sdk import SURFACE
+    from mmcore.sdk import LEGACY_SURFACE
 
-    assert not [name for name in SURFACE["mmcore.kits.vlm"] if not hasattr(kit, name)]
+    assert not [name for name in LEGACY_SURFACE["mmcore.kits.vlm"] if not hasattr(kit, name)]
     assert issubclass(VLMDPORecipe, VLMRecipe) and issubclass(VLMRecipe, TrainRecipe)
     assert VLMRecipe.loss.__module__ == "mmcore.kits.vlm.recipe"  # go to definition reaches the kit's loss, not a lambda

@@ -1,6 +1,6 @@
 """The mmcore conformance suite on this pack: every stage run once, checked against the contract."""
 
-from mmcore.testing.conformance import PackConformance
+from mmcore.testing import PackConformance
 
 
 class TestWhisperConformance(PackConformance):

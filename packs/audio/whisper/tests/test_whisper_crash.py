@@ -23,7 +23,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.compares_runs
 def test_a_run_killed_at_every_crash_point_in_turn_loses_nothing(straight: Path) -> None:
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
 
     points = points_for(Plugins.load().implemented_stages("whisper"), steps=4, declined=declined_stages(straight))
     assert len(points) >= 20 and {"checkpoint-write:4", "train-done", "safetensors-tensor", "convert-tensor:2"} <= set(points)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.data.audio import write_audio
+from mmcore.data import write_audio
 from mmcore.testing.media import tone
 
 RATE = 16000
@@ -63,7 +63,7 @@ def run_preprocess(whisper_cli, dataset: Path, *extra: str, check: bool = True):
 
 
 def test_transcript_json_with_every_codec_and_field_naming(whisper_cli, wild_audio: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from mmcore.data.shards import ShardDataset
+    from mmcore.data import ShardDataset
 
     records = [
         {"audio": "clips/a.wav", "text": "one two", "language": "en"},
@@ -87,7 +87,7 @@ def test_transcript_json_with_every_codec_and_field_naming(whisper_cli, wild_aud
     assert [data.meta(i)["text"] for i in range(4)] == ["one two", "three", "four five", "six"]
     assert [data.meta(i)["prefix"] for i in range(4)] == [4, 4, 4, 4]
     # The features are exactly what the feature extractor makes of the decoded 16 kHz audio.
-    from mmcore.data.audio import load_audio
+    from mmcore.data import load_audio
 
     want = features(load_audio(wild_audio / "clips/c.mp3", RATE), sampling_rate=RATE, return_tensors="np")["input_features"][0]
     assert np.array_equal(data[2]["input_features"].numpy(), want)
@@ -107,7 +107,7 @@ def test_language_per_sample_and_none(tiny_whisper: Path, wild_audio: Path) -> N
 
 
 def test_mllm_json_with_audios(whisper_cli, wild_audio: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from mmcore.data.shards import ShardDataset
+    from mmcore.data import ShardDataset
 
     records = [
         {"messages": [{"role": "user", "content": "<audio>Transcribe this."}, {"role": "assistant", "content": "one two"}], "audios": ["clips/a.wav"]},

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import pytest
 
-from mmcore.data.audio import write_audio
+from mmcore.data import write_audio
 from mmcore.testing import StageCLI
 from mmcore.testing.media import tone
 
@@ -122,8 +122,8 @@ CHECKPOINT_CASES = [
 def _in_process_error(run: Path, stages: Sequence[str], *overrides: str) -> str:
     """The one line the CLI would print after ``error: ``, from the stages run in this process
     (the CLI prints exactly ``MmcoreError.one_line()``; in-process saves a 5 s start per case)."""
-    from mmcore.errors import MmcoreError
-    from mmcore.plugins import Plugins
+    from mmcore import MmcoreError
+    from mmcore.framework.plugins import Plugins
     from mmcore.testing import make_runner
 
     runner = make_runner(Plugins.load(), "whisper", run, preset="tiny", overrides=list(overrides))
@@ -203,8 +203,7 @@ def test_a_planted_checkpoint_metadata_never_runs(converted: Path, tmp_path: Pat
     proc = cli("train", "--pack", "whisper", "--preset", "tiny", "--run-dir", "run", "data.demo_samples=4", check=False)
     _one_error_line(proc, 1, f"the output of stage 'convert' changed after it finished: {run.resolve()}/convert/dcp/.metadata: ")
     # Even with the manifest's hashes out of the way, the metadata is read by the allow-list unpickler.
-    from mmcore import safe_dcp
-    from mmcore.errors import MmcoreError
+    from mmcore import safe_dcp, MmcoreError
 
     with pytest.raises(MmcoreError, match=r"\.metadata: refused to load: it references pathlib.*\.write_text"):
         safe_dcp.read_metadata(run / "convert" / "dcp")

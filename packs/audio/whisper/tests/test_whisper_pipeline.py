@@ -27,7 +27,7 @@ def test_tiny_run_round_trips_exactly_and_exports_for_the_asr_pipeline(whisper_c
     assert export["logits_max_abs_diff"] == 0.0
     assert export["pipeline_agreement"] == 1.0  # pipeline() from the files == the trained model's generate()
     # The export has the hub layout: the tied output projection is not stored twice.
-    from mmcore.convert import SafetensorsFolder
+    from mmcore.engines import SafetensorsFolder
 
     hub, out = SafetensorsFolder(run / "download/model"), SafetensorsFolder(run / "export/hf")
     assert set(out.index) == set(hub.index) and "proj_out.weight" not in out.index

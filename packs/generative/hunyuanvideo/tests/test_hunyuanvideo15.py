@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.testing import cache_matches_on_the_fly, diffusion_demo_holds, two_processes_match_one
-from mmcore.testing.conformance import PackConformance
+from mmcore.testing import cache_matches_on_the_fly, diffusion_demo_holds, two_processes_match_one, PackConformance
 
 
 class TestHunyuanVideo15Conformance(PackConformance):

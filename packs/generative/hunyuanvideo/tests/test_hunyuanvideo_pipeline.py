@@ -55,7 +55,7 @@ def test_a_tokenizer_that_cuts_elsewhere_is_a_one_line_error(tiny_pipeline: Path
 
     from transformers import LlamaTokenizer
 
-    from mmcore.errors import StageError
+    from mmcore import StageError
     from mm_pack_hunyuanvideo.family import Encoders
 
     other = tmp_path / "pipe"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.data.video import write_mp4
+from mmcore.data import write_mp4
 
 
 def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ EXPORTED = "export/pipeline/transformer/diffusion_pytorch_model.safetensors"
 
 
 def tensors(checkpoint: Path, prefix: str) -> dict:  # type: ignore[type-arg]
-    from mmcore.convert import dcp_index, load_dcp_tensors
+    from mmcore.engines import dcp_index, load_dcp_tensors
 
     index = dcp_index(checkpoint, prefix)
     return load_dcp_tensors(checkpoint, index, index, prefix)
@@ -26,7 +26,7 @@ def test_ema_is_exported_and_a_killed_run_resumes_to_the_same_bits(wan, tmp_path
     import torch
     from safetensors.torch import load_file
 
-    from mmcore.ema import decay_at
+    from mmcore.train import decay_at
 
     wan("run", *EMA_RUN, "--run-dir", "straight")
     run = tmp_path / "straight"

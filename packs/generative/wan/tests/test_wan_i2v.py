@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.testing import diffusion_demo_holds
-from mmcore.testing.conformance import PackConformance
+from mmcore.testing import diffusion_demo_holds, PackConformance
 
 
 class TestWanI2VConformance(PackConformance):
@@ -29,7 +28,7 @@ def test_the_denoiser_gets_the_first_frame_as_the_pipeline_gives_it(tmp_path: Pa
     from diffusers import WanImageToVideoPipeline
     from PIL import Image
 
-    from mmcore.data.synthetic import MOVES, SQUARE_COLOURS, moving_square
+    from mmcore.data import MOVES, SQUARE_COLOURS, moving_square
     from mm_pack_wan.i2v import ImageEncoders
     from mm_pack_wan.tiny import build_i2v_checkpoint
 

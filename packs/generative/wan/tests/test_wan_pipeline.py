@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.data.video import write_mp4
+from mmcore.data import write_mp4
 
 TINY = ["--pack", "wan", "--preset", "tiny"]
 
@@ -230,7 +230,7 @@ def test_wan22_trains_one_expert_and_exports_it_beside_the_other(wan, tmp_path: 
 
     from diffusers import WanPipeline
 
-    from mmcore.errors import StageError
+    from mmcore import StageError
     from mm_pack_wan.family import FAMILY
 
     a14b = [*TINY, "model.source=init:tiny-a14b", "data.demo_samples=8", "evaluate.enabled=false"]
@@ -273,7 +273,7 @@ def test_wan22_lora_on_one_expert_loads_into_that_expert(wan, tmp_path: Path) ->
 
 
 def test_megatron_is_refused_before_download_for_a_family_without_it(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from mmcore.megatron import status
+    from mmcore.backends.megatron import status
 
     if not status()[0]:
         pytest.skip(status()[1])

@@ -28,7 +28,7 @@ def ti2v(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def first_frames() -> torch.Tensor:
-    from mmcore.data.synthetic import MOVES, SQUARE_COLOURS, moving_square
+    from mmcore.data import MOVES, SQUARE_COLOURS, moving_square
 
     return torch.from_numpy(moving_square(SQUARE_COLOURS["red"], MOVES["right"], random.Random(0))[:9].copy())
 
@@ -97,7 +97,7 @@ def test_the_loss_leaves_out_the_given_frame(ti2v: Path) -> None:
     """The pipeline keeps the first latent frame as the image gave it, so training neither shows
     the model that frame's noisy latents nor scores its prediction there: the loss cannot
     depend on the clip's own first latent frame (it would, through the target, if it counted)."""
-    from mmcore.kits.diffusion import FLOW_MATCHING
+    from mmcore.kits import FLOW_MATCHING
     from mm_pack_wan.i2v import FAMILY, ImageEncoders
 
     encoders = ImageEncoders(ti2v, 16)

@@ -11,7 +11,7 @@ import pytest
 from mmcore.testing.media import tone
 from mm_pack_qwen2_5omni.config import OmniData
 from mm_pack_qwen2_5omni.data import Encoder
-from mmcore.data.mllm import Sample, Turn
+from mmcore.data import Sample, Turn
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def test_encoding_equals_the_omni_processor_and_chat_template(parts, tiny_omni: 
     from PIL import Image
 
     from mm_pack_qwen2_5omni.processor import OmniProcessorWithoutVideo
-    from mmcore.data.audio import load_audio
+    from mmcore.data import load_audio
     from mm_qwen_vision import image_processor
 
     tokenizer, features = parts
@@ -48,7 +48,7 @@ def test_encoding_equals_the_omni_processor_and_chat_template(parts, tiny_omni: 
 
 
 def test_mixed_conversations_preprocess_without_edits(omni, wild_omni: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from mmcore.data.shards import ShardDataset
+    from mmcore.data import ShardDataset
 
     omni("run", "--pack", "qwen2.5omni", "--preset", "tiny", "--data", str(wild_omni / "data.json"), "--run-dir", "r", "training.steps=1", "training.micro_batch_size=1", "training.packing=true")
     data = ShardDataset(tmp_path / "r/preprocess/dataset")
@@ -62,7 +62,7 @@ def test_mixed_conversations_preprocess_without_edits(omni, wild_omni: Path, tmp
 
 
 def test_bad_media_is_counted_and_named_when_skipping(omni, wild_omni: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from mmcore.data.audio import write_audio
+    from mmcore.data import write_audio
 
     write_audio(wild_omni / "sounds/long.wav", tone(31.0), 16000)
     (wild_omni / "sounds/broken.mp3").write_bytes(b"ID3\x03\x00 not mp3")

@@ -10,7 +10,7 @@ import pytest
 
 from mm_pack_qwen2_5omni.config import OmniData
 from mm_pack_qwen2_5omni.data import Encoder
-from mmcore.data.mllm import read_samples
+from mmcore.data import read_samples
 from mmcore.testing import infer_answers_held_out, stage_manifest as manifest, train_losses as losses
 
 TINY = ["--pack", "qwen2.5omni", "--preset", "tiny", "data.demo_samples=24"]

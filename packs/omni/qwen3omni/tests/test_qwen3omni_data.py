@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.data.mllm import Sample, Turn
+from mmcore.data import Sample, Turn
 from mmcore.testing.media import tone
 from mm_pack_qwen3omni.data import Encoder, audio_tokens
 from mm_pack_qwen3omni.family import Qwen3OmniData
@@ -28,7 +28,7 @@ def test_encoding_equals_the_omni_processor_and_chat_template(parts, tiny_thinke
     from PIL import Image
 
     from mm_pack_qwen3omni.processor import OmniProcessorWithoutVideo
-    from mmcore.data.audio import load_audio
+    from mmcore.data import load_audio
     from mm_qwen_vision import image_processor
 
     tokenizer, features = parts
@@ -58,7 +58,7 @@ def test_audio_token_count_is_the_towers_and_long_clips_are_taken(parts, tmp_pat
     import torch
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-    from mmcore.data.audio import write_audio
+    from mmcore.data import write_audio
 
     assert [audio_tokens(n) for n in range(1, 4001)] == _get_feat_extract_output_lengths(torch.arange(1, 4001)).tolist()
     tokenizer, features = parts
@@ -72,7 +72,7 @@ def test_audio_token_count_is_the_towers_and_long_clips_are_taken(parts, tmp_pat
 def test_mixed_conversations_preprocess_train_packed_and_export(omni, wild: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The wild file as it is, packed rows across modalities, a video at 4 fps (half a second
     per temporal patch: fractional M-RoPE times), the export reloaded with identical logits."""
-    from mmcore.data.shards import ShardDataset
+    from mmcore.data import ShardDataset
 
     omni("run", "--pack", "qwen3omni", "--preset", "tiny", "--data", str(wild), "--run-dir", "r", "training.steps=2",
          "training.micro_batch_size=2", "training.packing=true", "data.video_fps=4", "evaluate.enabled=false")

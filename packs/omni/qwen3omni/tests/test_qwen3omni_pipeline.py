@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.data.mllm import read_samples
+from mmcore.data import read_samples
 from mmcore.testing import infer_answers_held_out, stage_manifest, train_losses, two_processes_match_one
 from mm_pack_qwen3omni.data import Encoder
 from mm_pack_qwen3omni.family import Qwen3OmniData

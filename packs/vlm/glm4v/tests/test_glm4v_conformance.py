@@ -1,6 +1,6 @@
 """The mmcore conformance suite on the glm4v pack: every stage run once."""
 
-from mmcore.testing.conformance import PackConformance
+from mmcore.testing import PackConformance
 
 
 class TestGlm4vConformance(PackConformance):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmcore.data.mllm import Sample, Turn
+from mmcore.data import Sample, Turn
 from mmcore.testing.media import write_image, write_video
 from mm_pack_glm4v.data import Encoder
 from mm_pack_glm4v.family import FAMILY
@@ -83,7 +83,7 @@ def test_a_video_is_frames_with_their_seconds_and_video_token_types(tokenizer, t
 
 
 def test_images_and_videos_are_kept_apart(tokenizer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from mmcore.data.media import MediaError
+    from mmcore.data import MediaError
 
     write_image(tmp_path / "a.png", (255, 0, 0))
     write_video(tmp_path / "v.mp4")
@@ -106,7 +106,7 @@ def test_images_and_videos_are_kept_apart(tokenizer, tmp_path: Path) -> None:  #
 def test_packed_and_cached_losses_equal_the_padded_loss_from_pixels(tiny_dir: Path, tokenizer, tmp_path: Path) -> None:
     """Packing (M-RoPE restarted per sample, the varlen kernel) and the frozen-vision cache
     (the downsampled tower output; the merger still runs) change no loss."""
-    from mmcore.attention import use_packed_attention, varlen_attention
+    from mmcore.train import use_packed_attention, varlen_attention
 
     write_image(tmp_path / "a.png", (200, 30, 30), (84, 56))
     write_video(tmp_path / "v.mp4")
@@ -133,8 +133,8 @@ def test_an_export_of_glm45v_stores_experts_as_its_save_pretrained_does(tmp_path
     """Per-expert on the hub (what GLM-4.5V ships and transformers writes), fused in training."""
     from safetensors import safe_open
 
-    from mmcore.checkpointing import load_converted
-    from mmcore.convert import dcp_to_hf, hf_to_dcp
+    from mmcore.train import load_converted
+    from mmcore.engines import dcp_to_hf, hf_to_dcp
     from mm_pack_glm4v.family import ADAPTER
     from mm_pack_glm4v.tiny import build_init_checkpoint
 
@@ -153,8 +153,8 @@ def test_an_export_of_glm45v_stores_experts_as_its_save_pretrained_does(tmp_path
 
 def test_lora_on_glm45v_mlp_names_is_a_clear_error_not_other_layers(tmp_path: Path) -> None:
     """peft 0.21 would move targets named like MLP projections onto GLM-4.5V's fused experts."""
-    from mmcore.errors import StageError
-    from mmcore.lora import LoraPlan, inject
+    from mmcore import StageError
+    from mmcore.train.lora import LoraPlan, inject
     from mm_pack_glm4v.tiny import build_init_checkpoint
 
     build_init_checkpoint("tiny-moe", tmp_path / "hub", seed=0)

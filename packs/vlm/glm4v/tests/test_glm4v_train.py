@@ -16,7 +16,7 @@ from mmcore.testing.media import write_image, write_video
 def test_a_dataset_mixing_images_and_videos_trains_and_answers(tmp_path: Path) -> None:
     """Micro-batches of two and generation batches of four never mix the kinds (transformers'
     GLM-4V would fail on such a batch: it finds both by one token)."""
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
     from mmcore.testing import make_runner
 
     records = []
@@ -61,7 +61,7 @@ def test_dpo_on_pairs_mixing_images_and_videos_keeps_the_kinds_apart(tmp_path: P
     """Preference pairs over images and over videos in one dataset: DPO's training, reference
     and held-out micro-batches each hold one kind, so GLM-4V takes them, and the reference
     log-probabilities land on their own pairs (rewards start at zero)."""
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
     from mmcore.testing import make_runner
 
     records = []

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmcore.data.mllm import Sample, Turn
+from mmcore.data import Sample, Turn
 from mmcore.testing.media import write_image, write_video, write_wild_mllm
 from mm_pack_internvl.data import Encoder
 from mm_pack_internvl.family import FAMILY, InternVLData, use_cached_vision, vision_features
@@ -97,9 +97,9 @@ def test_loss_from_cached_features_equals_loss_from_pixels(tiny_dir: Path, token
 def test_real_world_mllm_json_preprocesses_without_edits(tmp_path: Path) -> None:
     """LLaMA-Factory's MLLM JSON as written (multi-turn, two images, a video, text only, a system
     prompt) through the preprocess stage; a missing image is a one-line error naming it."""
-    from mmcore.data.shards import ShardDataset
-    from mmcore.errors import MmcoreError
-    from mmcore.plugins import Plugins
+    from mmcore.data import ShardDataset
+    from mmcore import MmcoreError
+    from mmcore.framework.plugins import Plugins
     from mmcore.testing import make_runner
 
     root = write_wild_mllm(tmp_path / "wild").parent

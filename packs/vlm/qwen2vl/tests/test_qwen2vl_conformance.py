@@ -1,6 +1,6 @@
 """The mmcore conformance suite on both packs of this distribution: every stage run once each."""
 
-from mmcore.testing.conformance import PackConformance
+from mmcore.testing import PackConformance
 
 
 class TestQwen2VLConformance(PackConformance):

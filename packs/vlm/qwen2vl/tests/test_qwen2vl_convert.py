@@ -9,7 +9,7 @@ import torch
 
 from mm_pack_qwen2vl.adapter import ADAPTER
 from mm_pack_qwen2vl.family import FAMILY, model_class
-from mmcore.convert import compare_hf, dcp_index, dcp_to_hf, hf_to_dcp
+from mmcore.engines import compare_hf, dcp_index, dcp_to_hf, hf_to_dcp
 
 
 @pytest.mark.parametrize("which", ["tiny_dir", "tiny25_dir"])
@@ -46,7 +46,7 @@ def test_converted_checkpoint_gives_the_same_logits_as_from_pretrained(tiny_dir:
 
 
 def test_export_in_several_shards_loads_in_transformers(tiny_dir: Path, tmp_path: Path) -> None:
-    from mmcore.convert import copy_side_files
+    from mmcore.engines import copy_side_files
 
     hf_to_dcp(tiny_dir, tmp_path / "dcp", ADAPTER)
     stats = dcp_to_hf(tmp_path / "dcp", tmp_path / "sharded", ADAPTER, max_shard_bytes=200_000)

@@ -11,7 +11,7 @@ import pytest
 from mmcore.testing.media import write_image, write_video
 from mm_pack_qwen2vl.config import Qwen2VLData
 from mm_pack_qwen2vl.data import IGNORE, Encoder, image_processor, load_video_frames, video_patches
-from mmcore.data.mllm import Sample, Turn
+from mmcore.data import Sample, Turn
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_real_world_mllm_json_preprocesses_without_edits(mm, wild_dataset: Path,
     proc = mm("preprocess", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(wild_dataset / "data.json"), "--data", str(wild_dataset / "sharegpt.json"), "--run-dir", "r")
     assert "5 train / 0 eval samples" in proc.stdout
     index = json.loads((tmp_path / "r/preprocess/dataset/index.json").read_text())
-    from mmcore.data.shards import ShardDataset
+    from mmcore.data import ShardDataset
 
     data = ShardDataset(tmp_path / "r/preprocess/dataset")
     fields = [set(data[i]) for i in range(len(data))]

@@ -34,7 +34,7 @@ def test_hub_id_offline_without_cache_is_one_clear_line(mm, tmp_path: Path) -> N
 
 def test_an_unreachable_hub_is_said_as_such_not_as_offline_mode(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue 42: with no network the error said "offline mode is on", which nobody had set."""
-    from mmcore.launch import free_port
+    from mmcore.run.launch import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there: refused at once
     proc = mm("download", "--pack", "qwen2vl", "--model", "Qwen/Qwen2-VL-2B-Instruct", check=False, HF_HOME=str(tmp_path / "empty-hf-home"),

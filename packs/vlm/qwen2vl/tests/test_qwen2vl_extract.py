@@ -14,7 +14,7 @@ from mm_pack_qwen2vl.data import Encoder
 from mm_pack_qwen2vl.family import use_cached_vision
 from mm_qwen_vision import split_items
 from mm_pack_qwen2vl.family import FAMILY
-from mmcore.data.mllm import Sample, Turn
+from mmcore.data import Sample, Turn
 from mmcore.testing.media import write_image, write_video
 
 

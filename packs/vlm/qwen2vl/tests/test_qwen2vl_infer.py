@@ -81,8 +81,8 @@ def test_evaluate_batched_equals_one_by_one_and_reruns_only_when_asked(trained) 
     from transformers import AutoTokenizer
 
     from mm_pack_qwen2vl.family import FAMILY
-    from mmcore.causal_lm import generate_accuracy
-    from mmcore.data.shards import ShardDataset
+    from mmcore.train import generate_accuracy
+    from mmcore.data import ShardDataset
 
     data = ShardDataset(run / "preprocess/dataset")
     ids = FAMILY.token_ids(data)
@@ -115,7 +115,7 @@ def test_eval_on_a_file_of_held_out_conversations(trained) -> None:  # type: ign
 
 
 def test_infer_refuses_what_the_model_cannot_take_each_request_on_its_own_line(trained, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from mmcore.data.audio import write_audio
+    from mmcore.data import write_audio
     from mmcore.testing.media import tone
 
     root, mm = trained
@@ -170,7 +170,7 @@ def test_a_run_directory_cannot_make_infer_run_its_code(trained, tmp_path: Path)
 
     import yaml
 
-    from mmcore.rundir import RunDir, hash_outputs
+    from mmcore.run.rundir import RunDir, hash_outputs
 
     root, mm = trained
     run = tmp_path / "planted"

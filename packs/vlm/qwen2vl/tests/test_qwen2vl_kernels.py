@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mm_qwen_vision import ops
-from mmcore.plugins import Plugins
+from mmcore.framework.plugins import Plugins
 
 
 def test_reference_rms_norm_matches_transformers() -> None:
@@ -55,7 +55,7 @@ def test_device_kernel_matches_reference(kernel: str, device: str) -> None:
 def test_model_uses_a_device_kernel_when_there_is_one(tiny_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from mm_pack_qwen2vl.kernels import KERNELS
     from mm_pack_qwen2vl.family import FAMILY, apply_kernels
-    from mmcore.registry import KernelSpec, Registry
+    from mmcore.framework.registry import KernelSpec, Registry
 
     registry = Registry()
     for spec in KERNELS:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from mmcore.megatron import status
+from mmcore.backends.megatron import status
 
 USABLE, WHY = status()
 needs_megatron = pytest.mark.skipif(not USABLE, reason=WHY)
@@ -80,7 +80,7 @@ def test_each_tp_rank_writes_its_pieces_of_the_trained_weights(tmp_path: Path) -
     TP whose copies differ is named, not written from one rank."""
     from mm_pack_qwen2vl.adapter import ADAPTER
     from mm_pack_qwen2vl.tiny import build_init_checkpoint
-    from mmcore.convert import hf_to_dcp
+    from mmcore.engines.convert import hf_to_dcp
 
     build_init_checkpoint("tiny", tmp_path / "model", seed=0)
     hf_to_dcp(tmp_path / "model", tmp_path / "converted", ADAPTER)
@@ -126,7 +126,7 @@ def _pipeline(model_dir: Path, out: Path, tp: int, pp: int) -> None:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from transformers import AutoModelForImageTextToText
 
-    from mmcore.megatron.gpt import init_model_parallel
+    from mmcore.backends.megatron.gpt import init_model_parallel
     from mm_pack_qwen2vl.megatron import load_megatron_model
 
     dist.init_process_group("gloo")
@@ -243,8 +243,8 @@ def _lora(model_dir: Path, out: Path, adapter: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
-    from mmcore.megatron.gpt import init_model_parallel
-    from mmcore.megatron.lora import add_adapters, adapter_shards, peft_state, write_peft
+    from mmcore.backends.megatron.gpt import init_model_parallel
+    from mmcore.backends.megatron.lora import add_adapters, adapter_shards, peft_state, write_peft
     from mm_pack_qwen2vl.adapter import ADAPTER
     from mm_pack_qwen2vl.megatron import load_megatron_model, of_checkpoint
 
@@ -291,9 +291,9 @@ def _train(model_dir: Path, out: Path, tp: int, pp: int, *options: str) -> None:
     from megatron.core import parallel_state
     from transformers import AutoModelForImageTextToText
 
-    from mmcore.megatron import checkpoint as megatron_checkpoint
-    from mmcore.megatron.gpt import init_model_parallel
-    from mmcore.megatron.train import clip_gradients, forward_backward, reduce_gradients
+    from mmcore.backends.megatron import checkpoint as megatron_checkpoint
+    from mmcore.backends.megatron.gpt import init_model_parallel
+    from mmcore.backends.megatron.train import clip_gradients, forward_backward, reduce_gradients
     from mm_pack_qwen2vl.megatron import load_megatron_model
 
     dist.init_process_group("gloo")
@@ -376,8 +376,8 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
     import torch.distributed as dist
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from mmcore.megatron import checkpoint as megatron_checkpoint
-    from mmcore.megatron.gpt import init_model_parallel
+    from mmcore.backends.megatron import checkpoint as megatron_checkpoint
+    from mmcore.backends.megatron.gpt import init_model_parallel
     from mm_pack_qwen2vl.megatron import MegatronQwen2VL, load_megatron_model
 
     dist.init_process_group("gloo")
@@ -430,10 +430,10 @@ def _write_back(ours: Any, model_dir: Path, converted: Path) -> dict[str, Any]:
 
     from mm_pack_qwen2vl.megatron import megatron_family
     from mmcore import safe_dcp
-    from mmcore.context import WorldInfo
-    from mmcore.convert import dcp_index, load_dcp_tensors
+    from mmcore.framework.context import WorldInfo
+    from mmcore.engines.convert import dcp_index, load_dcp_tensors
     from mmcore.errors import StageError
-    from mmcore.megatron.engine import INCOMPLETE, Layout, _write_gathered, write_trained
+    from mmcore.backends.megatron.engine import INCOMPLETE, Layout, _write_gathered, write_trained
 
     family, layout = megatron_family(model_dir), Layout.current()
     index = dcp_index(converted)
@@ -472,8 +472,8 @@ def _parallel_figures(ours: Any, config: Any, expected: Any, ids: Any, types: An
     logits of 19 tokens (padded to 20 for the split) against transformers' first 19."""
     import torch
 
-    from mmcore.causal_lm import exact_match
-    from mmcore.megatron.train import vocab_parallel_exact_match
+    from mmcore.train.causal_lm import exact_match
+    from mmcore.backends.megatron.train import vocab_parallel_exact_match
     from mm_pack_qwen2vl.megatron import MegatronQwen2VL
 
     vocab = expected.shape[-1]

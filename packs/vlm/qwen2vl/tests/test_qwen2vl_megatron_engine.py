@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.megatron import status
+from mmcore.backends.megatron import status
 
 USABLE, WHY = status()
 # Two micro-batches of one sample a step: samples differ in length, so pipeline stages send
@@ -368,7 +368,7 @@ def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Pat
     no process group.)"""
     from safetensors import safe_open
 
-    from mmcore.megatron.engine import Layout, rank_sources
+    from mmcore.backends.megatron.engine import Layout, rank_sources
     from mm_pack_qwen2vl.megatron import megatron_family
 
     tied_checkpoint(tmp_path / "tied")
@@ -386,7 +386,7 @@ def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Pat
     assert first_whole and all(name.startswith("visual.") for name in first_whole) and last_whole == []
     assert len(read[0] | set(first_whole)) + len(read[1]) < len(hub) + 2  # only the embedding is read twice
     # ... and one layer at a time (a rank holds its shard and one layer's whole tensors)
-    from mmcore.megatron.engine import _by_layer
+    from mmcore.backends.megatron.engine import _by_layer
 
     whole_model, _ = rank_sources(family, hub, Layout(1, 1, 1, 0, 0, 0))
     groups = {tuple(sorted({name.split(".")[3] if ".layers." in name else name for name in group})) for group in _by_layer(whole_model)}
@@ -490,7 +490,7 @@ def test_a_layout_the_model_cannot_take_is_refused_once_before_download(mm, tmp_
 @pytest.mark.slow
 def test_megatron_sgd_with_momentum_over_epochs_resumes_bit_for_bit(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.optimizer and training.epochs on megatron (the optimizer FSDP2 builds, from
-    mmcore.optim): SGD's momentum buffers are sharded as their parameters at TP=2, so a run killed
+    mmcore.train.optim): SGD's momentum buffers are sharded as their parameters at TP=2, so a run killed
     after step 3 and resumed from step 2 gives the uninterrupted run's losses; two epochs are the
     steps the sampler's plan makes, each logged with its epoch."""
     tied_checkpoint(tmp_path / "tied")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mmcore.errors import StageError
-from mmcore.mindspeed_mm import FILE, LATEST, read_checkpoint, read_stages, write_checkpoint
+from mmcore.backends.megatron.mindspeed_mm import FILE, LATEST, read_checkpoint, read_stages, write_checkpoint
 
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 
@@ -158,7 +158,7 @@ def test_export_writes_the_mindspeed_layout_and_convert_imports_it(mmcore_cli, t
     first run's download giving config and tokenizer) and holds the trained weights bit for bit."""
     from safetensors.torch import load_file
 
-    from mmcore.convert import dcp_to_hf
+    from mmcore.engines.convert import dcp_to_hf
     from mm_pack_qwen2vl.adapter import ADAPTER
 
     mmcore_cli("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=8", "evaluate.enabled=false", "--run-dir", "first",

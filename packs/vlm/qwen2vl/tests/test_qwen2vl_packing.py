@@ -45,7 +45,7 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(batch_parts, attention
     varlen kernel the kit wires for packed training (no T x T mask)."""
     import copy
 
-    from mmcore.attention import use_packed_attention, varlen_attention
+    from mmcore.train.attention import use_packed_attention, varlen_attention
 
     model, data, ids = batch_parts
     if attention == "varlen-kernel":

@@ -88,7 +88,7 @@ def test_real_world_mllm_json_preprocesses_without_edits(tmp_path: Path) -> None
     system prompt) through the preprocess stage; a missing image is a one-line error naming it,
     or with ``on_bad_sample=skip`` a counted skip."""
     from mmcore.errors import MmcoreError
-    from mmcore.plugins import Plugins
+    from mmcore.framework.plugins import Plugins
     from mmcore.testing import make_runner
 
     root = write_wild_mllm(tmp_path / "wild").parent

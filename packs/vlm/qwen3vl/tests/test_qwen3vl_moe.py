@@ -34,8 +34,8 @@ def test_experts_in_the_earlier_hub_layout_convert_and_round_trip_exactly(moe_di
     from safetensors.torch import load_file, save_file
     from transformers import Qwen3VLMoeForConditionalGeneration
 
-    from mmcore.checkpointing import load_converted
-    from mmcore.convert import compare_hf, dcp_to_hf, hf_to_dcp
+    from mmcore.checkpoint.training import load_converted
+    from mmcore.engines.convert import compare_hf, dcp_to_hf, hf_to_dcp
 
     legacy = tmp_path / "legacy"
     shutil.copytree(moe_dir, legacy)
@@ -61,7 +61,7 @@ def test_experts_in_the_earlier_hub_layout_convert_and_round_trip_exactly(moe_di
 
 
 def test_the_router_auxiliary_loss_is_part_of_the_training_loss(moe_dir: Path, tmp_path: Path) -> None:
-    from mmcore.causal_lm import next_token_loss_sum
+    from mmcore.train.causal_lm import next_token_loss_sum
 
     raw, ids = encoded_batch(moe_dir, tmp_path)
     batch = FAMILY.collate([raw, raw], ids)

@@ -22,7 +22,7 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(which: str, request: p
     loss is left out (coef 0), as it depends on how tokens are batched, not only on the samples."""
     from transformers import AutoTokenizer
 
-    from mmcore.attention import use_packed_attention, varlen_attention
+    from mmcore.train.attention import use_packed_attention, varlen_attention
 
     model_dir = request.getfixturevalue(which)
     write_image(tmp_path / "a.png", (255, 0, 0), (70, 50))

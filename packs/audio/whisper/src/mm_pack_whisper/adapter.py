@@ -4,6 +4,6 @@
 embedding, and so do exports.
 """
 
-from mmcore.convert import RenameAdapter
+from mmcore.engines import RenameAdapter
 
 ADAPTER = RenameAdapter(rules=[], tied=["proj_out.weight"])

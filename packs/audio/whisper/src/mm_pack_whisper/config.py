@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from mmcore.config import RunConfig, Section, TrainingSection
-from mmcore.data.mllm import MLLMDataSection
+from mmcore.data import MLLMDataSection
 
 
 class TranscriptFields(Section):

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from mmcore.data.badsamples import BadSample
-from mmcore.data.media import MediaError
-from mmcore.data.mllm import BadJSON, BadRecord, load_records, media_root, read_samples, resolve_media
+from mmcore.data import BadSample, MediaError, BadJSON, BadRecord, load_records, media_root, read_samples, resolve_media
 
 AUDIO_FIELDS = ("audio", "audio_filepath", "path", "file")
 TEXT_FIELDS = ("text", "sentence", "transcript", "transcription")
@@ -98,7 +96,7 @@ class Encoder:
         self.seconds = self.features.n_samples / self.features.sampling_rate
 
     def audio(self, path: Path) -> Any:
-        from mmcore.data.audio import load_audio
+        from mmcore.data import load_audio
 
         samples = load_audio(path, self.features.sampling_rate)
         seconds = len(samples) / self.features.sampling_rate

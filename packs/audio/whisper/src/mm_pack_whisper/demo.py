@@ -45,7 +45,7 @@ def write_demo_dataset(folder: Path, samples: int, seed: int, eval_fraction: flo
     """Write ``train.jsonl``, ``eval.jsonl`` and their wav files under ``folder``; return both files."""
     import numpy as np
 
-    from mmcore.data.audio import write_audio
+    from mmcore.data import write_audio
 
     rng = np.random.default_rng(seed)
     records = []

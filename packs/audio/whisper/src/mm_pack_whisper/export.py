@@ -11,16 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from mmcore.context import StageContext
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore import StageContext, StageResult, Manifest
 
 
 def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     from mm_pack_whisper.adapter import ADAPTER
     from mm_pack_whisper.model import build_model, collate, forward
-    from mmcore.data.shards import ShardDataset
-    from mmcore.export import export_checked
+    from mmcore.data import ShardDataset
+    from mmcore.engines import export_checked
 
     data = ShardDataset(upstream["preprocess"].output("dataset"))
     held_out = data.split("eval")
@@ -43,7 +41,7 @@ def load_exported(folder: Path) -> Any:
     """The export (or a LoRA adapter folder on its base) with transformers."""
     from transformers import WhisperForConditionalGeneration
 
-    from mmcore.lora import with_adapters
+    from mmcore.train import with_adapters
 
     return with_adapters(lambda path: WhisperForConditionalGeneration.from_pretrained(path, attn_implementation="sdpa"))(folder)
 
@@ -57,8 +55,8 @@ def pipeline_check(ctx: StageContext, folder: Path, trained: Any, held_out: Any,
     from transformers import GenerationConfig, WhisperTokenizer, pipeline
     from transformers.utils import logging as hf_logging
 
-    from mmcore.data.audio import load_audio
-    from mmcore.evaluation import word_errors
+    from mmcore.data import load_audio
+    from mmcore.engines import word_errors
 
     hf_logging.set_verbosity_error()  # generate() warns about every config it merges: noise here
     if loaded is None:

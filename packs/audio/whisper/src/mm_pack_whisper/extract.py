@@ -11,11 +11,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping
 
-from mmcore.context import StageContext
-from mmcore.data.feature_cache import FeatureCacheWriter
-from mmcore.data.shards import ShardDataset
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.data import FeatureCacheWriter, ShardDataset
+from mmcore import StageResult, Manifest
 
 
 def features_key(features: Any) -> str:

@@ -12,10 +12,9 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from mmcore.context import StageContext
-from mmcore.generation import ModelSource, Request, generation_dtype
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.engines import ModelSource, Request, generation_dtype
+from mmcore import StageResult, Manifest
 
 
 def greedy_decode(model: Any, source: Mapping[str, Any], prefix: Any, steps: int, eos_id: int, *, fixed_steps: bool = False) -> list[list[int]]:
@@ -55,7 +54,7 @@ def transcribe(model: Any, items: Sequence[tuple[Any, list[int]]], eos_id: int, 
     batched by prefix length."""
     import torch
 
-    from mmcore.generation import batches
+    from mmcore.engines import batches
 
     weight = next(model.parameters())
     out: list[list[int]] = [[] for _ in items]
@@ -88,7 +87,7 @@ def load(ctx: StageContext, upstream: Mapping[str, Manifest], source: ModelSourc
 def infer(ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:
     """The transcript of each request's audio file (one per request), in ``data.language``."""
     from mm_pack_whisper.data import Encoder
-    from mmcore.data.media import MediaError
+    from mmcore.data import MediaError
 
     network, folder = load(ctx, upstream, model)
     encoder = Encoder(folder, ctx.config.data.task)
@@ -116,9 +115,9 @@ def infer(ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSourc
 
 def word_normaliser(tokenizer: Any) -> tuple[Callable[[str], list[str]], str]:
     """(text -> words for WER, its name): Whisper's English normaliser where the tokenizer ships
-    its spelling table (``normalizer.json``), else :func:`mmcore.evaluation.normalize_words`
+    its spelling table (``normalizer.json``), else :func:`mmcore.engines.evaluation.normalize_words`
     (case-folded, punctuation but apostrophes removed)."""
-    from mmcore.evaluation import normalize_words
+    from mmcore.engines import normalize_words
 
     if getattr(tokenizer, "english_spelling_normalizer", None):
         return (lambda text: tokenizer.normalize(text).split()), "whisper-english"
@@ -128,10 +127,9 @@ def word_normaliser(tokenizer: Any) -> tuple[Callable[[str], list[str]], str]:
 def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     """WER and CER of the export's greedy transcripts of the held-out clips."""
     from mm_pack_whisper.data import Encoder
-    from mmcore.evaluation import char_errors, word_errors
+    from mmcore.engines import char_errors, word_errors
     from mm_pack_whisper.data import read_utterances
-    from mmcore.generation import empty_evaluation, write_results
-    from mmcore.report import held_out_sources, keep_media
+    from mmcore.engines import empty_evaluation, write_results, held_out_sources, keep_media
 
     network, folder = load(ctx, upstream, ModelSource("export", upstream["export"].output("model")))
     encoder = Encoder(folder, ctx.config.data.task)
@@ -164,10 +162,8 @@ def held_out(ctx: StageContext, upstream: Mapping[str, Manifest], encoder: Any) 
     """(name, features, label ids, transcript) of the held-out clips (``evaluate.datasets``, or
     preprocess's eval split), at most ``evaluate.limit``; and how many bad samples were skipped."""
     from mm_pack_whisper.data import read_utterances
-    from mmcore.data.media import MediaError
-    from mmcore.data.mllm import BadRecord
-    from mmcore.data.shards import ShardDataset
-    from mmcore.generation import read_held_out
+    from mmcore.data import MediaError, BadRecord, ShardDataset
+    from mmcore.engines import read_held_out
 
     cfg = ctx.config.evaluate
     if not cfg.datasets:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from mmcore.context import StageContext
-from mmcore.hub import remote_code
-from mmcore.data.shards import ShardDataset
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.engines import remote_code
+from mmcore.data import ShardDataset
+from mmcore import Manifest
 from mmcore.train import TrainRecipe, load_converted
 
 IGNORE = -100
@@ -82,7 +82,7 @@ def loss_sum(model: Any, batch: dict[str, Any]) -> Any:
 def evaluate_wer(ctx: StageContext, model: Any, held_out: ShardDataset, tokenizer: Any, eos_id: int) -> dict[str, float]:
     """Word error rate of greedy transcripts of the held-out split (the work split across ranks)."""
     from mm_pack_whisper.generate import greedy_decode
-    from mmcore.evaluation import sharded_sums, word_errors
+    from mmcore.engines import sharded_sums, word_errors
 
     if len(held_out) == 0:
         return {}
@@ -115,7 +115,7 @@ def evaluate_wer(ctx: StageContext, model: Any, held_out: ShardDataset, tokenize
 def step_flops() -> Any:
     """``(model, batch) -> FLOPs``: the encoder on its frames (half the mel frames; nothing when
     its outputs come from the cache), the decoder on its tokens, self- and cross-attention."""
-    from mmcore.flops import StepFlops, attention_flops, dense_flops
+    from mmcore.train import StepFlops, attention_flops, dense_flops
 
     seen = StepFlops()
 
@@ -151,7 +151,7 @@ def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
     def load(split: str) -> Any:
         data = dataset.split(split)
         if cached:
-            from mmcore.data.feature_cache import CachedSamples
+            from mmcore.data import CachedSamples
 
             return CachedSamples(data, upstream["extract"].output("features"), replaces={"encoder_states": "input_features"})
         return data

@@ -11,7 +11,7 @@ whisper = PackSpec(
     name="whisper",
     category="audio",
     summary="Whisper (tiny to large-v3) speech recognition and translation",
-    sdk="1.17",  # mmcore.report
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_whisper.config:WhisperConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -19,8 +19,8 @@ whisper = PackSpec(
     # The cache exists only with a frozen encoder, and SpecAugment makes encoder outputs vary.
     stage_sections={"extract": ("extract", "training.freeze", "training.spec_augment")},
     stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_whisper.tiny:build_init_checkpoint"}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_whisper.adapter:ADAPTER", "build_model": "mm_pack_whisper.model:build_model"}),
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_whisper.tiny:build_init_checkpoint"}),
+        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_whisper.adapter:ADAPTER", "build_model": "mm_pack_whisper.model:build_model"}),
         "preprocess": "mm_pack_whisper.preprocess:preprocess",
         "extract": "mm_pack_whisper.extract:extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_whisper.model:recipe"}),

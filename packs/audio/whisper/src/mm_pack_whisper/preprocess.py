@@ -5,15 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from mmcore.context import StageContext
-from mmcore.data.badsamples import BadSample, BadSamples
-from mmcore.data.media import MediaError
-from mmcore.data.mllm import BadRecord
-from mmcore.data.shards import ShardWriter, held_out
-from mmcore.data.workers import Failed, map_in_order
-from mmcore.errors import StageError
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.data import BadSample, BadSamples, MediaError, BadRecord, ShardWriter, held_out, Failed, map_in_order
+from mmcore import StageError, StageResult, Manifest
 
 
 def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
@@ -21,9 +15,8 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
 
     from mm_pack_whisper.data import Encoder, read_utterances
     from mm_pack_whisper.demo import write_demo_dataset
-    from mmcore.data.conversations import dataset_files
-    from mmcore.data.media import media_limits
-    from mmcore.sampler import refuse_fewer_than_a_step
+    from mmcore.data import dataset_files, media_limits
+    from mmcore.train import refuse_fewer_than_a_step
 
     cfg = ctx.config.data
     media_limits(cfg)

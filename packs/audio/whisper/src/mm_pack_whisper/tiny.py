@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.tiny import pick_preset
+from mmcore.engines import pick_preset
 
 # Words the tiny tokenizer learns whole: the demo's vocabulary plus common English.
 CORPUS = [
@@ -43,7 +43,7 @@ def special_tokens() -> list[str]:
 def build_tokenizer(vocab_size: int = 400):  # type: ignore[no-untyped-def]
     from transformers import WhisperTokenizer
 
-    from mmcore.tiny import train_byte_level_bpe
+    from mmcore.engines import train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
     tokenizer = WhisperTokenizer(vocab=vocab, merges=merges)

@@ -17,11 +17,11 @@ from typing import Any
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.convert import RenameAdapter
-from mmcore.data.synthetic import write_moving_squares
-from mmcore.errors import StageError
-from mmcore.kits.diffusion import DiffusionFamily, DiffusionTraining, NoiseSchedule, SampleExport, VideoData, denoiser_flops, text_to_video_sample
+from mmcore import StageContext
+from mmcore.engines import RenameAdapter
+from mmcore.data import write_moving_squares
+from mmcore import StageError
+from mmcore.kits import DiffusionFamily, DiffusionTraining, NoiseSchedule, SampleExport, VideoData, denoiser_flops, text_to_video_sample
 
 
 class CogVideoXData(VideoData):

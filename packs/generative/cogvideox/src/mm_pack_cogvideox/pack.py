@@ -11,7 +11,7 @@ cogvideox = PackSpec(
     name="cogvideox",
     category="generative",
     summary="CogVideoX text-to-video (diffusers), cached 3D-VAE and T5 features, v-prediction with zero terminal SNR",
-    sdk="1.9",
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_cogvideox.family:CogVideoXConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -20,9 +20,9 @@ cogvideox = PackSpec(
     stage_sections={"extract": ("extract", "data.max_sequence_length")},
     # Only the transformer converts and trains; the VAE and T5 stay frozen as they are.
     stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_cogvideox.tiny:build_init_checkpoint"},
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_cogvideox.tiny:build_init_checkpoint"},
                           options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_cogvideox.family:ADAPTER", "build_model": "mm_pack_cogvideox.family:FAMILY.build_model"},
+        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_cogvideox.family:ADAPTER", "build_model": "mm_pack_cogvideox.family:FAMILY.build_model"},
                          options={"subfolder": "transformer", "what": "transformer"}),
         "preprocess": "mm_pack_cogvideox.family:FAMILY.preprocess",
         "extract": "mm_pack_cogvideox.family:FAMILY.extract",

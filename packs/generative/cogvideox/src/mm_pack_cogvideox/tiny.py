@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.tiny import pick_preset
+from mmcore.engines import pick_preset
 
 CORPUS = [
     "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",
@@ -32,7 +32,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from transformers import T5Config, T5EncoderModel
     from transformers.utils import logging as hf_logging
 
-    from mmcore.tiny import unigram_tokenizer
+    from mmcore.engines import unigram_tokenizer
 
     p = pick_preset(PRESETS, preset)
     hf_logging.disable_progress_bar()

@@ -8,7 +8,7 @@ import json
 import random
 from pathlib import Path
 
-from mmcore.data.synthetic import COLOURS, SHAPES, shape_image
+from mmcore.data import COLOURS, SHAPES, shape_image
 
 SIZE = 64
 

@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.convert import RenameAdapter
-from mmcore.errors import StageError
-from mmcore.kits.diffusion import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option
+from mmcore import StageContext
+from mmcore.engines import RenameAdapter
+from mmcore import StageError
+from mmcore.kits import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option
 
 from mm_pack_flux.demo import write_demo_dataset
 

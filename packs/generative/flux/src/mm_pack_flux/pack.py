@@ -11,7 +11,7 @@ flux = PackSpec(
     name="flux",
     category="generative",
     summary="FLUX.1 text-to-image (diffusers), cached VAE, CLIP and T5 features, guidance embedding",
-    sdk="1.10",
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_flux.family:FluxConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -20,9 +20,9 @@ flux = PackSpec(
     stage_sections={"extract": ("extract", "data.max_sequence_length")},
     # Only the transformer converts and trains; the VAE and text encoders stay frozen as they are.
     stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_flux.tiny:build_init_checkpoint"},
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_flux.tiny:build_init_checkpoint"},
                           options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_flux.family:ADAPTER", "build_model": "mm_pack_flux.family:FAMILY.build_model"},
+        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_flux.family:ADAPTER", "build_model": "mm_pack_flux.family:FAMILY.build_model"},
                          options={"subfolder": "transformer", "what": "transformer"}),
         "preprocess": "mm_pack_flux.family:FAMILY.preprocess",
         "extract": "mm_pack_flux.family:FAMILY.extract",

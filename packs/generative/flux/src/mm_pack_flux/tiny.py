@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.data.synthetic import COLOURS, SHAPES
-from mmcore.tiny import pick_preset
+from mmcore.data import COLOURS, SHAPES
+from mmcore.engines import pick_preset
 
 CORPUS = [f"a {colour} {shape}" for colour in sorted(COLOURS) for shape in SHAPES] + [
     "a photo of a cat", "an image of a dog on the grass", "white background, bright light"]
@@ -29,7 +29,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
     from transformers.utils import logging as hf_logging
 
-    from mmcore.tiny import clip_tokenizer, unigram_tokenizer
+    from mmcore.engines import clip_tokenizer, unigram_tokenizer
 
     p = pick_preset(PRESETS, preset)
     hf_logging.disable_progress_bar()

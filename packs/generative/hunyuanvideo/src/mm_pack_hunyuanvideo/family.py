@@ -19,11 +19,11 @@ from typing import Any
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.convert import RenameAdapter
-from mmcore.data.synthetic import write_moving_squares
-from mmcore.errors import StageError
-from mmcore.kits.diffusion import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option, text_to_video_sample
+from mmcore import StageContext
+from mmcore.engines import RenameAdapter
+from mmcore.data import write_moving_squares
+from mmcore import StageError
+from mmcore.kits import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option, text_to_video_sample
 
 from mm_pack_hunyuanvideo.caption import Layout, caption_start
 

@@ -11,7 +11,7 @@ hunyuanvideo = PackSpec(
     name="hunyuanvideo",
     category="generative",
     summary="HunyuanVideo text-to-video (diffusers), cached 3D-VAE, Llama and CLIP features, flow matching with the guidance embedding",
-    sdk="1.10",
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_hunyuanvideo.family:HunyuanVideoConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -20,9 +20,9 @@ hunyuanvideo = PackSpec(
     stage_sections={"extract": ("extract", "data.max_sequence_length")},
     # Only the transformer converts and trains; the VAE and text encoders stay frozen as they are.
     stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_hunyuanvideo.tiny:build_init_checkpoint"},
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_hunyuanvideo.tiny:build_init_checkpoint"},
                           options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_hunyuanvideo.family:ADAPTER", "build_model": "mm_pack_hunyuanvideo.family:FAMILY.build_model"},
+        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_hunyuanvideo.family:ADAPTER", "build_model": "mm_pack_hunyuanvideo.family:FAMILY.build_model"},
                          options={"subfolder": "transformer", "what": "transformer"}),
         "preprocess": "mm_pack_hunyuanvideo.family:FAMILY.preprocess",
         "extract": "mm_pack_hunyuanvideo.family:FAMILY.extract",
@@ -37,16 +37,16 @@ hunyuanvideo15 = PackSpec(
     name="hunyuanvideo1.5",
     category="generative",
     summary="HunyuanVideo 1.5 text-to-video (diffusers), cached VAE, Qwen2.5-VL and ByT5 features, flow matching",
-    sdk="1.10",
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_hunyuanvideo.v15:V15Config",
     presets={"demo": "presets/v15-demo.yaml", "tiny": "presets/v15-tiny.yaml"},
     default_preset="demo",
     distributed_stages=("train",),
     stage_sections={"extract": ("extract", "data.max_sequence_length")},
     stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_hunyuanvideo.tiny:build_v15_checkpoint"},
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_hunyuanvideo.tiny:build_v15_checkpoint"},
                           options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "guider", "scheduler")}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_hunyuanvideo.family:ADAPTER", "build_model": "mm_pack_hunyuanvideo.v15:FAMILY.build_model"},
+        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_hunyuanvideo.family:ADAPTER", "build_model": "mm_pack_hunyuanvideo.v15:FAMILY.build_model"},
                          options={"subfolder": "transformer", "what": "transformer"}),
         "preprocess": "mm_pack_hunyuanvideo.v15:FAMILY.preprocess",
         "extract": "mm_pack_hunyuanvideo.v15:FAMILY.extract",

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mmcore.tiny import clip_tokenizer, pick_preset
+from mmcore.engines import clip_tokenizer, pick_preset
 
 CORPUS = [
     "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",

@@ -20,10 +20,10 @@ from typing import Any
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.data.synthetic import write_moving_squares
-from mmcore.errors import StageError
-from mmcore.kits.diffusion import DiffusionFamily, FlowMatchingTraining, SampleExport, denoiser_flops
+from mmcore import StageContext
+from mmcore.data import write_moving_squares
+from mmcore import StageError
+from mmcore.kits import DiffusionFamily, FlowMatchingTraining, SampleExport, denoiser_flops
 
 from mm_pack_hunyuanvideo.caption import Layout, caption_start
 from mm_pack_hunyuanvideo.family import ADAPTER, HunyuanVideoData

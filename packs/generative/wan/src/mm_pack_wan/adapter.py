@@ -1,5 +1,5 @@
 """State-dict adapter: the diffusers Wan transformer is trained under its own parameter names."""
 
-from mmcore.convert import RenameAdapter
+from mmcore.engines import RenameAdapter
 
 ADAPTER = RenameAdapter(rules=[])

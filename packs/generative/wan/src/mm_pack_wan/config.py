@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.kits.diffusion import FlowMatchingTraining, SampleExport, VideoData
+from mmcore.kits import FlowMatchingTraining, SampleExport, VideoData
 
 
 class WanData(VideoData):

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmcore.context import StageContext
-from mmcore.errors import StageError
-from mmcore.data.synthetic import write_moving_square_preferences, write_moving_squares
-from mmcore.kits.diffusion import DiffusionFamily, text_to_video_sample
+from mmcore import StageContext, StageError
+from mmcore.data import write_moving_square_preferences, write_moving_squares
+from mmcore.kits import DiffusionFamily, text_to_video_sample
 
 from mm_pack_wan.adapter import ADAPTER
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmcore.context import StageContext
-from mmcore.errors import StageError
-from mmcore.data.synthetic import write_moving_squares
-from mmcore.kits.diffusion import DiffusionFamily
+from mmcore import StageContext, StageError
+from mmcore.data import write_moving_squares
+from mmcore.kits import DiffusionFamily
 
 from mm_pack_wan.adapter import ADAPTER
 from mm_pack_wan.family import FREEZE_GROUPS, Encoders, checkpoint_options, token_timesteps

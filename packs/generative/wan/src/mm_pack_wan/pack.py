@@ -11,7 +11,7 @@ wan = PackSpec(
     name="wan",
     category="generative",
     summary="Wan2.1 / Wan2.2 text-to-video (diffusers), cached VAE and UMT5 features",
-    sdk="1.11",
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_wan.config:WanConfig",
     presets={"demo": "presets/demo.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -20,7 +20,7 @@ wan = PackSpec(
     stage_sections={"extract": ("extract", "data.max_sequence_length"), "convert": ("convert", "training.expert")},
     # Only the transformer converts and trains; the VAE and text encoder stay frozen as they are.
     stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_init_checkpoint"}, options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_init_checkpoint"}, options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
         "convert": "mm_pack_wan.family:FAMILY.convert",  # the transformer (Wan2.2: the expert training.expert names)
         "preprocess": "mm_pack_wan.family:FAMILY.preprocess",
         "extract": "mm_pack_wan.family:FAMILY.extract",
@@ -36,7 +36,7 @@ wan_i2v = PackSpec(
     name="wan-i2v",
     category="generative",
     summary="Wan2.1 / Wan2.2 image-to-video (diffusers; TI2V-5B too): first-frame latents and mask, CLIP image features, cached",
-    sdk="1.11",
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_wan.config:WanConfig",
     presets={"demo": "presets/i2v-demo.yaml", "tiny": "presets/i2v-tiny.yaml"},
     default_preset="demo",
@@ -45,7 +45,7 @@ wan_i2v = PackSpec(
     # Only the transformer converts and trains; the VAE, UMT5 and CLIP stay frozen as they are.
     stages={
         # image_encoder/ and image_processor/: Wan2.1's I2V models only (ImageEncoders checks)
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_i2v_checkpoint"},
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_i2v_checkpoint"},
                           options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
         "convert": "mm_pack_wan.i2v:FAMILY.convert",
         "preprocess": "mm_pack_wan.i2v:FAMILY.preprocess",

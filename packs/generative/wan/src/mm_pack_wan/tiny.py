@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.tiny import pick_preset
+from mmcore.engines import pick_preset
 
 CORPUS = [
     "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",
@@ -30,7 +30,7 @@ PRESETS = {
 
 def build_tokenizer():  # type: ignore[no-untyped-def]
     """A T5-style unigram tokenizer over the corpus's words and characters (UMT5's class)."""
-    from mmcore.tiny import unigram_tokenizer
+    from mmcore.engines import unigram_tokenizer
 
     return unigram_tokenizer(CORPUS)
 

@@ -7,7 +7,7 @@ prefix. Both name the language model ``model.*``, the towers ``audio_tower.*`` a
 and ``model.visual.*``. Exports are written thinker-only (what ``save_pretrained`` writes).
 """
 
-from mmcore.convert import RenameAdapter
+from mmcore.engines import RenameAdapter
 
 ADAPTER = RenameAdapter(
     rules=[

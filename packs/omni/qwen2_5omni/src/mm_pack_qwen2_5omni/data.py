@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmcore.data.chat_template import ChatTemplateEncoder
-from mmcore.kits.mel_audio import MelClipExpander
+from mmcore.data import ChatTemplateEncoder
+from mmcore.kits import MelClipExpander
 from mm_qwen_vision import QwenVisionExpanders
 
 DEFAULT_SYSTEM = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from mmcore.context import StageContext
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore import StageContext, StageResult, Manifest
 from mm_qwen_vision.extract import extract_vision
 
 from mm_pack_qwen2_5omni.family import FAMILY

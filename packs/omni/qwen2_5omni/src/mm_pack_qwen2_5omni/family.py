@@ -13,11 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from mmcore.context import StageContext
-from mmcore.data.synthetic import write_shape_tone_questions
-from mmcore.kits.mel_audio import collate_mel_clips, mel_tower_tokens, use_cached_audio
-from mmcore.kits.vlm import VLMFamily, rows_of
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.data import write_shape_tone_questions
+from mmcore.kits import collate_mel_clips, mel_tower_tokens, use_cached_audio, VLMFamily, rows_of
+from mmcore import Manifest
 from mm_qwen_vision import packed_mrope_positions
 
 from mm_pack_qwen2_5omni.adapter import ADAPTER
@@ -69,7 +68,7 @@ def use_cached_towers(model: Any, towers: list[str]) -> Any:
 
 def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest]) -> None:
     if "extract" in upstream:
-        from mmcore.data.feature_cache import FeatureCache
+        from mmcore.data import FeatureCache
 
         use_cached_towers(model, FeatureCache(upstream["extract"].output("features")).index["towers"])
 

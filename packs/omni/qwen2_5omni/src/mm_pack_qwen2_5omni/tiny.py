@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.tiny import pick_preset
+from mmcore.engines import pick_preset
 
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"]
 NAMED_TOKENS = {
@@ -38,7 +38,7 @@ PRESETS = {
 def build_tokenizer(vocab_size: int = 400):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Tokenizer
 
-    from mmcore.tiny import train_byte_level_bpe
+    from mmcore.engines import train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", **NAMED_TOKENS)

@@ -18,12 +18,11 @@ from typing import Any, Mapping
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.convert import FusedExpertsAdapter
-from mmcore.data.synthetic import write_shape_tone_questions
-from mmcore.kits.mel_audio import collate_mel_clips, mel_tower_tokens, use_cached_audio
-from mmcore.kits.vlm import VLMFamily, rows_of
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.engines import FusedExpertsAdapter
+from mmcore.data import write_shape_tone_questions
+from mmcore.kits import collate_mel_clips, mel_tower_tokens, use_cached_audio, VLMFamily, rows_of
+from mmcore import Manifest
 from mm_qwen_vision import QWEN_MEDIA_FIELDS, QwenVisionData, packed_mrope_positions
 
 from mm_pack_qwen3omni.data import audio_tokens
@@ -100,7 +99,7 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
 
         apply_kernels(model, ctx.plugins.registry, ctx.accelerator.name, "qwen3omni")
     if "extract" in upstream:
-        from mmcore.data.feature_cache import FeatureCache
+        from mmcore.data import FeatureCache
         from mm_qwen_vision.deepstack import use_cached_deepstack_vision
 
         towers = FeatureCache(upstream["extract"].output("features")).index["towers"]

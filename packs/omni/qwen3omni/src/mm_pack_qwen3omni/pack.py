@@ -12,7 +12,7 @@ qwen3omni = QwenKernelsPack(PackSpec(
     name="qwen3omni",
     category="omni",
     summary="Qwen3-Omni (30B-A3B) MoE thinker: audio, image, video and text in one conversation",
-    sdk="1.16",
+    sdk="1.18",  # imports the SDK 1.18 façade
     config_class="mm_pack_qwen3omni.family:Qwen3OmniConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -20,8 +20,8 @@ qwen3omni = QwenKernelsPack(PackSpec(
     # What extract caches depends on which towers are frozen.
     stage_sections={"extract": ("extract", "training.freeze")},
     stages={
-        "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen3omni.tiny:build_init_checkpoint"}),
-        "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen3omni.family:ADAPTER", "build_model": "mm_pack_qwen3omni.family:FAMILY.build_model"}, options={"what": "thinker"}),
+        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_qwen3omni.tiny:build_init_checkpoint"}),
+        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_qwen3omni.family:ADAPTER", "build_model": "mm_pack_qwen3omni.family:FAMILY.build_model"}, options={"what": "thinker"}),
         "preprocess": "mm_pack_qwen3omni.family:FAMILY.preprocess",
         "extract": "mm_pack_qwen3omni.extract:extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen3omni.family:FAMILY.recipe"}),

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.data.synthetic import SHAPE_TONE_QUESTION
-from mmcore.tiny import pick_preset
+from mmcore.data import SHAPE_TONE_QUESTION
+from mmcore.engines import pick_preset
 
 AUDIO_TOKENS = ("<|audio_start|>", "<|audio_end|>", "<|audio_pad|>")
 NAMED_TOKENS = {
@@ -48,7 +48,7 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
         vocab_size=len(tokenizer), hidden_size=p["hidden"], intermediate_size=2 * p["hidden"], num_hidden_layers=p["layers"],
         num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"], head_dim=head_dim, max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 4), half // 4, half // 4], "mrope_interleaved": True},
-        # 2 x moe_intermediate_size != hidden_size, so the fused-expert layouts stay apart (mmcore.convert.FusedExpertsAdapter)
+        # 2 x moe_intermediate_size != hidden_size, so the fused-expert layouts stay apart (mmcore.engines.convert.FusedExpertsAdapter)
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=p["hidden"] // 4 * 3, decoder_sparse_step=1, router_aux_loss_coef=0.001,
         bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
     )

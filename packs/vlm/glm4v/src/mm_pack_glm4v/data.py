@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmcore.data.chat_template import ChatTemplateEncoder
-from mmcore.data.media import MediaError
-from mmcore.data.mllm import Sample
+from mmcore.data import ChatTemplateEncoder, MediaError, Sample
 from mm_qwen_vision import QwenVisionExpanders, SampledVideo
 
 IMAGE = "<|begin_of_image|><|image|><|end_of_image|>"

@@ -18,12 +18,11 @@ from typing import Any, Mapping
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.data.synthetic import write_shape_preferences, write_shape_questions
-from mmcore.convert import FusedExpertsAdapter
-from mmcore.kits.vlm import VLMFamily, rows_of
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.data import write_shape_preferences, write_shape_questions
+from mmcore.engines import FusedExpertsAdapter
+from mmcore.kits import VLMFamily, rows_of
+from mmcore import StageResult, Manifest
 from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, QwenVisionData, rope_index_positions, use_cached_vision
 
 

@@ -6,8 +6,8 @@ from mmcore import PackSpec, Stage
 from mm_qwen_vision.kernels import QwenKernelsPack
 
 STAGES = {
-    "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_glm4v.tiny:build_init_checkpoint"}),
-    "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_glm4v.family:ADAPTER", "build_model": "mm_pack_glm4v.family:FAMILY.build_model"}),
+    "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_glm4v.tiny:build_init_checkpoint"}),
+    "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_glm4v.family:ADAPTER", "build_model": "mm_pack_glm4v.family:FAMILY.build_model"}),
     "preprocess": "mm_pack_glm4v.family:FAMILY.preprocess",
     "extract": "mm_pack_glm4v.family:extract",
     "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_glm4v.family:FAMILY.recipe"}),
@@ -22,7 +22,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.16",
+        sdk="1.18",  # imports the SDK 1.18 façade
         config_class="mm_pack_glm4v.family:Glm4vRunConfig",
         presets=presets,
         default_preset=default_preset,

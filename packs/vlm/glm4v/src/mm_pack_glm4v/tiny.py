@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.tiny import pick_preset
+from mmcore.engines import pick_preset
 
 SPECIAL_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|begin_of_image|>", "<|end_of_image|>", "<|image|>",
                   "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]
@@ -33,7 +33,7 @@ def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
     """A byte-level BPE tokenizer with GLM's special tokens (the real one is GLM's own BPE)."""
     from transformers import Qwen2Tokenizer
 
-    from mmcore.tiny import train_byte_level_bpe
+    from mmcore.engines import train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>")

@@ -14,8 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmcore.data.chat_template import ChatTemplateEncoder, Piece
-from mmcore.data.video import frames_at, load_image, probe, sample_frames
+from mmcore.data import ChatTemplateEncoder, Piece, frames_at, load_image, probe, sample_frames
 
 START, CONTEXT, END = "<img>", "<IMG_CONTEXT>", "</img>"
 

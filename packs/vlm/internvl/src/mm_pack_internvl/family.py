@@ -16,12 +16,10 @@ from typing import Any, Mapping
 from pydantic import Field
 
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.data.mllm import MLLMDataSection
-from mmcore.data.synthetic import write_shape_preferences, write_shape_questions
-from mmcore.kits.auto import TransformersNames
-from mmcore.kits.vlm import VLMFamily
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.data import MLLMDataSection, write_shape_preferences, write_shape_questions
+from mmcore.kits import TransformersNames, VLMFamily
+from mmcore import Manifest
 
 
 class InternVLData(MLLMDataSection):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.tiny import pick_preset
+from mmcore.engines import pick_preset
 
 TILE, PATCH = 56, 14
 NAMED_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}
@@ -34,7 +34,7 @@ def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
     """A Qwen2 tokenizer over a small byte-level BPE, with InternVL's image tokens as named attributes."""
     from transformers import Qwen2Tokenizer
 
-    from mmcore.tiny import train_byte_level_bpe
+    from mmcore.engines import train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",

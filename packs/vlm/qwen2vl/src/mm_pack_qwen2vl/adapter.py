@@ -5,7 +5,7 @@ in-memory model (what training shards and checkpoints) nests them as
 ``model.language_model.*`` and ``model.visual.*``. ``lm_head.*`` is the same in both.
 """
 
-from mmcore.convert import RenameAdapter
+from mmcore.engines import RenameAdapter
 
 ADAPTER = RenameAdapter(
     rules=[

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmcore.data.chat_template import IGNORE, ChatTemplateEncoder
+from mmcore.data import IGNORE, ChatTemplateEncoder
 from mm_qwen_vision import QwenVisionExpanders, image_processor, load_video_frames, video_patches
-from mmcore.data.video import MediaError, load_image
+from mmcore.data import MediaError, load_image
 
 __all__ = ["IGNORE", "MediaError", "load_image", "Encoder", "image_processor", "load_video_frames", "video_patches"]
 

@@ -9,19 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from mmcore.context import StageContext
-from mmcore.hub import remote_code
-from mmcore.data.synthetic import write_shape_preferences, write_shape_questions
-from mmcore.kits.vlm import VLMFamily, rows_of
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.engines import remote_code
+from mmcore.data import write_shape_preferences, write_shape_questions
+from mmcore.kits import VLMFamily, rows_of
+from mmcore import Manifest
 from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, mm_token_types, rope_index_positions
 
 from mm_pack_qwen2vl.adapter import ADAPTER
 from mm_pack_qwen2vl.megatron import megatron_family, of_checkpoint
 
 if TYPE_CHECKING:
-    from mmcore.megatron.engine import MegatronFamily
-    from mmcore.parallel_map import ParallelMap
+    from mmcore.backends.megatron import MegatronFamily, ParallelMap
 
 # training.freeze accepts these names as well as parameter globs.
 FREEZE_GROUPS = {
@@ -68,7 +67,7 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
 
 
 class Qwen2VLFamily(VLMFamily):
-    """The kit's family with its megatron-core side (the protocols of :mod:`mmcore.megatron.family`)."""
+    """The kit's family with its megatron-core side (the protocols of :mod:`mmcore.backends.megatron.family`)."""
 
     def megatron_part(self, model_dir: Path) -> "MegatronFamily":
         """``parallel.backend: megatron`` (``MegatronPart``): the language model as a megatron-core ``GPTModel``."""

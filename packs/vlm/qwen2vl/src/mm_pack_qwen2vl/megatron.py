@@ -1,5 +1,5 @@
 """Qwen2-VL and Qwen2.5-VL in Megatron's names, as MindSpeed-MM lays them out: one table
-(:class:`mmcore.parallel_map.ParallelMap`) that converts the hub checkpoint both ways and splits
+(:class:`mmcore.backends.megatron.tensor_map.ParallelMap`) that converts the hub checkpoint both ways and splits
 it over tensor-parallel ranks and pipeline stages.
 
 The language model is ``text_decoder`` (Megatron's ``GPTModel``: q, k and v fused per query
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmcore.parallel_map import LayerStack, ParallelMap, Rule
+from mmcore.backends.megatron import LayerStack, ParallelMap, Rule
 
 TEXT = "text_decoder.decoder.layers."
 VISION = "image_encoder.encoder.blocks.layers."
@@ -105,8 +105,7 @@ class MegatronQwen2VL:
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-        from mmcore.megatron.gpt import gpt_model, pad_sequence, scatter_sequence
-        from mmcore.parallel_map import even_layers
+        from mmcore.backends.megatron import gpt_model, pad_sequence, scatter_sequence, even_layers
 
         text = config.get_text_config()
         vision_class = Qwen2_5_VisionTransformerPretrainedModel if config.model_type == "qwen2_5_vl" else Qwen2VisionTransformerPretrainedModel
@@ -153,11 +152,11 @@ class MegatronQwen2VL:
 def load_megatron_model(model_dir: Path, tensor_parallel: int, rank: int, pipeline_parallel: int = 1, stage: int = 0) -> Any:
     """:class:`MegatronQwen2VL` of a hub checkpoint folder: tensor-parallel ``rank``'s shard of
     pipeline ``stage``, cut by the table (the vision tower whole, on the first stage), as the
-    engine fills a rank (:func:`mmcore.megatron.engine.fill_rank`)."""
+    engine fills a rank (:func:`mmcore.backends.megatron.engine.fill_rank`)."""
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    from mmcore.megatron.engine import Layout, fill_rank
+    from mmcore.backends.megatron import Layout, fill_rank
 
     files = {}
     for path in sorted(model_dir.glob("*.safetensors")):
@@ -178,11 +177,10 @@ def load_megatron_model(model_dir: Path, tensor_parallel: int, rank: int, pipeli
 
 def megatron_family(model_dir: Path) -> Any:
     """The family on megatron-core for ``parallel.backend: megatron`` (the train engine's
-    :class:`mmcore.megatron.engine.MegatronFamily`) of the checkpoint folder ``model_dir``."""
+    :class:`mmcore.backends.megatron.engine.MegatronFamily`) of the checkpoint folder ``model_dir``."""
     from transformers import AutoConfig
 
-    from mmcore.megatron.engine import MegatronFamily
-    from mmcore.megatron.train import vocab_parallel_exact_match, vocab_parallel_loss_sum
+    from mmcore.backends.megatron import MegatronFamily, vocab_parallel_exact_match, vocab_parallel_loss_sum
     from mm_pack_qwen2vl.adapter import ADAPTER
     from mm_qwen_vision import use_cached_vision
 
@@ -194,7 +192,7 @@ def megatron_family(model_dir: Path) -> Any:
                           adapter=ADAPTER, whole={"visual.": "visual"},
                           inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
                           loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab),
-                          # the held-out exact-match accuracy the FSDP2 loop logs (mmcore.causal_lm.exact_match)
+                          # the held-out exact-match accuracy the FSDP2 loop logs (mmcore.train.causal_lm.exact_match)
                           score=lambda logits, batch: {"accuracy": (float(vocab_parallel_exact_match(logits, batch["labels"], vocab).sum()), len(logits))},
                           score_names=("accuracy",),
                           use_cache=lambda first: use_cached_vision(first.visual))  # the extract stage's cache: only the merger runs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmcore.data.chat_template import ChatTemplateEncoder
+from mmcore.data import ChatTemplateEncoder
 from mm_qwen_vision import QwenVisionExpanders, SampledVideo, frame_timestamps
 
 from mm_pack_qwen3vl.family import MEAN_STD

@@ -15,13 +15,13 @@ from typing import Any, Mapping
 
 from pydantic import Field
 
-from mmcore.convert import FusedExpertsAdapter
+from mmcore.engines import FusedExpertsAdapter
 from mmcore.config import RunConfig
-from mmcore.context import StageContext
-from mmcore.data.synthetic import write_shape_preferences, write_shape_questions
-from mmcore.hub import remote_code
-from mmcore.kits.vlm import VLMFamily, rows_of
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.data import write_shape_preferences, write_shape_questions
+from mmcore.engines import remote_code
+from mmcore.kits import VLMFamily, rows_of
+from mmcore import Manifest
 from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, QwenVisionData, mm_token_types, rope_index_positions
 
 PATCH = 16

@@ -9,8 +9,8 @@ from mmcore import PackSpec, Stage
 from mm_qwen_vision.kernels import QwenKernelsPack
 
 STAGES = {
-    "download": Stage("mmcore.hub:download_stage", parts={"build_init": "mm_pack_qwen3vl.tiny:build_init_checkpoint"}),
-    "convert": Stage("mmcore.convert:convert_stage", parts={"adapter": "mm_pack_qwen3vl.family:ADAPTER", "build_model": "mm_pack_qwen3vl.family:FAMILY.build_model"}),
+    "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_qwen3vl.tiny:build_init_checkpoint"}),
+    "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_qwen3vl.family:ADAPTER", "build_model": "mm_pack_qwen3vl.family:FAMILY.build_model"}),
     "preprocess": "mm_pack_qwen3vl.family:FAMILY.preprocess",
     "extract": "mm_pack_qwen3vl.extract:extract",
     "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen3vl.family:FAMILY.recipe"}),
@@ -25,7 +25,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.16",
+        sdk="1.18",  # imports the SDK 1.18 façade
         config_class="mm_pack_qwen3vl.family:Qwen3VLConfig",
         presets=presets,
         default_preset=default_preset,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmcore.tiny import pick_preset
+from mmcore.engines import pick_preset
 from mm_qwen_vision.tiny import build_tokenizer
 
 PRESETS = {

@@ -21,10 +21,7 @@ from typing import Any, Callable
 
 from pydantic import Field
 
-from mmcore.data.chatml import Piece
-from mmcore.data.mllm import MLLMDataSection
-from mmcore.data.media import MediaError
-from mmcore.data.video import load_image
+from mmcore.data import Piece, MLLMDataSection, MediaError, load_image
 
 __all__ = ["QwenVisionData", "image_processor", "load_video_frames", "sample_video", "SampledVideo", "frame_timestamps", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision", "packed_mrope_positions", "QWEN_MEDIA_FIELDS", "QWEN_PACKED_COUNTS", "mm_token_types", "rope_index_positions"]
 
@@ -45,7 +42,7 @@ def image_processor(min_pixels: int = 56 * 56, max_pixels: int = 512 * 28 * 28, 
     try:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     except ImportError:
-        from mmcore.errors import missing_dependency
+        from mmcore import missing_dependency
 
         raise missing_dependency("transformers", "the Qwen image processor") from None
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from mmcore.context import StageContext
-from mmcore.data.feature_cache import FeatureCacheWriter
-from mmcore.data.shards import ShardDataset
-from mmcore.kits.mel_audio import audio_clips, clip_key
-from mmcore.pack import StageResult
-from mmcore.rundir import Manifest
+from mmcore import StageContext
+from mmcore.data import FeatureCacheWriter, ShardDataset
+from mmcore.kits import audio_clips, clip_key
+from mmcore import StageResult, Manifest
 
 from mm_qwen_vision import media_key, split_items
 

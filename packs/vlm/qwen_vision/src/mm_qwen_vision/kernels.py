@@ -4,7 +4,7 @@ Each kernel has a portable reference (plain torch, runs everywhere, the ground t
 parity tests) and an NPU version on torch_npu's fused ops (imported only where torch_npu is
 importable). A pack registers ``qwen_kernels("qwen2vl")`` (names ``qwen2vl.rms_norm``,
 ``qwen2vl.rotary``) so two packs installed together never claim the same name; packed attention
-is the core's ``varlen_attention`` kernel (:mod:`mmcore.attention`), wired by the VLM kit.
+is the core's ``varlen_attention`` kernel (:mod:`mmcore.train.attention`), wired by the VLM kit.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def qwen_kernels(prefix: str, rotary: bool = True) -> list[Any]:
     """The KernelSpecs of ``<prefix>.rms_norm`` and (``rotary``) ``<prefix>.rotary``, reference
     and NPU. ``rotary=False`` for a family whose text rotary is not rotate-half (GLM's
     interleaved pairs)."""
-    from mmcore.registry import KernelSpec
+    from mmcore import KernelSpec
 
     specs = [
         KernelSpec(f"{prefix}.rms_norm", "reference", f"{OPS}:rms_norm", summary="RMSNorm in fp32, cast back", example=f"{OPS}:rms_norm_example"),

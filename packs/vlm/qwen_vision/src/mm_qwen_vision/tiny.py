@@ -42,7 +42,7 @@ def build_tokenizer(vocab_size: int = 384, corpus: tuple[str, ...] = (), special
     """
     from transformers import Qwen2Tokenizer
 
-    from mmcore.tiny import train_byte_level_bpe
+    from mmcore.engines import train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe([*CORPUS, *corpus], vocab_size)
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", **(named or {}))
