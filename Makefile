@@ -49,6 +49,7 @@ PARALLEL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # rest (marker matrix: FSDP2 on two processes for every pack, further kill points).
 test: $(VENV)/.installed
 	$(BIN)/ruff check --quiet .
+	$(BIN)/ruff format --check --quiet .
 	$(PARALLEL) $(BIN)/python -m pytest -q $(WORKERS) --durations=15 -m "not matrix"
 	@echo "isa_sample tests again with: $$($(BIN)/python tools/other_isa.py)"
 	$(PARALLEL) $(OTHER_ISA) $(BIN)/python -m pytest -q $(WORKERS) -m isa_sample

@@ -35,8 +35,15 @@ def decoder(hidden: int, layers: int, max_positions: int) -> object:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(vocab_size=1024, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
-                                      num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256), max_position_embeddings=max_positions)
+    config = transformers.Qwen2Config(
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        max_position_embeddings=max_positions,
+    )
     config._attn_implementation = "sdpa"
     return transformers.Qwen2ForCausalLM(config).train()
 
@@ -73,8 +80,18 @@ def megatron_recompute_case(mode: str, queue: object) -> None:
     torch.set_num_threads(2)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     init_model_parallel(1, 1, seed=0)
-    config = SimpleNamespace(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
-                             rms_norm_eps=1e-6, vocab_size=1024, max_position_embeddings=4096, rope_theta=1e6, hidden_act="silu")
+    config = SimpleNamespace(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        rms_norm_eps=1e-6,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+        hidden_act="silu",
+    )
     model = gpt_model(config, 1, qkv_bias=True, parallel_output=True)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -134,27 +151,50 @@ def main() -> None:
     if args.only in (None, "recompute"):
         rows = {mode: run(recompute_case, mode) for mode in ("none", "full", "selective")}
         for mode in ("full", "selective"):
-            emit(figure(f"recompute/{mode}-activation-memory", f"activation memory, training.recompute: {mode} vs none", "MiB",
-                        [rows[mode]["activation_peak_mib"]], [rows["none"]["activation_peak_mib"]], baseline_name="recompute: none",
-                        how="Qwen2-style decoder, hidden 1024, 8 layers, one 4096-token row, forward + backward, peak RSS above the built model, "
-                            "one fresh process per case, 2 threads",
-                        step_time_ratio=round(rows[mode]["step_s"] / rows["none"]["step_s"], 2)))
+            emit(
+                figure(
+                    f"recompute/{mode}-activation-memory",
+                    f"activation memory, training.recompute: {mode} vs none",
+                    "MiB",
+                    [rows[mode]["activation_peak_mib"]],
+                    [rows["none"]["activation_peak_mib"]],
+                    baseline_name="recompute: none",
+                    how="Qwen2-style decoder, hidden 1024, 8 layers, one 4096-token row, forward + backward, peak RSS above the built model, one fresh process per case, 2 threads",
+                    step_time_ratio=round(rows[mode]["step_s"] / rows["none"]["step_s"], 2),
+                )
+            )
     if args.only in (None, "megatron"):
         rows = {mode: run(megatron_recompute_case, mode) for mode in ("none", "full", "selective")}
         for mode in ("full", "selective"):
-            emit(figure(f"recompute/megatron-{mode}-activation-memory", f"activation memory on parallel.backend: megatron, training.recompute: {mode} vs none",
-                        "MiB", [rows[mode]["activation_peak_mib"]], [rows["none"]["activation_peak_mib"]], baseline_name="recompute: none",
-                        how="megatron-core GPTModel (local spec), hidden 1024, 8 layers, one 4096-token row, the engine's forward_backward at "
-                            "TP = PP = 1, peak RSS above the built model, one fresh process per case, 2 threads",
-                        step_time_ratio=round(rows[mode]["step_s"] / rows["none"]["step_s"], 2)))
+            emit(
+                figure(
+                    f"recompute/megatron-{mode}-activation-memory",
+                    f"activation memory on parallel.backend: megatron, training.recompute: {mode} vs none",
+                    "MiB",
+                    [rows[mode]["activation_peak_mib"]],
+                    [rows["none"]["activation_peak_mib"]],
+                    baseline_name="recompute: none",
+                    how="megatron-core GPTModel (local spec), hidden 1024, 8 layers, one 4096-token row, the engine's forward_backward at "
+                    "TP = PP = 1, peak RSS above the built model, one fresh process per case, 2 threads",
+                    step_time_ratio=round(rows[mode]["step_s"] / rows["none"]["step_s"], 2),
+                )
+            )
     if args.only in (None, "attention"):
         lengths = (4096, 8192) if args.quick else (4096, 8192, 16384)
         for tokens in lengths:
             mask, varlen = run(attention_case, "transformers-mask", tokens), run(attention_case, "varlen", tokens)
-            emit(figure(f"packed_attention/{tokens // 1024}k-memory", f"packed row of {tokens} tokens: varlen attention vs SDPA with a block-diagonal mask",
-                        "MiB", [varlen["activation_peak_mib"]], [mask["activation_peak_mib"]], baseline_name="transformers SDPA + mask",
-                        how="2-layer decoder (hidden 256), 512-token samples packed in one row, forward + backward, peak RSS, one fresh process per case, 2 threads",
-                        step_time_ratio=round(varlen["step_s"] / mask["step_s"], 2)))
+            emit(
+                figure(
+                    f"packed_attention/{tokens // 1024}k-memory",
+                    f"packed row of {tokens} tokens: varlen attention vs SDPA with a block-diagonal mask",
+                    "MiB",
+                    [varlen["activation_peak_mib"]],
+                    [mask["activation_peak_mib"]],
+                    baseline_name="transformers SDPA + mask",
+                    how="2-layer decoder (hidden 256), 512-token samples packed in one row, forward + backward, peak RSS, one fresh process per case, 2 threads",
+                    step_time_ratio=round(varlen["step_s"] / mask["step_s"], 2),
+                )
+            )
 
 
 if __name__ == "__main__":

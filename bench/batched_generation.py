@@ -58,9 +58,16 @@ def main() -> None:
 
         def decode(batch_size: int) -> tuple[float, list[list[int]]]:
             t0 = time.perf_counter()
-            tokens = generate_tokens(model, prompts, lambda chosen: FAMILY.generation_inputs(model, chosen, ids), length=lambda q: len(q["input_ids"]),
-                                     end_ids=[end], pad_id=ids["pad_id"], max_new_tokens=args.max_new_tokens,
-                                     batch_size=batch_size)
+            tokens = generate_tokens(
+                model,
+                prompts,
+                lambda chosen: FAMILY.generation_inputs(model, chosen, ids),
+                length=lambda q: len(q["input_ids"]),
+                end_ids=[end],
+                pad_id=ids["pad_id"],
+                max_new_tokens=args.max_new_tokens,
+                batch_size=batch_size,
+            )
             return (time.perf_counter() - t0) / len(prompts), tokens
 
         decode(args.batch)  # warm-up, both paths
@@ -73,10 +80,20 @@ def main() -> None:
                 times[size].append(seconds)
         same = sum(a == b for a, b in zip(answers[1], answers[args.batch]))
         assert same == len(prompts), f"batched and one-by-one answers differ for {len(prompts) - same} of {len(prompts)} prompts"
-        emit(figure("generation/qwen2vl-batched", f"qwen2vl demo export: greedy answers to {args.requests} image questions, batch {args.batch} vs one by one",
-                    "s/request", times[args.batch], times[1], baseline_name="one request at a time", ratio_is="baseline/mmcore", goal=(">=", 3.0),
-                    how=f"mmcore.engines.generation.generate_tokens, left-padded batches longest first with the KV cache vs batch 1; the demo trained 40 steps; "
-                        f"max_new_tokens {args.max_new_tokens}; same tokens both ways; {reps} repetitions alternating, {args.threads} threads"))
+        emit(
+            figure(
+                "generation/qwen2vl-batched",
+                f"qwen2vl demo export: greedy answers to {args.requests} image questions, batch {args.batch} vs one by one",
+                "s/request",
+                times[args.batch],
+                times[1],
+                baseline_name="one request at a time",
+                ratio_is="baseline/mmcore",
+                goal=(">=", 3.0),
+                how=f"mmcore.engines.generation.generate_tokens, left-padded batches longest first with the KV cache vs batch 1; the demo trained 40 steps; "
+                f"max_new_tokens {args.max_new_tokens}; same tokens both ways; {reps} repetitions alternating, {args.threads} threads",
+            )
+        )
     whisper_cache(args, min(reps, 3))  # the uncached side is slow (quadratic), and its spread small
 
 
@@ -87,8 +104,7 @@ def whisper_cache(args, reps: int) -> None:  # type: ignore[no-untyped-def]
 
     from mm_pack_whisper.generate import greedy_decode
 
-    config = WhisperConfig(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
-                           encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80)
+    config = WhisperConfig(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80)
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config).eval()
     features, steps = torch.randn(8, 80, 3000), 32 if args.quick else 64
@@ -102,7 +118,7 @@ def whisper_cache(args, reps: int) -> None:  # type: ignore[no-untyped-def]
             for _ in range(steps):
                 logits = model(encoder_outputs=BaseModelOutput(last_hidden_state=states), decoder_input_ids=ids, use_cache=False).logits
                 ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-        return ids[:, prefix.shape[1]:].tolist()
+        return ids[:, prefix.shape[1] :].tolist()
 
     def timed(cached: bool) -> tuple[float, list[list[int]]]:
         t0 = time.perf_counter()
@@ -120,10 +136,20 @@ def whisper_cache(args, reps: int) -> None:  # type: ignore[no-untyped-def]
     # random weights leave near ties that the two kernels' rounding may break apart: count, don't demand
     same = sum(a == b for x, y in zip(tokens[True], tokens[False]) for a, b in zip(x, y)) / sum(map(len, tokens[False]))
     assert same >= 0.9, f"cached and uncached decoding agree on only {same:.0%} of tokens"
-    emit(figure("generation/whisper-kv-cache", f"whisper-base greedy decoding of {steps} tokens x 8 clips: KV cache vs none", "s/batch",
-                times[True], times[False], baseline_name="decoder over the whole prefix every token", ratio_is="baseline/mmcore", goal=None,
-                how=f"random weights at openai/whisper-base sizes, encoder outputs given, {steps} tokens forced for every row; "
-                    f"{reps} repetitions alternating, {args.threads} threads", same_tokens=round(same, 4)))
+    emit(
+        figure(
+            "generation/whisper-kv-cache",
+            f"whisper-base greedy decoding of {steps} tokens x 8 clips: KV cache vs none",
+            "s/batch",
+            times[True],
+            times[False],
+            baseline_name="decoder over the whole prefix every token",
+            ratio_is="baseline/mmcore",
+            goal=None,
+            how=f"random weights at openai/whisper-base sizes, encoder outputs given, {steps} tokens forced for every row; {reps} repetitions alternating, {args.threads} threads",
+            same_tokens=round(same, 4),
+        )
+    )
 
 
 if __name__ == "__main__":

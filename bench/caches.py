@@ -43,8 +43,23 @@ STAGES = ("download", "convert", "preprocess", "extract", "train", "export")
 def run(folder: Path, pack: str, name: str, steps: int, overrides: list[str], until: str = "train") -> Path:
     """The pack's stages up to ``until``, as a user runs them one by one (export is not timed)."""
     for stage in STAGES[: STAGES.index(until) + 1]:
-        cmd = [sys.executable, "-m", "mmcore", stage, "--pack", pack, "--preset", "demo", "--run-dir", name,
-               f"training.steps={steps}", "training.eval_every=0", "training.checkpoint_every=0", "training.log_every=1", *overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mmcore",
+            stage,
+            "--pack",
+            pack,
+            "--preset",
+            "demo",
+            "--run-dir",
+            name,
+            f"training.steps={steps}",
+            "training.eval_every=0",
+            "training.checkpoint_every=0",
+            "training.log_every=1",
+            *overrides,
+        ]
         proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{pack} {name} {stage} failed:\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
@@ -82,11 +97,21 @@ def main() -> None:
             live = run(Path(tmp), pack, f"{pack}-live", steps, [*overrides, "extract.enabled=false"])
             (tc, lc), (tl, ll) = steps_of(cached), steps_of(live)
             extract_s = json.loads((cached / "extract/manifest.json").read_text())["duration_s"]
-            emit(figure(f"caches/{pack}", f"{pack} demo train step: {replaced} from the cache vs run every step", "s/step",
-                        blocks(tc[args.warmup :], reps), blocks(tl[args.warmup :], reps), baseline_name=f"{replaced} every step",
-                        ratio_is="baseline/mmcore", goal=(">=", 3.0),
-                        how=f"{steps} steps per run, first {args.warmup} dropped, {reps} consecutive blocks, {args.threads} threads, demo preset sizes",
-                        extract_once_s=round(extract_s, 2), max_loss_rel_diff=max(abs(a - b) / abs(b) for a, b in zip(lc, ll))))
+            emit(
+                figure(
+                    f"caches/{pack}",
+                    f"{pack} demo train step: {replaced} from the cache vs run every step",
+                    "s/step",
+                    blocks(tc[args.warmup :], reps),
+                    blocks(tl[args.warmup :], reps),
+                    baseline_name=f"{replaced} every step",
+                    ratio_is="baseline/mmcore",
+                    goal=(">=", 3.0),
+                    how=f"{steps} steps per run, first {args.warmup} dropped, {reps} consecutive blocks, {args.threads} threads, demo preset sizes",
+                    extract_once_s=round(extract_s, 2),
+                    max_loss_rel_diff=max(abs(a - b) / abs(b) for a, b in zip(lc, ll)),
+                )
+            )
 
 
 if __name__ == "__main__":

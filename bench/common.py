@@ -97,8 +97,20 @@ class Figure:
         return measured >= value if op == ">=" else measured <= value
 
 
-def figure(id: str, what: str, unit: str, mmcore: Sequence[float], baseline: Sequence[float] | None, *, baseline_name: str,
-           how: str, ratio_is: str = "mmcore/baseline", goal: tuple[str, float] | None = None, goal_of: str = "ratio", **extra: Any) -> Figure:
+def figure(
+    id: str,
+    what: str,
+    unit: str,
+    mmcore: Sequence[float],
+    baseline: Sequence[float] | None,
+    *,
+    baseline_name: str,
+    how: str,
+    ratio_is: str = "mmcore/baseline",
+    goal: tuple[str, float] | None = None,
+    goal_of: str = "ratio",
+    **extra: Any,
+) -> Figure:
     """A figure from paired repetitions: ``mmcore[i]`` and ``baseline[i]`` were measured in the
     same repetition; the ratio is taken per repetition, then summarised."""
     _, mm_median, _ = quartiles(mmcore)

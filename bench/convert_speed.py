@@ -29,8 +29,15 @@ from pathlib import Path
 from common import emit, figure, parser, reps_of
 
 QWEN2VL_2B = dict(
-    text_config=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                     num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
+    text_config=dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+    ),
     vision_config=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4),
     tie_word_embeddings=True,
 )
@@ -162,18 +169,60 @@ def main() -> None:
         imports = [r["peak_rss_mib"] for r in runs["imports_only"]]
         for direction, key, source in (("HF -> DCP", "stream_hf_to_dcp", "hf"), ("DCP -> HF", "stream_dcp_to_hf", "dcp")):
             tag = key.removeprefix("stream_")
-            emit(figure(f"convert/{tag}-speed", f"convert {direction}, whole process (imports included)", "s", [r["wall_s"] for r in runs[key]], cp[source],
-                        baseline_name="cp -r + sync of the source", ratio_is="baseline/mmcore", goal=(">=", 0.6), how=how,
-                        work_s=[round(r["work_s"], 2) for r in runs[key]], gib=round(gib, 2)))
-            emit(figure(f"convert/{tag}-speed-after-imports", f"convert {direction}, after imports", "s", [r["work_s"] for r in runs[key]], cp[source],
-                        baseline_name="cp -r + sync of the source", ratio_is="baseline/mmcore", goal=(">=", 0.6), how=how))
+            emit(
+                figure(
+                    f"convert/{tag}-speed",
+                    f"convert {direction}, whole process (imports included)",
+                    "s",
+                    [r["wall_s"] for r in runs[key]],
+                    cp[source],
+                    baseline_name="cp -r + sync of the source",
+                    ratio_is="baseline/mmcore",
+                    goal=(">=", 0.6),
+                    how=how,
+                    work_s=[round(r["work_s"], 2) for r in runs[key]],
+                    gib=round(gib, 2),
+                )
+            )
+            emit(
+                figure(
+                    f"convert/{tag}-speed-after-imports",
+                    f"convert {direction}, after imports",
+                    "s",
+                    [r["work_s"] for r in runs[key]],
+                    cp[source],
+                    baseline_name="cp -r + sync of the source",
+                    ratio_is="baseline/mmcore",
+                    goal=(">=", 0.6),
+                    how=how,
+                )
+            )
             bound = [i + 2 * largest_mib for i in imports]
-            emit(figure(f"convert/{tag}-peak-rss", f"convert {direction}: peak RSS against imports + 2 x largest tensor", "MiB",
-                        [r["peak_rss_mib"] for r in runs[key]], bound, baseline_name=f"imports + 2 x {largest_mib:.0f} MiB", goal=("<=", 1.0), how=how))
-        emit(figure("convert/naive-vs-stream-hf_to_dcp", "HF -> DCP: naive load-all-then-save vs mmcore, whole process", "s",
-                    [r["wall_s"] for r in runs["stream_hf_to_dcp"]], [r["wall_s"] for r in runs["naive_hf_to_dcp"]],
-                    baseline_name="naive load-all + dcp.save", ratio_is="baseline/mmcore", how=how,
-                    naive_peak_rss_mib=round(sorted(r["peak_rss_mib"] for r in runs["naive_hf_to_dcp"])[reps // 2])))
+            emit(
+                figure(
+                    f"convert/{tag}-peak-rss",
+                    f"convert {direction}: peak RSS against imports + 2 x largest tensor",
+                    "MiB",
+                    [r["peak_rss_mib"] for r in runs[key]],
+                    bound,
+                    baseline_name=f"imports + 2 x {largest_mib:.0f} MiB",
+                    goal=("<=", 1.0),
+                    how=how,
+                )
+            )
+        emit(
+            figure(
+                "convert/naive-vs-stream-hf_to_dcp",
+                "HF -> DCP: naive load-all-then-save vs mmcore, whole process",
+                "s",
+                [r["wall_s"] for r in runs["stream_hf_to_dcp"]],
+                [r["wall_s"] for r in runs["naive_hf_to_dcp"]],
+                baseline_name="naive load-all + dcp.save",
+                ratio_is="baseline/mmcore",
+                how=how,
+                naive_peak_rss_mib=round(sorted(r["peak_rss_mib"] for r in runs["naive_hf_to_dcp"])[reps // 2]),
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -33,18 +33,37 @@ def main() -> None:
             rows = [json.loads(x) for x in (run_dir / "train/metrics.jsonl").read_text().splitlines()]
             rows = [r for r in rows if "data_time_s" in r][args.warmup :]
             waits, totals = blocks([r["data_time_s"] for r in rows], reps), blocks([r["step_time_s"] for r in rows], reps)
-            emit(figure(f"data_path/{pack}-wait-share", f"{pack} demo: share of the train step spent waiting for the batch", "s/step", waits, totals,
-                        baseline_name="whole step", goal=("<=", 0.05),
-                        how=f"demo preset, {steps} steps, first {args.warmup} dropped, {reps} blocks, {args.threads} threads; in-process read + collate"))
+            emit(
+                figure(
+                    f"data_path/{pack}-wait-share",
+                    f"{pack} demo: share of the train step spent waiting for the batch",
+                    "s/step",
+                    waits,
+                    totals,
+                    baseline_name="whole step",
+                    goal=("<=", 0.05),
+                    how=f"demo preset, {steps} steps, first {args.warmup} dropped, {reps} blocks, {args.threads} threads; in-process read + collate",
+                )
+            )
             rates, samples = [], 0
             for folder in (run_dir, two):
                 pre = json.loads((folder / "preprocess/manifest.json").read_text())
                 m = pre["metrics"]
                 samples = m.get("train_samples", 0) + m.get("eval_samples", 0) or m.get("clips", 0)
                 rates.append(samples / pre["duration_s"])
-            emit(figure(f"data_path/{pack}-preprocess", f"{pack} demo preprocess throughput, data.num_workers=2 vs in-process", "samples/s", [rates[1]], [rates[0]],
-                        baseline_name="in-process (num_workers=0)", how=f"{samples} demo samples / the stage's duration, one run each, {args.threads} cores",
-                        samples=samples))
+            emit(
+                figure(
+                    f"data_path/{pack}-preprocess",
+                    f"{pack} demo preprocess throughput, data.num_workers=2 vs in-process",
+                    "samples/s",
+                    [rates[1]],
+                    [rates[0]],
+                    baseline_name="in-process (num_workers=0)",
+                    how=f"{samples} demo samples / the stage's duration, one run each, {args.threads} cores",
+                    samples=samples,
+                )
+            )
+
 
 if __name__ == "__main__":
     main()

@@ -72,8 +72,7 @@ class Case:
 
             tiny.PRESETS["bench-1s"] = QWEN2VL_1S
         total = self.warmup + self.steps + 1  # one more fetch closes the last timed step
-        self.runner = make_runner(Plugins.load(), pack, workdir / name, preset=preset,
-                                  overrides=[*overrides, f"training.steps={total}", "training.checkpoint_every=0", "training.eval_every=0"])
+        self.runner = make_runner(Plugins.load(), pack, workdir / name, preset=preset, overrides=[*overrides, f"training.steps={total}", "training.checkpoint_every=0", "training.eval_every=0"])
         for stage in self.runner.stages:
             if stage == "train":
                 break
@@ -99,8 +98,7 @@ class Case:
             timed.append(TimedBatches(self.batches))
             training = ctx.config.training.model_copy(update={"micro_batch_size": 1, "grad_accum_steps": 1, "max_tokens": None})
             ctx = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"training": training}))
-            swapped = dataclasses.replace(recipe, dataset=lambda c, u: timed[-1], collate=lambda items: items[0],
-                                          group_of=None, length_of=None, evaluate=None)
+            swapped = dataclasses.replace(recipe, dataset=lambda c, u: timed[-1], collate=lambda items: items[0], group_of=None, length_of=None, evaluate=None)
             return original(ctx, upstream, swapped)
 
         engine.run_training = precollated
@@ -169,10 +167,19 @@ def main() -> None:
                     got[side] = statistics.median(times)  # robust to the odd slow step (a page fault burst, a neighbour)
                 mm.append(got["mmcore"])
                 bare.append(got["bare"])
-            emit(figure(f"engine_overhead/{name}", f"train step time, {name} ({CASES[name][0]} {CASES[name][1]} data)", "s/step", mm, bare,
-                        baseline_name="bare PyTorch loop", goal=("<=", 1.03),
-                        how=f"median of {case.steps} steps after {case.warmup} warm-up, {reps} repetitions alternating, {args.threads} threads, fp32, "
-                            "same pre-collated batches, model and frozen parameters on both sides"))
+            emit(
+                figure(
+                    f"engine_overhead/{name}",
+                    f"train step time, {name} ({CASES[name][0]} {CASES[name][1]} data)",
+                    "s/step",
+                    mm,
+                    bare,
+                    baseline_name="bare PyTorch loop",
+                    goal=("<=", 1.03),
+                    how=f"median of {case.steps} steps after {case.warmup} warm-up, {reps} repetitions alternating, {args.threads} threads, fp32, "
+                    "same pre-collated batches, model and frozen parameters on both sides",
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -37,10 +37,30 @@ from typing import Any
 
 def text_config(tiny: bool, layers: int) -> Any:
     if tiny:
-        return SimpleNamespace(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                               rms_norm_eps=1e-6, vocab_size=512, max_position_embeddings=4096, rope_theta=1e6, hidden_act="silu")
-    return SimpleNamespace(hidden_size=1536, intermediate_size=8960, num_hidden_layers=layers, num_attention_heads=12, num_key_value_heads=2,
-                           rms_norm_eps=1e-6, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, hidden_act="silu")
+        return SimpleNamespace(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            vocab_size=512,
+            max_position_embeddings=4096,
+            rope_theta=1e6,
+            hidden_act="silu",
+        )
+    return SimpleNamespace(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        hidden_act="silu",
+    )
 
 
 def build(config: Any, device: Any, dtype: Any) -> Any:
@@ -67,8 +87,7 @@ def batches(config: Any, args: argparse.Namespace, device: Any) -> list[list[dic
         micro = []
         for _ in range(args.micro):
             ids = torch.randint(0, config.vocab_size, (1, args.tokens), generator=generator)
-            micro.append({"input_ids": ids.to(device), "position_ids": torch.arange(args.tokens)[None].to(device), "labels": ids.to(device),
-                          "num_loss_tokens": args.tokens - 1})
+            micro.append({"input_ids": ids.to(device), "position_ids": torch.arange(args.tokens)[None].to(device), "labels": ids.to(device), "num_loss_tokens": args.tokens - 1})
         steps.append(micro)
     return steps
 
@@ -120,11 +139,9 @@ def way_b(config: Any, args: argparse.Namespace, device: Any, accelerator: Any) 
 
     gpt = build(config, device, torch.bfloat16)
     gpt.config.bf16 = True
-    model = DistributedDataParallel(config=gpt.config, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True),
-                                    module=Float16Module(gpt.config, gpt))
+    model = DistributedDataParallel(config=gpt.config, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True), module=Float16Module(gpt.config, gpt))
     model.train()
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4, weight_decay=0.01, bf16=True, params_dtype=torch.bfloat16,
-                                                       use_distributed_optimizer=True, clip_grad=1.0), [model])
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4, weight_decay=0.01, bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=True, clip_grad=1.0), [model])
     cfg = gpt.config
     cfg.calculate_per_token_loss = True  # loss sums; finalize_model_grads divides by the step's tokens
     cfg.finalize_model_grads_func, cfg.no_sync_func, cfg.grad_scale_func = finalize_model_grads, model.no_sync, optimizer.scale_loss
@@ -143,8 +160,9 @@ def way_b(config: Any, args: argparse.Namespace, device: Any, accelerator: Any) 
 
         model.zero_grad_buffer()
         optimizer.zero_grad()
-        results = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=[feed], model=[model], num_microbatches=len(micro),
-                                              seq_length=args.tokens, micro_batch_size=1, forward_only=False)
+        results = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=[feed], model=[model], num_microbatches=len(micro), seq_length=args.tokens, micro_batch_size=1, forward_only=False
+        )
         optimizer.step()
         return sum(float(r["loss_sum"]) for r in results) / sum(b["num_loss_tokens"] for b in micro)
 
@@ -164,9 +182,15 @@ def measure(way: str, model: Any, config: Any, args: argparse.Namespace, acceler
     steady = sorted(times[2:] or times)[len(times[2:] or times) // 2]  # the median after two warm-up steps
     peak = accelerator.peak_flops()
     tokens = args.tokens * args.micro
-    return {"way": way, "losses": [round(x, 5) for x in losses], "step_s": round(steady, 4), "tokens_per_s": round(tokens / steady),
-            "tflops": round(flops / steady / 1e12, 2), "mfu": round(flops / steady / peak, 4) if peak else None,
-            "peak_memory_gib": round(accelerator.peak_memory_bytes() / 2**30, 2)}
+    return {
+        "way": way,
+        "losses": [round(x, 5) for x in losses],
+        "step_s": round(steady, 4),
+        "tokens_per_s": round(tokens / steady),
+        "tflops": round(flops / steady / 1e12, 2),
+        "mfu": round(flops / steady / peak, 4) if peak else None,
+        "peak_memory_gib": round(accelerator.peak_memory_bytes() / 2**30, 2),
+    }
 
 
 def main() -> None:
@@ -209,8 +233,9 @@ def main() -> None:
         print(f"{bf16['way']}: losses against fp32 compute's: max relative difference {worst:.2e}", flush=True)
     if len(results) == 3:
         ours, theirs = results[1], results[2]
-        print(f"mmcore bf16 / Megatron bf16: tokens/s {ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}, "
-              f"peak memory {ours['peak_memory_gib'] / max(theirs['peak_memory_gib'], 1e-9):.3f}", flush=True)
+        print(
+            f"mmcore bf16 / Megatron bf16: tokens/s {ours['tokens_per_s'] / theirs['tokens_per_s']:.3f}, peak memory {ours['peak_memory_gib'] / max(theirs['peak_memory_gib'], 1e-9):.3f}", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,32 @@ import time
 
 def shape(tiny: bool, layers: int) -> dict:
     if tiny:
-        return dict(text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                     num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
-                    vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2), tie_word_embeddings=True)
-    return dict(text_config=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=layers, num_attention_heads=12,
-                                 num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
-                vision_config=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4), tie_word_embeddings=True)
+        return dict(
+            text_config=dict(
+                vocab_size=512,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+            ),
+            vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2),
+            tie_word_embeddings=True,
+        )
+    return dict(
+        text_config=dict(
+            vocab_size=151936,
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=layers,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+        ),
+        vision_config=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4),
+        tie_word_embeddings=True,
+    )
 
 
 def lengths_for(total: int, seed: int = 0) -> list[int]:
@@ -92,9 +112,17 @@ def run(way: str, args: argparse.Namespace, device: object, accelerator: object)
         times.append(time.perf_counter() - t0)
     steady = sorted(times[2:] or times)[len(times[2:] or times) // 2]  # median after two warm-up steps
     peak = accelerator.peak_flops()
-    return {"way": way, "tokens": args.tokens, "samples": len(lengths), "step_s": round(steady, 4), "tokens_per_s": round(args.tokens / steady),
-            "tflops": round(flops / steady / 1e12, 2), "mfu": round(flops / steady / peak, 4) if peak else None,
-            "peak_memory_gib": round(accelerator.peak_memory_bytes() / 2**30, 2), "loss": round(loss.item(), 4)}
+    return {
+        "way": way,
+        "tokens": args.tokens,
+        "samples": len(lengths),
+        "step_s": round(steady, 4),
+        "tokens_per_s": round(args.tokens / steady),
+        "tflops": round(flops / steady / 1e12, 2),
+        "mfu": round(flops / steady / peak, 4) if peak else None,
+        "peak_memory_gib": round(accelerator.peak_memory_bytes() / 2**30, 2),
+        "loss": round(loss.item(), 4),
+    }
 
 
 def main() -> None:

@@ -74,8 +74,7 @@ def worker(rank: int, world: int, port: int, tp: int, pp: int, model_dir: str, c
     load_s = time.perf_counter() - start
     loaded = peak_mib()
     held = sum(t.numel() * t.element_size() for t in model.state_dict().values() if hasattr(t, "numel")) / 2**20
-    row = {"tp": tp, "pp": pp, "rank": rank, "baseline_mib": round(baseline), "build_peak_mib": round(built), "load_peak_mib": round(loaded),
-           "held_mib": round(held), "load_s": round(load_s, 1)}
+    row = {"tp": tp, "pp": pp, "rank": rank, "baseline_mib": round(baseline), "build_peak_mib": round(built), "load_peak_mib": round(loaded), "held_mib": round(held), "load_s": round(load_s, 1)}
     for way in ("pieces", "gathered"):
         folder = Path(work) / f"trained-{way}"
         dist.barrier()
@@ -131,9 +130,12 @@ def main() -> None:
     def above_imports(row: dict) -> float:
         return row["load_peak_mib"] - row["baseline_mib"]
 
-    how = (f"Qwen2-VL-2B widths, 6 decoder layers, 8 vision blocks, tied embedding, fp32 checkpoint {total / 2**20:.0f} MiB (largest tensor "
-           f"{largest / 2**20:.0f} MiB, largest layer {layer / 2**20:.0f} MiB) written by convert's hf_to_dcp, megatron-core local spec, gloo on CPU, "
-           "each rank a fresh process, VmHWM (mapped file pages included); one measurement (peaks move by ~10 % between runs with the allocator's timing)")
+    how = (
+        f"Qwen2-VL-2B widths, 6 decoder layers, 8 vision blocks, tied embedding, fp32 checkpoint {total / 2**20:.0f} MiB (largest tensor "
+        f"{largest / 2**20:.0f} MiB, largest layer {layer / 2**20:.0f} MiB) written by convert's hf_to_dcp, megatron-core local spec, gloo on CPU, "
+        "each rank a fresh process, VmHWM (mapped file pages included); one measurement (peaks move by ~10 % between runs with the allocator's timing)"
+    )
+
     # while a layer is read its mapped tensors' pages count beside the rank's part: at most the
     # largest tensor (read whole at TP=1) or the largest layer
     def bound(r: dict) -> float:
@@ -144,22 +146,57 @@ def main() -> None:
         name = "one process" if tp * pp == 1 else (f"TP={tp}" if tp > 1 else f"PP={pp}")
         tag = name.lower().replace("=", "").replace(" ", "-")
         row = max(rows_of(tp, pp), key=lambda r: above_imports(r) / bound(r))
-        emit(figure(f"megatron_load/{tag}-peak-vs-bound", f"{name}: build + load peak above imports against the tensors the rank keeps + the largest "
-                    "tensor + the largest layer (what is mapped while a layer is read)", "MiB", [above_imports(row)], [bound(row)],
-                    baseline_name="the bound", goal=("<=", 1.0), how=how, rank=row["rank"], held_mib=row["held_mib"],
-                    excess_in_largest_tensors=round((above_imports(row) - row["held_mib"]) / (largest / 2**20), 2), load_s=row["load_s"]))
+        emit(
+            figure(
+                f"megatron_load/{tag}-peak-vs-bound",
+                f"{name}: build + load peak above imports against the tensors the rank keeps + the largest tensor + the largest layer (what is mapped while a layer is read)",
+                "MiB",
+                [above_imports(row)],
+                [bound(row)],
+                baseline_name="the bound",
+                goal=("<=", 1.0),
+                how=how,
+                rank=row["rank"],
+                held_mib=row["held_mib"],
+                excess_in_largest_tensors=round((above_imports(row) - row["held_mib"]) / (largest / 2**20), 2),
+                load_s=row["load_s"],
+            )
+        )
         row = max(rows_of(tp, pp), key=above_imports)
         if tp * pp > 1:
-            emit(figure(f"megatron_load/{tag}-vs-one-process", f"build + load peak above imports per rank, {name} vs one process (the decoder halves; the vision "
-                        "tower stays whole on the first stage; at PP=2 the last stage holds the tied embedding's copy for its output layer)", "MiB",
-                        [above_imports(row)], [above_imports(one)], baseline_name="one process", how=how,
-                        held_mib=row["held_mib"], one_process_held_mib=one["held_mib"], load_s=row["load_s"]))
+            emit(
+                figure(
+                    f"megatron_load/{tag}-vs-one-process",
+                    f"build + load peak above imports per rank, {name} vs one process (the decoder halves; the vision "
+                    "tower stays whole on the first stage; at PP=2 the last stage holds the tied embedding's copy for its output layer)",
+                    "MiB",
+                    [above_imports(row)],
+                    [above_imports(one)],
+                    baseline_name="one process",
+                    how=how,
+                    held_mib=row["held_mib"],
+                    one_process_held_mib=one["held_mib"],
+                    load_s=row["load_s"],
+                )
+            )
         ours, theirs = (max(rows_of(tp, pp), key=lambda r: r[f"write_{way}_above_model_mib"]) for way in ("pieces", "gathered"))
-        emit(figure(f"megatron_write/{tag}-pieces-vs-gathered", f"{name}: peak above the loaded model while the trained weights are written, the worst "
-                    "rank: each rank writing its pieces vs everything gathered on rank 0 (the way before)", "MiB",
-                    [ours["write_pieces_above_model_mib"]], [theirs["write_gathered_above_model_mib"]], baseline_name="gathered on rank 0", goal=("<=", 0.5),
-                    how=how, rank_pieces=ours["rank"], rank_gathered=theirs["rank"], held_mib=ours["held_mib"],
-                    write_pieces_s=max(r["write_pieces_s"] for r in rows_of(tp, pp)), write_gathered_s=max(r["write_gathered_s"] for r in rows_of(tp, pp))))
+        emit(
+            figure(
+                f"megatron_write/{tag}-pieces-vs-gathered",
+                f"{name}: peak above the loaded model while the trained weights are written, the worst rank: each rank writing its pieces vs everything gathered on rank 0 (the way before)",
+                "MiB",
+                [ours["write_pieces_above_model_mib"]],
+                [theirs["write_gathered_above_model_mib"]],
+                baseline_name="gathered on rank 0",
+                goal=("<=", 0.5),
+                how=how,
+                rank_pieces=ours["rank"],
+                rank_gathered=theirs["rank"],
+                held_mib=ours["held_mib"],
+                write_pieces_s=max(r["write_pieces_s"] for r in rows_of(tp, pp)),
+                write_gathered_s=max(r["write_gathered_s"] for r in rows_of(tp, pp)),
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -43,12 +43,22 @@ def main() -> None:
     random.Random(0).shuffle(order)
     batches = [order[i : i + args.batch] for i in range(0, len(order) - args.batch + 1, args.batch)]
     padded_fraction = sum(lengths[i] for b in batches for i in b) / sum(len(b) * max(lengths[i] for i in b) for b in batches)
-    emit(figure("packing/real-token-fraction", "real tokens / tokens computed on a long-tailed VLM mix", "fraction", [sampler.fill()], [padded_fraction],
-                baseline_name=f"pad to longest, batches of {args.batch}", ratio_is="mmcore/baseline", goal=(">=", 0.97), goal_of="mmcore",
-                how=f"2000 samples of mmcore.data.synthetic.vlm_mix_lengths, TokenBudgetSampler rows of {args.budget} tokens (an exact count, no repetitions)"))
+    emit(
+        figure(
+            "packing/real-token-fraction",
+            "real tokens / tokens computed on a long-tailed VLM mix",
+            "fraction",
+            [sampler.fill()],
+            [padded_fraction],
+            baseline_name=f"pad to longest, batches of {args.batch}",
+            ratio_is="mmcore/baseline",
+            goal=(">=", 0.97),
+            goal_of="mmcore",
+            how=f"2000 samples of mmcore.data.synthetic.vlm_mix_lengths, TokenBudgetSampler rows of {args.budget} tokens (an exact count, no repetitions)",
+        )
+    )
 
-    config = transformers.Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=8192)
+    config = transformers.Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(config).train()
@@ -83,10 +93,18 @@ def main() -> None:
     for rep in range(reps):
         for way in ("packed", "padded") if rep % 2 == 0 else ("padded", "packed"):
             rates[way].append(rate(packed, packed_real) if way == "packed" else rate(padded, padded_real))
-    emit(figure("packing/real-tokens-per-s", "training throughput in real tokens/s on the same mix", "tokens/s", rates["packed"], rates["padded"],
-                baseline_name="pad to longest", ratio_is="mmcore/baseline",
-                how=f"Qwen2-style decoder (hidden 256, 2 layers), forward + backward, {args.steps} packed rows vs as many real tokens padded, "
-                    f"{reps} repetitions alternating, {args.threads} threads"))
+    emit(
+        figure(
+            "packing/real-tokens-per-s",
+            "training throughput in real tokens/s on the same mix",
+            "tokens/s",
+            rates["packed"],
+            rates["padded"],
+            baseline_name="pad to longest",
+            ratio_is="mmcore/baseline",
+            how=f"Qwen2-style decoder (hidden 256, 2 layers), forward + backward, {args.steps} packed rows vs as many real tokens padded, {reps} repetitions alternating, {args.threads} threads",
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,15 @@ from pathlib import Path
 from common import emit, figure, parser
 
 SHAPE = dict(
-    text_config=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=6, num_attention_heads=12,
-                     num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
+    text_config=dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+    ),
     vision_config=dict(depth=8, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4),
     tie_word_embeddings=True,
 )
@@ -116,8 +123,10 @@ def worker(rank: int, world: int, port: int, way: str, folder: str, out: str) ->
     optimizer.step()
     after_step = peak_mib()
     with open(out, "a") as handle:
-        handle.write(json.dumps({"way": way, "world": world, "rank": rank, "baseline_mib": round(baseline),
-                                 "load_peak_mib": round(after_load), "step_peak_mib": round(after_step), "load_s": round(load_s, 1)}) + "\n")
+        handle.write(
+            json.dumps({"way": way, "world": world, "rank": rank, "baseline_mib": round(baseline), "load_peak_mib": round(after_load), "step_peak_mib": round(after_step), "load_s": round(load_s, 1)})
+            + "\n"
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -146,19 +155,51 @@ def main() -> None:
     def worst(way: str, world: int, key: str) -> dict:
         return max((r for r in rows if r["way"] == way and r["world"] == world), key=lambda r: r[key])
 
-    how = (f"Qwen2-VL-2B widths, 6 decoder layers, 8 vision blocks, fp32 checkpoint {total / 2**20:.0f} MiB (largest tensor {largest / 2**20:.0f} MiB), "
-           "gloo on CPU, each rank a fresh process, peak RSS of the worst rank; one measurement (memory is deterministic)")
+    how = (
+        f"Qwen2-VL-2B widths, 6 decoder layers, 8 vision blocks, fp32 checkpoint {total / 2**20:.0f} MiB (largest tensor {largest / 2**20:.0f} MiB), "
+        "gloo on CPU, each rank a fresh process, peak RSS of the worst rank; one measurement (memory is deterministic)"
+    )
     for world in (1, 2):
         engine, previous = worst("engine", world, "load_peak_mib"), worst("previous", world, "load_peak_mib")
         bound = engine["baseline_mib"] + total / world / 2**20 + 2 * largest / 2**20
-        emit(figure(f"sharded_load/{world}-rank-peak-vs-bound", f"load peak per rank, {world} rank(s), against imports + checkpoint/world + 2 x largest tensor",
-                    "MiB", [engine["load_peak_mib"]], [bound], baseline_name="the bound", goal=("<=", 1.0), how=how, load_s=engine["load_s"]))
-        emit(figure(f"sharded_load/{world}-rank-peak-vs-previous", f"load peak per rank, {world} rank(s): meta build + shard-wise load vs full build + load + shard",
-                    "MiB", [engine["load_peak_mib"]], [previous["load_peak_mib"]], baseline_name="full model on every rank", how=how,
-                    load_s=engine["load_s"], previous_load_s=previous["load_s"]))
+        emit(
+            figure(
+                f"sharded_load/{world}-rank-peak-vs-bound",
+                f"load peak per rank, {world} rank(s), against imports + checkpoint/world + 2 x largest tensor",
+                "MiB",
+                [engine["load_peak_mib"]],
+                [bound],
+                baseline_name="the bound",
+                goal=("<=", 1.0),
+                how=how,
+                load_s=engine["load_s"],
+            )
+        )
+        emit(
+            figure(
+                f"sharded_load/{world}-rank-peak-vs-previous",
+                f"load peak per rank, {world} rank(s): meta build + shard-wise load vs full build + load + shard",
+                "MiB",
+                [engine["load_peak_mib"]],
+                [previous["load_peak_mib"]],
+                baseline_name="full model on every rank",
+                how=how,
+                load_s=engine["load_s"],
+                previous_load_s=previous["load_s"],
+            )
+        )
     one, two = worst("engine", 1, "load_peak_mib"), worst("engine", 2, "load_peak_mib")
-    emit(figure("sharded_load/2-vs-1-rank-above-imports", "load peak above imports per rank: 2 ranks vs 1 (ideal 0.5 plus a tensor or two)", "MiB",
-                [two["load_peak_mib"] - two["baseline_mib"]], [one["load_peak_mib"] - one["baseline_mib"]], baseline_name="1 rank", how=how))
+    emit(
+        figure(
+            "sharded_load/2-vs-1-rank-above-imports",
+            "load peak above imports per rank: 2 ranks vs 1 (ideal 0.5 plus a tensor or two)",
+            "MiB",
+            [two["load_peak_mib"] - two["baseline_mib"]],
+            [one["load_peak_mib"] - one["baseline_mib"]],
+            baseline_name="1 rank",
+            how=how,
+        )
+    )
 
 
 if __name__ == "__main__":

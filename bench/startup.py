@@ -54,9 +54,20 @@ def main() -> None:
         for rep in range(reps):
             for which in ("mmcore", "torch") if rep % 2 == 0 else ("torch", "mmcore"):
                 (own if which == "mmcore" else torch_s).append(wall(MMCORE + cli if which == "mmcore" else torch_import))
-        emit(figure(f"startup/mmcore-{name}", f"`mmcore {' '.join(cli)}` wall time (a fresh process)", "s", own, torch_s,
-                    baseline_name='python -c "import torch"', goal=("<=", 1.0), goal_of="mmcore",
-                    how=f"{reps} repetitions alternating with the torch import, warm page cache", imports_torch=imports_torch(cli)))
+        emit(
+            figure(
+                f"startup/mmcore-{name}",
+                f"`mmcore {' '.join(cli)}` wall time (a fresh process)",
+                "s",
+                own,
+                torch_s,
+                baseline_name='python -c "import torch"',
+                goal=("<=", 1.0),
+                goal_of="mmcore",
+                how=f"{reps} repetitions alternating with the torch import, warm page cache",
+                imports_torch=imports_torch(cli),
+            )
+        )
     if args.quick or args.no_envs:
         return
     from mmcore.run.env_requirements import uv_binary
@@ -73,9 +84,18 @@ def main() -> None:
                 took = wall([*MMCORE, "env", "create", "--pack", "whisper", "--from", str(REPO / "packs/audio/whisper"), "--engine", engine], env=env)
                 if attempt == "timed":
                     seconds[engine] = took
-        emit(figure("startup/env-create", "create the whisper pack's environment (mmcore + pack + deps, torch pinned)", "s",
-                    [seconds["uv"]], [seconds["pip"]], baseline_name="venv + pip", ratio_is="baseline/mmcore",
-                    how="`mmcore env create --engine uv` vs `--engine pip`, each after an untimed warm-up create (caches filled), one timed create each"))
+        emit(
+            figure(
+                "startup/env-create",
+                "create the whisper pack's environment (mmcore + pack + deps, torch pinned)",
+                "s",
+                [seconds["uv"]],
+                [seconds["pip"]],
+                baseline_name="venv + pip",
+                ratio_is="baseline/mmcore",
+                how="`mmcore env create --engine uv` vs `--engine pip`, each after an untimed warm-up create (caches filled), one timed create each",
+            )
+        )
 
 
 if __name__ == "__main__":

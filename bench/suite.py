@@ -86,7 +86,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"Written by `{'make bench-quick' if results['quick'] else 'make bench'}` (`bench/suite.py`) on {results['date']} at commit `{results['commit']}` "
         f"in {results['duration_s'] / 60:.1f} min; every figure also in `bench/results.json`.",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} dispatching to **{m['torch_isa']}**, {results['threads']} threads on both sides, Python {m['python']}"
-        + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU") + ".",
+        + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
+        + ".",
         *[f"Rerun since: {', '.join(r['benchmarks'])} on {r['date']} at `{r['commit']}`." for r in results.get("reruns", [])],
         "",
         "Each figure is a ratio against a baseline measured in the same run: each repetition measures both sides (alternating, after warm-up);",
@@ -129,8 +130,16 @@ def main() -> None:
     started = time.perf_counter()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     results: dict[str, Any] = {
-        "date": now, "commit": commit(), "quick": args.quick,
-        "threads": args.threads, "machine": machine(args.threads), "figures": [], "failures": [], "skipped": [], "seconds": {}, "reruns": [],
+        "date": now,
+        "commit": commit(),
+        "quick": args.quick,
+        "threads": args.threads,
+        "machine": machine(args.threads),
+        "figures": [],
+        "failures": [],
+        "skipped": [],
+        "seconds": {},
+        "reruns": [],
     }
     previous = Path(args.json)
     if only and previous.exists():
@@ -161,16 +170,25 @@ def main() -> None:
     order = {name: i for i, (name, _, _) in enumerate(BENCHMARKS)}
     results["figures"].sort(key=lambda f: order.get(f.get("benchmark", ""), len(order)))  # stable: a benchmark's rows keep their order
     if not results["machine"]["cuda"]:  # bench/gpu_step.py records its own figures where a GPU is lent
-        results["skipped"].append({"benchmark": "gpu_step", "covers": "8. one-GPU step: tokens/s, MFU, peak memory vs transformers + FSDP2",
-                                   "why": "no CUDA device on this machine (run bench/gpu_step.py on one)"})
-        results["skipped"].append({"benchmark": "gpu_megatron", "covers": "8. megatron backend on one GPU: bf16 + Megatron's distributed optimizer vs mmcore's fp32 step, MFU",
-                                   "why": "no CUDA device on this machine (run bench/gpu_megatron.py on one)"})
+        results["skipped"].append(
+            {"benchmark": "gpu_step", "covers": "8. one-GPU step: tokens/s, MFU, peak memory vs transformers + FSDP2", "why": "no CUDA device on this machine (run bench/gpu_step.py on one)"}
+        )
+        results["skipped"].append(
+            {
+                "benchmark": "gpu_megatron",
+                "covers": "8. megatron backend on one GPU: bf16 + Megatron's distributed optimizer vs mmcore's fp32 step, MFU",
+                "why": "no CUDA device on this machine (run bench/gpu_megatron.py on one)",
+            }
+        )
     results["duration_s"] = round(time.perf_counter() - started + results.pop("previous_duration_s", 0), 1)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     Path(args.markdown).write_text(markdown(results))
     missed = [f["id"] for f in results["figures"] if f["met"] is False]
-    print(f"[bench] {len(results['figures'])} figures, {len(missed)} goals missed{': ' + ', '.join(missed) if missed else ''}, "
-          f"{len(results['failures'])} failed; {args.markdown}, {args.json} ({results['duration_s'] / 60:.1f} min)", flush=True)
+    print(
+        f"[bench] {len(results['figures'])} figures, {len(missed)} goals missed{': ' + ', '.join(missed) if missed else ''}, "
+        f"{len(results['failures'])} failed; {args.markdown}, {args.json} ({results['duration_s'] / 60:.1f} min)",
+        flush=True,
+    )
     sys.exit(1 if results["failures"] else 0)
 
 

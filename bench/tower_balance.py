@@ -47,6 +47,7 @@ def main() -> None:
     kinds = ["text" if t == 0 else "video" if n > 2000 else "image" for n, t in zip(lengths, towers)]
     cases = [("epoch", world, 1) for world in (2, 4, 8)] + [("epoch", 4, 2), ("budget", 4, 8192)]
     for sampler, world, size in cases:
+
         def make(costs: list[int] | None) -> list:  # type: ignore[type-arg]
             if sampler == "epoch":
                 return [EpochSampler(len(lengths), 0, r, world, size, costs=costs) for r in range(world)]
@@ -55,12 +56,32 @@ def main() -> None:
         (balanced, filled), (plain, plain_filled) = step_figures(make(towers), towers, kinds), step_figures(make(None), towers, kinds)
         what = f"micro-batches of {size}" if sampler == "epoch" else f"packed rows of {size} tokens"
         case = f"{sampler}-{world}x{size}"
-        emit(figure(f"tower_balance/{case}", f"busiest rank's tower tokens / mean, {world} ranks, {what}", "ratio", [balanced], [plain],
-                    baseline_name="plain shuffling (training.balance_towers=false)", ratio_is="mmcore/baseline", goal=("<=", 1.1), goal_of="mmcore",
-                    how=f"{len(lengths)} samples of mmcore.data.synthetic.vlm_mix_work, one epoch of the sampler's plan, summed over steps (an exact count, no repetitions)"))
-        emit(figure(f"tower_balance/fillers-{case}", f"fillers per step, {world} ranks, {what}", "fillers", [filled], [plain_filled],
-                    baseline_name="plain shuffling", ratio_is="mmcore/baseline",
-                    how="micro-batch x media kind pairs some ranks hold and others lack, per step of the same epoch (an exact count)"))
+        emit(
+            figure(
+                f"tower_balance/{case}",
+                f"busiest rank's tower tokens / mean, {world} ranks, {what}",
+                "ratio",
+                [balanced],
+                [plain],
+                baseline_name="plain shuffling (training.balance_towers=false)",
+                ratio_is="mmcore/baseline",
+                goal=("<=", 1.1),
+                goal_of="mmcore",
+                how=f"{len(lengths)} samples of mmcore.data.synthetic.vlm_mix_work, one epoch of the sampler's plan, summed over steps (an exact count, no repetitions)",
+            )
+        )
+        emit(
+            figure(
+                f"tower_balance/fillers-{case}",
+                f"fillers per step, {world} ranks, {what}",
+                "fillers",
+                [filled],
+                [plain_filled],
+                baseline_name="plain shuffling",
+                ratio_is="mmcore/baseline",
+                how="micro-batch x media kind pairs some ranks hold and others lack, per step of the same epoch (an exact count)",
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ def main() -> None:
     pin_threads(args.threads)
     reps = reps_of(args)
     d, layers, heads, ffn = SIZES[args.size]
-    config = WhisperConfig(d_model=d, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
-                           decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, num_mel_bins=80)
+    config = WhisperConfig(
+        d_model=d, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, num_mel_bins=80
+    )
     torch.manual_seed(0)
     model = WhisperForConditionalGeneration(config)
     model.model.encoder.requires_grad_(False)
@@ -66,11 +67,21 @@ def main() -> None:
             times[cached].append(sum(t for t, _ in measured) / args.steps)
             losses[cached] = measured[0][1]
     assert abs(losses[False] - losses[True]) < 1e-5 * abs(losses[False]), losses
-    emit(figure(f"caches/whisper-{args.size}-encoder", f"whisper-{args.size} decoder step: encoder outputs from the cache vs the frozen encoder every step",
-                "s/step", times[True], times[False], baseline_name="frozen encoder every step", ratio_is="baseline/mmcore", goal=(">=", 3.0),
-                how=f"random weights at the openai/whisper-{args.size} sizes, batch {args.batch} x 30 s, forward + backward, mean of {args.steps} steps, "
-                    f"{reps} repetitions alternating, {args.threads} threads",
-                cache_mib_per_clip=round(1500 * d * 4 / 2**20, 2)))
+    emit(
+        figure(
+            f"caches/whisper-{args.size}-encoder",
+            f"whisper-{args.size} decoder step: encoder outputs from the cache vs the frozen encoder every step",
+            "s/step",
+            times[True],
+            times[False],
+            baseline_name="frozen encoder every step",
+            ratio_is="baseline/mmcore",
+            goal=(">=", 3.0),
+            how=f"random weights at the openai/whisper-{args.size} sizes, batch {args.batch} x 30 s, forward + backward, mean of {args.steps} steps, "
+            f"{reps} repetitions alternating, {args.threads} threads",
+            cache_mib_per_clip=round(1500 * d * 4 / 2**20, 2),
+        )
+    )
 
 
 if __name__ == "__main__":

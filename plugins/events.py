@@ -20,7 +20,6 @@ def _append(path: Path, record: dict[str, Any]) -> None:
         handle.write(json.dumps(record, default=str) + "\n")
 
 
-
 @hookimpl
 def mmcore_stage_started(ctx):
     if ctx.world.is_main:
@@ -85,4 +84,3 @@ def mmcore_metrics_resumed(ctx, step):
     from mmcore.framework.files import atomic_write_text
 
     atomic_write_text(path, "".join(kept))
-

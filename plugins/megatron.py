@@ -11,5 +11,10 @@ from mmcore.framework.registry import BackendSpec
 
 @hookimpl
 def mmcore_register_backends(register):
-    register(BackendSpec("megatron", "mmcore.backends.megatron.engine:MegatronBackend",
-                         summary="megatron-core: tensor (parallel.tensor_parallel) and pipeline (parallel.pipeline_parallel) parallelism, dist_checkpointing that reshards on load"))
+    register(
+        BackendSpec(
+            "megatron",
+            "mmcore.backends.megatron.engine:MegatronBackend",
+            summary="megatron-core: tensor (parallel.tensor_parallel) and pipeline (parallel.pipeline_parallel) parallelism, dist_checkpointing that reshards on load",
+        )
+    )

@@ -45,4 +45,3 @@ def mmcore_stage_finished(ctx):
 def mmcore_metrics_resumed(ctx, step):
     if active(ctx, "tensorboard") and (ctx.stage_dir / "tensorboard").is_dir():
         _purge[str(ctx.stage_dir)] = step + 1
-

@@ -151,10 +151,10 @@ def wandb_file_records(path: Path) -> Iterator[Any]:
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
             pos += 32768 - pos % 32768
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0 or pos + 7 + length > len(data):
             return  # zeroes of an unwritten block, or a chunk cut short
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL, or the LAST of FIRST, MIDDLE..., LAST
             record = pb.Record()

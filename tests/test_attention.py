@@ -30,8 +30,7 @@ class LargestTensor(TorchDispatchMode):
 
 def tiny_decoder(seed: int = 0) -> "transformers.PreTrainedModel":
     torch.manual_seed(seed)
-    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
     config._attn_implementation = "sdpa"
     return transformers.Qwen2ForCausalLM(config).eval()
 

@@ -34,10 +34,17 @@ def test_ratio_is_the_median_of_paired_repetitions_with_its_quartiles() -> None:
 def test_markdown_shows_every_figure_its_goal_and_the_failures() -> None:
     fig = common.figure("engine_overhead/toy", "train step", "s/step", [1.2, 1.1], [1.0, 1.0], baseline_name="bare PyTorch loop", how="2 reps", goal=("<=", 1.03))
     row = {**common.asdict(fig), "met": fig.met}
-    results = {"quick": False, "date": "2026-12-01 00:00 UTC", "commit": "abc", "duration_s": 60.0, "threads": 2,
-               "machine": {"cpu": "Xeon", "cores": 2, "torch": "2.13", "torch_isa": "AVX512", "python": "3.11", "cuda": None},
-               "figures": [row], "failures": [{"benchmark": "convert_speed", "covers": "2. conversion", "error": "exit 1: boom"}],
-               "skipped": [{"benchmark": "gpu_step", "covers": "8. GPU", "why": "no CUDA device"}]}
+    results = {
+        "quick": False,
+        "date": "2026-12-01 00:00 UTC",
+        "commit": "abc",
+        "duration_s": 60.0,
+        "threads": 2,
+        "machine": {"cpu": "Xeon", "cores": 2, "torch": "2.13", "torch_isa": "AVX512", "python": "3.11", "cuda": None},
+        "figures": [row],
+        "failures": [{"benchmark": "convert_speed", "covers": "2. conversion", "error": "exit 1: boom"}],
+        "skipped": [{"benchmark": "gpu_step", "covers": "8. GPU", "why": "no CUDA device"}],
+    }
     text = suite.markdown(results)
     assert "| `engine_overhead/toy` | train step | 1.15 s/step | 1 s/step (bare PyTorch loop) | 1.15 (1.12–1.17) mmcore/baseline | ratio <= 1.03 | **missed** |" in text
     assert "**failed**: exit 1: boom" in text and "not run: no CUDA device" in text

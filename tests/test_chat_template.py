@@ -25,10 +25,7 @@ LLAVA = (
 )
 LLAVA_NO_MARKS = LLAVA.replace("{% generation %}", "").replace("{% endgeneration %}", "")
 # A template that drops earlier assistant turns (as reasoning templates drop old thoughts).
-FORGETFUL = (
-    "{% for message in messages %}{% if message['role'] == 'assistant' and not loop.last %}[old]{% else %}"
-    "{{ message['role'] }}: {{ message['content'] }}\n{% endif %}{% endfor %}"
-)
+FORGETFUL = "{% for message in messages %}{% if message['role'] == 'assistant' and not loop.last %}[old]{% else %}{{ message['role'] }}: {{ message['content'] }}\n{% endif %}{% endfor %}"
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +62,9 @@ def test_labels_of_a_generation_template_equal_transformers_assistant_mask(token
 
 def test_a_template_without_generation_blocks_learns_the_answers_by_prefix_difference(tokenizer) -> None:  # type: ignore[no-untyped-def]
     encoded = ChatTemplateEncoder(tokenizer, {}, chat_template=LLAVA_NO_MARKS).encode(conversation(*TALK))
-    assert encoded.input_ids == tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": r, "content": [{"type": "text", "text": t}]} for r, t in TALK], chat_template=LLAVA_NO_MARKS, tokenize=False), add_special_tokens=False)
+    assert encoded.input_ids == tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": r, "content": [{"type": "text", "text": t}]} for r, t in TALK], chat_template=LLAVA_NO_MARKS, tokenize=False), add_special_tokens=False
+    )
     # what follows "ASSISTANT:" in each assistant turn, its separating whitespace not learnt
     assert supervised(tokenizer, encoded).split() == ["red", "yes"]
     with_prompt = ChatTemplateEncoder(tokenizer, {}, chat_template=LLAVA_NO_MARKS, train_on_prompt=True).encode(conversation(*TALK))

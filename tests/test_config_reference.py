@@ -31,8 +31,7 @@ def test_docs_configuration_md_is_what_mmcore_config_prints() -> None:
     if not {"qwen2vl", "wan", "whisper"} <= set(classes):
         pytest.skip("the repository's packs are not installed (make install)")
     expected = "\n".join(render_markdown(classes)) + "\n"
-    assert (ROOT / "docs/configuration.md").read_text() == expected, (
-        "docs/configuration.md is stale: regenerate it with `mmcore config --markdown > docs/configuration.md`")
+    assert (ROOT / "docs/configuration.md").read_text() == expected, "docs/configuration.md is stale: regenerate it with `mmcore config --markdown > docs/configuration.md`"
 
 
 def test_every_key_of_the_core_and_the_packs_says_what_it_does() -> None:

@@ -64,7 +64,11 @@ BROKEN = {
 EXPECTED = [
     ("misnamed", "every_stage", "[pipeline] mmcore run: the tiny preset did not run end to end: error: pack 'misnamed' broke the stage contract at convert (convert records output 'checkpoint')"),
     ("dictresult", "every_stage", "broke the stage contract at preprocess (return type): returned dict, not mmcore.StageResult"),
-    ("dropsrule", "every_stage", "the converted checkpoint would not fit the training model: model.decoder.layer_norm.bias: the model has it, the converted checkpoint does not: an adapter rule drops or misnames it"),
+    (
+        "dropsrule",
+        "every_stage",
+        "the converted checkpoint would not fit the training model: model.decoder.layer_norm.bias: the model has it, the converted checkpoint does not: an adapter rule drops or misnames it",
+    ),
     ("importstorch", "entry_point", "[import] entry point: importing the importstorch entry point imports torch"),
     ("typo", "spec_is", "unknown hook 'mmcore_trian' (did you mean 'mmcore_train'?)"),
 ]
@@ -73,10 +77,7 @@ EXPECTED = [
 @pytest.fixture(scope="module")
 def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("broken-projects")
-    projects = [
-        write_pack_project(root, f"mm-pack-{name}", f"mm_pack_{name}", SPEC.format(name=name, **parts), {name: f"mm_pack_{name}"})
-        for name, parts in BROKEN.items()
-    ]
+    projects = [write_pack_project(root, f"mm-pack-{name}", f"mm_pack_{name}", SPEC.format(name=name, **parts), {name: f"mm_pack_{name}"}) for name, parts in BROKEN.items()]
     target = tmp_path_factory.mktemp("broken-site")
     pip_install_target(projects, target)
     return target
@@ -96,7 +97,11 @@ def outcomes(broken_site: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     checks = " or ".join(sorted({check for _, check, _ in EXPECTED}))
     subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", checks, "--junitxml=report.xml", "test_broken.py"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=1200,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     found: dict[tuple[str, str], str] = {}
     for case in ET.parse(folder / "report.xml").iter("testcase"):

@@ -106,8 +106,16 @@ def test_exit_codes_and_ctrl_c_come_through(host: CLI, world, tmp_path: Path) ->
         host("env", "create", "--pack", "alpha", "--from", str(world["packs"]["alpha"]), "--find-links", str(world["wheels"]))
     proc = host("convert", "--pack", "alpha", check=False)
     assert proc.returncode == 2 and "the alpha pack has no convert stage" in proc.stderr
-    child = subprocess.Popen([sys.executable, "-m", "mmcore", "download", "--pack", "alpha", "--run-dir", "slow"], cwd=tmp_path, env=host.env(SLOW_DOWNLOAD="60"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                             preexec_fn=_like_a_terminal)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "mmcore", "download", "--pack", "alpha", "--run-dir", "slow"],
+        cwd=tmp_path,
+        env=host.env(SLOW_DOWNLOAD="60"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_like_a_terminal,
+    )
     started = tmp_path / "slow/download/.started.json"  # the env's interpreter is in the stage
     deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline and child.poll() is None:
@@ -160,7 +168,13 @@ def test_an_env_gets_the_hosts_mmcore_when_it_was_not_installed_editable(world, 
     home = tmp_path / "home"
     cli = CLI(tmp_path, [site])
     check = cli.env()
-    found = subprocess.run([sys.executable, "-c", "import importlib.metadata as m, mmcore; print(m.distribution('mmcore').read_text('direct_url.json'), mmcore.__file__)"], env=check, capture_output=True, text=True, check=True).stdout
+    found = subprocess.run(
+        [sys.executable, "-c", "import importlib.metadata as m, mmcore; print(m.distribution('mmcore').read_text('direct_url.json'), mmcore.__file__)"],
+        env=check,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert str(site) in found and "editable" not in found  # the host really runs the non-editable copy
     proc = cli("env", "create", "--pack", "alpha", "--from", str(world["packs"]["alpha"]), "--find-links", str(world["wheels"]), MMCORE_HOME=str(home))
     assert f"created {home}/envs/alpha" in proc.stdout
@@ -168,7 +182,9 @@ def test_an_env_gets_the_hosts_mmcore_when_it_was_not_installed_editable(world, 
     assert "alpha sees mmfake 1.0" in proc.stdout
     import mmcore
 
-    inside = subprocess.run([str(home / "envs/alpha/bin/python"), "-c", "import importlib.metadata as m, mmcore; print(m.version('mmcore'), mmcore.__file__)"], capture_output=True, text=True, check=True).stdout.split()
+    inside = subprocess.run(
+        [str(home / "envs/alpha/bin/python"), "-c", "import importlib.metadata as m, mmcore; print(m.version('mmcore'), mmcore.__file__)"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert inside[0] == mmcore.__version__ and inside[1].startswith(str(home / "envs/alpha"))
 
 

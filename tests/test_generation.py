@@ -54,8 +54,13 @@ def test_request_media_stay_in_the_request_files_folder_unless_allowed(tmp_path:
     (folder / "r.jsonl").write_text("".join(json.dumps({"prompt": "x", "images": [name]}) + "\n" for name in names))
     leads_out = "leads out of the request file's folder {} (paths are relative to it; --allow-any-media-path trusts the file's paths)".format(folder)
     assert [r.error for r in read_requests(folder / "r.jsonl")] == [
-        None, None, f"image path '../outside.png' {leads_out}", f"image path {str(tmp_path / 'outside.png')!r} {leads_out}",
-        f"image path 'link.png' {leads_out}", "image path 'a\\x00.png' contains a NUL byte"]
+        None,
+        None,
+        f"image path '../outside.png' {leads_out}",
+        f"image path {str(tmp_path / 'outside.png')!r} {leads_out}",
+        f"image path 'link.png' {leads_out}",
+        "image path 'a\\x00.png' contains a NUL byte",
+    ]
     trusted = read_requests(folder / "r.jsonl", any_media_path=True)
     assert [r.error for r in trusted[:5]] == [None] * 5 and trusted[4].media == {"images": [tmp_path / "outside.png"]}
 

@@ -15,7 +15,16 @@ pytest.importorskip("peft", reason="LoRA trains through peft")
 from mmcore.config import LoraSection  # noqa: E402
 from mmcore.errors import StageError  # noqa: E402
 from mmcore.train.lora import (  # noqa: E402
-    LoraPlan, base_key, init_adapters, inject, is_adapter, load_adapter_folder, merged_state, plan_lora, trained_names, write_peft_adapter,
+    LoraPlan,
+    base_key,
+    init_adapters,
+    inject,
+    is_adapter,
+    load_adapter_folder,
+    merged_state,
+    plan_lora,
+    trained_names,
+    write_peft_adapter,
 )
 
 GROUPS = {"attention": ["model.layers.*.self_attn.*"], "head": ["lm_head"]}
@@ -25,8 +34,7 @@ def tiny_lm(seed: int = 0, tied: bool = False):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
+    config = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
     return Qwen2ForCausalLM(config).eval()
 
 
@@ -164,8 +172,10 @@ def test_adapter_config_is_the_same_file_whatever_the_string_hashing(tmp_path: P
     import subprocess
     import sys
 
-    script = ("import sys; from pathlib import Path; from peft import LoraConfig; from mmcore.train.lora_export import save_peft_config; "
-              "save_peft_config(LoraConfig(r=4, target_modules=['q_proj', 'k_proj', 'v_proj', 'up_proj', 'down_proj']), Path(sys.argv[1]))")
+    script = (
+        "import sys; from pathlib import Path; from peft import LoraConfig; from mmcore.train.lora_export import save_peft_config; "
+        "save_peft_config(LoraConfig(r=4, target_modules=['q_proj', 'k_proj', 'v_proj', 'up_proj', 'down_proj']), Path(sys.argv[1]))"
+    )
     written = []
     for seed in ("1", "2"):
         subprocess.run([sys.executable, "-c", script, str(tmp_path / seed)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
@@ -189,5 +199,6 @@ def test_a_rank_wider_than_a_target_layer_is_refused_naming_it() -> None:
     assert ranked(32, target_modules=["*.q_proj"]).r == 32  # only the targets count
     # a rank that fits can still make adapters (with their AdamW moments) outweigh the base: said before training
     assert lora_size_warning(16, 10 << 20, 20 << 20) is None
-    assert lora_size_warning(16, 30 << 20, 20 << 20) == ("warning: training.lora.r=16: each checkpoint will be about 0.0293 GiB, more than the 0.0195 GiB "
-                                                        "of base weights it adapts; a smaller rank trains faster and saves less")
+    assert lora_size_warning(16, 30 << 20, 20 << 20) == (
+        "warning: training.lora.r=16: each checkpoint will be about 0.0293 GiB, more than the 0.0195 GiB of base weights it adapts; a smaller rank trains faster and saves less"
+    )

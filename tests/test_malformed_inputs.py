@@ -62,7 +62,12 @@ CASES = [
     Case("steps past the bound", lambda t, d: ["run", "--pack", "toy", "training.steps=200000000"], 2, "training.steps: Input should be less than or equal to 100000000 (got 200000000)"),
     Case("seed past 64 bits", lambda t, d: ["run", "--pack", "toy", "run.seed=99999999999999999999999"], 2, "run.seed: 99999999999999999999999 does not fit in 64 bits"),
     Case("on_nonfinite unknown", lambda t, d: ["run", "--pack", "toy", "training.on_nonfinite=ignore"], 2, "training.on_nonfinite: Input should be 'stop' or 'skip' (got 'ignore')"),
-    Case("config nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "deep.yaml", "training: " + "{a: " * 2000 + "1" + "}" * 2000 + "\n"))], 2, "deep.yaml: nested deeper than 32 levels"),
+    Case(
+        "config nested 2000 deep",
+        lambda t, d: ["run", "--pack", "toy", "--config", str(_write(t / "deep.yaml", "training: " + "{a: " * 2000 + "1" + "}" * 2000 + "\n"))],
+        2,
+        "deep.yaml: nested deeper than 32 levels",
+    ),
     Case("override nested 2000 deep", lambda t, d: ["run", "--pack", "toy", "a" + ".a" * 2000 + "=1"], 2, "a.a.a...: nested deeper than 32 levels"),
     Case("new-pack of an installed name", lambda t, d: ["new-pack", "toy", "--category", "vlm", "--dir", str(t)], 2, "pack name 'toy' is taken: mm-pack-toy is installed and provides it"),
     Case("config file missing", lambda t, d: ["run", "--pack", "toy", "--config", str(t / "nope.yaml")], 2, "nope.yaml: config file not found"),
@@ -75,7 +80,12 @@ CASES = [
     Case("run dir a system dir", lambda t, d: ["run", "--pack", "toy", "--run-dir", "/usr"], 2, "/usr is a system directory, not a place for a run"),
     Case("run dir foreign", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_foreign_dir(t))], 2, "is not empty and is not an mmcore run directory (no run.json; it holds 'thesis.tex')"),
     Case("run dir of another pack", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_other_pack_run(t))], 2, "is a run of pack 'qwen2vl', not 'toy'; nothing was changed"),
-    Case("run.json hand-edited", lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_write(t / "edited" / "run.json", "{pack: toy").parent)], 2, "run.json: unreadable (not the JSON mmcore writes); nothing was changed"),
+    Case(
+        "run.json hand-edited",
+        lambda t, d: ["run", "--pack", "toy", "--run-dir", str(_write(t / "edited" / "run.json", "{pack: toy").parent)],
+        2,
+        "run.json: unreadable (not the JSON mmcore writes); nothing was changed",
+    ),
     Case("dataset is a directory", lambda t, d: ["run", "--pack", "toy", "--data", str(t)], 1, "stage 'preprocess' of pack 'toy' failed: IsADirectoryError"),
     Case("stage before its upstream", lambda t, d: ["train", "--pack", "toy", "--data", str(d)], 2, "stage 'download' has not finished"),
     Case("status without a pack", lambda t, d: ["status", "--run-dir", str(t / "nothing")], 2, "--pack is required"),
@@ -160,8 +170,11 @@ def test_the_free_space_refusal_shows_small_sizes_and_names_the_reserve(tmp_path
     monkeypatch.setenv("MMCORE_MIN_FREE_BYTES", str(1 << 62))
     with pytest.raises(MmcoreError) as info:  # a tiny model's checkpoint used to read "needs about 0.00 GiB"
         ensure_free_space(tmp_path, 2978 * 1024, "a training checkpoint")
-    assert re.fullmatch(rf"a training checkpoint needs about 2.91 MiB in {tmp_path} plus 4 EiB kept free \(MMCORE_MIN_FREE_BYTES\), "
-                        r"and only [0-9.]+ [KMGT]?i?B are free \(hint: free disk space or point --run-dir at a larger disk\)", info.value.one_line()), info.value.one_line()
+    assert re.fullmatch(
+        rf"a training checkpoint needs about 2.91 MiB in {tmp_path} plus 4 EiB kept free \(MMCORE_MIN_FREE_BYTES\), "
+        r"and only [0-9.]+ [KMGT]?i?B are free \(hint: free disk space or point --run-dir at a larger disk\)",
+        info.value.one_line(),
+    ), info.value.one_line()
 
 
 class WritesTo:
@@ -217,8 +230,11 @@ def test_a_disk_full_inside_a_checkpoint_save_is_one_line_naming_the_path_and_fr
         # DCP's OSError names no file: the line names the stage's folder
         runner.run_stage("download")
     line = info.value.one_line()
-    assert re.fullmatch(r"stage 'download' of pack 'saver' could not write: No space left on device \(\S+/run/download; [0-9.]+ [KMGT]?i?B free there\) "
-                        r"\(hint: free disk space .*; the traceback is in \S+/download/error.log\)", line), line
+    assert re.fullmatch(
+        r"stage 'download' of pack 'saver' could not write: No space left on device \(\S+/run/download; [0-9.]+ [KMGT]?i?B free there\) "
+        r"\(hint: free disk space .*; the traceback is in \S+/download/error.log\)",
+        line,
+    ), line
     assert "Traceback" in (tmp_path / "run/download/error.log").read_text()
 
 

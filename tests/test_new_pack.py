@@ -19,8 +19,7 @@ from mmcore_helpers import pip_install_target  # noqa: E402
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("new-pack")
-    made = subprocess.run([sys.executable, "-m", "mmcore", "new-pack", "llava", "--category", "vlm", "--dir", str(root)],
-                          capture_output=True, text=True, cwd=root)
+    made = subprocess.run([sys.executable, "-m", "mmcore", "new-pack", "llava", "--category", "vlm", "--dir", str(root)], capture_output=True, text=True, cwd=root)
     assert made.returncode == 0, made.stderr
     site = root / "site"
     pip_install_target([root / "mm-pack-llava"], site)
@@ -65,8 +64,7 @@ def test_generated_demo_learns_and_its_own_tests_pass(generated) -> None:  # typ
     # 4 colours: chance is 0.25; tools/demo_matrix.py measured >= 0.969 held-out accuracy from
     # step 40 of 200 on 20 of 20 runs (seeds, CPU math, threads)
     assert evaluate["metrics"]["accuracy"] >= 0.9
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-                           capture_output=True, text=True, cwd=root / "mm-pack-llava", env=env, timeout=900)
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], capture_output=True, text=True, cwd=root / "mm-pack-llava", env=env, timeout=900)
     assert tests.returncode == 0, tests.stdout[-3000:]
     info = mmcore(env, root, "info", "llava")
     assert "conformance:  PASSED" in info.stdout, info.stdout
@@ -87,8 +85,9 @@ def test_bad_requests_are_one_line_errors(tmp_path: Path) -> None:
 def test_another_family_runs_from_its_class_alone(model_class: str, tmp_path: Path) -> None:
     """LLaVA-NeXT tiles images (anyres) and passes ``image_sizes``: the processor and the kit
     carry that without a line of the pack's own (VipLLaVA was tried by hand the same way)."""
-    made = subprocess.run([sys.executable, "-m", "mmcore", "new-pack", "other", "--category", "vlm", "--from-transformers", model_class,
-                           "--dir", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    made = subprocess.run(
+        [sys.executable, "-m", "mmcore", "new-pack", "other", "--category", "vlm", "--from-transformers", model_class, "--dir", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path
+    )
     assert made.returncode == 0, made.stderr
     pip_install_target([tmp_path / "mm-pack-other"], tmp_path / "site")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}

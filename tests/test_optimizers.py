@@ -39,12 +39,10 @@ def recipe(ctx, upstream):  # type: ignore[no-untyped-def]
         x = torch.tensor(samples)
         return {"x": x, "y": x.sum(dim=1, keepdim=True), "num_loss_tokens": len(samples)}
 
-    return TrainRecipe(build_model=build, dataset=lambda ctx, up: ROWS, collate=collate,
-                       loss=lambda model, batch: ((model(batch["x"]) - batch["y"]) ** 2).sum())
+    return TrainRecipe(build_model=build, dataset=lambda ctx, up: ROWS, collate=collate, loss=lambda model, batch: ((model(batch["x"]) - batch["y"]) ** 2).sum())
 
 
-PACK = PackSpec(name="knobs", stages={"download": "test_optimizers:download",
-                                      "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "test_optimizers:recipe"})})
+PACK = PackSpec(name="knobs", stages={"download": "test_optimizers:download", "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "test_optimizers:recipe"})})
 COMMON = ["training.lr_schedule=constant", "training.lr=0.05", "training.checkpoint_every=2"]
 
 
@@ -57,14 +55,12 @@ def train(run: Path, *overrides: str, resume: str = "no"):  # type: ignore[no-un
 def killed_then_resumed(run: Path, at: str, *overrides: str):  # type: ignore[no-untyped-def]
     """Train in a child process killed (SIGKILL) at crash point ``at``, then resume here."""
     script = "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from test_optimizers import train; train(Path(sys.argv[2]), *sys.argv[3:])"
-    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(run), *overrides],
-                          env=dict(os.environ, MMCORE_TEST_KILL=at), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(run), *overrides], env=dict(os.environ, MMCORE_TEST_KILL=at), capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     return train(run, *overrides, resume="required")
 
 
-@pytest.mark.parametrize("knobs", [["training.optimizer=adamw"], ["training.optimizer=sgd", "training.momentum=0.9"], ["training.optimizer=adafactor"]],
-                         ids=["adamw", "sgd", "adafactor"])
+@pytest.mark.parametrize("knobs", [["training.optimizer=adamw"], ["training.optimizer=sgd", "training.momentum=0.9"], ["training.optimizer=adafactor"]], ids=["adamw", "sgd", "adafactor"])
 def test_each_optimizer_trains_and_a_killed_run_resumes_its_state_to_the_same_losses(tmp_path: Path, knobs: list[str]) -> None:
     knobs = ["training.steps=8", "training.micro_batch_size=4", *knobs]  # every step the whole data set: its loss falls step by step
     straight = train(tmp_path / "straight", *knobs)
@@ -84,14 +80,21 @@ def test_adamw_with_its_defaults_spelled_out_is_bit_identical_to_the_default(tmp
     assert saved[0] and saved[0] == saved[1]  # model and AdamW state, byte for byte
 
 
-@pytest.mark.parametrize("override,line", [
-    (["training.optimizer=lion"], "command line: training.optimizer: Input should be 'adamw', 'sgd' or 'adafactor' (got 'lion')"),
-    (["training.optimizer=sgd", "training.betas=[0.8,0.99]"], "command line: training.betas: only training.optimizer adamw uses it; this config's optimizer is sgd"),
-    (["training.momentum=0.9"], "command line: training.momentum: only training.optimizer sgd uses it; this config's optimizer is adamw"),
-    (["training.betas=[0.9,1.5]"], "command line: training.betas.1: Input should be less than 1 (got 1.5)"),
-    (["training.eps=-1"], "command line: training.eps: Input should be greater than 0 (got -1)"),
-    (["training.steps=10", "training.epochs=2"], "command line: training.steps and training.epochs are both set: give one (steps counts optimizer steps, epochs passes over the data; training.epochs=null to count steps)"),
-], ids=["unknown-optimizer", "betas-with-sgd", "momentum-with-adamw", "beta-out-of-range", "negative-eps", "steps-and-epochs"])
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        (["training.optimizer=lion"], "command line: training.optimizer: Input should be 'adamw', 'sgd' or 'adafactor' (got 'lion')"),
+        (["training.optimizer=sgd", "training.betas=[0.8,0.99]"], "command line: training.betas: only training.optimizer adamw uses it; this config's optimizer is sgd"),
+        (["training.momentum=0.9"], "command line: training.momentum: only training.optimizer sgd uses it; this config's optimizer is adamw"),
+        (["training.betas=[0.9,1.5]"], "command line: training.betas.1: Input should be less than 1 (got 1.5)"),
+        (["training.eps=-1"], "command line: training.eps: Input should be greater than 0 (got -1)"),
+        (
+            ["training.steps=10", "training.epochs=2"],
+            "command line: training.steps and training.epochs are both set: give one (steps counts optimizer steps, epochs passes over the data; training.epochs=null to count steps)",
+        ),
+    ],
+    ids=["unknown-optimizer", "betas-with-sgd", "momentum-with-adamw", "beta-out-of-range", "negative-eps", "steps-and-epochs"],
+)
 def test_a_bad_optimizer_or_length_setting_is_one_line_naming_the_key(override: list[str], line: str) -> None:
     with pytest.raises(ConfigError) as info:
         make_config(plugins_with(PACK), "knobs", overrides=override)
@@ -121,7 +124,6 @@ def test_epochs_of_packed_rows_are_the_token_budget_samplers_plan() -> None:
     assert steps == 3 * per_epoch
     epochs = [sampler.next_batch()[1] for _ in range(steps)]
     assert epochs == [e for e in range(3) for _ in range(per_epoch)]  # exactly three passes, then the run ends
-
 
 
 def test_a_presets_steps_give_way_to_the_users_epochs_and_the_run_reads_back_the_same(tmp_path: Path) -> None:

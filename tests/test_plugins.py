@@ -85,11 +85,7 @@ def test_disable_and_trace_environment_variables(cli: CLI) -> None:
 
 def test_list_and_help_do_not_import_torch(cli: CLI) -> None:
     for args in (["list"], ["list", "--json"], ["--help"], ["info", "toy"]):
-        code = (
-            "import sys\nfrom mmcore.cli.commands import main\n"
-            f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
-        )
+        code = f"import sys\nfrom mmcore.cli.commands import main\ntry:\n    main({args!r})\nexcept SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
         proc = subprocess.run([sys.executable, "-c", code], env=cli.env(), capture_output=True, text=True, check=True)
         assert proc.stdout.strip().splitlines()[-1] == "NO-TORCH", args
 

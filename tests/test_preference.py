@@ -23,16 +23,24 @@ def write(path: Path, records: list) -> Path:  # type: ignore[type-arg]
 
 def test_llama_factory_ranking_formats_read_as_two_samples_differing_in_the_answer(tmp_path: Path) -> None:
     (tmp_path / "a.png").write_bytes(b"png")
-    sharegpt = write(tmp_path / "sharegpt.json", [
-        {"conversations": [{"from": "human", "value": "<image>What is it?"}], "chosen": {"from": "gpt", "value": "A cat."},
-         "rejected": {"from": "gpt", "value": "A dog."}, "images": ["a.png"], "system": "Be brief."},
-        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}, {"from": "human", "value": "2+2?"}],
-         "chosen": "4", "rejected": "5"},
-    ])
+    sharegpt = write(
+        tmp_path / "sharegpt.json",
+        [
+            {
+                "conversations": [{"from": "human", "value": "<image>What is it?"}],
+                "chosen": {"from": "gpt", "value": "A cat."},
+                "rejected": {"from": "gpt", "value": "A dog."},
+                "images": ["a.png"],
+                "system": "Be brief.",
+            },
+            {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}, {"from": "human", "value": "2+2?"}], "chosen": "4", "rejected": "5"},
+        ],
+    )
     alpaca = write(tmp_path / "alpaca.json", [{"instruction": "Add", "input": "2 and 2", "chosen": "4", "rejected": "22"}])
     messages = write(tmp_path / "messages.jsonl", [])
-    messages.write_text(json.dumps({"messages": [{"role": "user", "content": "Colour?"}], "chosen": {"role": "assistant", "content": "red"},
-                                    "rejected": {"role": "assistant", "content": "blue"}}) + "\n")
+    messages.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "Colour?"}], "chosen": {"role": "assistant", "content": "red"}, "rejected": {"role": "assistant", "content": "blue"}}) + "\n"
+    )
     section = MLLMDataSection(ranking=True)
     first, second = list(read_pairs(sharegpt, section))
     assert isinstance(first, Pair) and [t.role for t in first.chosen.turns] == ["system", "user", "assistant"]
@@ -47,15 +55,18 @@ def test_llama_factory_ranking_formats_read_as_two_samples_differing_in_the_answ
 
 def test_bad_pairs_are_named(tmp_path: Path) -> None:
     (tmp_path / "a.png").write_bytes(b"png")
-    bad = write(tmp_path / "bad.json", [
-        {"conversations": [{"from": "human", "value": "Q"}], "chosen": "yes"},
-        {"conversations": [{"from": "human", "value": "Q"}], "chosen": "same", "rejected": " same"},
-        {"conversations": [{"from": "human", "value": "<image>Q"}], "chosen": "a", "rejected": "<image>b", "images": ["a.png"]},
-        {"conversations": [{"from": "human", "value": "<image>Q"}], "chosen": "a", "rejected": "b", "images": []},
-        {"conversations": [{"from": "human", "value": "Q"}], "chosen": {"from": "gpt"}, "rejected": "b"},
-        {"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}], "chosen": "a", "rejected": "b"},
-        {"answer": "no prompt"},
-    ])
+    bad = write(
+        tmp_path / "bad.json",
+        [
+            {"conversations": [{"from": "human", "value": "Q"}], "chosen": "yes"},
+            {"conversations": [{"from": "human", "value": "Q"}], "chosen": "same", "rejected": " same"},
+            {"conversations": [{"from": "human", "value": "<image>Q"}], "chosen": "a", "rejected": "<image>b", "images": ["a.png"]},
+            {"conversations": [{"from": "human", "value": "<image>Q"}], "chosen": "a", "rejected": "b", "images": []},
+            {"conversations": [{"from": "human", "value": "Q"}], "chosen": {"from": "gpt"}, "rejected": "b"},
+            {"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}], "chosen": "a", "rejected": "b"},
+            {"answer": "no prompt"},
+        ],
+    )
     found = list(read_pairs(bad, MLLMDataSection(ranking=True)))
     assert all(isinstance(b, BadSample) for b in found)
     reasons = [b.reason for b in found]  # type: ignore[union-attr]
@@ -85,8 +96,7 @@ def direct_logps(logits, labels) -> torch.Tensor:  # type: ignore[no-untyped-def
 def tiny_lm(seed: int):  # type: ignore[no-untyped-def]
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
-    config = transformers.Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return transformers.Qwen2ForCausalLM(config)
 
 
@@ -211,14 +221,24 @@ def test_caption_pairs_are_read_and_bad_ones_named(tmp_path: Path) -> None:
 
     for name in ("w.mp4", "l.mp4"):
         (tmp_path / name).write_bytes(b"mp4")
-    found = list(read_caption_pairs(write(tmp_path / "pairs.json", [
-        {"cap": "a red square", "chosen": "w.mp4", "rejected": "l.mp4"},
-        {"caption": "x", "chosen": "w.mp4"},
-        {"cap": "x", "chosen": "w.mp4", "rejected": "w.mp4"},
-        {"cap": "x", "chosen": "../w.mp4", "rejected": "l.mp4"},
-        {"chosen": "w.mp4", "rejected": "l.mp4"},
-    ])))
+    found = list(
+        read_caption_pairs(
+            write(
+                tmp_path / "pairs.json",
+                [
+                    {"cap": "a red square", "chosen": "w.mp4", "rejected": "l.mp4"},
+                    {"caption": "x", "chosen": "w.mp4"},
+                    {"cap": "x", "chosen": "w.mp4", "rejected": "w.mp4"},
+                    {"cap": "x", "chosen": "../w.mp4", "rejected": "l.mp4"},
+                    {"chosen": "w.mp4", "rejected": "l.mp4"},
+                ],
+            )
+        )
+    )
     assert found[0].chosen == (tmp_path / "w.mp4").resolve() and found[0].caption == "a red square"  # type: ignore[union-attr]
     assert [b.reason for b in found[1:]] == [  # type: ignore[union-attr]
-        "needs a string 'rejected' path", "chosen and rejected are the same file",
-        f"chosen path '../w.mp4' escapes the dataset folder {tmp_path.resolve()}", "needs a caption 'cap'"]
+        "needs a string 'rejected' path",
+        "chosen and rejected are the same file",
+        f"chosen path '../w.mp4' escapes the dataset folder {tmp_path.resolve()}",
+        "needs a caption 'cap'",
+    ]

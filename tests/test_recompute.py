@@ -13,8 +13,7 @@ from mmcore.train.recompute import apply_recompute  # noqa: E402
 
 def tiny_decoder() -> "transformers.PreTrainedModel":
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=2)
+    config = transformers.Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
     config._attn_implementation = "sdpa"
     return transformers.Qwen2ForCausalLM(config).train()
 

@@ -48,8 +48,7 @@ def test_an_override_that_changes_a_finished_stage_says_so_and_keeps_it_until_th
 def test_status_says_where_a_killed_training_stopped_and_its_newest_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "run"
     overrides = ["training.steps=10", "training.checkpoint_every=2"]
-    script = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from test_training_guards import train; "
-              "train(Path(sys.argv[2]), *sys.argv[3:])")
+    script = "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from test_training_guards import train; train(Path(sys.argv[2]), *sys.argv[3:])"
     env = dict(os.environ, MMCORE_TEST_KILL="train-step:5")  # killed after step 5, its last checkpoint step 4
     proc = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(run), *overrides], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr

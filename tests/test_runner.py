@@ -170,15 +170,17 @@ def test_a_following_node_started_while_node_0_writes_the_run_directory_waits_fo
         (run / ".run.json.x1y2.tmp").write_text("{")
     else:
         (run / "run.json").write_text(json.dumps({"pack": "toy", "preset": None, "config_file": None, "overrides": [], "created_at": 0}))
-    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "shared", "--nnodes", "2", "--node-rank", "1",
-               "--rdzv-endpoint", "127.0.0.1:29999", "parallel.rdzv_timeout_s=2", check=False)
+    proc = cli(
+        "run", "--pack", "toy", "--data", str(line_data), "--run-dir", "shared", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:29999", "parallel.rdzv_timeout_s=2", check=False
+    )
     assert proc.returncode == 2
     assert "error: node 1: no sign of node 0 in" in proc.stderr, proc.stderr  # it waited (2 s) for the announcement
 
 
 def test_a_node_that_does_not_see_node_0s_directory_stops_with_the_fix(cli: CLI, line_data: Path) -> None:
-    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "elsewhere", "--nnodes", "2", "--node-rank", "1",
-               "--rdzv-endpoint", "127.0.0.1:29999", "parallel.rdzv_timeout_s=2", check=False)
+    proc = cli(
+        "run", "--pack", "toy", "--data", str(line_data), "--run-dir", "elsewhere", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:29999", "parallel.rdzv_timeout_s=2", check=False
+    )
     assert proc.returncode == 2
     assert "error: node 1: no sign of node 0 in" in proc.stderr and "a file system all nodes share" in proc.stderr, proc.stderr
 
@@ -266,8 +268,7 @@ def test_a_stalled_rank_ends_the_run_in_bounded_time_with_one_line(cli: CLI, lin
     import time
 
     start = time.monotonic()
-    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "stall", "--nproc-per-node", "2",
-               "parallel.collective_timeout_s=5", check=False, MMCORE_TEST_STALL="train-step:2@1")
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "stall", "--nproc-per-node", "2", "parallel.collective_timeout_s=5", check=False, MMCORE_TEST_STALL="train-step:2@1")
     took = time.monotonic() - start
     assert proc.returncode != 0 and took < 120, (took, proc.stderr)
     line = next(x for x in proc.stderr.splitlines() if "collective_timeout_s" in x)

@@ -17,8 +17,7 @@ from mmcore.checkpoint.sharded_load import load_weights, materialise, on_meta, p
 
 def build(seed: int = 0) -> "torch.nn.Module":
     torch.manual_seed(seed)
-    config = transformers.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = transformers.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     config._attn_implementation = "sdpa"
     return transformers.Qwen2ForCausalLM(config)
 

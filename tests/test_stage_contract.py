@@ -60,8 +60,7 @@ def test_the_cli_reports_a_contract_break_in_one_line_with_exit_1(tmp_path: Path
     import sys
 
     (tmp_path / "brokenpack.py").write_text(
-        "from mmcore import PackSpec\n"
-        "pack = PackSpec(name='brokenpack', stages={'download': 'contract_stages:download', 'convert': 'contract_stages:convert_misnamed'})\n"
+        "from mmcore import PackSpec\npack = PackSpec(name='brokenpack', stages={'download': 'contract_stages:download', 'convert': 'contract_stages:convert_misnamed'})\n"
     )
     code = (
         "import sys, brokenpack; from mmcore.cli.commands import main; from mmcore import plugins\n"

@@ -171,11 +171,11 @@ def test_a_tracker_not_installed_is_one_line_before_any_stage_runs(cli: CLI, lin
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent(BLOCKER))
     cli.sites.append(site)
-    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "r", f"logging.report_to=[tensorboard,{tracker}]",
-               check=False, HIDE_PACKAGES=tracker.split("-")[0])
+    proc = cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "r", f"logging.report_to=[tensorboard,{tracker}]", check=False, HIDE_PACKAGES=tracker.split("-")[0])
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"error: logging.report_to names {tracker}, but the {package} package is not installed "
-                                                f"(hint: pip install 'mmcore[{extra}]', or leave {tracker} out of logging.report_to)"]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: logging.report_to names {tracker}, but the {package} package is not installed (hint: pip install 'mmcore[{extra}]', or leave {tracker} out of logging.report_to)"
+    ]
     assert "[download]" not in proc.stdout and not (tmp_path / "r/download").exists()
 
 
@@ -198,8 +198,21 @@ def test_the_logging_section_reads_one_or_none_and_refuses_an_unknown_tracker() 
 def test_only_rank_0_of_a_distributed_stage_logs(cli: CLI, line_data: Path, tmp_path: Path) -> None:
     """Two torchrun workers run train; each step is in wandb and MLflow once (from rank 0), in
     the same tracker runs as the stages the launching process ran."""
-    cli("run", "--pack", "toy", "--data", str(line_data), "--run-dir", "r", "--nproc-per-node", "2", "logging.report_to=[wandb,mlflow]",
-        MLFLOW_TRACKING_URI="", WANDB_MODE="offline", WANDB_DIR=str(tmp_path))
+    cli(
+        "run",
+        "--pack",
+        "toy",
+        "--data",
+        str(line_data),
+        "--run-dir",
+        "r",
+        "--nproc-per-node",
+        "2",
+        "logging.report_to=[wandb,mlflow]",
+        MLFLOW_TRACKING_URI="",
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path),
+    )
     run = tmp_path / "r"
     steps = [step for step, _ in jsonl_steps(run)["loss"]]
     assert steps == [1, 2, 3, 4, 5, 6]

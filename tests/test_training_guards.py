@@ -42,12 +42,12 @@ def recipe(ctx, upstream):  # type: ignore[no-untyped-def]
         x = torch.tensor(samples)
         return {"x": x, "y": x.sum(dim=1, keepdim=True), "num_loss_tokens": len(samples)}
 
-    return TrainRecipe(build_model=build, dataset=lambda ctx, up: rows, collate=collate,
-                       loss=lambda model, batch: model(batch["x"]).sum() if unbounded else ((model(batch["x"]) - batch["y"]) ** 2).sum())
+    return TrainRecipe(
+        build_model=build, dataset=lambda ctx, up: rows, collate=collate, loss=lambda model, batch: model(batch["x"]).sum() if unbounded else ((model(batch["x"]) - batch["y"]) ** 2).sum()
+    )
 
 
-PACK = PackSpec(name="linear", stages={"download": "test_training_guards:download",
-                                       "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "test_training_guards:recipe"})})
+PACK = PackSpec(name="linear", stages={"download": "test_training_guards:download", "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "test_training_guards:recipe"})})
 
 
 def train(run: Path, *overrides: str):  # type: ignore[no-untyped-def]
@@ -76,8 +76,11 @@ def test_an_update_that_overflows_the_weights_is_never_saved(tmp_path: Path) -> 
     run = tmp_path / "run"
     with pytest.raises(MmcoreError) as info:  # past float32's 3.4e38 in about 12 steps
         train(run, "run.name=unbounded", "training.lr=3e37", "training.steps=30")
-    found = re.fullmatch(r"training stopped at step (\d+): the weights are no longer finite \(an update overflowed\), so they were not saved; "
-                         r"the last checkpoint, (\S+), is kept \(hint: .*\)", info.value.one_line())
+    found = re.fullmatch(
+        r"training stopped at step (\d+): the weights are no longer finite \(an update overflowed\), so they were not saved; "
+        r"the last checkpoint, (\S+), is kept \(hint: .*\)",
+        info.value.one_line(),
+    )
     assert found, info.value.one_line()
     step = int(found.group(1))
     assert found.group(2) == str(run / f"train/checkpoints/step-{step - 1:08d}") and steps_saved(run)[-1] == f"step-{step - 1:08d}"

@@ -119,8 +119,22 @@ def main() -> int:
         name = f"seed{seed}-{isa}-t{threads}"
         env = {**os.environ, **ISAS[isa], "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         run = root / args.pack / name
-        cmd = [sys.executable, "-m", "mmcore", "run", "--pack", args.pack, "--preset", args.preset, "--run-dir", str(run), "--force",
-               f"run.seed={seed}", f"training.eval_every={every}", *args.overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mmcore",
+            "run",
+            "--pack",
+            args.pack,
+            "--preset",
+            args.preset,
+            "--run-dir",
+            str(run),
+            "--force",
+            f"run.seed={seed}",
+            f"training.eval_every={every}",
+            *args.overrides,
+        ]
         start = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start

@@ -56,7 +56,9 @@ class FSDP2Backend:
             raise StageError("training.cpu_offload keeps weights in host memory while an accelerator computes; this run computes on the CPU (run.device: cpu)")
         split = ctx.config.parallel
         if split.tensor_parallel > 1 or split.pipeline_parallel > 1 or split.sequence_parallel or split.virtual_pipeline > 1:
-            raise StageError(f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on parallel.backend: megatron; this run's backend is {split.backend}")
+            raise StageError(
+                f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on parallel.backend: megatron; this run's backend is {split.backend}"
+            )
         # bf16 and offload are FSDP2 policies: a single process shards too, over a group of its own
         self.sharding = bool(world.distributed or bf16 or cfg.cpu_offload)
         self.own_group = self.sharding and not world.distributed and not dist.is_initialized()
@@ -90,8 +92,7 @@ class FSDP2Backend:
         if world.is_local_main:
             self._check_disk_space(cfg)
         self.keep, self.files = _lora_checkpoint(model, plan)
-        return Prepared(model=model, trained=self.params, optimizer_params=self.params, frozen=len(frozen), bf16=bf16,
-                        data_rank=world.rank, data_ranks=world.world_size)
+        return Prepared(model=model, trained=self.params, optimizer_params=self.params, frozen=len(frozen), bf16=bf16, data_rank=world.rank, data_ranks=world.world_size)
 
     def _shard(self, model: Any, shard_modules: list[Any], *, bf16: bool, offload: bool, replicate: int) -> Any:
         import torch
@@ -198,8 +199,7 @@ class FSDP2Backend:
         plan = self.plan
         if plan is not None:
             trained = sum(p.numel() for p in self.params)
-            done.metrics["lora"] = {"r": plan.r, "alpha": plan.alpha, "targets": len(plan.targets), "modules_to_save": len(plan.modules_to_save),
-                                    "trained_parameters": trained}
+            done.metrics["lora"] = {"r": plan.r, "alpha": plan.alpha, "targets": len(plan.targets), "modules_to_save": len(plan.modules_to_save), "trained_parameters": trained}
             done.notes.append(f"LoRA r={plan.r} on {len(plan.targets)} layer(s): {trained:,} trained parameters; the base stays as converted")
         return done
 
@@ -230,8 +230,7 @@ def _add_adapters(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recip
         raise StageError(f"training.lora: pack {ctx.pack!r} does not load its weights through the engine, so the base of the adapters is unknown")
     path, fingerprint = base_identity(recipe.weights(ctx, upstream), upstream)
     frozen = [g for p in cfg.freeze for g in recipe.freeze_groups.get(p, [p])]
-    plan = plan_lora(model, cfg.lora, groups=recipe.freeze_groups, default_targets=recipe.lora_targets, blocks=blocks,
-                     frozen=frozen, base=(relative_base(path, ckpt_root), fingerprint))
+    plan = plan_lora(model, cfg.lora, groups=recipe.freeze_groups, default_targets=recipe.lora_targets, blocks=blocks, frozen=frozen, base=(relative_base(path, ckpt_root), fingerprint))
     inject(model, plan)
     return plan
 
@@ -260,7 +259,9 @@ def _check_same_adapters(checkpoint: Path, plan: Any) -> None:
     if saved is None:
         raise StageError(f"{checkpoint}: a full fine-tuning checkpoint; this run trains LoRA adapters (training.lora.r={plan.r}): start a new run or set training.lora.r=0")
     if saved.base_fingerprint != plan.base_fingerprint:
-        raise StageError(f"{checkpoint / LORA_FILE}: these adapters were trained on another base checkpoint ({saved.base_fingerprint[:12]}, this run's is {plan.base_fingerprint[:12]}): resuming would put them on the wrong weights")
+        raise StageError(
+            f"{checkpoint / LORA_FILE}: these adapters were trained on another base checkpoint ({saved.base_fingerprint[:12]}, this run's is {plan.base_fingerprint[:12]}): resuming would put them on the wrong weights"
+        )
     for name in ("r", "alpha", "targets", "modules_to_save"):
         if getattr(saved, name) != getattr(plan, name):
             raise StageError(f"{checkpoint / LORA_FILE}: saved with another training.lora ({name} differs): start a new run to change the adapters")

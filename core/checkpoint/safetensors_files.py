@@ -26,9 +26,18 @@ def _dtype(name: str) -> "torch.dtype":
     import torch
 
     table = {
-        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-        "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+        "F64": torch.float64,
+        "F32": torch.float32,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I64": torch.int64,
+        "I32": torch.int32,
+        "I16": torch.int16,
+        "I8": torch.int8,
+        "U8": torch.uint8,
+        "BOOL": torch.bool,
+        "F8_E4M3": torch.float8_e4m3fn,
+        "F8_E5M2": torch.float8_e5m2,
     }
     try:
         return table[name]
@@ -147,8 +156,18 @@ class SafetensorsFolder:
 
 
 _SAFETENSORS_DTYPE = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
-    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
 }
 
 
@@ -202,8 +221,7 @@ def iter_pairs(a: SafetensorsFolder, b: SafetensorsFolder, name_in_b: Callable[[
         yield key, None, b.get(key)
 
 
-def compare_hf(a_dir: Path, b_dir: Path, name_in_b: Callable[[str], str | None] = lambda k: k,
-               view_in_b: Callable[[str, Any], Any] = lambda k, t: t) -> list[str]:
+def compare_hf(a_dir: Path, b_dir: Path, name_in_b: Callable[[str], str | None] = lambda k: k, view_in_b: Callable[[str, Any], Any] = lambda k, t: t) -> list[str]:
     """Every difference between two folders of safetensors: missing keys, dtype, shape, bits.
 
     ``name_in_b`` maps a tensor name of ``a`` to its name in ``b`` (None: not expected there),

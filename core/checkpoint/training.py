@@ -124,8 +124,21 @@ def _point_latest(root: Path, target: Path) -> None:
     fsync_dir(root)
 
 
-def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,
-                    loss: float | None = None, keep: set[str] | None = None, files: dict[str, Any] | None = None, ema: dict[str, Any] | None = None) -> None:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    sampler: EpochSampler,
+    world: Any,
+    backend: Any,
+    *,
+    loss: float | None = None,
+    keep: set[str] | None = None,
+    files: dict[str, Any] | None = None,
+    ema: dict[str, Any] | None = None,
+) -> None:
     """Write ``root/step-N`` (model and optimizer as DCP), then point ``root/latest`` at it
     (:func:`commit_checkpoint` says how, and what is kept).
 
@@ -147,8 +160,9 @@ def save_checkpoint(root: Path, step: int, model: Any, optimizer: Any, scheduler
     commit_checkpoint(root, step, world, write, trainer_state, files)
 
 
-def commit_checkpoint(root: Path, step: int, world: Any, write: Callable[[Path], None], trainer_state: dict[str, Any],
-                      files: dict[str, Any] | None = None, more_rng: Callable[[], dict[str, Any]] | None = None) -> None:
+def commit_checkpoint(
+    root: Path, step: int, world: Any, write: Callable[[Path], None], trainer_state: dict[str, Any], files: dict[str, Any] | None = None, more_rng: Callable[[], dict[str, Any]] | None = None
+) -> None:
     """Every rank calls it: ``write(folder)`` (each rank its part, ending with DCP's
     ``.metadata``), then every rank's RNG state, ``files`` and ``trainer_state`` (the step, the
     scheduler, the data position), into ``root/step-N``; then ``root/latest`` points at it.
@@ -229,8 +243,9 @@ def restore_rng(path: Path, world: Any, rank: int | None = None) -> bool:
     return True
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *,
-                    keep: set[str] | None = None, ema: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, model: Any, optimizer: Any, scheduler: Any, sampler: EpochSampler, world: Any, backend: Any, *, keep: set[str] | None = None, ema: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Restore everything :func:`save_checkpoint` wrote (with the same ``keep``; ``ema`` is
     filled in place); returns its trainer state (``step``, ``loss`` of that step, ...)."""
     from mmcore.errors import StageError
@@ -310,4 +325,18 @@ def save_average(folder: Path, model: Any, average: dict[str, Any], world: Any, 
         dist.barrier()
 
 
-__all__ = ["CHECKPOINTS", "LATEST", "TRAINER_STATE", "commit_checkpoint", "restore_rng", "saved_rng", "is_complete", "newest_complete", "load_converted", "save_checkpoint", "load_checkpoint", "save_average", "seed_everything"]
+__all__ = [
+    "CHECKPOINTS",
+    "LATEST",
+    "TRAINER_STATE",
+    "commit_checkpoint",
+    "restore_rng",
+    "saved_rng",
+    "is_complete",
+    "newest_complete",
+    "load_converted",
+    "save_checkpoint",
+    "load_checkpoint",
+    "save_average",
+    "seed_everything",
+]

@@ -34,8 +34,6 @@ STAGE_HELP = {
 }
 
 
-
-
 class MmcoreGroup(click.Group):
     """Adds commands registered by plugins (``mmcore_register_commands``) on demand."""
 
@@ -225,8 +223,7 @@ def eval_cmd(**kw: Any) -> None:
         click.echo(f"results: {manifest.output('results')}")
 
 
-_GENERATION_FLAGS = (("max_new_tokens", int), ("temperature", float), ("top_p", float), ("num_inference_steps", int),
-                     ("guidance_scale", float), ("seed", int), ("batch_size", int))
+_GENERATION_FLAGS = (("max_new_tokens", int), ("temperature", float), ("top_p", float), ("num_inference_steps", int), ("guidance_scale", float), ("seed", int), ("batch_size", int))
 
 
 @cli.command("infer")

@@ -87,13 +87,19 @@ def hub_check(*, offline: bool = False, timeout: float = HUB_TIMEOUT_S) -> Check
         response = get_session().head(endpoint, timeout=timeout, follow_redirects=False)
     except Exception as exc:  # what the network said, in one line: refused, timed out, no such host, proxy
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())
-        return Check("hub", False, f"{endpoint} unreachable within {timeout:g} s ({reason})",
-                     "check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), or work offline: --offline with local model folders", required=False)
+        return Check(
+            "hub",
+            False,
+            f"{endpoint} unreachable within {timeout:g} s ({reason})",
+            "check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), or work offline: --offline with local model folders",
+            required=False,
+        )
     return Check("hub", True, f"{endpoint} answers (HTTP {response.status_code})")
 
 
-def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto", rdzv_endpoint: str | None = None, runs_root: str = "runs", min_free_gb: float = 5.0,
-               offline: bool = False, hub: bool = True) -> list[Check]:
+def run_checks(
+    plugins: Plugins, *, pack: str | None = None, device: str = "auto", rdzv_endpoint: str | None = None, runs_root: str = "runs", min_free_gb: float = 5.0, offline: bool = False, hub: bool = True
+) -> list[Check]:
     checks: list[Check] = []
     py_ok = sys.version_info >= (3, 10)
     checks.append(Check("python", py_ok, f"{platform.python_version()} ({sys.executable})", "use Python 3.10 or newer"))
@@ -134,15 +140,22 @@ def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto
     from mmcore.backends.megatron import status as megatron_status
 
     usable, why = megatron_status()  # optional: only parallel.backend=megatron needs it
-    checks.append(Check("megatron-core", usable, why + (" (parallel.backend=megatron; CPU via mmcore's compatibility layer)" if usable else ""),
-                        "pip install 'mmcore[megatron]'", required=False))
+    checks.append(Check("megatron-core", usable, why + (" (parallel.backend=megatron; CPU via mmcore's compatibility layer)" if usable else ""), "pip install 'mmcore[megatron]'", required=False))
 
     host, port = "127.0.0.1", DEFAULT_RDZV_PORT
     if rdzv_endpoint:
         host, _, port_text = rdzv_endpoint.rpartition(":")
         port = int(port_text)
     free = port_free(host if host not in ("localhost", "") else "127.0.0.1", port)
-    checks.append(Check("rendezvous port", free, f"{host}:{port} {'is free' if free else 'is in use'}", "a stale torchrun may hold it: stop it, or set parallel.rdzv_endpoint=HOST:PORT to another port", required=bool(rdzv_endpoint)))
+    checks.append(
+        Check(
+            "rendezvous port",
+            free,
+            f"{host}:{port} {'is free' if free else 'is in use'}",
+            "a stale torchrun may hold it: stop it, or set parallel.rdzv_endpoint=HOST:PORT to another port",
+            required=bool(rdzv_endpoint),
+        )
+    )
 
     if hub:
         checks.append(hub_check(offline=offline))
@@ -164,5 +177,12 @@ def run_checks(plugins: Plugins, *, pack: str | None = None, device: str = "auto
         else:
             checks.append(Check(f"pack {pack}", True, f"{entry.distribution} {entry.version}"))
             unmet = unmet_requirements(entry.distribution)
-            checks.append(Check(f"pack {pack} requirements", not unmet, "; ".join(unmet) if unmet else "all satisfied", f"pip install '{entry.distribution}' to repair its requirements, or `mmcore env create --pack {pack}`"))
+            checks.append(
+                Check(
+                    f"pack {pack} requirements",
+                    not unmet,
+                    "; ".join(unmet) if unmet else "all satisfied",
+                    f"pip install '{entry.distribution}' to repair its requirements, or `mmcore env create --pack {pack}`",
+                )
+            )
     return checks

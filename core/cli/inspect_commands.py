@@ -18,7 +18,6 @@ def load_plugins():  # type: ignore[no-untyped-def]
     return Plugins.load()
 
 
-
 @click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(as_json: bool) -> None:
@@ -55,8 +54,9 @@ def _megatron_line(spec: Any) -> str | None:
     if "convert" not in spec.stages or "parallel_map" not in (getattr(spec.declared("convert"), "parts", None) or {}):
         return None
     usable, why = status()
-    return ("MindSpeed-MM layout both ways (export.format=mindspeed-mm, convert.mindspeed_mm); "
-            + (f"tensor/pipeline-parallel training (parallel.backend=megatron) on {why}: usable" if usable else f"parallel.backend=megatron not usable: {why}"))
+    return "MindSpeed-MM layout both ways (export.format=mindspeed-mm, convert.mindspeed_mm); " + (
+        f"tensor/pipeline-parallel training (parallel.backend=megatron) on {why}: usable" if usable else f"parallel.backend=megatron not usable: {why}"
+    )
 
 
 @click.command("info")
@@ -93,8 +93,7 @@ def info_cmd(pack: str, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(f"{pack} ({entry.distribution} {entry.version}) [{spec.category}] {spec.summary}")
-    click.echo(f"  stages:       {', '.join(data['stages'])} (distributed: {', '.join(spec.distributed_stages) or 'none'})"
-               + ("; mmcore infer" if plugins.has_infer(pack) else ""))
+    click.echo(f"  stages:       {', '.join(data['stages'])} (distributed: {', '.join(spec.distributed_stages) or 'none'})" + ("; mmcore infer" if plugins.has_infer(pack) else ""))
     click.echo(f"  presets:      {', '.join(data['presets']) or 'none'}" + (f" (default: {spec.default_preset})" if spec.default_preset else ""))
     click.echo(f"  config:       {spec.config_class}")
     click.echo(f"  sdk:          {spec.sdk}")

@@ -34,17 +34,20 @@ def files(name: str, category: str, model_class: str) -> dict[str, str]:
     module = module_name(name)
     major, minor = (int(p) for p in __version__.split(".")[:2])
     values = {
-        "name": name, "module": module, "category": category, "cls": model_class, "sdk": SDK_VERSION,
-        "var": module.removeprefix("mm_pack_"), "mmcore_pin": f"mmcore>={major}.{minor},<{major}.{minor + 1}",
+        "name": name,
+        "module": module,
+        "category": category,
+        "cls": model_class,
+        "sdk": SDK_VERSION,
+        "var": module.removeprefix("mm_pack_"),
+        "mmcore_pin": f"mmcore>={major}.{minor},<{major}.{minor + 1}",
     }
-    return {path.format(**values): text.replace("{{", "\x00").replace("}}", "\x01").format(**values).replace("\x00", "{").replace("\x01", "}")
-            for path, text in TEMPLATES.items()}
+    return {path.format(**values): text.replace("{{", "\x00").replace("}}", "\x01").format(**values).replace("\x00", "{").replace("\x01", "}") for path, text in TEMPLATES.items()}
 
 
 def write_pack(name: str, category: str, directory: Path, model_class: str) -> Path:
     if category not in KITS:
-        raise UsageError(f"--category {category}: no kit yet for {category} packs (kits: {', '.join(sorted(KITS))}); "
-                         "see docs/writing-a-pack.md for a pack written on the stage engines directly")
+        raise UsageError(f"--category {category}: no kit yet for {category} packs (kits: {', '.join(sorted(KITS))}); see docs/writing-a-pack.md for a pack written on the stage engines directly")
     root = directory / f"mm-pack-{name}"
     if root.exists() and any(root.iterdir()):
         raise UsageError(f"{root} exists and is not empty; choose another --dir or name")
@@ -70,8 +73,7 @@ def installed_pack(name: str) -> str | None:
 @click.command("new-pack")
 @click.argument("name")
 @click.option("--category", type=click.Choice(["vlm", "generative", "audio", "omni"]), required=True, help="What kind of model.")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
-              help="Where to create mm-pack-NAME/.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True, help="Where to create mm-pack-NAME/.")
 @click.option("--from-transformers", "from_transformers", metavar="CLASS", help=f"A transformers conversational class (default {DEFAULT_CLASS}).")
 @click.option("--from-diffusers", "from_diffusers", metavar="CLASS", help="A diffusers denoiser class: not yet (the diffusion kit has no generator; start from packs/generative/wan).")
 def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: str | None, from_diffusers: str | None) -> None:
@@ -101,7 +103,7 @@ def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: s
 
 
 TEMPLATES: dict[str, str] = {
-    "pyproject.toml": '''[build-system]
+    "pyproject.toml": """[build-system]
 requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
 
@@ -131,7 +133,7 @@ where = ["src"]
 testpaths = ["tests"]
 # checkpoints saved and loaded in one process without a process group is what mmcore means
 filterwarnings = ["ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"]
-''',
+""",
     "src/{module}/__init__.py": '''"""mmcore pack for {cls}."""
 ''',
     "src/{module}/pack.py": '''"""The {name} pack, declared: what it is, its presets, and the function behind each stage.
@@ -216,7 +218,7 @@ class Data(MLLMDataSection):
 class Config(RunConfig):
     data: Data = Field(default_factory=Data)
 ''',
-    "src/{module}/presets/tiny.yaml": '''# The smallest {cls} that runs every stage: for tests and trying things out.
+    "src/{module}/presets/tiny.yaml": """# The smallest {cls} that runs every stage: for tests and trying things out.
 model:
   source: init:tiny
 data:
@@ -226,8 +228,8 @@ training:
   steps: 4
   lr: 0.001
   micro_batch_size: 2
-''',
-    "src/{module}/presets/demo.yaml": '''# A small {cls} learns to name the colour of a shape, on CPU in a few minutes.
+""",
+    "src/{module}/presets/demo.yaml": """# A small {cls} learns to name the colour of a shape, on CPU in a few minutes.
 model:
   source: init:demo
 data:
@@ -240,7 +242,7 @@ training:
   micro_batch_size: 16
   eval_every: 50
   checkpoint_every: 50
-''',
+""",
     "tests/test_{var}_conformance.py": '''"""mmcore's conformance suite: every stage of the pack run for real on the tiny preset,
 the stage contract, a kill -9 and resume, the export reloaded."""
 
@@ -282,7 +284,7 @@ def test_a_conversation_encodes_and_runs_through_the_model(tmp_path: Path) -> No
         loss = FAMILY.loss_sum(FAMILY.build_model(tmp_path / "model").eval(), batch)
     assert torch.isfinite(loss)
 ''',
-    "README.md": '''# mm-pack-{name}
+    "README.md": """# mm-pack-{name}
 
 An mmcore pack for `{cls}`, generated by `mmcore new-pack`.
 
@@ -299,5 +301,5 @@ Train on your own data: `mmcore run --pack {name} model.source=ORG/REPO --data c
 
 What is this family's own lives in `src/{module}/family.py`; the stages come from mmcore's VLM
 kit. See mmcore's `docs/writing-a-pack.md`.
-''',
+""",
 }

@@ -138,8 +138,7 @@ def _select(all_keys: list[Key], wanted: str | None) -> list[Key]:
     if not chosen:
         names = [k.path for k in all_keys] + sorted({k.path.rsplit(".", 1)[0] for k in all_keys})
         close = difflib.get_close_matches(wanted, names, n=1)
-        raise ConfigError(f"{wanted}: no such config key or section" + (f"; did you mean {close[0]!r}?" if close else ""),
-                          hint="mmcore config lists every key")
+        raise ConfigError(f"{wanted}: no such config key or section" + (f"; did you mean {close[0]!r}?" if close else ""), hint="mmcore config lists every key")
     return chosen
 
 
@@ -212,15 +211,12 @@ def render_markdown(pack_classes: dict[str, type[RunConfig]]) -> list[str]:
         if own:
             groups.setdefault("\n".join(_table(own)), (own, []))[1].append(name)
     if kit_keys:
-        lines += ["## Keys the kits add", "",
-                  "The VLM and diffusion kits' config sections, which the packs built on them take.", ""]
+        lines += ["## Keys the kits add", "", "The VLM and diffusion kits' config sections, which the packs built on them take.", ""]
         for owner, (rows, names) in sorted(kit_keys.items(), key=lambda item: item[0].__qualname__):
             doc = " ".join((owner.__doc__ or "").split())
-            lines += [f"### `{sdk_path(owner)}`", "",
-                      (doc + " " if doc else "") + "Packs: " + ", ".join(f"`{n}`" for n in names) + ".", ""] + _table(rows) + [""]
+            lines += [f"### `{sdk_path(owner)}`", "", (doc + " " if doc else "") + "Packs: " + ", ".join(f"`{n}`" for n in names) + ".", ""] + _table(rows) + [""]
     if groups:
-        lines += ["## Keys the packs add", "",
-                  "Keys a pack's config adds to the ones above, or whose default it sets otherwise.", ""]
+        lines += ["## Keys the packs add", "", "Keys a pack's config adds to the ones above, or whose default it sets otherwise.", ""]
         for rows, names in sorted(groups.values(), key=lambda item: item[1]):
             lines += [f"### {', '.join(f'`{n}`' for n in names)}", ""] + _table(rows) + [""]
     return lines[:-1] if lines[-1] == "" else lines
@@ -266,12 +262,13 @@ def config_cmd(pack: str | None, preset: str | None, config_file: str | None, ma
         cls, values, origins, title = _pack_config(pack, preset, config_file, overrides)
     chosen = _select(list(keys(cls)), key)
     if as_json:
-        rows = [{"key": k.path, "type": k.type, "default": k.default, "description": k.description}
-                | ({"value": value_at(values, k.path), "set_by": origins.get(k.path)} if values is not None else {}) for k in chosen]
+        rows = [
+            {"key": k.path, "type": k.type, "default": k.default, "description": k.description} | ({"value": value_at(values, k.path), "set_by": origins.get(k.path)} if values is not None else {})
+            for k in chosen
+        ]
         click.echo(json.dumps(rows, indent=2, default=str))
         return
     click.echo("\n".join(render_text(chosen, values, origins, title)))
-
 
 
 def sdk_path(owner: type) -> str:

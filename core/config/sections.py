@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
-
 #: Step counts above this are a typo (1e12, 10^30), not a run: 1e8 steps at 10 ms each are 11 days.
 MAX_STEPS = 100_000_000
 
@@ -71,9 +70,13 @@ class LoraSection(Section):
     r: int = Field(0, ge=0, description="Rank of the adapters; 0: no LoRA (full fine-tuning).")
     alpha: float = Field(16.0, gt=0, description="Scaling numerator: the adapter's output is multiplied by alpha / r.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
-    target_modules: list[str] = Field(default_factory=list, description="Module-name globs or pack groups whose linear (and conv/embedding) layers get adapters; empty: the pack's default (its repeated blocks' linear layers).")
+    target_modules: list[str] = Field(
+        default_factory=list, description="Module-name globs or pack groups whose linear (and conv/embedding) layers get adapters; empty: the pack's default (its repeated blocks' linear layers)."
+    )
     modules_to_save: list[str] = Field(default_factory=list, description="Module-name globs or pack groups trained in full beside the adapters (e.g. a new output head), saved with them.")
-    init: Literal["default", "gaussian"] = Field("default", description="Adapter A's initialisation (B starts at zero, so training starts at the base model): default = kaiming-uniform as nn.Linear, gaussian = normal with std 1/r.")
+    init: Literal["default", "gaussian"] = Field(
+        "default", description="Adapter A's initialisation (B starts at zero, so training starts at the base model): default = kaiming-uniform as nn.Linear, gaussian = normal with std 1/r."
+    )
 
 
 class DpoSection(Section):
@@ -81,15 +84,29 @@ class DpoSection(Section):
 
     beta: float = Field(0.1, gt=0, description="Strength of the KL tie to the reference (DPO's beta; the diffusion kit scales it as Diffusion-DPO does, see its docs).")
     sft_weight: float = Field(0.0, ge=0, description="Add this times the chosen answer's mean token NLL to each pair's loss (LLaMA-Factory's pref_ftx).")
-    reference: Literal["auto", "precomputed", "adapters_off"] = Field("auto", description="The frozen starting weights, never a second copy: adapters_off = the base with the LoRA adapters switched off, precomputed = every pair's reference log-probabilities computed once before the first step; auto = adapters_off with LoRA, else precomputed.")
+    reference: Literal["auto", "precomputed", "adapters_off"] = Field(
+        "auto",
+        description="The frozen starting weights, never a second copy: adapters_off = the base with the LoRA adapters switched off, precomputed = every pair's reference log-probabilities computed once before the first step; auto = adapters_off with LoRA, else precomputed.",
+    )
 
 
 class TrainingSection(Section):
     method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
     steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000); unused with training.epochs.")
-    epochs: int | None = Field(None, strict=True, ge=1, le=100_000, description="Train this many passes over the data instead of training.steps: steps = epochs x the micro-batches the sampler deals per epoch (samples / (data-parallel processes x micro_batch_size), or training.max_tokens' packed rows) / grad_accum_steps, rounded down; null: training.steps.")
-    optimizer: Literal["adamw", "sgd", "adafactor"] = Field("adamw", description="adamw (torch.optim.AdamW, with training.betas and eps); sgd (with training.momentum); adafactor (torch.optim.Adafactor, factored second moments: little optimizer memory; torch's own betas and eps; unsharded parameters only: one process, fp32, not megatron).")
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field((0.9, 0.999), description="adamw: decay rates of the moving averages of the gradient and of its square.")
+    epochs: int | None = Field(
+        None,
+        strict=True,
+        ge=1,
+        le=100_000,
+        description="Train this many passes over the data instead of training.steps: steps = epochs x the micro-batches the sampler deals per epoch (samples / (data-parallel processes x micro_batch_size), or training.max_tokens' packed rows) / grad_accum_steps, rounded down; null: training.steps.",
+    )
+    optimizer: Literal["adamw", "sgd", "adafactor"] = Field(
+        "adamw",
+        description="adamw (torch.optim.AdamW, with training.betas and eps); sgd (with training.momentum); adafactor (torch.optim.Adafactor, factored second moments: little optimizer memory; torch's own betas and eps; unsharded parameters only: one process, fp32, not megatron).",
+    )
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="adamw: decay rates of the moving averages of the gradient and of its square."
+    )
     eps: float = Field(1e-8, gt=0, allow_inf_nan=False, description="adamw: added to the denominator for numerical stability.")
     momentum: float = Field(0.0, ge=0, lt=1, description="sgd: momentum (0: plain SGD, no optimizer state).")
     lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="Peak learning rate (after warmup, before decay).")
@@ -98,21 +115,45 @@ class TrainingSection(Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The learning rate at the last step, as a fraction of lr (cosine and linear).")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay (adamw; sgd and adafactor as torch applies it).")
     micro_batch_size: int = Field(1, ge=1, description="Samples per process per micro step.")
-    grad_accum_steps: Steps = Field(1, ge=1, description="Micro-batches per optimizer step; gradients are reduced once per step, after the last one. Samples per step = micro_batch_size x grad_accum_steps x data-parallel processes.")
+    grad_accum_steps: Steps = Field(
+        1,
+        ge=1,
+        description="Micro-batches per optimizer step; gradients are reduced once per step, after the last one. Samples per step = micro_batch_size x grad_accum_steps x data-parallel processes.",
+    )
     max_grad_norm: float | None = Field(1.0, gt=0, allow_inf_nan=False, description="Clip gradients to this norm (> 0: a negative one would flip the gradient); null: no clipping.")
-    on_nonfinite: Literal["stop", "skip"] = Field("stop", description="A step whose loss or gradient norm is not finite (nan, inf): stop the run with an error naming the step (the last checkpoint stays the last good one), or skip the step (no update; counted in the skipped_steps metric).")
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 where the device supports it. bf16: bf16 compute, fp32 weights, gradient reduction and optimizer state, on any number of processes (the backend's mixed-precision policy).")
-    recompute: Literal["none", "full", "selective"] = Field("none", description="Activation recompute of the pack's blocks: full keeps only block inputs; selective keeps matmul and attention outputs and recomputes the cheap ops.")
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="A step whose loss or gradient norm is not finite (nan, inf): stop the run with an error naming the step (the last checkpoint stays the last good one), or skip the step (no update; counted in the skipped_steps metric).",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="auto: bf16 where the device supports it. bf16: bf16 compute, fp32 weights, gradient reduction and optimizer state, on any number of processes (the backend's mixed-precision policy).",
+    )
+    recompute: Literal["none", "full", "selective"] = Field(
+        "none", description="Activation recompute of the pack's blocks: full keeps only block inputs; selective keeps matmul and attention outputs and recomputes the cheap ops."
+    )
     cpu_offload: bool = Field(False, description="Keep sharded parameters, gradients and optimizer state in host memory between uses (FSDP2's offload policy; needs an accelerator).")
     freeze: list[str] = Field(default_factory=list, description="Parameter-name globs or pack groups to freeze.")
     packing: bool = Field(False, description="Pack each micro-batch into one sequence, attention isolated per sample, no padding (where the pack supports it).")
-    max_tokens: int | None = Field(None, ge=1, description="With packing: fill each micro-batch's row to this many tokens from a length-aware sampler (micro_batch_size is then unused); null: micro_batch_size samples per row.")
-    balance_towers: bool = Field(True, description="Where samples differ in media (vision patches, audio frames), give the data-parallel ranks of a step alike tower work: samples are sorted by it within windows of 64 global micro-batches before these are cut and shuffled, and dealt largest first (the global micro-batches stay the same at any number of processes); false: plain shuffling. The tower_balance metric says how alike.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="With packing: fill each micro-batch's row to this many tokens from a length-aware sampler (micro_batch_size is then unused); null: micro_batch_size samples per row."
+    )
+    balance_towers: bool = Field(
+        True,
+        description="Where samples differ in media (vision patches, audio frames), give the data-parallel ranks of a step alike tower work: samples are sorted by it within windows of 64 global micro-batches before these are cut and shuffled, and dealt largest first (the global micro-batches stay the same at any number of processes); false: plain shuffling. The tower_balance metric says how alike.",
+    )
     checkpoint_every: Steps = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
     log_every: Steps = Field(1, ge=1, description="Write a metrics row (metrics.jsonl, TensorBoard) every N steps, and at the last step.")
     eval_every: Steps = Field(0, ge=0, description="Measure the held-out split (eval/* metrics) every N steps and at the end (0: never during training; the evaluate stage still runs after export).")
-    moe_aux_loss_coef: float | None = Field(None, ge=0, description="Mixture-of-experts models: weight of the router's load-balancing loss, per loss token (null: the model config's router_aux_loss_coef; 0: left out).")
-    ema: float = Field(0.0, ge=0, lt=1, description="Keep an exponential moving average of the trained weights with this decay (e.g. 0.999; 0: none), in every checkpoint; export writes it (export.weights). Its first updates decay less, as diffusers' EMAModel's.")
+    moe_aux_loss_coef: float | None = Field(
+        None, ge=0, description="Mixture-of-experts models: weight of the router's load-balancing loss, per loss token (null: the model config's router_aux_loss_coef; 0: left out)."
+    )
+    ema: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Keep an exponential moving average of the trained weights with this decay (e.g. 0.999; 0: none), in every checkpoint; export writes it (export.weights). Its first updates decay less, as diffusers' EMAModel's.",
+    )
     lora: LoraSection = Field(default_factory=LoraSection)
     dpo: DpoSection = Field(default_factory=DpoSection)
 
@@ -120,37 +161,69 @@ class TrainingSection(Section):
 class ParallelSection(Section):
     backend: str = Field("fsdp2", description="Distributed backend (fsdp2, megatron, ...).")
     nproc_per_node: int = Field(1, ge=1, description="Processes per machine for the distributed stages (train; one per accelerator); > 1 runs them under torchrun. Also --nproc-per-node.")
-    nnodes: int = Field(1, ge=1, description="Machines in the run (each runs the same command with its --node-rank; the run directory on a file system they share). Given by this command, not kept in the run directory.")
+    nnodes: int = Field(
+        1,
+        ge=1,
+        description="Machines in the run (each runs the same command with its --node-rank; the run directory on a file system they share). Given by this command, not kept in the run directory.",
+    )
     node_rank: int = Field(0, ge=0, description="This machine's number, 0 .. nnodes - 1; node 0 runs the single-process stages. Given by this command, not kept in the run directory.")
     rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous; default: a free local port.")
     rdzv_timeout_s: int = Field(900, ge=1, description="How long a node waits for the others: node 0's announcement in the shared run directory, and torchrun's rendezvous.")
-    collective_timeout_s: int = Field(1800, ge=1, description="How long a process waits in a collective (an all-gather, a gradient reduction, a barrier) for the others before the run stops with an error naming the stage: a rank that stalls or hangs ends the run in bounded time.")
-    replicate: int = Field(1, ge=1, description="HSDP: replicas of the model, each sharded over world / replicate processes (e.g. the number of nodes: shard within a node, replicate across); 1: shard over every process.")
+    collective_timeout_s: int = Field(
+        1800,
+        ge=1,
+        description="How long a process waits in a collective (an all-gather, a gradient reduction, a barrier) for the others before the run stops with an error naming the stage: a rank that stalls or hangs ends the run in bounded time.",
+    )
+    replicate: int = Field(
+        1,
+        ge=1,
+        description="HSDP: replicas of the model, each sharded over world / replicate processes (e.g. the number of nodes: shard within a node, replicate across); 1: shard over every process.",
+    )
     tensor_parallel: int = Field(1, ge=1, description="backend megatron: tensor-parallel ranks each layer is split over (attention heads, MLP columns, the vocabulary).")
-    pipeline_parallel: int = Field(1, ge=1, description="backend megatron: pipeline stages the layers are placed on (the vision tower on the first); data-parallel replicas = processes / (tensor_parallel x pipeline_parallel).")
-    virtual_pipeline: int = Field(1, ge=1, description="backend megatron, pipeline_parallel > 1: model chunks per pipeline rank, run by Megatron's interleaved 1F1B schedule (a smaller pipeline bubble for more transfers); the layers must divide into pipeline_parallel x virtual_pipeline equal runs, and training.grad_accum_steps >= pipeline_parallel.")
-    sequence_parallel: bool = Field(False, description="backend megatron, tensor_parallel > 1: between the split layers each tensor-parallel rank keeps 1/tensor_parallel of the sequence (norms, residuals, dropout: their activation memory / tensor_parallel); the same losses.")
+    pipeline_parallel: int = Field(
+        1, ge=1, description="backend megatron: pipeline stages the layers are placed on (the vision tower on the first); data-parallel replicas = processes / (tensor_parallel x pipeline_parallel)."
+    )
+    virtual_pipeline: int = Field(
+        1,
+        ge=1,
+        description="backend megatron, pipeline_parallel > 1: model chunks per pipeline rank, run by Megatron's interleaved 1F1B schedule (a smaller pipeline bubble for more transfers); the layers must divide into pipeline_parallel x virtual_pipeline equal runs, and training.grad_accum_steps >= pipeline_parallel.",
+    )
+    sequence_parallel: bool = Field(
+        False,
+        description="backend megatron, tensor_parallel > 1: between the split layers each tensor-parallel rank keeps 1/tensor_parallel of the sequence (norms, residuals, dropout: their activation memory / tensor_parallel); the same losses.",
+    )
 
 
 class ExportSection(Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("auto", description="dtype of the exported weights; auto: as trained (float32 master weights).")
     merge_lora: bool = Field(False, description="After LoRA training, also write the full model with the adapters merged into the base weights (merged in fp32, then cast to export.dtype).")
-    weights: Literal["ema", "last"] = Field("ema", description="After training with training.ema: export the moving average of the weights (ema) or the last step's (last). Without training.ema, the last step's.")
+    weights: Literal["ema", "last"] = Field(
+        "ema", description="After training with training.ema: export the moving average of the weights (ema) or the last step's (last). Without training.ema, the last step's."
+    )
 
 
 class MegatronConvertSection(ConvertSection):
     """``convert`` of a pack with a Megatron table (:mod:`mmcore.backends.megatron.tensor_map`)."""
 
-    mindspeed_mm: str | None = Field(None, description="Import the weights of this MindSpeed-MM (Megatron) checkpoint folder (the one with latest_checkpointed_iteration.txt, any TP/PP) instead of the downloaded ones; model.source still gives the config, tokenizer and processor (the HF model it was converted from).")
+    mindspeed_mm: str | None = Field(
+        None,
+        description="Import the weights of this MindSpeed-MM (Megatron) checkpoint folder (the one with latest_checkpointed_iteration.txt, any TP/PP) instead of the downloaded ones; model.source still gives the config, tokenizer and processor (the HF model it was converted from).",
+    )
 
 
 class MegatronExportSection(ExportSection):
     """``export`` of a pack with a Megatron table: also MindSpeed-MM's layout, at any TP/PP."""
 
-    format: Literal["hf", "mindspeed-mm"] = Field("hf", description="hf: the transformers folder; mindspeed-mm: that, plus MindSpeed-MM's Megatron layout (export/mindspeed-mm) at export.tensor_parallel x export.pipeline_parallel, read back and checked bit-identical.")
+    format: Literal["hf", "mindspeed-mm"] = Field(
+        "hf",
+        description="hf: the transformers folder; mindspeed-mm: that, plus MindSpeed-MM's Megatron layout (export/mindspeed-mm) at export.tensor_parallel x export.pipeline_parallel, read back and checked bit-identical.",
+    )
     tensor_parallel: int = Field(1, ge=1, description="mindspeed-mm: tensor-parallel ranks to split the weights over.")
     pipeline_parallel: int = Field(1, ge=1, description="mindspeed-mm: pipeline stages (the vision tower on the first).")
-    pipeline_layers: list[int] = Field(default_factory=list, description="mindspeed-mm: the language model's layers on each pipeline stage (MindSpeed-MM's llm pipeline_num_layers); empty: as even as they go, the later stages taking the remainder.")
+    pipeline_layers: list[int] = Field(
+        default_factory=list,
+        description="mindspeed-mm: the language model's layers on each pipeline stage (MindSpeed-MM's llm pipeline_num_layers); empty: as even as they go, the later stages taking the remainder.",
+    )
 
 
 class EvaluateSection(Section):
@@ -170,7 +243,9 @@ class GenerationSection(Section):
     num_inference_steps: int | None = Field(None, ge=1, description="Denoising steps of a generated image or video (default: the pack's).")
     guidance_scale: float | None = Field(None, ge=1.0, description="Classifier-free guidance of a generated image or video (default: the pack's).")
     seed: int | None = Field(None, description="Seed of sampling and of generated videos' noise (default: run.seed).")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weights and compute while generating; auto: bfloat16 on an accelerator that supports it, float32 on CPU (where the evaluate stage's figures are exact).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights and compute while generating; auto: bfloat16 on an accelerator that supports it, float32 on CPU (where the evaluate stage's figures are exact)."
+    )
 
 
 #: The experiment trackers ``logging.report_to`` may name (each a plugin in ``mmcore_plugins``).
@@ -182,11 +257,18 @@ class LoggingSection(Section):
     trackers, each an observer plugin (docs/tracking.md). Not part of any stage's plan: turning a
     tracker on or off reruns nothing."""
 
-    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["tensorboard"], description="Trackers that get the config, every training and held-out metric at its step, the plots and the evaluate results: tensorboard, wandb (pip install 'mmcore[wandb]'), mlflow (pip install 'mmcore[mlflow]'); [] or none: only metrics.jsonl.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Trackers that get the config, every training and held-out metric at its step, the plots and the evaluate results: tensorboard, wandb (pip install 'mmcore[wandb]'), mlflow (pip install 'mmcore[mlflow]'); [] or none: only metrics.jsonl.",
+    )
     project: str | None = Field(None, description="The wandb project and the MLflow experiment; default: WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME where set, else mmcore.")
     run_name: str | None = Field(None, description="The run's name in wandb and MLflow; default: the run directory's name.")
-    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(None, description="wandb's mode; default: offline under run.offline, else what WANDB_MODE says, else online (which needs `wandb login` or WANDB_API_KEY).")
-    mlflow_tracking_uri: str | None = Field(None, description="Where MLflow records the run; default: MLFLOW_TRACKING_URI where set, else a local SQLite store in the run directory (mlflow.db, artifacts in mlflow-artifacts/).")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="wandb's mode; default: offline under run.offline, else what WANDB_MODE says, else online (which needs `wandb login` or WANDB_API_KEY)."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="Where MLflow records the run; default: MLFLOW_TRACKING_URI where set, else a local SQLite store in the run directory (mlflow.db, artifacts in mlflow-artifacts/)."
+    )
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -228,8 +310,18 @@ class RunConfig(Section):
         # a permission the user grants on each command, not something the stage computes: a run
         # continued without it (its run directory cannot grant it) must not count as changed
         data["model"].pop("trust_remote_code", None)
-        for name in ("nnodes", "nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_timeout_s", "collective_timeout_s",
-                     "tensor_parallel", "pipeline_parallel", "sequence_parallel", "virtual_pipeline"):
+        for name in (
+            "nnodes",
+            "nproc_per_node",
+            "node_rank",
+            "rdzv_endpoint",
+            "rdzv_timeout_s",
+            "collective_timeout_s",
+            "tensor_parallel",
+            "pipeline_parallel",
+            "sequence_parallel",
+            "virtual_pipeline",
+        ):
             # how the processes are started and meet, which node reads the slice, how the model is
             # split over them: not what the stage computes (a run resumes at another tensor/pipeline
             # layout, and 2 nodes of 1 process train as 1 node of 2); how many there are is

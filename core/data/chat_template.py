@@ -107,9 +107,18 @@ class ChatTemplateEncoder:
         media_token_ids: tokens that belong to media; truncation may not cut through them.
     """
 
-    def __init__(self, tokenizer: Any, expanders: dict[str, Expander], *, markers: dict[str, str] | None = None,
-                 chat_template: str | None = None, content: Literal["parts", "text"] = "parts",
-                 default_system: str | None = None, train_on_prompt: bool = False, media_token_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        expanders: dict[str, Expander],
+        *,
+        markers: dict[str, str] | None = None,
+        chat_template: str | None = None,
+        content: Literal["parts", "text"] = "parts",
+        default_system: str | None = None,
+        train_on_prompt: bool = False,
+        media_token_ids: Iterable[int] = (),
+    ) -> None:
         self.tok = tokenizer
         self.template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.template:
@@ -156,7 +165,9 @@ class ChatTemplateEncoder:
             from transformers.utils.chat_template_utils import render_jinja_template
 
             rendered, indices = render_jinja_template(
-                conversations=[messages], chat_template=self.template, return_assistant_tokens_mask=True,
+                conversations=[messages],
+                chat_template=self.template,
+                return_assistant_tokens_mask=True,
                 **self.tok.special_tokens_map,
             )
             text, spans = rendered[0], [tuple(s) for s in indices[0]]
@@ -175,7 +186,8 @@ class ChatTemplateEncoder:
         if not (upto.startswith(before) and whole.startswith(upto)):
             raise ChatTemplateError(
                 f"the chat template does not render turn {i + 1} ({messages[i]['role']}) as a continuation of the turns before it, "
-                "so its tokens cannot be told apart; give the template {% generation %} blocks around what the assistant says")
+                "so its tokens cannot be told apart; give the template {% generation %} blocks around what the assistant says"
+            )
         start, end = len(before), len(upto)
         while start < end and upto[start].isspace():
             start += 1
@@ -210,7 +222,8 @@ class ChatTemplateEncoder:
             if found[placeholder] != len(items):
                 raise ChatTemplateError(
                     f"the chat template wrote {found[placeholder]} {self.markers[placeholder]!r} for the sample's {len(items)} "
-                    f"{placeholder} item(s): check the pack's marker for {placeholder} and that each item has its placeholder")
+                    f"{placeholder} item(s): check the pack's marker for {placeholder} and that each item has its placeholder"
+                )
         ids: list[int] = []
         labels: list[int] = []
         fields: dict[str, list[Any]] = {}

@@ -12,10 +12,7 @@ from typing import Any, Iterable
 from mmcore.data.chat_template import IGNORE, ChatTemplateEncoder, Encoded, Expander, Piece
 
 #: Turns as ``<|im_start|>role\n{content}<|im_end|>\n``; string content, placeholders kept in place.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+CHATML_TEMPLATE = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 
 
 class ChatMLEncoder(ChatTemplateEncoder):
@@ -30,10 +27,8 @@ class ChatMLEncoder(ChatTemplateEncoder):
         media_token_ids: tokens that belong to media; truncation may not cut through them.
     """
 
-    def __init__(self, tokenizer: Any, expanders: dict[str, Expander], *, default_system: str | None,
-                 train_on_prompt: bool = False, media_token_ids: Iterable[int] = ()) -> None:
-        super().__init__(tokenizer, expanders, chat_template=CHATML_TEMPLATE, content="text", default_system=default_system,
-                         train_on_prompt=train_on_prompt, media_token_ids=media_token_ids)
+    def __init__(self, tokenizer: Any, expanders: dict[str, Expander], *, default_system: str | None, train_on_prompt: bool = False, media_token_ids: Iterable[int] = ()) -> None:
+        super().__init__(tokenizer, expanders, chat_template=CHATML_TEMPLATE, content="text", default_system=default_system, train_on_prompt=train_on_prompt, media_token_ids=media_token_ids)
 
 
 __all__ = ["CHATML_TEMPLATE", "IGNORE", "ChatMLEncoder", "Encoded", "Expander", "Piece"]

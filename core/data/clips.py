@@ -45,11 +45,14 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")
     buckets: Counter[str] = Counter()
+
     def encode(item: Any) -> tuple[tuple[int, int, int], Any]:
         info = probe(item.media)
         bucket = choose_bucket(info, cfg.buckets, cfg.fps)
         if bucket is None:
-            raise MediaError(f"video {item.media} is too short: {info.frames} frame(s) at {info.fps:g} fps give fewer than the {min(b[2] for b in cfg.buckets)} frames at {cfg.fps:g} fps any bucket needs")
+            raise MediaError(
+                f"video {item.media} is too short: {info.frames} frame(s) at {info.fps:g} fps give fewer than the {min(b[2] for b in cfg.buckets)} frames at {cfg.fps:g} fps any bucket needs"
+            )
         height, width, frames = bucket
         images = sample_frames(item.media, info, fps=cfg.fps, count=frames)
         return bucket, torch.from_numpy(resize_crop(images, height, width))
@@ -80,8 +83,11 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
             height, width, frames = bucket
             if ranking:
                 split = "eval" if cfg.eval_fraction and held_out(split_key(item.file, item.index), cfg.eval_fraction) else "train"
-                writer.add({"frames": pixels[0], "rejected_frames": pixels[1]}, length=2 * frames,
-                           meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.chosen), "rejected": str(item.rejected), "split": split})
+                writer.add(
+                    {"frames": pixels[0], "rejected_frames": pixels[1]},
+                    length=2 * frames,
+                    meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.chosen), "rejected": str(item.rejected), "split": split},
+                )
                 counts[split] += 1
             else:
                 split = "eval" if cfg.eval_fraction and held_out(split_key(item.file, item.index), cfg.eval_fraction) else "train"

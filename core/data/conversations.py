@@ -54,8 +54,7 @@ def encode_pair(encoder: Any, pair: Any, limit: int) -> Any:
     return chosen, rejected
 
 
-def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWriter | None = None,
-                             tower_tokens: Callable[[dict[str, Any]], float] | None = None, **index_extra: Any) -> StageResult:
+def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWriter | None = None, tower_tokens: Callable[[dict[str, Any]], float] | None = None, **index_extra: Any) -> StageResult:
     """Encode ``data.datasets`` (train, less ``data.eval_fraction``) and ``data.eval_datasets``.
 
     Args:
@@ -105,8 +104,13 @@ def preprocess_conversations(ctx: StageContext, encoder: Any, *, demo: DemoWrite
                 this_split = "eval"
             if ranking:
                 chosen, rejected = result
-                tensors = {"chosen_input_ids": torch.tensor(chosen.input_ids), "chosen_labels": torch.tensor(chosen.labels),
-                           "rejected_input_ids": torch.tensor(rejected.input_ids), "rejected_labels": torch.tensor(rejected.labels), **chosen.tensors}
+                tensors = {
+                    "chosen_input_ids": torch.tensor(chosen.input_ids),
+                    "chosen_labels": torch.tensor(chosen.labels),
+                    "rejected_input_ids": torch.tensor(rejected.input_ids),
+                    "rejected_labels": torch.tensor(rejected.labels),
+                    **chosen.tensors,
+                }
                 length = len(chosen.input_ids) + len(rejected.input_ids)  # the two rows of a pair train together
             else:
                 tensors = {"input_ids": torch.tensor(result.input_ids), "labels": torch.tensor(result.labels), **result.tensors}

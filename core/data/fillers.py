@@ -133,14 +133,14 @@ class Fill:
         """Per micro-batch, the kinds some rank holds and this one lacks (``local``: this rank's
         :meth:`presence`; ``summed``: the same summed over ranks)."""
         width = len(self.kinds)
-        return [[kind for k, kind in enumerate(self.kinds) if summed[b * width + k] > 0 and not local[b * width + k]]
-                for b in range(len(local) // width if width else 0)]
+        return [[kind for k, kind in enumerate(self.kinds) if summed[b * width + k] > 0 and not local[b * width + k]] for b in range(len(local) // width if width else 0)]
 
 
 def kinds_by_fields(fields: Mapping[str, Collection[str]], media_of: Callable[[int], Collection[str]]) -> Callable[[int], set[str]]:
     """``index -> kinds``: a sample holds a kind when it has one of the media fields that kind's
     filler brings (``fields``: kind -> its filler's media fields; ``media_of``: the sample's
     media field names, both as preprocess recorded them)."""
+
     def kinds(i: int) -> set[str]:
         mine = set(media_of(i))
         return {kind for kind, names in fields.items() if mine & set(names)}

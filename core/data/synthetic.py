@@ -70,9 +70,14 @@ def write_shape_preferences(folder: Path, samples: int, seed: int, eval_fraction
         wrong = rng.choice([c for c in sorted(COLOURS) if c != colour])
         name = f"images/{i:05d}.png"
         shape_image(shape, COLOURS[colour], rng).save(folder / name)
-        records.append({"conversations": [{"from": "human", "value": f"<image>What colour is the {shape}?"}],
-                        "chosen": {"from": "gpt", "value": f"The {shape} is {colour}."},
-                        "rejected": {"from": "gpt", "value": f"The {shape} is {wrong}."}, "images": [name]})
+        records.append(
+            {
+                "conversations": [{"from": "human", "value": f"<image>What colour is the {shape}?"}],
+                "chosen": {"from": "gpt", "value": f"The {shape} is {colour}."},
+                "rejected": {"from": "gpt", "value": f"The {shape} is {wrong}."},
+                "images": [name],
+            }
+        )
     cut = int(len(records) * (1 - eval_fraction))
     train, held_out = folder / "train.json", folder / "eval.json"
     train.write_text(json.dumps(records[:cut], indent=1))
@@ -115,8 +120,7 @@ def write_shape_tone_questions(folder: Path, samples: int, seed: int, eval_fract
         image, clip = f"images/{i:05d}.png", f"clips/{i:05d}.wav"
         shape_image(pictures.choice(SHAPES), COLOURS[colour], pictures).save(folder / image)
         write_audio(folder / clip, tone_clip(PITCHES[pitch], rng), TONE_RATE)
-        records.append({"messages": [{"role": "user", "content": SHAPE_TONE_QUESTION}, {"role": "assistant", "content": f"{colour} {pitch}"}],
-                        "images": [image], "audios": [clip]})
+        records.append({"messages": [{"role": "user", "content": SHAPE_TONE_QUESTION}, {"role": "assistant", "content": f"{colour} {pitch}"}], "images": [image], "audios": [clip]})
     cut = int(len(records) * (1 - eval_fraction))
     train, held_out = folder / "train.json", folder / "eval.json"
     train.write_text(json.dumps(records[:cut], indent=1))

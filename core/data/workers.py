@@ -59,8 +59,9 @@ def _encode(item: Any) -> bytes:
         return pickle.dumps(Failed(str(exc)))
 
 
-def map_in_order(fn: Callable[[T], Any], items: Iterable[T], num_workers: int, *, errors: tuple[type[BaseException], ...] = (),
-                 passes: Callable[[T], bool] = lambda item: False) -> Iterator[tuple[T, Any]]:
+def map_in_order(
+    fn: Callable[[T], Any], items: Iterable[T], num_workers: int, *, errors: tuple[type[BaseException], ...] = (), passes: Callable[[T], bool] = lambda item: False
+) -> Iterator[tuple[T, Any]]:
     """``(item, fn(item))`` for every item, in order.
 
     Args:
@@ -88,7 +89,7 @@ def map_in_order(fn: Callable[[T], Any], items: Iterable[T], num_workers: int, *
     from concurrent.futures.process import BrokenProcessPool
 
     items = list(items)
-    chunks = [items[start:start + _CHUNK] for start in range(0, len(items), _CHUNK)]
+    chunks = [items[start : start + _CHUNK] for start in range(0, len(items), _CHUNK)]
     _TASK = (fn, errors, passes)
     # Not multiprocessing.Pool: its terminate() (what leaving it on an error does) can deadlock
     # on a lock a worker held when it was killed (CPython gh-96995; CI hung on it), and a worker
@@ -109,11 +110,10 @@ def map_in_order(fn: Callable[[T], Any], items: Iterable[T], num_workers: int, *
             except BrokenProcessPool:
                 raise StageError(
                     # the first unfinished chunk: at or before the one whose worker died
-                    f"a data.num_workers process died while encoding the file's samples from #{first + 1} on "
-                    "(killed for memory, or a crash in a media decoder)",
+                    f"a data.num_workers process died while encoding the file's samples from #{first + 1} on (killed for memory, or a crash in a media decoder)",
                     hint="rerun preprocess with data.num_workers=0 to see which sample",
                 ) from None
-            for item, result in zip(items[first:first + _CHUNK], results):
+            for item, result in zip(items[first : first + _CHUNK], results):
                 # bytes this process's own forked worker pickled, read from the executor's pipe
                 # (which unpickles every result anyway); nothing from a file or another machine
                 yield item, pickle.loads(result)

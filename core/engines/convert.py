@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
-
 # --------------------------------------------------------------------------- HF -> DCP
 
 #: Threads that read, build and write tensors at once: each holds about one tensor in memory.
@@ -239,8 +238,10 @@ def refuse_links_out(model_dir: Path) -> None:
         for name in sorted([*dirs, *files]):
             path = Path(folder) / name
             if path.is_symlink() and not path.resolve().is_relative_to(root):
-                raise StageError(f"{path}: a link to {path.resolve()}, outside the model folder {model_dir}; refused, so that no file from elsewhere is copied into the export",
-                                 hint="copy the file into the model folder if it belongs to the model")
+                raise StageError(
+                    f"{path}: a link to {path.resolve()}, outside the model folder {model_dir}; refused, so that no file from elsewhere is copied into the export",
+                    hint="copy the file into the model folder if it belongs to the model",
+                )
 
 
 def copy_side_files(model_dir: Path, out: Path) -> None:
@@ -325,8 +326,7 @@ def convert_stage(
     if ctx.config.convert.verify:
         back = ctx.stage_dir / "verify"
         dcp_to_hf(out, back, adapter)
-        mismatches = compare_hf(source, back, getattr(adapter, "round_trip_name", lambda k: k),
-                                getattr(adapter, "round_trip_tensor", lambda k, t: t))
+        mismatches = compare_hf(source, back, getattr(adapter, "round_trip_name", lambda k: k), getattr(adapter, "round_trip_tensor", lambda k, t: t))
         shutil.rmtree(back)
         if mismatches:
             raise StageError(f"round trip to mmcore and back is not exact: {mismatches[0]}" + (f" (+{len(mismatches) - 1} more)" if len(mismatches) > 1 else ""))
@@ -337,8 +337,26 @@ def convert_stage(
 
 
 __all__ = [
-    "MODEL_PREFIX", "SAFE_INDEX", "TensorInfo", "Recipe", "StateDictAdapter", "RenameAdapter", "FusedExpertsAdapter", "SafetensorsFolder",
-    "hf_to_dcp", "dcp_to_hf", "dcp_index", "load_dcp_tensors", "compare_hf", "copy_side_files",
-    "expected_tensors", "coverage_problems", "model_from_config", "convert_stage",
-    "read_header", "safetensors_files", "iter_pairs", "write_safetensors_streaming",
+    "MODEL_PREFIX",
+    "SAFE_INDEX",
+    "TensorInfo",
+    "Recipe",
+    "StateDictAdapter",
+    "RenameAdapter",
+    "FusedExpertsAdapter",
+    "SafetensorsFolder",
+    "hf_to_dcp",
+    "dcp_to_hf",
+    "dcp_index",
+    "load_dcp_tensors",
+    "compare_hf",
+    "copy_side_files",
+    "expected_tensors",
+    "coverage_problems",
+    "model_from_config",
+    "convert_stage",
+    "read_header",
+    "safetensors_files",
+    "iter_pairs",
+    "write_safetensors_streaming",
 ]

@@ -134,8 +134,10 @@ def _from_hub(ctx: StageContext, repo_id: str) -> StageResult:
         # its cause is what went wrong on the network
         cause = exc.__cause__ or exc.__context__
         reason = f"{type(cause).__name__}: {' '.join(str(cause).split())}" if cause is not None else "no answer"
-        raise StageError(f"{repo_id}: the hub at {hub_endpoint()} could not be reached ({reason}), and the model is not in the local hub cache",
-                         hint="check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), or point --model at a local directory") from None
+        raise StageError(
+            f"{repo_id}: the hub at {hub_endpoint()} could not be reached ({reason}), and the model is not in the local hub cache",
+            hint="check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), or point --model at a local directory",
+        ) from None
     except RepositoryNotFoundError:
         raise StageError(f"{repo_id}: no such repository on the hub (or it is private: set HF_TOKEN)") from None
     except RevisionNotFoundError:
@@ -155,7 +157,10 @@ def _from_hub(ctx: StageContext, repo_id: str) -> StageResult:
         else:
             bad = hub_hash_mismatches(hashes, info.siblings or [])
             if bad:
-                raise StageError(f"{path / bad[0]}: its sha256 differs from the hub's for {repo_id}@{commit}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""), hint="delete the file from the hub cache and download again")
+                raise StageError(
+                    f"{path / bad[0]}: its sha256 differs from the hub's for {repo_id}@{commit}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""),
+                    hint="delete the file from the hub cache and download again",
+                )
             notes.append("every large file matches the hub's sha256")
     return StageResult(outputs={"model": str(path)}, metrics={"source": repo_id, "revision": ctx.config.model.revision, "commit": commit, "sha256": hashes}, notes=notes)
 

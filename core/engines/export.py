@@ -66,10 +66,17 @@ class CheckedExport:
         return out
 
 
-def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter: Any, *,
-                   build_trained: Callable[[Path, Path], Any], load_exported: Callable[[Path], Any],
-                   probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any],
-                   side_files: Callable[[Path, Path], None] | None = None) -> CheckedExport:
+def export_checked(
+    ctx: StageContext,
+    upstream: Mapping[str, Manifest],
+    adapter: Any,
+    *,
+    build_trained: Callable[[Path, Path], Any],
+    load_exported: Callable[[Path], Any],
+    probe: dict[str, Any],
+    logits: Callable[[Any, dict[str, Any]], Any],
+    side_files: Callable[[Path, Path], None] | None = None,
+) -> CheckedExport:
     """Write ``<stage>/hf`` and check it reproduces the trained model.
 
     Args:
@@ -93,8 +100,9 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
     dtype = None if ctx.config.export.dtype in ("auto", "float32") else getattr(torch, ctx.config.export.dtype)
     plan = LoraPlan.read(checkpoint)
     if plan is not None:
-        return _export_adapter(ctx, model_dir, checkpoint, plan, adapter, dtype, build_trained=build_trained, load_exported=load_exported,
-                               probe=probe, logits=logits, side_files=side_files or copy_side_files)
+        return _export_adapter(
+            ctx, model_dir, checkpoint, plan, adapter, dtype, build_trained=build_trained, load_exported=load_exported, probe=probe, logits=logits, side_files=side_files or copy_side_files
+        )
     kept = kept_adapter(ctx, upstream)
     if kept is not None and not ctx.config.export.merge_lora:
         # LoRA merged into the checkpoint by the backend (megatron): as after LoRA on FSDP2, the
@@ -115,7 +123,9 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
     if dtype is None and max_diff != 0.0:
         raise StageError(f"the exported model's logits differ from the trained model's (max |diff| {max_diff:.3g})")
     done = CheckedExport(
-        out, trained, loaded,
+        out,
+        trained,
+        loaded,
         metrics={**stats, "logits_max_abs_diff": max_diff},
         notes=[f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"],
     )
@@ -130,8 +140,17 @@ def export_checked(ctx: StageContext, upstream: Mapping[str, Manifest], adapter:
 KEPT_ADAPTER_RTOL = 1e-4
 
 
-def _publish_kept_adapter(ctx: StageContext, done: CheckedExport, kept: Path, model_dir: Path, *, load_exported: Callable[[Path], Any],
-                          probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any], side_files: Callable[[Path, Path], None]) -> None:
+def _publish_kept_adapter(
+    ctx: StageContext,
+    done: CheckedExport,
+    kept: Path,
+    model_dir: Path,
+    *,
+    load_exported: Callable[[Path], Any],
+    probe: dict[str, Any],
+    logits: Callable[[Any, dict[str, Any]], Any],
+    side_files: Callable[[Path, Path], None],
+) -> None:
     """``<stage>/adapter``: the train stage's PEFT folder beside the merged export, loaded with
     peft on the base and checked against the trained (merged) model's logits."""
 
@@ -149,14 +168,12 @@ def _publish_kept_adapter(ctx: StageContext, done: CheckedExport, kept: Path, mo
         diff = float((reference - logits(adapted, probe).float()).abs().max())
     scale = float(reference.abs().max())
     if not diff <= KEPT_ADAPTER_RTOL * max(scale, 1.0):
-        raise StageError(f"{kept}: the adapter, loaded with peft on the base, gives other logits than the trained model "
-                         f"(max |diff| {diff:.3g}, largest logit {scale:.3g})")
+        raise StageError(f"{kept}: the adapter, loaded with peft on the base, gives other logits than the trained model (max |diff| {diff:.3g}, largest logit {scale:.3g})")
     done.adapter = out
     if done.loaded is None:  # the adapter is the export
         done.loaded = adapted
     done.metrics["adapter_logits_max_abs_diff"] = diff
-    done.notes.append(f"LoRA adapter (peft format) at {out}: PeftModel.from_pretrained(base, adapter) gives the trained (merged) model's "
-                      f"logits to {diff:.3g} (fp32 rounding of the merge)")
+    done.notes.append(f"LoRA adapter (peft format) at {out}: PeftModel.from_pretrained(base, adapter) gives the trained (merged) model's logits to {diff:.3g} (fp32 rounding of the merge)")
 
 
 def _compare(a_model: Any, b_model: Any, probe: dict[str, Any], logits: Callable[[Any, dict[str, Any]], Any]) -> float:
@@ -167,9 +184,20 @@ def _compare(a_model: Any, b_model: Any, probe: dict[str, Any], logits: Callable
     return float((a.float() - b.float()).abs().max())
 
 
-def _export_adapter(ctx: StageContext, model_dir: Path, checkpoint: Path, plan: Any, adapter: Any, dtype: Any, *,
-                    build_trained: Callable[[Path, Path], Any], load_exported: Callable[[Path], Any], probe: dict[str, Any],
-                    logits: Callable[[Any, dict[str, Any]], Any], side_files: Callable[[Path, Path], None]) -> CheckedExport:
+def _export_adapter(
+    ctx: StageContext,
+    model_dir: Path,
+    checkpoint: Path,
+    plan: Any,
+    adapter: Any,
+    dtype: Any,
+    *,
+    build_trained: Callable[[Path, Path], Any],
+    load_exported: Callable[[Path], Any],
+    probe: dict[str, Any],
+    logits: Callable[[Any, dict[str, Any]], Any],
+    side_files: Callable[[Path, Path], None],
+) -> CheckedExport:
     """The peft adapter folder (and with ``export.merge_lora`` the merged model), each reloaded
     and compared with the trained model."""
     import tempfile
@@ -186,8 +214,7 @@ def _export_adapter(ctx: StageContext, model_dir: Path, checkpoint: Path, plan: 
     if dtype is None and diff != 0.0:
         raise StageError(f"the exported adapter, loaded with peft, gives other logits than the trained model (max |diff| {diff:.3g})")
     metrics: dict[str, Any] = {**stats, "logits_max_abs_diff": diff, "lora_r": plan.r}
-    notes = [f"LoRA adapter (peft format) at {out}: {stats['adapter_parameters']:,} parameters; "
-             f"PeftModel.from_pretrained(base, adapter): logits max |diff| = {diff:.3g}"]
+    notes = [f"LoRA adapter (peft format) at {out}: {stats['adapter_parameters']:,} parameters; PeftModel.from_pretrained(base, adapter): logits max |diff| = {diff:.3g}"]
     folder = out
     if ctx.config.export.merge_lora:
         import torch.distributed.checkpoint as dcp
@@ -209,6 +236,8 @@ def _export_adapter(ctx: StageContext, model_dir: Path, checkpoint: Path, plan: 
         rounding = _compare(unmerged, trained, probe, logits)
         del unmerged
         metrics.update(merged_shards=written["shards"], merged_logits_max_abs_diff=merged_diff, merge_rounding_max_abs_diff=rounding)
-        notes.append(f"merged model (fp32 merge, {ctx.config.export.dtype}) at {folder}: reloaded with transformers, logits max |diff| "
-                     f"= {merged_diff:.3g}; merging itself moves logits by at most {rounding:.2g} (rounding of W + BA)")
+        notes.append(
+            f"merged model (fp32 merge, {ctx.config.export.dtype}) at {folder}: reloaded with transformers, logits max |diff| "
+            f"= {merged_diff:.3g}; merging itself moves logits by at most {rounding:.2g} (rounding of W + BA)"
+        )
     return CheckedExport(folder, trained, loaded, metrics=metrics, notes=notes, adapter=out)

@@ -166,8 +166,9 @@ def _request_of(line: str, path: Path, number: int, any_media_path: bool = False
             root = path.parent.resolve()
             for name, file in zip(files, media[kind]):
                 if not any_media_path and not file.is_relative_to(root):
-                    return Request(where=where, error=f"{kind[:-1]} path {name!r} leads out of the request file's folder {root} "
-                                                      "(paths are relative to it; --allow-any-media-path trusts the file's paths)")
+                    return Request(
+                        where=where, error=f"{kind[:-1]} path {name!r} leads out of the request file's folder {root} (paths are relative to it; --allow-any-media-path trusts the file's paths)"
+                    )
     return Request(turns=turns, media=media, where=where, reference=reference, error=media_problem(turns, media))
 
 
@@ -229,10 +230,19 @@ def sampling_options(generation: Any, seed: int) -> dict[str, Any]:
     return {"do_sample": True, "temperature": generation.temperature, "top_p": generation.top_p}
 
 
-def generate_tokens(model: Any, prompts: Sequence[Any], inputs_of: Callable[[list[Any]], dict[str, Any]], *,
-                    length: Callable[[Any], int], end_ids: Sequence[int], pad_id: int, max_new_tokens: int | Callable[[Any], int],
-                    batch_size: int, options: Mapping[str, Any] | None = None,
-                    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None) -> list[list[int]]:
+def generate_tokens(
+    model: Any,
+    prompts: Sequence[Any],
+    inputs_of: Callable[[list[Any]], dict[str, Any]],
+    *,
+    length: Callable[[Any], int],
+    end_ids: Sequence[int],
+    pad_id: int,
+    max_new_tokens: int | Callable[[Any], int],
+    batch_size: int,
+    options: Mapping[str, Any] | None = None,
+    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+) -> list[list[int]]:
     """The tokens a transformers causal LM generates after each prompt, end token excluded.
 
     Args:
@@ -252,13 +262,12 @@ def generate_tokens(model: Any, prompts: Sequence[Any], inputs_of: Callable[[lis
 
     out: list[list[int]] = [[] for _ in prompts]
     groups = list(batches(prompts, batch_size, length))
-    for group in (progress(groups, len(groups)) if progress else groups):
+    for group in progress(groups, len(groups)) if progress else groups:
         chosen = [prompts[i] for i in group]
         inputs = inputs_of(chosen)
         bound = max(max_new_tokens(p) for p in chosen) if callable(max_new_tokens) else max_new_tokens
         with torch.no_grad():
-            generated = model.generate(**inputs, max_new_tokens=bound, eos_token_id=list(end_ids), pad_token_id=pad_id,
-                                       **{"do_sample": False, **(options or {})})
+            generated = model.generate(**inputs, max_new_tokens=bound, eos_token_id=list(end_ids), pad_token_id=pad_id, **{"do_sample": False, **(options or {})})
         start = inputs["input_ids"].shape[1]
         for row, i in enumerate(group):
             tokens = generated[row, start:].tolist()
@@ -301,8 +310,7 @@ def answer_scores(prediction: str, reference: str) -> dict[str, float]:
 # ------------------------------------------------------------------ where results go
 
 
-def read_held_out(ctx: Any, read: Callable[[Path], Iterable[Any]], encode: Callable[[Any], Any],
-                  errors: tuple[type[BaseException], ...]) -> tuple[list[tuple[str, Any]], int]:
+def read_held_out(ctx: Any, read: Callable[[Path], Iterable[Any]], encode: Callable[[Any], Any], errors: tuple[type[BaseException], ...]) -> tuple[list[tuple[str, Any]], int]:
     """The items of ``evaluate.datasets``, at most ``evaluate.limit``: ``(file:index, encode(item))``,
     and how many were bad samples (skipped, counted and listed in ``bad_samples.jsonl`` when
     ``data.on_bad_sample`` is ``skip``; otherwise the first stops the stage in one line).
@@ -340,12 +348,30 @@ def empty_evaluation(ctx: Any, skipped: int = 0) -> Any:
     from mmcore.framework.pack import StageResult
 
     write_results(ctx.stage_dir, [], {"items": 0, "skipped": skipped}, title=f"{ctx.pack}: evaluation", columns=(), ctx=ctx)
-    return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json"}, metrics={"items": 0, "skipped": skipped},
-                       notes=["nothing to evaluate: no held-out items (set data.eval_fraction, or evaluate.datasets / `mmcore eval --data FILE`)"])
+    return StageResult(
+        outputs={"results": "results.jsonl", "metrics": "metrics.json"},
+        metrics={"items": 0, "skipped": skipped},
+        notes=["nothing to evaluate: no held-out items (set data.eval_fraction, or evaluate.datasets / `mmcore eval --data FILE`)"],
+    )
 
 
 __all__ = [
-    "ModelSource", "Request", "PLACEHOLDERS", "answer_scores", "empty_evaluation", "read_held_out", "batches", "exact_match", "generate_tokens", "generation_dtype",
-    "left_padded", "media_problem", "normalize_answer", "read_requests", "request_from_flags", "sampling_options", "token_f1",
+    "ModelSource",
+    "Request",
+    "PLACEHOLDERS",
+    "answer_scores",
+    "empty_evaluation",
+    "read_held_out",
+    "batches",
+    "exact_match",
+    "generate_tokens",
+    "generation_dtype",
+    "left_padded",
+    "media_problem",
+    "normalize_answer",
+    "read_requests",
+    "request_from_flags",
+    "sampling_options",
+    "token_f1",
     "write_results",
 ]

@@ -59,14 +59,15 @@ def finished_manifests(run_dir: RunDir) -> dict[str, Manifest]:
         if manifest is not None and manifest.status == "finished":
             problems = output_problems(manifest)
             if problems:
-                raise StageError(f"the output of stage {stage!r} changed after it finished: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
-                                 hint=f"nothing read it; rerun `mmcore {stage} --force --run-dir {run_dir.root}` (or `mmcore run`) to rebuild it, `mmcore verify` checks every file")
+                raise StageError(
+                    f"the output of stage {stage!r} changed after it finished: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+                    hint=f"nothing read it; rerun `mmcore {stage} --force --run-dir {run_dir.root}` (or `mmcore run`) to rebuild it, `mmcore verify` checks every file",
+                )
             found[stage] = manifest
     return found
 
 
-def run_infer(plugins: Any, session: Any, which: str, requests: Sequence[Request], *, debug: bool = False,
-              echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run_infer(plugins: Any, session: Any, which: str, requests: Sequence[Request], *, debug: bool = False, echo: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Answer ``requests`` with the model ``which`` of ``session``'s run; one result per request."""
     from mmcore.engines.download import TRUST_REMOTE_CODE
 
@@ -79,8 +80,7 @@ def run_infer(plugins: Any, session: Any, which: str, requests: Sequence[Request
     source = model_source(run_dir, which, manifests)
     stage_dir = run_dir.stage_dir("infer")
     stage_dir.mkdir(parents=True, exist_ok=True)
-    ctx = StageContext(pack=pack, spec=plugins.pack(pack).spec, stage="infer", run_dir=run_dir.root, stage_dir=stage_dir,
-                       config=session.config, debug=debug, plugins=plugins)
+    ctx = StageContext(pack=pack, spec=plugins.pack(pack).spec, stage="infer", run_dir=run_dir.root, stage_dir=stage_dir, config=session.config, debug=debug, plugins=plugins)
     TRUST_REMOTE_CODE.set(bool(session.config.model.trust_remote_code))
     _quiet_libraries()
     runnable = [r for r in requests if r.error is None]
@@ -118,16 +118,14 @@ def _quiet_libraries() -> None:
         pass
 
 
-def show(requests: Sequence[Request], results: Sequence[dict[str, Any]], output: Path | None, echo: Callable[[str], None],
-         complain: Callable[[str], None]) -> int:
+def show(requests: Sequence[Request], results: Sequence[dict[str, Any]], output: Path | None, echo: Callable[[str], None], complain: Callable[[str], None]) -> int:
     """Print results (one request: the answer alone), or write them to ``output`` as JSONL;
     errors go to ``complain``, one line each. Returns how many failed."""
     failed = sum(1 for r in results if "error" in r)
     if output is not None:
         from mmcore.framework.files import atomic_write_text
 
-        rows = [{"request": r.where, "prompt": r.prompt, **({"reference": r.reference} if r.reference is not None else {}), **res}
-                for r, res in zip(requests, results)]
+        rows = [{"request": r.where, "prompt": r.prompt, **({"reference": r.reference} if r.reference is not None else {}), **res} for r, res in zip(requests, results)]
         atomic_write_text(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         for r, res in zip(requests, results):
             if "error" in res:

@@ -29,12 +29,14 @@ IMAGE = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp"}
 VIDEO = {".mp4", ".webm", ".mov", ".m4v", ".ogv", ".mkv", ".avi"}
 AUDIO = {".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac"}
 
-STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
-         "vertical-align:top}table{border-collapse:collapse}.miss{background:#fee}.about{color:#555}"
-         ".media img{max-width:160px;max-height:160px;image-rendering:pixelated;display:block}"
-         ".media video{width:256px;image-rendering:pixelated;display:block}.turn{white-space:pre-wrap}th{white-space:nowrap}"
-         ".turn,.text{max-width:40em;min-width:10em;overflow-wrap:anywhere}"
-         "pre{background:#f6f6f6;padding:1em;overflow:auto}")
+STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:80em}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
+    "vertical-align:top}table{border-collapse:collapse}.miss{background:#fee}.about{color:#555}"
+    ".media img{max-width:160px;max-height:160px;image-rendering:pixelated;display:block}"
+    ".media video{width:256px;image-rendering:pixelated;display:block}.turn{white-space:pre-wrap}th{white-space:nowrap}"
+    ".turn,.text{max-width:40em;min-width:10em;overflow-wrap:anywhere}"
+    "pre{background:#f6f6f6;padding:1em;overflow:auto}"
+)
 
 
 #: Cells of free text: the user's turn keeps its lines; long unbroken model output wraps instead of widening the page.
@@ -104,8 +106,17 @@ def held_out_sources(ctx: Any, upstream: Mapping[str, Any], read: Callable[[Path
     return found
 
 
-def write_results(folder: Path, rows: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], *, title: str,
-                  columns: Sequence[str], images: Sequence[tuple[str, str]] = (), ctx: Any = None, dataset: str | None = None) -> None:
+def write_results(
+    folder: Path,
+    rows: Sequence[Mapping[str, Any]],
+    metrics: Mapping[str, Any],
+    *,
+    title: str,
+    columns: Sequence[str],
+    images: Sequence[tuple[str, str]] = (),
+    ctx: Any = None,
+    dataset: str | None = None,
+) -> None:
     """``results.jsonl`` (one row per item), ``metrics.json`` and ``report.html``.
 
     Args:
@@ -126,15 +137,20 @@ def write_results(folder: Path, rows: Sequence[Mapping[str, Any]], metrics: Mapp
     atomic_write_text(folder / "report.html", render(rows, metrics, title=title, columns=columns, images=images, ctx=ctx, dataset=dataset))
 
 
-def render(rows: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], *, title: str, columns: Sequence[str],
-           images: Sequence[tuple[str, str]] = (), ctx: Any = None, dataset: str | None = None) -> str:
+def render(
+    rows: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any], *, title: str, columns: Sequence[str], images: Sequence[tuple[str, str]] = (), ctx: Any = None, dataset: str | None = None
+) -> str:
     """The page :func:`write_results` writes."""
     e = html.escape
     name = ctx.run_dir.name if ctx is not None else title
     page = ["<!doctype html><meta charset='utf-8'>", f"<title>{e(name)}</title>", f"<style>{STYLE}</style>", f"<h1>{e(name)}</h1>"]
     if ctx is not None:
-        about = [("pack", ctx.pack), ("model", str(getattr(ctx.config.model, "source", ""))), ("data", dataset or evaluated_data(ctx, rows)),
-                 ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))]
+        about = [
+            ("pack", ctx.pack),
+            ("model", str(getattr(ctx.config.model, "source", ""))),
+            ("data", dataset or evaluated_data(ctx, rows)),
+            ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ]
         page.append("<p class='about'>" + " &middot; ".join(f"{k}: <b>{e(v)}</b>" for k, v in about) + f"<br>{e(title)}</p>")
     page.append("<table>" + "".join(f"<tr><th>{e(str(k))}</th><td>{e(_shown(v))}</td></tr>" for k, v in metrics.items()) + "</table>")
     for src, caption in images:

@@ -169,8 +169,7 @@ def _stacked_experts(plan: dict[str, Recipe]) -> dict[str, Recipe]:
             raise StageError(f"{prefix}: the per-expert tensors are incomplete (experts {sorted(by_expert)}, each needs gate_proj, up_proj and down_proj)")
         gate, down = by_expert[0]["gate_proj"].info, by_expert[0]["down_proj"].info
         pairs = tuple(src for e in range(count) for src in (*by_expert[e]["gate_proj"].sources, *by_expert[e]["up_proj"].sources))
-        out[f"{prefix}.gate_up_proj"] = Recipe(pairs, TensorInfo((count, 2 * gate.shape[0], gate.shape[1]), gate.dtype),
-                                               lambda *t: torch.stack([torch.cat(t[i : i + 2]) for i in range(0, len(t), 2)]))
+        out[f"{prefix}.gate_up_proj"] = Recipe(pairs, TensorInfo((count, 2 * gate.shape[0], gate.shape[1]), gate.dtype), lambda *t: torch.stack([torch.cat(t[i : i + 2]) for i in range(0, len(t), 2)]))
         downs = tuple(src for e in range(count) for src in by_expert[e]["down_proj"].sources)
         out[f"{prefix}.down_proj"] = Recipe(downs, TensorInfo((count, *down.shape), down.dtype), lambda *t: torch.stack(t))
     return out

@@ -31,8 +31,7 @@ def train_byte_level_bpe(corpus: list[str], vocab_size: int) -> tuple[dict[str, 
     return model["vocab"], merges  # type: ignore[return-value]
 
 
-def byte_level_tokenizer(corpus: list[str], special_tokens: list[str], *, vocab_size: int = 512, eos: str = "</s>",
-                         pad: str = "<pad>", bos: str | None = None, chat_template: str | None = None):  # type: ignore[no-untyped-def]
+def byte_level_tokenizer(corpus: list[str], special_tokens: list[str], *, vocab_size: int = 512, eos: str = "</s>", pad: str = "<pad>", bos: str | None = None, chat_template: str | None = None):  # type: ignore[no-untyped-def]
     """A ``tokenizers``-backed transformers tokenizer over a byte-level BPE of ``corpus``.
 
     For families whose tokenizer class needs files a tiny model cannot have (a SentencePiece

@@ -97,4 +97,3 @@ def peak_of(device_name: str) -> float | None:
         if key.lower().replace(" ", "") in device_name.lower().replace(" ", ""):
             return flops
     return None
-

@@ -23,8 +23,7 @@ def write_record(pack: str, version: str, passed: int, failed: int, skipped: int
     from mmcore import __version__
     from mmcore.framework.files import atomic_write_text
 
-    record = {"pack": pack, "pack_version": version, "mmcore_version": __version__, "passed": passed, "failed": failed,
-              "skipped": skipped, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    record = {"pack": pack, "pack_version": version, "mmcore_version": __version__, "passed": passed, "failed": failed, "skipped": skipped, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     path = record_path(pack)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
@@ -42,5 +41,4 @@ def describe(record: dict[str, Any] | None, version: str) -> str:
         return "not recorded here (run the pack's conformance tests: pytest -k Conformance)"
     verdict = "PASSED" if record["failed"] == 0 else "FAILED"
     stale = "" if record["pack_version"] == version else f" (of pack version {record['pack_version']}, installed {version})"
-    return (f"{verdict}: {record['passed']} passed, {record['failed']} failed, {record['skipped']} skipped "
-            f"with mmcore {record['mmcore_version']} at {record['when']}{stale}")
+    return f"{verdict}: {record['passed']} passed, {record['failed']} failed, {record['skipped']} skipped with mmcore {record['mmcore_version']} at {record['when']}{stale}"

@@ -44,8 +44,7 @@ def ensure_free_space(folder: Path, need_bytes: int, what: str, *, hint: str = "
     reserve = int(os.environ.get("MMCORE_MIN_FREE_BYTES", str(256 << 20)))
     if free < need_bytes + reserve:
         raise StageError(
-            f"{what} needs about {size_text(need_bytes)} in {folder} plus {size_text(reserve)} kept free (MMCORE_MIN_FREE_BYTES), "
-            f"and only {size_text(free)} are free",
+            f"{what} needs about {size_text(need_bytes)} in {folder} plus {size_text(reserve)} kept free (MMCORE_MIN_FREE_BYTES), and only {size_text(free)} are free",
             hint=hint,
         )
 

@@ -260,4 +260,3 @@ def mmcore_metrics_resumed(ctx: StageContext, step: int) -> None:
     :param step: The step of the checkpoint the stage resumed from; metrics of later steps are
         void.
     """
-

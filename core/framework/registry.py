@@ -110,10 +110,7 @@ class Registry:
         key = (spec.name, spec.device)
         old = self.kernels.get(key)
         if old is not None and old.impl != spec.impl:
-            self.errors.append(
-                f"kernel {spec.name!r} for {spec.device!r} is registered by both "
-                f"{old.provider} ({old.impl}) and {provider} ({spec.impl})"
-            )
+            self.errors.append(f"kernel {spec.name!r} for {spec.device!r} is registered by both {old.provider} ({old.impl}) and {provider} ({spec.impl})")
             return
         # two packs of one distribution may register the same kernel: the first keeps it, both are its providers
         self.kernel_providers.setdefault(key, set()).add(provider)
@@ -124,9 +121,7 @@ class Registry:
         spec = BackendSpec(**{**spec.__dict__, "provider": provider})
         old = self.backends.get(spec.name)
         if old is not None and old.factory != spec.factory:
-            self.errors.append(
-                f"backend {spec.name!r} is registered by both {old.provider} and {provider}"
-            )
+            self.errors.append(f"backend {spec.name!r} is registered by both {old.provider} and {provider}")
             return
         self.backends[spec.name] = spec
 

@@ -55,8 +55,7 @@ def check_trackers(config: Any, plugins: Any = None) -> None:
     for name in report_to(config):
         missing = missing_package(name)
         if missing is not None:
-            raise ConfigError(f"logging.report_to names {name}, but the {missing} package is not installed",
-                              hint=f"{TRACKERS[name].install}, or leave {name} out of logging.report_to")
+            raise ConfigError(f"logging.report_to names {name}, but the {missing} package is not installed", hint=f"{TRACKERS[name].install}, or leave {name} out of logging.report_to")
         entry = plugins.plugins.get(name) if plugins is not None else None
         if entry is not None and not entry.ok:  # absent: MMCORE_DISABLE_PLUGINS left it out, on purpose
             raise ConfigError(f"logging.report_to names {name}, but its plugin ({entry.distribution}) is broken: {entry.error}")

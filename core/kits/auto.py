@@ -28,8 +28,16 @@ from mmcore.kits.vlm import VLMFamily
 
 #: Sizes a tiny model gets wherever its config has the field (every sub-config too).
 TINY_SIZES: Mapping[str, int] = {
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 8, "projection_dim": 32, "image_size": 28, "patch_size": 14, "max_position_embeddings": 2048,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "projection_dim": 32,
+    "image_size": 28,
+    "patch_size": 14,
+    "max_position_embeddings": 2048,
 }
 
 #: LLaVA-1.5's conversation format, for tokenizers of the tiny checkpoint (assistant text marked).
@@ -121,9 +129,12 @@ def auto_encoder(ctx: Any, model_dir: Path, tokenizer: Any) -> Any:
     processor = AutoProcessor.from_pretrained(model_dir, **remote_code())
     images = ProcessorImages(processor)
     return ChatTemplateEncoder(
-        tokenizer, {"<image>": images}, markers={"<image>": images.token},
+        tokenizer,
+        {"<image>": images},
+        markers={"<image>": images.token},
         chat_template=getattr(processor, "chat_template", None) or tokenizer.chat_template,
-        train_on_prompt=ctx.config.data.train_on_prompt, media_token_ids=[tokenizer.convert_tokens_to_ids(images.token)],
+        train_on_prompt=ctx.config.data.train_on_prompt,
+        media_token_ids=[tokenizer.convert_tokens_to_ids(images.token)],
     )
 
 
@@ -132,10 +143,14 @@ def auto_family(class_name: str, *, demo: Any = None, **overrides: Any) -> VLMFa
     the processor, the tokenizer's template, transformers' own names, the language model's
     decoder layers as FSDP units."""
     fields: dict[str, Any] = dict(
-        model_class=class_name, encoder=auto_encoder, adapter=TransformersNames(class_name), media_fields=("pixel_values", "image_sizes"),
-        tokens={}, freeze_groups={"vision": ["model.vision_tower.*"], "projector": ["model.multi_modal_projector.*"],
-                                  "llm": ["model.language_model.*", "lm_head.*"]},
-        shard_layers=("model.language_model.layers",), demo=demo,
+        model_class=class_name,
+        encoder=auto_encoder,
+        adapter=TransformersNames(class_name),
+        media_fields=("pixel_values", "image_sizes"),
+        tokens={},
+        freeze_groups={"vision": ["model.vision_tower.*"], "projector": ["model.multi_modal_projector.*"], "llm": ["model.language_model.*", "lm_head.*"]},
+        shard_layers=("model.language_model.layers",),
+        demo=demo,
     )
     fields.update(overrides)
     return VLMFamily(**fields)
@@ -184,8 +199,7 @@ def image_processor_class(model_type: str) -> Any:
     return getattr(transformers, name)
 
 
-def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str], chat_template: str = DEFAULT_TEMPLATE,
-                    image_token: str = "<image>", sizes: Mapping[str, int] = TINY_SIZES) -> None:
+def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str], chat_template: str = DEFAULT_TEMPLATE, image_token: str = "<image>", sizes: Mapping[str, int] = TINY_SIZES) -> None:
     """Write a random-weight ``class_name`` checkpoint that ``from_pretrained`` and
     ``AutoProcessor`` load: shrunk config, a byte-level tokenizer over ``corpus``, the family's
     processor with its image processor sized to the tiny vision tower, and ``chat_template``."""
@@ -217,12 +231,14 @@ def tiny_checkpoint(class_name: str, out: Path, seed: int, *, corpus: list[str],
     image_processor = image_processor_class(config.model_type)(size={"height": side, "width": side}, crop_size={"height": side, "width": side}, do_center_crop=False)
     processor_cls = processor_class(class_name, config.model_type)
     accepted = inspect.signature(processor_cls.__init__).parameters
-    extra = {"patch_size": getattr(vision, "patch_size", None), "image_token": image_token,
-             "vision_feature_select_strategy": getattr(config, "vision_feature_select_strategy", None),
-             # a CLIP tower's class token counts in its output; with the "default" strategy the
-             # processor then drops one as the model drops the class token
-             "num_additional_image_tokens": int("clip" in getattr(vision, "model_type", "")
-                                                and getattr(config, "vision_feature_select_strategy", None) == "default")}
+    extra = {
+        "patch_size": getattr(vision, "patch_size", None),
+        "image_token": image_token,
+        "vision_feature_select_strategy": getattr(config, "vision_feature_select_strategy", None),
+        # a CLIP tower's class token counts in its output; with the "default" strategy the
+        # processor then drops one as the model drops the class token
+        "num_additional_image_tokens": int("clip" in getattr(vision, "model_type", "") and getattr(config, "vision_feature_select_strategy", None) == "default"),
+    }
     extra = {k: v for k, v in extra.items() if v is not None and k in accepted}
     processor = processor_cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **extra)
     torch.manual_seed(seed)

@@ -95,6 +95,7 @@ def pad_clips(frames: list[Any], lengths: Any) -> Any:
 def mel_tower_tokens(tokens_of: Callable[[Any], Any]) -> Callable[[dict[str, Any]], float]:
     """A VLM kit ``towers`` entry: ``batch -> tokens through the tower's layers``, given what the
     tower's convolutions make of a clip's frames."""
+
     def tokens(batch: dict[str, Any]) -> float:
         return float(sum(tokens_of(int(n)) for n in batch["audio_feature_lengths"])) if "audio_feature_lengths" in batch else 0.0
 

@@ -46,14 +46,20 @@ def torchrun_args(parallel: ParallelSection) -> list[str]:
         raise UsageError(f"parallel.node_rank={parallel.node_rank} must be below parallel.nnodes={parallel.nnodes}")
     return [
         *args,
-        "--nnodes", str(parallel.nnodes),
-        "--node-rank", str(parallel.node_rank),
-        "--rdzv-endpoint", parallel.rdzv_endpoint,
-        "--master-addr", parallel.rdzv_endpoint.rsplit(":", 1)[0],
-        "--master-port", parallel.rdzv_endpoint.rsplit(":", 1)[1],
+        "--nnodes",
+        str(parallel.nnodes),
+        "--node-rank",
+        str(parallel.node_rank),
+        "--rdzv-endpoint",
+        parallel.rdzv_endpoint,
+        "--master-addr",
+        parallel.rdzv_endpoint.rsplit(":", 1)[0],
+        "--master-port",
+        parallel.rdzv_endpoint.rsplit(":", 1)[1],
         # the static rendezvous these options select waits for the other nodes for "timeout"
         # (torchrun's default 600 s), not "join_timeout": both, so the wait is the one configured
-        "--rdzv-conf", f"join_timeout={parallel.rdzv_timeout_s},timeout={parallel.rdzv_timeout_s}",
+        "--rdzv-conf",
+        f"join_timeout={parallel.rdzv_timeout_s},timeout={parallel.rdzv_timeout_s}",
     ]
 
 
@@ -68,8 +74,10 @@ def launch(parallel: ParallelSection, worker_args: Sequence[str], *, what: str) 
     if parallel.nnodes > 1:
         from mmcore.framework.console import say
 
-        say(f"{what}: node {parallel.node_rank} of {parallel.nnodes} waiting for the others at {parallel.rdzv_endpoint} "
-            f"(up to parallel.rdzv_timeout_s={parallel.rdzv_timeout_s} s; Ctrl-C stops; finished work is kept)")
+        say(
+            f"{what}: node {parallel.node_rank} of {parallel.nnodes} waiting for the others at {parallel.rdzv_endpoint} "
+            f"(up to parallel.rdzv_timeout_s={parallel.rdzv_timeout_s} s; Ctrl-C stops; finished work is kept)"
+        )
     with tempfile.TemporaryDirectory(prefix="mmcore-worker-errors-") as errors:
         env[ERRORS_ENV] = errors
         proc = subprocess.Popen(cmd, env=env)

@@ -36,8 +36,9 @@ def lock_run(root: Path) -> IO[str]:
     except BlockingIOError:
         owners = holders(root / RUN_LOCK)
         handle.close()
-        raise UsageError(f"{root} is in use by another mmcore process" + (f" ({_pids(owners)})" if owners else ""),
-                         hint="wait for it to finish, or stop it; one run directory takes one run at a time") from None
+        raise UsageError(
+            f"{root} is in use by another mmcore process" + (f" ({_pids(owners)})" if owners else ""), hint="wait for it to finish, or stop it; one run directory takes one run at a time"
+        ) from None
     try:
         _await_workers(root)
     except BaseException:
@@ -67,9 +68,10 @@ def _await_workers(root: Path) -> None:
                     break
                 time.sleep(0.1)
     owners = holders(root / WORKERS_LOCK)
-    raise UsageError(f"{root}: worker processes of an earlier run are still alive after {grace:.0f} s" + (f" ({_pids(owners)})" if owners else "")
-                     + "; they would write into the checkpoints this run resumes",
-                     hint="they end when their launcher dies; stop them (kill them by pid) or wait, then run again")
+    raise UsageError(
+        f"{root}: worker processes of an earlier run are still alive after {grace:.0f} s" + (f" ({_pids(owners)})" if owners else "") + "; they would write into the checkpoints this run resumes",
+        hint="they end when their launcher dies; stop them (kill them by pid) or wait, then run again",
+    )
 
 
 def holders(path: Path) -> list[int]:

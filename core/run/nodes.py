@@ -136,8 +136,9 @@ def check_shared(run_root: Path, world: Any) -> None:
     dist.all_gather_object(seen, (world.node_rank, mine))  # every rank stops together, none waits on a missing peer
     strangers = sorted({node for node, ok in seen if not ok})
     if strangers:
-        raise StageError(f"node(s) {', '.join(map(str, strangers))} do not see node 0's run directory {run_root} (their .nodes/node-0.json "
-                         "is missing or differs); put --run-dir on a file system every node shares")
+        raise StageError(
+            f"node(s) {', '.join(map(str, strangers))} do not see node 0's run directory {run_root} (their .nodes/node-0.json is missing or differs); put --run-dir on a file system every node shares"
+        )
 
 
 __all__ = ["NODES", "announce", "await_node0", "check_config", "check_shared", "keep_alive", "node0_silent_for", "read_token", "wait_until"]

@@ -32,8 +32,7 @@ def megatron_layout_problem(parallel: Any, training: Any, world_size: int) -> st
     if parallel.virtual_pipeline > 1 and pp == 1:
         return "parallel.virtual_pipeline interleaves model chunks over pipeline stages: set parallel.pipeline_parallel > 1 too"
     if parallel.virtual_pipeline > 1 and training.grad_accum_steps < pp:
-        return (f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={pp} "
-                f"micro-batches a step; training.grad_accum_steps is {training.grad_accum_steps}")
+        return f"parallel.virtual_pipeline: the interleaved schedule needs at least parallel.pipeline_parallel={pp} micro-batches a step; training.grad_accum_steps is {training.grad_accum_steps}"
     return None
 
 
@@ -51,8 +50,7 @@ def model_layout_problem(parallel: Any, model_config: Mapping[str, Any], where: 
         chunks = f"parallel.pipeline_parallel={pp}" + (f" x parallel.virtual_pipeline={virtual}" if virtual > 1 else "")
         return f"{chunks} is more pipeline stages than the model's {layers} layers ({where})"
     if isinstance(layers, int) and virtual > 1 and layers % (pp * virtual):
-        return (f"parallel.virtual_pipeline={virtual} x parallel.pipeline_parallel={pp} does not divide the model's {layers} layers "
-                f"(the interleaved schedule places equal runs of layers; {where})")
+        return f"parallel.virtual_pipeline={virtual} x parallel.pipeline_parallel={pp} does not divide the model's {layers} layers (the interleaved schedule places equal runs of layers; {where})"
     return None
 
 
@@ -66,8 +64,9 @@ def check_layout(plugins: Any, pack: str, config: Any, run_dir: Path) -> None:
     split = parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel or parallel.virtual_pipeline > 1
     if parallel.backend != "megatron":
         if split:
-            raise ConfigError(f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on "
-                              f"parallel.backend: megatron; this run's backend is {parallel.backend}")
+            raise ConfigError(
+                f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on parallel.backend: megatron; this run's backend is {parallel.backend}"
+            )
         return
     spec = plugins.pack(pack).spec
     if spec is None or "train" not in plugins.implemented_stages(pack):
@@ -127,7 +126,7 @@ def _model_config(spec: Any, config: Any, run_dir: Path) -> tuple[dict[str, Any]
             except (OSError, ValueError):
                 return None  # download or convert says what is wrong with it
     if source.startswith("init:"):
-        return _init_config(spec, source[len("init:"):], config.run.seed)
+        return _init_config(spec, source[len("init:") :], config.run.seed)
     return None
 
 

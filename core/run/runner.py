@@ -178,9 +178,10 @@ class Runner:
             return False
         changed = changed_keys(manifest.config, self.config.slice(self.spec.sections_for(stage)))
         if resume == "required" and changed and not force:
-            raise UsageError(f"cannot resume {stage!r}: it finished, and its config changed since: " + "; ".join(changed[:3])
-                             + (f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""),
-                             hint="run it without --resume to redo it with the new config (the finished one is kept until the new one finishes), or drop the changes")
+            raise UsageError(
+                f"cannot resume {stage!r}: it finished, and its config changed since: " + "; ".join(changed[:3]) + (f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""),
+                hint="run it without --resume to redo it with the new config (the finished one is kept until the new one finishes), or drop the changes",
+            )
         return manifest.status == "finished"
 
     def _prepare(self, stage: str, plan: str, resume: ResumeMode) -> bool:
@@ -228,8 +229,10 @@ class Runner:
                 return ("join", (plan, bool(started.get("resuming"))))
             silent = node0_silent_for(self.run_dir.root, parallel.node_rank)
             if silent > parallel.rdzv_timeout_s:
-                raise StageError(f"node 0 has given no sign of life in {self.run_dir.root} for {silent:.0f} s (parallel.rdzv_timeout_s={parallel.rdzv_timeout_s}) "
-                                 f"while this node waited for its {stage!r} stage", hint="node 0 died or was stopped: start the run again on every node (finished work is kept)")
+                raise StageError(
+                    f"node 0 has given no sign of life in {self.run_dir.root} for {silent:.0f} s (parallel.rdzv_timeout_s={parallel.rdzv_timeout_s}) while this node waited for its {stage!r} stage",
+                    hint="node 0 died or was stopped: start the run again on every node (finished work is kept)",
+                )
             return None
 
         what, value = wait_until(ready, timeout=None, poll=2.0)  # type: ignore[misc]
@@ -264,8 +267,10 @@ class Runner:
         rank = self.world.rank
         if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
             wait = self.config.parallel.collective_timeout_s
-            return StageError(f"rank {rank} waited parallel.collective_timeout_s={wait} s in stage {stage!r} for the other processes in a collective: "
-                              "one of them stalled or hangs (a rank that printed nothing is the one)")
+            return StageError(
+                f"rank {rank} waited parallel.collective_timeout_s={wait} s in stage {stage!r} for the other processes in a collective: "
+                "one of them stalled or hangs (a rank that printed nothing is the one)"
+            )
         if any(sign in text for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")):
             return StageError(f"rank {rank} lost another process in a collective in stage {stage!r}: it died or was killed (torchrun's line names it)")
         return None
@@ -368,7 +373,6 @@ class Runner:
         say(f"[{manifest.stage}] finished in {manifest.duration_s:.1f}s -> {self.run_dir.stage_dir(manifest.stage)}")
         for note in manifest.notes:
             say(f"  {note}")
-
 
 
 def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -74,7 +74,9 @@ class Session:
 
 
 #: Directories that are never a run directory, whatever the user typed.
-SYSTEM_DIRS = frozenset(["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/mnt", "/media"])
+SYSTEM_DIRS = frozenset(
+    ["/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/mnt", "/media"]
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
@@ -98,7 +100,11 @@ def check_run_dir(path: Path, pack: str | None) -> dict[str, Any] | None:
     if saved is None:
         leftovers = [p.name for p in resolved.iterdir() if p.name not in (".lock", ".workers.lock", "run.json", "config.yaml")]
         if leftovers:
-            raise UsageError(f"--run-dir {path}: {resolved} is not empty and is not an mmcore run directory (no run.json; it holds {leftovers[0]!r}" + (f" and {len(leftovers) - 1} more)" if len(leftovers) > 1 else ")"), hint="give an empty or new directory")
+            raise UsageError(
+                f"--run-dir {path}: {resolved} is not empty and is not an mmcore run directory (no run.json; it holds {leftovers[0]!r}"
+                + (f" and {len(leftovers) - 1} more)" if len(leftovers) > 1 else ")"),
+                hint="give an empty or new directory",
+            )
         return None
     if pack and saved.get("pack") and saved["pack"] != pack:
         raise UsageError(f"--run-dir {path}: {resolved} is a run of pack {saved['pack']!r}, not {pack!r}; nothing was changed", hint=f"use --pack {saved['pack']}, or another --run-dir for {pack}")

@@ -94,8 +94,7 @@ class StageCLI:
         return proc
 
 
-def run_nodes(cwd: Path, args: Sequence[str], nnodes: int = 2, *, order: Sequence[int] | None = None, timeout: float = 600,
-              env: Mapping[str, str] | None = None) -> list[Any]:
+def run_nodes(cwd: Path, args: Sequence[str], nnodes: int = 2, *, order: Sequence[int] | None = None, timeout: float = 600, env: Mapping[str, str] | None = None) -> list[Any]:
     """``python -m mmcore ARGS`` as ``nnodes`` simulated nodes on loopback (one process each,
     started in ``order``, one rendezvous); returns their completed processes in node order, each
     with what it printed. When one node fails, or ``timeout`` passes, the nodes still running are
@@ -113,9 +112,17 @@ def run_nodes(cwd: Path, args: Sequence[str], nnodes: int = 2, *, order: Sequenc
     env = dict(env) if env is not None else {k: v for k, v in os.environ.items() if not k.startswith("MMCORE_")}
     with tempfile.TemporaryDirectory(prefix="mmcore-nodes-") as logs:
         streams = {rank: (open(Path(logs) / f"{rank}.out", "w+"), open(Path(logs) / f"{rank}.err", "w+")) for rank in range(nnodes)}
-        procs = {rank: subprocess.Popen([sys.executable, "-m", "mmcore", *args, "--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
-                                        cwd=cwd, env=env, stdout=streams[rank][0], stderr=streams[rank][1], text=True)
-                 for rank in (order if order is not None else range(nnodes))}
+        procs = {
+            rank: subprocess.Popen(
+                [sys.executable, "-m", "mmcore", *args, "--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", endpoint],
+                cwd=cwd,
+                env=env,
+                stdout=streams[rank][0],
+                stderr=streams[rank][1],
+                text=True,
+            )
+            for rank in (order if order is not None else range(nnodes))
+        }
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -164,7 +171,6 @@ def cache_matches_on_the_fly(cli: Any, run_root: Path, args: Sequence[str]) -> N
     cached, fresh = train_losses(run_root / "cached"), train_losses(run_root / "fresh")
     assert list(cached) == [1, 2, 3] and fresh == cached
     assert stage_manifest(run_root / "fresh", "train")["metrics"].get("eval/loss") == stage_manifest(run_root / "cached", "train")["metrics"].get("eval/loss")
-
 
 
 def diffusion_demo_holds(cli: Any, run_root: Path, pack: str, samples: int) -> Path:
@@ -224,8 +230,20 @@ __all__ = ["train_losses", "stage_manifest", "two_processes_match_one", "infer_a
 
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(('PackConformance',), "mmcore.testing.conformance"),
-    **dict.fromkeys(('crash_chain', 'declined_stages', 'differences', 'losses', 'points_for', 'run_args', 'run_mmcore', 'straight_run',), "mmcore.testing.crash"),
+    **dict.fromkeys(("PackConformance",), "mmcore.testing.conformance"),
+    **dict.fromkeys(
+        (
+            "crash_chain",
+            "declined_stages",
+            "differences",
+            "losses",
+            "points_for",
+            "run_args",
+            "run_mmcore",
+            "straight_run",
+        ),
+        "mmcore.testing.crash",
+    ),
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

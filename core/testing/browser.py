@@ -21,9 +21,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-QUIET = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-default-apps", "--disable-extensions", "--mute-audio",
-         "--autoplay-policy=no-user-gesture-required", "--allow-file-access-from-files"]
+QUIET = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--mute-audio",
+    "--autoplay-policy=no-user-gesture-required",
+    "--allow-file-access-from-files",
+]
 
 #: Waits for each medium to be decoded (``loadeddata``: its first frame or samples) or fail, at most ``limit`` ms.
 PROBE = """(async (limit) => {
@@ -64,8 +76,9 @@ class DevTools:
         ours_in, theirs_out = os.pipe()  # chromium writes replies to its fd 4
         theirs_in, ours_out = os.pipe()  # and reads commands from its fd 3
         command = " ".join([binary, *QUIET, f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"])
-        self.proc = subprocess.Popen(["bash", "-c", f"exec {command} 3<&{theirs_in} 4>&{theirs_out}"], pass_fds=(theirs_in, theirs_out),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f"exec {command} 3<&{theirs_in} 4>&{theirs_out}"], pass_fds=(theirs_in, theirs_out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         os.close(theirs_in)
         os.close(theirs_out)
         self.reader, self.writer = os.fdopen(ours_in, "rb"), os.fdopen(ours_out, "wb")
@@ -133,8 +146,7 @@ class DevTools:
 def screenshot(binary: str, page: Path, out: Path, size: str = "1200,1400") -> None:
     """A PNG of ``page`` as Chromium draws it (to look at a report by eye)."""
     with tempfile.TemporaryDirectory(prefix="mmcore-chromium-") as profile:
-        subprocess.run([binary, *QUIET, f"--user-data-dir={profile}", f"--screenshot={out}", f"--window-size={size}", page.absolute().as_uri()],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run([binary, *QUIET, f"--user-data-dir={profile}", f"--screenshot={out}", f"--window-size={size}", page.absolute().as_uri()], check=True, capture_output=True, timeout=60)
 
 
 __all__ = ["DevTools", "chromium", "screenshot"]

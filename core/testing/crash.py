@@ -278,7 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", default="crash-matrix", help="folder for the runs (deleted first)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--point", action="append", help="only these points")
-    parser.add_argument("--process-group", action="store_true", help="instead of the crash points: kill each run's whole process group (as a scheduler does) after step 2's checkpoint, rerun at once, and check that no process outlived the kill")
+    parser.add_argument(
+        "--process-group",
+        action="store_true",
+        help="instead of the crash points: kill each run's whole process group (as a scheduler does) after step 2's checkpoint, rerun at once, and check that no process outlived the kill",
+    )
     parser.add_argument("--override", action="append", default=None, help="config overrides of every run (default: data.demo_samples=4, the packs' demo data, kept small)")
     args = parser.parse_args(argv)
 

@@ -49,7 +49,10 @@ def write_wild_mllm(root: Path) -> Path:
     write_image(root / "imgs/b.png", (0, 0, 255), size=(40, 90))
     write_video(root / "clips/v.mp4")
     records = [
-        {"messages": [{"role": "user", "content": "<image>Who?"}, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "And <image>?"}, {"role": "assistant", "content": "Blue."}], "images": ["imgs/a.jpg", "imgs/b.png"]},
+        {
+            "messages": [{"role": "user", "content": "<image>Who?"}, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "And <image>?"}, {"role": "assistant", "content": "Blue."}],
+            "images": ["imgs/a.jpg", "imgs/b.png"],
+        },
         {"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "A bar grows."}], "videos": ["clips/v.mp4"]},
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
         {"messages": [{"role": "user", "content": "<image>Colour?"}, {"role": "assistant", "content": "red"}], "images": ["imgs/missing.jpg"]},
@@ -74,11 +77,22 @@ def write_wild_omni(root: Path) -> Path:
     write_clip(root / "sounds/b.mp3", tone(1.3, 660, 22050), 22050)
     write_clip(root / "sounds/c.flac", tone(0.4, 220, 44100), 44100)
     records = [
-        {"messages": [{"role": "user", "content": "<image><audio>What do you see and hear?"}, {"role": "assistant", "content": "red, a tone"},
-                      {"role": "user", "content": "And here?<video><audio>"}, {"role": "assistant", "content": "a bar, a higher tone"}],
-         "images": ["imgs/a.jpg"], "videos": ["clips/v.mp4"], "audios": ["sounds/a.wav", "sounds/b.mp3"]},
+        {
+            "messages": [
+                {"role": "user", "content": "<image><audio>What do you see and hear?"},
+                {"role": "assistant", "content": "red, a tone"},
+                {"role": "user", "content": "And here?<video><audio>"},
+                {"role": "assistant", "content": "a bar, a higher tone"},
+            ],
+            "images": ["imgs/a.jpg"],
+            "videos": ["clips/v.mp4"],
+            "audios": ["sounds/a.wav", "sounds/b.mp3"],
+        },
         {"messages": [{"role": "user", "content": "<audio>Describe the sound."}, {"role": "assistant", "content": "low"}], "audios": ["sounds/c.flac"]},
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Compare <image> and <image>."}, {"role": "assistant", "content": "red vs blue"}], "images": ["imgs/a.jpg", "imgs/b.png"]},
+        {
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Compare <image> and <image>."}, {"role": "assistant", "content": "red vs blue"}],
+            "images": ["imgs/a.jpg", "imgs/b.png"],
+        },
         {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
     ]
     (root / "data.json").write_text(json.dumps(records))

@@ -21,15 +21,105 @@ from mmcore.framework.facade import lazy_exports
 
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(('Backend', 'CHECKPOINTS', 'EpochSampler', 'HeldOutLog', 'NonFinite', 'Prepared', 'TrainRecipe', 'build_optimizer', 'computes_in_bf16', 'filler_count', 'freeze', 'load_converted', 'lr_lambda', 'newest_complete', 'planned_steps', 'run_training', 'sample_seed', 'sampler_notes', 'step_batches', 'tower_balance', 'train_stage',), "mmcore.train.loop"),
-    **dict.fromkeys(('EMA_OUTPUT', 'MovingAverage', 'decay_at',), "mmcore.train.ema"),
-    **dict.fromkeys(('LoraPlan', 'is_adapter',), "mmcore.train.lora"),
-    **dict.fromkeys(('diffusers_lora_state', 'is_adapter_folder', 'load_adapter_folder', 'merged_state', 'with_adapters', 'write_peft_adapter',), "mmcore.train.lora_export"),
-    **dict.fromkeys(('Pair', 'ReferenceLogps', 'dpo_terms', 'read_pairs', 'reference_mode', 'reward_sums', 'sequence_logps',), "mmcore.train.preference"),
-    **dict.fromkeys(('StepFlops', 'attention_flops', 'dense_flops', 'parameter_counts',), "mmcore.train.flops"),
-    **dict.fromkeys(('TokenBudgetSampler', 'refuse_fewer_than_a_step',), "mmcore.train.sampler"),
-    **dict.fromkeys(('count_loss_tokens', 'evaluate_accuracy', 'generate_accuracy', 'next_token_loss_sum', 'packed_rows', 'padded_rows',), "mmcore.train.causal_lm"),
-    **dict.fromkeys(('segment_bounds', 'use_packed_attention', 'varlen_attention',), "mmcore.train.attention"),
+    **dict.fromkeys(
+        (
+            "Backend",
+            "CHECKPOINTS",
+            "EpochSampler",
+            "HeldOutLog",
+            "NonFinite",
+            "Prepared",
+            "TrainRecipe",
+            "build_optimizer",
+            "computes_in_bf16",
+            "filler_count",
+            "freeze",
+            "load_converted",
+            "lr_lambda",
+            "newest_complete",
+            "planned_steps",
+            "run_training",
+            "sample_seed",
+            "sampler_notes",
+            "step_batches",
+            "tower_balance",
+            "train_stage",
+        ),
+        "mmcore.train.loop",
+    ),
+    **dict.fromkeys(
+        (
+            "EMA_OUTPUT",
+            "MovingAverage",
+            "decay_at",
+        ),
+        "mmcore.train.ema",
+    ),
+    **dict.fromkeys(
+        (
+            "LoraPlan",
+            "is_adapter",
+        ),
+        "mmcore.train.lora",
+    ),
+    **dict.fromkeys(
+        (
+            "diffusers_lora_state",
+            "is_adapter_folder",
+            "load_adapter_folder",
+            "merged_state",
+            "with_adapters",
+            "write_peft_adapter",
+        ),
+        "mmcore.train.lora_export",
+    ),
+    **dict.fromkeys(
+        (
+            "Pair",
+            "ReferenceLogps",
+            "dpo_terms",
+            "read_pairs",
+            "reference_mode",
+            "reward_sums",
+            "sequence_logps",
+        ),
+        "mmcore.train.preference",
+    ),
+    **dict.fromkeys(
+        (
+            "StepFlops",
+            "attention_flops",
+            "dense_flops",
+            "parameter_counts",
+        ),
+        "mmcore.train.flops",
+    ),
+    **dict.fromkeys(
+        (
+            "TokenBudgetSampler",
+            "refuse_fewer_than_a_step",
+        ),
+        "mmcore.train.sampler",
+    ),
+    **dict.fromkeys(
+        (
+            "count_loss_tokens",
+            "evaluate_accuracy",
+            "generate_accuracy",
+            "next_token_loss_sum",
+            "packed_rows",
+            "padded_rows",
+        ),
+        "mmcore.train.causal_lm",
+    ),
+    **dict.fromkeys(
+        (
+            "segment_bounds",
+            "use_packed_attention",
+            "varlen_attention",
+        ),
+        "mmcore.train.attention",
+    ),
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -66,8 +66,16 @@ def varlen_attention_npu(q: Any, k: Any, v: Any, cu_seqlens: Any, causal: bool =
     mask = torch.triu(torch.ones(2048, 2048, dtype=torch.bool, device=q.device), diagonal=1) if causal else None
     ends = [int(e) for e in cu_seqlens[1:].tolist()]
     return torch_npu.npu_fusion_attention(
-        q, k, v, heads, input_layout="TND", scale=scale if scale is not None else dim**-0.5,
-        atten_mask=mask, sparse_mode=3 if causal else 0, actual_seq_qlen=ends, actual_seq_kvlen=ends,
+        q,
+        k,
+        v,
+        heads,
+        input_layout="TND",
+        scale=scale if scale is not None else dim**-0.5,
+        atten_mask=mask,
+        sparse_mode=3 if causal else 0,
+        actual_seq_qlen=ends,
+        actual_seq_kvlen=ends,
     )[0]
 
 
@@ -99,9 +107,9 @@ def segment_bounds(position_ids: Any) -> Any | None:
     return torch.cat([starts.new_zeros(1), starts, total])
 
 
-def packed_attention_forward(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *,
-                             kernel: Callable[..., Any], dropout: float = 0.0, scaling: float | None = None,
-                             position_ids: Any = None, **kwargs: Any) -> tuple[Any, None]:
+def packed_attention_forward(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, kernel: Callable[..., Any], dropout: float = 0.0, scaling: float | None = None, position_ids: Any = None, **kwargs: Any
+) -> tuple[Any, None]:
     """transformers' attention-function contract (``query`` [B, H, T, D] -> [B, T, H, D])."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -141,5 +149,4 @@ def use_packed_attention(model: Any, kernel: Callable[..., Any], name: str = IMP
     return name
 
 
-__all__ = ["IMPLEMENTATION", "varlen_attention", "varlen_attention_flash", "varlen_attention_npu", "segment_bounds",
-           "packed_attention_forward", "use_packed_attention"]
+__all__ = ["IMPLEMENTATION", "varlen_attention", "varlen_attention_flash", "varlen_attention_npu", "segment_bounds", "packed_attention_forward", "use_packed_attention"]

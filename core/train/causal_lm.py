@@ -64,8 +64,9 @@ def exact_match(logits: Any, labels: Any) -> Any:
     return hit.all(dim=1)
 
 
-def evaluate_accuracy(ctx: Any, model: Any, held_out: Any, collate_one: Callable[[dict[str, Any]], dict[str, Any]],
-                      logits_of: Callable[[Any, dict[str, Any]], Any], fill: Any = None) -> dict[str, float]:
+def evaluate_accuracy(
+    ctx: Any, model: Any, held_out: Any, collate_one: Callable[[dict[str, Any]], dict[str, Any]], logits_of: Callable[[Any, dict[str, Any]], Any], fill: Any = None
+) -> dict[str, float]:
     """Exact-match accuracy on the held-out samples, one sample per forward, work split across
     ranks; with ``fill`` (:class:`~mmcore.data.fillers.Fill` over ``held_out``) an item lacking
     media another rank's item of the same round holds is collated with its fillers."""
@@ -91,8 +92,7 @@ def answer_span(sample: dict[str, Any]) -> tuple[int, list[int]]:
     return start, sample["input_ids"][start : int(supervised[-1]) + 1].tolist()
 
 
-def generate_accuracy(model: Any, held_out: Any, prompt_inputs: Callable[[dict[str, Any], int], dict[str, Any]],
-                      end_id: int, pad_id: int, limit: int = 64) -> float:
+def generate_accuracy(model: Any, held_out: Any, prompt_inputs: Callable[[dict[str, Any], int], dict[str, Any]], end_id: int, pad_id: int, limit: int = 64) -> float:
     """Greedy ``generate()`` on each held-out prompt, one at a time; correct when it reproduces the
     first answer. (The evaluate stage decodes in batches: :func:`mmcore.engines.generation.generate_tokens`,
     which this calls with batches of one.)
@@ -103,7 +103,8 @@ def generate_accuracy(model: Any, held_out: Any, prompt_inputs: Callable[[dict[s
     from mmcore.engines.generation import generate_tokens
 
     items = [(held_out[i], *answer_span(held_out[i])) for i in range(min(limit, len(held_out)))]
-    tokens = generate_tokens(model, items, lambda chosen: prompt_inputs(chosen[0][0], chosen[0][1]), length=lambda item: item[1],
-                             end_ids=[end_id], pad_id=pad_id, max_new_tokens=lambda item: len(item[2]) + 2, batch_size=1)
+    tokens = generate_tokens(
+        model, items, lambda chosen: prompt_inputs(chosen[0][0], chosen[0][1]), length=lambda item: item[1], end_ids=[end_id], pad_id=pad_id, max_new_tokens=lambda item: len(item[2]) + 2, batch_size=1
+    )
     answers = [answer[:-1] if answer and answer[-1] == end_id else answer for _, _, answer in items]
     return sum(t == a for t, a in zip(tokens, answers)) / max(len(items), 1)

@@ -72,8 +72,7 @@ def refuse_nonfinite_checkpoint(params: Iterable[Any], world: Any, step: int, ch
     """Before saving step ``step``: weights that are not finite (an update that overflowed
     after a finite loss) end the run instead of becoming a checkpoint."""
     if not weights_finite(params, world, device, group):
-        raise StageError(f"training stopped at step {step}: the weights are no longer finite (an update overflowed), so they were not saved; "
-                         f"{last_checkpoint(checkpoints)}", hint=HINT)
+        raise StageError(f"training stopped at step {step}: the weights are no longer finite (an update overflowed), so they were not saved; {last_checkpoint(checkpoints)}", hint=HINT)
 
 
 def lora_size_warning(r: int, checkpoint_bytes: int, base_bytes: int) -> str | None:
@@ -81,8 +80,10 @@ def lora_size_warning(r: int, checkpoint_bytes: int, base_bytes: int) -> str | N
     weights it adapts: a rank that large saves little over full fine-tuning, and is usually a typo."""
     if checkpoint_bytes <= base_bytes:
         return None
-    return (f"warning: training.lora.r={r}: each checkpoint will be about {checkpoint_bytes / 2**30:.3g} GiB, more than the "
-            f"{base_bytes / 2**30:.3g} GiB of base weights it adapts; a smaller rank trains faster and saves less")
+    return (
+        f"warning: training.lora.r={r}: each checkpoint will be about {checkpoint_bytes / 2**30:.3g} GiB, more than the "
+        f"{base_bytes / 2**30:.3g} GiB of base weights it adapts; a smaller rank trains faster and saves less"
+    )
 
 
 __all__ = ["lora_size_warning", "NonFinite", "weights_finite", "refuse_nonfinite_checkpoint", "last_checkpoint"]

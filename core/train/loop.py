@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 def train_stage(ctx: StageContext, upstream: Mapping[str, Manifest], *, recipe: Callable[[StageContext, Mapping[str, Manifest]], TrainRecipe]) -> StageResult:
     """The train stage, bound in a pack's declared stages to its recipe factory::
 
-        "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "mm_pack_x.model:recipe"})
+    "train": Stage("mmcore.train.loop:train_stage", parts={"recipe": "mm_pack_x.model:recipe"})
     """
     return run_training(ctx, upstream, recipe(ctx, upstream))
 
@@ -160,10 +160,13 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if world.is_main:
         plot_training(ctx.stage_dir, history, f"{recipe.loss_unit}_per_s")
     backend.close()
-    notes = [f"final loss {last_loss:.4f} after {final_step} steps" + (f" ({cfg.epochs} epochs)" if cfg.epochs else "") + finished.where,
-             f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}", *finished.notes, *sampler_notes(sampler)]
-    result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": ready.frozen, "bf16": ready.bf16,
-                                      "recompute": cfg.recompute, **finished.metrics}
+    notes = [
+        f"final loss {last_loss:.4f} after {final_step} steps" + (f" ({cfg.epochs} epochs)" if cfg.epochs else "") + finished.where,
+        f"metrics: {ctx.stage_dir / 'metrics.jsonl'}, plot: {ctx.stage_dir / 'train.png'}",
+        *finished.notes,
+        *sampler_notes(sampler),
+    ]
+    result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": ready.frozen, "bf16": ready.bf16, "recompute": cfg.recompute, **finished.metrics}
     if filled:
         result_metrics["fillers"] = filled
         notes.append(f"{filled} filler(s) kept the ranks' tower calls alike where their micro-batches held different media (this run's steps)")
@@ -250,9 +253,9 @@ def computes_in_bf16(precision: str, accelerator: Any) -> bool:
     return precision == "bf16" or (precision == "auto" and accelerator.device_type != "cpu" and accelerator.supports_bf16())
 
 
-
-def step_batches(ctx: StageContext, recipe: TrainRecipe, sampler: Any, data: Sequence[Any], step: int,
-                 device: "torch.device", ready: Prepared | None = None) -> tuple[list[dict[str, Any]], float, float, dict[str, float]]:
+def step_batches(
+    ctx: StageContext, recipe: TrainRecipe, sampler: Any, data: Sequence[Any], step: int, device: "torch.device", ready: Prepared | None = None
+) -> tuple[list[dict[str, Any]], float, float, dict[str, float]]:
     """This rank's micro-batches of the step (on the CPU), the step's loss tokens over all
     data-parallel ranks, the seconds spent reading and collating, and how the step's work spread
     over the ranks (``tower_balance``, ``fillers``). ``ready``: where the backend placed this
@@ -316,7 +319,6 @@ def _count_dtype(device: "torch.device") -> "torch.dtype":
     import torch
 
     return torch.float32 if device.type == "npu" else torch.float64
-
 
 
 __all__ = ["TrainRecipe", "train_stage", "run_training", "load_converted", "EpochSampler", "lr_lambda", "freeze", "sample_seed"]

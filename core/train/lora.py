@@ -57,9 +57,16 @@ class LoraPlan:
     def peft_config(self, base_model: str | None = None) -> Any:
         from peft import LoraConfig
 
-        return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=list(self.targets),
-                          modules_to_save=list(self.modules_to_save) or None, bias="none",
-                          init_lora_weights=True if self.init == "default" else self.init, base_model_name_or_path=base_model)
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.targets),
+            modules_to_save=list(self.modules_to_save) or None,
+            bias="none",
+            init_lora_weights=True if self.init == "default" else self.init,
+            base_model_name_or_path=base_model,
+        )
 
     def base_path(self, checkpoint: Path) -> Path:
         path = Path(self.base)
@@ -102,8 +109,9 @@ def matches_any(name: str, globs: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, g) for g in globs)
 
 
-def plan_lora(model: "nn.Module", cfg: Any, *, groups: Mapping[str, Sequence[str]], default_targets: Sequence[str],
-              blocks: Sequence["nn.Module"], frozen: Sequence[str], base: tuple[str, str] = ("", "")) -> LoraPlan:
+def plan_lora(
+    model: "nn.Module", cfg: Any, *, groups: Mapping[str, Sequence[str]], default_targets: Sequence[str], blocks: Sequence["nn.Module"], frozen: Sequence[str], base: tuple[str, str] = ("", "")
+) -> LoraPlan:
     """Resolve ``training.lora`` against ``model``.
 
     Args:
@@ -151,8 +159,7 @@ def plan_lora(model: "nn.Module", cfg: Any, *, groups: Mapping[str, Sequence[str
     both = sorted(set(save) & set(targets))
     if both:
         raise StageError(f"training.lora: {both[0]!r} is both a LoRA target and in modules_to_save; it can only be one")
-    return LoraPlan(r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, init=cfg.init, targets=targets, modules_to_save=save,
-                    base=base[0], base_fingerprint=base[1])
+    return LoraPlan(r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, init=cfg.init, targets=targets, modules_to_save=save, base=base[0], base_fingerprint=base[1])
 
 
 def layer_width(module: Any) -> tuple[int, int]:
@@ -176,8 +183,9 @@ def check_rank(r: int, widths: Mapping[str, tuple[int, int]]) -> None:
         return
     name, (inputs, outputs) = min(widths.items(), key=lambda item: min(item[1]))
     if r > min(inputs, outputs):
-        raise ConfigError(f"training.lora.r: {r} is more than layer {name} is wide ({inputs} inputs, {outputs} outputs): "
-                          f"use at most {min(inputs, outputs)}, or leave that layer out of training.lora.target_modules")
+        raise ConfigError(
+            f"training.lora.r: {r} is more than layer {name} is wide ({inputs} inputs, {outputs} outputs): use at most {min(inputs, outputs)}, or leave that layer out of training.lora.target_modules"
+        )
 
 
 def _with_tied_partners(model: "nn.Module", modules: list[str]) -> list[str]:
@@ -217,8 +225,7 @@ def inject(model: "nn.Module", plan: LoraPlan) -> "nn.Module":
 
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(r=plan.r, lora_alpha=plan.alpha, lora_dropout=plan.dropout, target_modules=list(plan.targets),
-                        bias="none", init_lora_weights=True if plan.init == "default" else plan.init)
+    config = LoraConfig(r=plan.r, lora_alpha=plan.alpha, lora_dropout=plan.dropout, target_modules=list(plan.targets), bias="none", init_lora_weights=True if plan.init == "default" else plan.init)
     with warnings.catch_warnings():  # peft warns that a model it did not wrap has no .config: expected here
         warnings.simplefilter("ignore")
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
@@ -230,8 +237,10 @@ def inject(model: "nn.Module", plan: LoraPlan) -> "nn.Module":
         # layout changed in transformers 5 into their fused experts' parameters, even fully
         # qualified names of dense or shared-expert layers: what it adapted is not what was asked
         strays = sorted(adapted ^ set(plan.targets))
-        raise StageError(f"training.lora: peft adapted other layers than the ones planned ({strays[0]}{' and more' if len(strays) > 1 else ''}): "
-                         "for this MoE family peft maps MLP projection names onto the fused experts; target the attention layers instead")
+        raise StageError(
+            f"training.lora: peft adapted other layers than the ones planned ({strays[0]}{' and more' if len(strays) > 1 else ''}): "
+            "for this MoE family peft maps MLP projection names onto the fused experts; target the attention layers instead"
+        )
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter(name) or _under(name, plan.modules_to_save))
     return model
@@ -337,7 +346,7 @@ def load_trained(model: "nn.Module", checkpoint: Path, plan: LoraPlan) -> None:
         raise StageError(f"{checkpoint / LORA_FILE}: the base checkpoint it was trained on is gone ({base})")
     load_weights(model, base, distributed=False)
     inject(model, plan)
-    saved = {k[len("model."):] for k in safe_dcp.read_metadata(checkpoint).state_dict_metadata if k.startswith("model.")}
+    saved = {k[len("model.") :] for k in safe_dcp.read_metadata(checkpoint).state_dict_metadata if k.startswith("model.")}
     state = model.state_dict()
     wanted = set(trained_names(model, plan))
     if saved != wanted:
@@ -345,7 +354,7 @@ def load_trained(model: "nn.Module", checkpoint: Path, plan: LoraPlan) -> None:
         raise StageError(f"{checkpoint}: its trained weights do not fit the model with the adapters of {LORA_FILE} (e.g. {odd[0]!r})")
     part = {f"model.{k}": state[k] for k in sorted(wanted)}
     safe_dcp.load(part, checkpoint, distributed=False)
-    missing, unexpected = model.load_state_dict({k[len("model."):]: v for k, v in part.items()}, strict=False)
+    missing, unexpected = model.load_state_dict({k[len("model.") :]: v for k, v in part.items()}, strict=False)
     assert not unexpected, unexpected
 
 
@@ -361,6 +370,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["LORA_FILE", "LoraPlan", "plan_lora", "inject", "adapters_disabled", "init_adapters", "trained_names", "base_key", "is_adapter",
-           "base_identity", "load_trained",
-           "relative_base"]
+__all__ = ["LORA_FILE", "LoraPlan", "plan_lora", "inject", "adapters_disabled", "init_adapters", "trained_names", "base_key", "is_adapter", "base_identity", "load_trained", "relative_base"]

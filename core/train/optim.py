@@ -42,8 +42,9 @@ STATE_COPIES = {"adamw": 2, "sgd": 1, "adafactor": 0}
 
 
 #: where torch's Adafactor cannot run (found by a two-process FSDP2 run: ``aten.pow_`` on a partial DTensor)
-ADAFACTOR_UNSHARDED = ("adafactor runs on unsharded parameters only (one process, fp32; torch.optim.Adafactor does not take FSDP2's sharded ones): "
-                       "use adamw or sgd, or --nproc-per-node 1 with training.precision: fp32")
+ADAFACTOR_UNSHARDED = (
+    "adafactor runs on unsharded parameters only (one process, fp32; torch.optim.Adafactor does not take FSDP2's sharded ones): use adamw or sgd, or --nproc-per-node 1 with training.precision: fp32"
+)
 
 
 def build_optimizer(params: "Sequence[nn.Parameter] | Sequence[dict]", cfg: Any) -> "torch.optim.Optimizer":

@@ -134,8 +134,9 @@ def sequence_logps(logits: "torch.Tensor", labels: "torch.Tensor", segments: "to
     return sums, counts
 
 
-def dpo_terms(policy_chosen: "torch.Tensor", policy_rejected: "torch.Tensor", ref_chosen: "torch.Tensor", ref_rejected: "torch.Tensor",
-              beta: float) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+def dpo_terms(
+    policy_chosen: "torch.Tensor", policy_rejected: "torch.Tensor", ref_chosen: "torch.Tensor", ref_rejected: "torch.Tensor", beta: float
+) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
     """(per-pair sigmoid DPO loss, chosen rewards, rejected rewards)."""
     import torch.nn.functional as F
 

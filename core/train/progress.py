@@ -47,8 +47,16 @@ class TrainProgress:
     def _bar(self) -> Iterator[int]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        columns = [TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-                   TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+        columns = [
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("elapsed"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        ]
         with Progress(*columns, refresh_per_second=4, transient=False, console=self.console) as bar:
             task = bar.add_task("train", total=self.total, completed=self.start, loss="-")
             for step in range(self.start, self.total):
@@ -64,8 +72,7 @@ class TrainProgress:
                 last = now
                 rate = (done - self.start) / max(now - began, 1e-9)
                 left = (self.total - done) / rate if rate > 0 else float("nan")
-                say(f"train: step {done}/{self.total}, loss {self.loss:.4g}, {rate:.2f} step/s, elapsed {clock(now - began)}, "
-                    f"ETA {clock(left) if left == left else '?'}", err=True)
+                say(f"train: step {done}/{self.total}, loss {self.loss:.4g}, {rate:.2f} step/s, elapsed {clock(now - began)}, ETA {clock(left) if left == left else '?'}", err=True)
 
 
 __all__ = ["TrainProgress"]

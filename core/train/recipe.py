@@ -107,8 +107,11 @@ class TrainRecipe:
     def __init__(self, **parts: Any) -> None:
         megatron = parts.pop("megatron", None)  # SDK 1.x, deprecated until 2.0: MegatronRecipe's megatron_family
         if megatron is not None:
-            warnings.warn("TrainRecipe(megatron=...) is deprecated and goes in SDK 2.0: define megatron_family(ctx, upstream) in a TrainRecipe "
-                          "subclass (mmcore.backends.megatron.family.MegatronRecipe)", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                "TrainRecipe(megatron=...) is deprecated and goes in SDK 2.0: define megatron_family(ctx, upstream) in a TrainRecipe subclass (mmcore.backends.megatron.family.MegatronRecipe)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             self.megatron_family = megatron
         known = set(self._REQUIRED) | {"shard_modules"} | {name for name in vars(TrainRecipe) if not name.startswith("_") and not callable(getattr(TrainRecipe, name))}
         unknown = sorted(set(parts) - known)

@@ -23,9 +23,18 @@ MODES = ("none", "full", "selective")
 
 
 #: the aten ops whose outputs ``selective`` keeps: matrix multiplies and attention kernels
-KEPT_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-            "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
-            "_efficient_attention_forward")
+KEPT_OPS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_flash_attention_forward",
+    "_efficient_attention_forward",
+)
 
 
 def _kept_ops(names: Sequence[str]) -> set[Any]:

@@ -53,8 +53,7 @@ class EpochSampler(PlannedSampler):
     sees the same ones.
     """
 
-    def __init__(self, size: int, seed: int, rank: int, world: int, batch: int, groups: list[Any] | None = None,
-                 costs: list[float] | None = None, window: int = 64) -> None:
+    def __init__(self, size: int, seed: int, rank: int, world: int, batch: int, groups: list[Any] | None = None, costs: list[float] | None = None, window: int = 64) -> None:
         self.seed, self.rank, self.world, self.batch = seed, rank, world, batch
         self.groups = groups if groups is not None else [0] * size
         self.costs = costs if costs is not None and len(set(costs)) > 1 else None
@@ -66,8 +65,7 @@ class EpochSampler(PlannedSampler):
         span = world * batch
         self.repeated = sum(span - n for n in self.sizes.values() if n < span)
         if size < span:
-            raise StageError(f"the dataset has {size} samples, fewer than one global micro-batch ({world} ranks x {batch}): "
-                             "add samples or lower training.micro_batch_size / the number of processes")
+            raise StageError(f"the dataset has {size} samples, fewer than one global micro-batch ({world} ranks x {batch}): add samples or lower training.micro_batch_size / the number of processes")
         self._plan(0)
 
     def steps(self, epoch: int) -> list[list[list[int]]]:
@@ -84,8 +82,7 @@ class EpochSampler(PlannedSampler):
                 members = [members[i % len(members)] for i in range(span)]
             if self.costs is not None:
                 costs, stride = self.costs, span * self.window
-                members = [i for start in range(0, len(members), stride)
-                           for i in sorted(members[start : start + stride], key=lambda i: -costs[i])]
+                members = [i for start in range(0, len(members), stride) for i in sorted(members[start : start + stride], key=lambda i: -costs[i])]
             batches += [members[i : i + span] for i in range(0, len(members) - span + 1, span)]
         rng.shuffle(batches)
         return [self.deal(batch) for batch in batches]
@@ -122,16 +119,17 @@ class TokenBudgetSampler(PlannedSampler):
 
     FULL = 0.98  # a bin filled this far is closed
 
-    def __init__(self, lengths: list[int], budget: int, seed: int, rank: int, world: int, window: int = 64,
-                 costs: list[float] | None = None) -> None:
+    def __init__(self, lengths: list[int], budget: int, seed: int, rank: int, world: int, window: int = 64, costs: list[float] | None = None) -> None:
         self.lengths, self.budget, self.seed, self.rank, self.world = lengths, budget, seed, rank, world
         self.costs = costs if costs is not None and len(set(costs)) > 1 and world > 1 else None
         self.window = window * world
         self.position = 0
         too_long = [n for n in lengths if n > budget]
         if too_long:
-            raise StageError(f"{len(too_long)} of {len(lengths)} samples are longer than training.max_tokens={budget} "
-                             f"(longest {max(too_long)} tokens): raise training.max_tokens above the longest sample (data.cutoff_len caps them where the pack has it)")
+            raise StageError(
+                f"{len(too_long)} of {len(lengths)} samples are longer than training.max_tokens={budget} "
+                f"(longest {max(too_long)} tokens): raise training.max_tokens above the longest sample (data.cutoff_len caps them where the pack has it)"
+            )
         if not self._plan(0):
             raise StageError(f"the dataset's {sum(lengths)} tokens fill fewer than one global micro-batch ({world} ranks x {budget} tokens)")
 
@@ -169,8 +167,7 @@ class TokenBudgetSampler(PlannedSampler):
         bins = self.bins(epoch)
         if self.costs is not None:
             bins = self.alike_towers(bins, random.Random(self.seed * 1_000_003 + epoch + 1))
-        return [sorted(bins[start : start + self.world], key=lambda b: -sum(self.lengths[i] for i in b))
-                for start in range(0, len(bins) - self.world + 1, self.world)]
+        return [sorted(bins[start : start + self.world], key=lambda b: -sum(self.lengths[i] for i in b)) for start in range(0, len(bins) - self.world + 1, self.world)]
 
     def alike_towers(self, bins: list[list[int]], rng: random.Random, window: int = 16) -> list[list[int]]:
         """``bins`` reordered so that the ``world`` bins of a step carry alike tower work
@@ -204,8 +201,10 @@ def planned_steps(training: Any, sampler: PlannedSampler, say: Any = None) -> in
     per_epoch = sampler.epoch_length()
     steps = training.epochs * per_epoch // training.grad_accum_steps
     if steps < 1:
-        raise StageError(f"training.epochs={training.epochs}: {training.epochs} epoch(s) of {per_epoch} micro-batch(es) make no step of "
-                         f"training.grad_accum_steps={training.grad_accum_steps}: raise training.epochs or lower training.grad_accum_steps")
+        raise StageError(
+            f"training.epochs={training.epochs}: {training.epochs} epoch(s) of {per_epoch} micro-batch(es) make no step of "
+            f"training.grad_accum_steps={training.grad_accum_steps}: raise training.epochs or lower training.grad_accum_steps"
+        )
     if say is not None:
         say(f"training.epochs={training.epochs}: {per_epoch} micro-batch(es) an epoch, {training.grad_accum_steps} a step: {steps} steps")
     return steps
@@ -215,8 +214,10 @@ def sampler_notes(sampler: Any) -> list[str]:
     """What the sampler does with samples that do not fill whole global micro-batches."""
     notes = []
     if getattr(sampler, "repeated", 0):
-        notes.append(f"{sampler.repeated} repeat(s) per epoch fill the global micro-batch of the groups smaller than one "
-                     "(a micro-batch holds one group: one bucket, or one kind of media), so every sample trains")
+        notes.append(
+            f"{sampler.repeated} repeat(s) per epoch fill the global micro-batch of the groups smaller than one "
+            "(a micro-batch holds one group: one bucket, or one kind of media), so every sample trains"
+        )
     left = sampler.left_out() if hasattr(sampler, "left_out") else 0
     if left:
         notes.append(f"each epoch leaves out {left} sample(s), the groups' ragged tails (others each epoch)")
@@ -234,8 +235,10 @@ def refuse_fewer_than_a_step(config: Any, train_samples: int, what: str = "sampl
     split = parallel.tensor_parallel * parallel.pipeline_parallel if parallel.backend == "megatron" else 1
     replicas = max(1, processes // split)
     if train_samples < replicas * training.micro_batch_size:
-        raise StageError(f"{train_samples} training {what}, fewer than one global micro-batch ({replicas} data-parallel process(es) x "
-                         f"training.micro_batch_size={training.micro_batch_size}): add {what}, or lower training.micro_batch_size or the number of processes")
+        raise StageError(
+            f"{train_samples} training {what}, fewer than one global micro-batch ({replicas} data-parallel process(es) x "
+            f"training.micro_batch_size={training.micro_batch_size}): add {what}, or lower training.micro_batch_size or the number of processes"
+        )
 
 
 __all__ = ["PlannedSampler", "EpochSampler", "TokenBudgetSampler", "planned_steps", "sampler_notes", "refuse_fewer_than_a_step"]

@@ -46,13 +46,92 @@ __all__ = ["TESTED_MINOR", "status"]
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("MegatronRecipe", "MegatronPart", "MegatronTable"), "mmcore.backends.megatron.family"),
-    **dict.fromkeys(('ADAPTER', 'Layout', 'MegatronBackend', 'MegatronFamily', 'TRAINED', 'fill_rank', 'gather_hub_state', 'load_rank', 'rank_sources', 'run_megatron_training', 'write_adapter', 'write_trained',), "mmcore.backends.megatron.engine"),
-    **dict.fromkeys(('DEFAULT_TARGETS', 'adapter_shards', 'add_adapters', 'init_adapters', 'merged_state', 'parallel_lora', 'peft_state', 'write_peft',), "mmcore.backends.megatron.lora"),
-    **dict.fromkeys(('LayerStack', 'ParallelMap', 'Rule', 'even_layers',), "mmcore.backends.megatron.tensor_map"),
-    **dict.fromkeys(('SequenceParallelNorm', 'check_rank_names', 'copy_rank_state', 'gpt_model', 'init_model_parallel', 'load_rank_state', 'mark_parallel_weights', 'pad_sequence', 'padded_vocab', 'scatter_sequence',), "mmcore.backends.megatron.gpt"),
-    **dict.fromkeys(('clip_gradients', 'forward_backward', 'forward_scores', 'grad_norm', 'reduce_gradients', 'sum_tied_gradients', 'vocab_parallel_exact_match', 'vocab_parallel_loss_sum',), "mmcore.backends.megatron.train"),
-    **dict.fromkeys(('export_mindspeed', 'import_mindspeed', 'is_checkpoint', 'read_checkpoint', 'read_stages', 'write_checkpoint',), "mmcore.backends.megatron.mindspeed_mm"),
-    **dict.fromkeys(('load', 'save', 'sharded_state',), "mmcore.backends.megatron.checkpoint"),
+    **dict.fromkeys(
+        (
+            "ADAPTER",
+            "Layout",
+            "MegatronBackend",
+            "MegatronFamily",
+            "TRAINED",
+            "fill_rank",
+            "gather_hub_state",
+            "load_rank",
+            "rank_sources",
+            "run_megatron_training",
+            "write_adapter",
+            "write_trained",
+        ),
+        "mmcore.backends.megatron.engine",
+    ),
+    **dict.fromkeys(
+        (
+            "DEFAULT_TARGETS",
+            "adapter_shards",
+            "add_adapters",
+            "init_adapters",
+            "merged_state",
+            "parallel_lora",
+            "peft_state",
+            "write_peft",
+        ),
+        "mmcore.backends.megatron.lora",
+    ),
+    **dict.fromkeys(
+        (
+            "LayerStack",
+            "ParallelMap",
+            "Rule",
+            "even_layers",
+        ),
+        "mmcore.backends.megatron.tensor_map",
+    ),
+    **dict.fromkeys(
+        (
+            "SequenceParallelNorm",
+            "check_rank_names",
+            "copy_rank_state",
+            "gpt_model",
+            "init_model_parallel",
+            "load_rank_state",
+            "mark_parallel_weights",
+            "pad_sequence",
+            "padded_vocab",
+            "scatter_sequence",
+        ),
+        "mmcore.backends.megatron.gpt",
+    ),
+    **dict.fromkeys(
+        (
+            "clip_gradients",
+            "forward_backward",
+            "forward_scores",
+            "grad_norm",
+            "reduce_gradients",
+            "sum_tied_gradients",
+            "vocab_parallel_exact_match",
+            "vocab_parallel_loss_sum",
+        ),
+        "mmcore.backends.megatron.train",
+    ),
+    **dict.fromkeys(
+        (
+            "export_mindspeed",
+            "import_mindspeed",
+            "is_checkpoint",
+            "read_checkpoint",
+            "read_stages",
+            "write_checkpoint",
+        ),
+        "mmcore.backends.megatron.mindspeed_mm",
+    ),
+    **dict.fromkeys(
+        (
+            "load",
+            "save",
+            "sharded_state",
+        ),
+        "mmcore.backends.megatron.checkpoint",
+    ),
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

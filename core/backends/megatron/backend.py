@@ -61,8 +61,7 @@ class MegatronBackend:
         self.own_group = not dist.is_initialized()
         if self.own_group:  # one process: Megatron's groups still need a process group
             dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
-        init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed, virtual_pipeline=parallel.virtual_pipeline,
-                            timeout_s=parallel.collective_timeout_s)
+        init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed, virtual_pipeline=parallel.virtual_pipeline, timeout_s=parallel.collective_timeout_s)
         self.layout = layout = Layout.current(parallel.sequence_parallel, parallel.virtual_pipeline)
         seed_everything(ctx.seed + layout.rng_stream)
         # this rank's model chunks (one, or one per virtual stage): a ModuleList names them 0, 1, ...
@@ -104,8 +103,18 @@ class MegatronBackend:
         # bf16: each step computes on bf16 copies of the fp32 weights (mmcore.backends.megatron.precision)
         self.precision = Bf16Compute(model.parameters(), enabled=bf16)
         self.dp_group = _dp_group()
-        return Prepared(model=model, trained=params, optimizer_params=[{"params": params}], frozen=frozen, bf16=bf16,  # a group: it may be empty
-                        data_rank=layout.dp_rank, data_ranks=layout.dp, data_group=self.dp_group, fills=False, finite_group=dist.group.WORLD)
+        return Prepared(
+            model=model,
+            trained=params,
+            optimizer_params=[{"params": params}],
+            frozen=frozen,
+            bf16=bf16,  # a group: it may be empty
+            data_rank=layout.dp_rank,
+            data_ranks=layout.dp,
+            data_group=self.dp_group,
+            fills=False,
+            finite_group=dist.group.WORLD,
+        )
 
     def start(self, checkpoint: Path | None, optimizer: Any, scheduler: Any, sampler: Any, ema: "MovingAverage | None") -> Resumed | None:
         from mmcore.backends.megatron.checkpoint import load as load_megatron_checkpoint
@@ -132,9 +141,12 @@ class MegatronBackend:
             rank = _saved_rank_of(saved, layout)  # the rank whose random stream this one continues
             if rank is None or not restore_rng(checkpoint, world, rank):
                 seed_everything(ctx.seed + layout.rng_stream + 7919 * step)  # a place the saved layout did not have: a stream of its own
-            moved = ("" if (saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("virtual_pipeline", 1)) == (layout.tp, layout.pp, layout.virtual)
-                     else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}"
-                          f"{' x ' + str(saved['virtual_pipeline']) + ' virtual' if saved.get('virtual_pipeline', 1) > 1 else ''}, resharded)")
+            moved = (
+                ""
+                if (saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("virtual_pipeline", 1)) == (layout.tp, layout.pp, layout.virtual)
+                else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}"
+                f"{' x ' + str(saved['virtual_pipeline']) + ' virtual' if saved.get('virtual_pipeline', 1) > 1 else ''}, resharded)"
+            )
             resumed = Resumed(step, float("nan") if state.get("loss") is None else float(state["loss"]), moved)
         self.shapes = None  # the training model on the meta device: what the recipe counts FLOPs on
         if self.recipe.flops is not None:
@@ -153,8 +165,7 @@ class MegatronBackend:
 
         family, device, recipe = self.family, self.device, self.recipe
         flops = sum(recipe.flops(self.shapes, batch) for batch in batches) if self.shapes is not None else 0.0  # type: ignore[misc]
-        micro = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k in family.inputs or k in ("labels", "num_loss_tokens")}
-                 for batch in batches]
+        micro = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k in family.inputs or k in ("labels", "num_loss_tokens")} for batch in batches]
         with self.precision.step():
             loss_sum = forward_backward(list(self.model), micro, family.loss_sum, total_tokens)
         return loss_sum, flops * self.layout.dp / self.world.world_size  # this replica's FLOPs, shared by its TP x PP processes
@@ -205,11 +216,19 @@ class MegatronBackend:
                 hub = write_trained(root / EMA_OUTPUT, model, family, layout, world, self.converted)
                 if self.lora:  # the adapters export writes beside the averaged weights
                     write_adapter(root / EMA_ADAPTER, model, family, layout, world, lora, base, hub, self.saved_hub, root / EMA_OUTPUT)
-        outputs = {"checkpoint": f"{CHECKPOINTS}/{TRAINED}", "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}", **({"adapter": f"{CHECKPOINTS}/{ADAPTER}"} if self.lora else {}),
-                   **({EMA_OUTPUT: f"{CHECKPOINTS}/{EMA_OUTPUT}"} if ema is not None else {}),
-                   **({EMA_ADAPTER: f"{CHECKPOINTS}/{EMA_ADAPTER}"} if ema is not None and self.lora else {})}
-        return Finished(outputs=outputs, metrics={"backend": "megatron", **_layout_record(layout)}, where=f" on megatron-core ({layout.describe()})",
-                        notes=[f"megatron checkpoint (resumes at any TP/PP): {root / LATEST}; trained weights for export: {root / TRAINED}"])
+        outputs = {
+            "checkpoint": f"{CHECKPOINTS}/{TRAINED}",
+            "megatron_checkpoint": f"{CHECKPOINTS}/{LATEST}",
+            **({"adapter": f"{CHECKPOINTS}/{ADAPTER}"} if self.lora else {}),
+            **({EMA_OUTPUT: f"{CHECKPOINTS}/{EMA_OUTPUT}"} if ema is not None else {}),
+            **({EMA_ADAPTER: f"{CHECKPOINTS}/{EMA_ADAPTER}"} if ema is not None and self.lora else {}),
+        }
+        return Finished(
+            outputs=outputs,
+            metrics={"backend": "megatron", **_layout_record(layout)},
+            where=f" on megatron-core ({layout.describe()})",
+            notes=[f"megatron checkpoint (resumes at any TP/PP): {root / LATEST}; trained weights for export: {root / TRAINED}"],
+        )
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -280,8 +299,7 @@ def _saved_rank_of(saved: Mapping[str, Any], layout: Layout) -> int | None:
 
 
 def _layout_record(layout: Layout) -> dict[str, int | bool]:
-    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp, "sequence_parallel": layout.sequence_parallel,
-            "virtual_pipeline": layout.virtual}
+    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp, "sequence_parallel": layout.sequence_parallel, "virtual_pipeline": layout.virtual}
 
 
 def _dp_group() -> Any:
@@ -290,18 +308,22 @@ def _dp_group() -> Any:
     return parallel_state.get_data_parallel_group()
 
 
-
-def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float,
-         averages: Sequence[tuple[Any, Any]] | None = None) -> None:
+def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float, averages: Sequence[tuple[Any, Any]] | None = None) -> None:
     """``root/step-N``: the model, optimizer and moving average (``averages``: parameter and
     average pairs, none on a rank that trains nothing; None without training.ema) in megatron-core's ``dist_checkpointing``, with the scheduler, data
     position, layout and RNG states, by the engine's protocol."""
     from mmcore.backends.megatron.checkpoint import save as save_megatron_checkpoint
 
-    trainer_state = {"step": step, "loss": loss, "scheduler": scheduler.state_dict(), "sampler_position": sampler.position,
-                     "backend": "megatron", "layout": _layout_record(layout), "ema": averages is not None}
-    commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer, averages=averages or ()), trainer_state,
-                      more_rng=_megatron_rng)
+    trainer_state = {
+        "step": step,
+        "loss": loss,
+        "scheduler": scheduler.state_dict(),
+        "sampler_position": sampler.position,
+        "backend": "megatron",
+        "layout": _layout_record(layout),
+        "ema": averages is not None,
+    }
+    commit_checkpoint(root, step, world, lambda partial: save_megatron_checkpoint(model, partial, optimizer, averages=averages or ()), trainer_state, more_rng=_megatron_rng)
 
 
 #: the RNG checkpoint's entry for Megatron's named random states
@@ -333,6 +355,7 @@ def _restore_megatron_rng(saved: Mapping[str, Any] | None, fresh_seed: int) -> N
 @contextlib.contextmanager
 def _swapped(averages: Sequence[tuple[Any, Any]]) -> Iterator[None]:
     """Each parameter holds its average (and the average its weights) for the while."""
+
     def swap() -> None:
         for parameter, average in averages:
             weights = parameter.data

@@ -83,6 +83,31 @@ def run_megatron_training(ctx: "StageContext", upstream: Mapping[str, "Manifest"
     return run_training(ctx, upstream, recipe, backend=MegatronBackend())
 
 
-__all__ = ["MegatronFamily", "MegatronRecipe", "MegatronPart", "MegatronTable", "MegatronBackend", "Layout", "TRAINED", "ADAPTER", "write_adapter", "run_megatron_training", "rank_sources", "load_rank", "fill_rank",
-           "gather_hub_state", "write_trained", "RECOMPUTE_KEPT_OPS", "INCOMPLETE", "MEGATRON_RNG", "evaluate_held_out", "save", "freeze_rank", "chosen_parameters",
-           "saved_modules", "lora_kinds", "_by_layer", "_write_gathered"]
+__all__ = [
+    "MegatronFamily",
+    "MegatronRecipe",
+    "MegatronPart",
+    "MegatronTable",
+    "MegatronBackend",
+    "Layout",
+    "TRAINED",
+    "ADAPTER",
+    "write_adapter",
+    "run_megatron_training",
+    "rank_sources",
+    "load_rank",
+    "fill_rank",
+    "gather_hub_state",
+    "write_trained",
+    "RECOMPUTE_KEPT_OPS",
+    "INCOMPLETE",
+    "MEGATRON_RNG",
+    "evaluate_held_out",
+    "save",
+    "freeze_rank",
+    "chosen_parameters",
+    "saved_modules",
+    "lora_kinds",
+    "_by_layer",
+    "_write_gathered",
+]

@@ -119,8 +119,16 @@ class Layout:
     def current(cls, sequence_parallel: bool = False, virtual: int = 1) -> "Layout":
         from megatron.core import parallel_state as ps
 
-        return cls(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(), ps.get_data_parallel_world_size(),
-                   ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(), sequence_parallel, virtual)
+        return cls(
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+            ps.get_data_parallel_world_size(),
+            ps.get_tensor_model_parallel_rank(),
+            ps.get_pipeline_model_parallel_rank(),
+            ps.get_data_parallel_rank(),
+            sequence_parallel,
+            virtual,
+        )
 
     def of_chunk(self, chunk: int) -> "Layout":
         return dataclasses.replace(self, chunk=chunk)
@@ -138,8 +146,7 @@ class Layout:
         return self.dp_rank + self.dp * self.stage
 
     def describe(self) -> str:
-        return (f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp}"
-                f"{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''} x DP={self.dp}")
+        return f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp}{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''} x DP={self.dp}"
 
 
 # --------------------------------------------------------------------------- the protocols

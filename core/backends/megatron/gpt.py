@@ -43,8 +43,12 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: 
         raise StageError(f"parallel.tensor_parallel={tensor_parallel} x parallel.pipeline_parallel={pipeline_parallel} does not divide the {world} processes")
     if not parallel_state.model_parallel_is_initialized():
         minutes = {"distributed_timeout_minutes": max(1, -(-timeout_s // 60))} if timeout_s else {}  # its groups' collectives wait as long
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
-                                                 virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None, **minutes)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel,
+            pipeline_model_parallel_size=pipeline_parallel,
+            virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
+            **minutes,
+        )
     model_parallel_cuda_manual_seed(seed)
 
 
@@ -54,10 +58,23 @@ def padded_vocab(vocab_size: int, tensor_parallel: int) -> int:
     return -(-vocab_size // tensor_parallel) * tensor_parallel
 
 
-def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mrope_section: Sequence[int] | None = None,
-              qkv_bias: bool = True, dtype: Any = None, pipeline_parallel: int = 1, stage_layers: Sequence[int] | None = None,
-              pre_process: bool = True, post_process: bool = True, parallel_output: bool = False, sequence_parallel: bool = False,
-              virtual_pipeline: int = 1, chunk: int = 0) -> Any:
+def gpt_model(
+    text_config: Any,
+    tensor_parallel: int,
+    *,
+    tied: bool = False,
+    mrope_section: Sequence[int] | None = None,
+    qkv_bias: bool = True,
+    dtype: Any = None,
+    pipeline_parallel: int = 1,
+    stage_layers: Sequence[int] | None = None,
+    pre_process: bool = True,
+    post_process: bool = True,
+    parallel_output: bool = False,
+    sequence_parallel: bool = False,
+    virtual_pipeline: int = 1,
+    chunk: int = 0,
+) -> Any:
     """This rank's ``GPTModel`` of a transformers text config (``hidden_size``,
     ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
     ``num_hidden_layers``, ``rms_norm_eps``, ``vocab_size``, rope theta), uninitialised (weights
@@ -84,32 +101,60 @@ def gpt_model(text_config: Any, tensor_parallel: int, *, tied: bool = False, mro
     head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
     if virtual_pipeline > 1:
         if text_config.num_hidden_layers % (pipeline_parallel * virtual_pipeline):
-            raise StageError(f"parallel.virtual_pipeline={virtual_pipeline} x parallel.pipeline_parallel={pipeline_parallel} does not divide the "
-                             f"{text_config.num_hidden_layers} layers (the interleaved schedule places equal runs of layers)")
+            raise StageError(
+                f"parallel.virtual_pipeline={virtual_pipeline} x parallel.pipeline_parallel={pipeline_parallel} does not divide the "
+                f"{text_config.num_hidden_layers} layers (the interleaved schedule places equal runs of layers)"
+            )
         stage_layers = None
     config = TransformerConfig(
-        num_layers=text_config.num_hidden_layers, hidden_size=text_config.hidden_size, ffn_hidden_size=text_config.intermediate_size,
-        num_attention_heads=text_config.num_attention_heads, num_query_groups=text_config.num_key_value_heads, kv_channels=head_dim,
-        normalization="RMSNorm", layernorm_epsilon=text_config.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu,
-        add_bias_linear=False, add_qkv_bias=qkv_bias, attention_dropout=0.0, hidden_dropout=0.0,
-        tensor_model_parallel_size=tensor_parallel, sequence_parallel=sequence_parallel, params_dtype=dtype or torch.float32,
-        pipeline_model_parallel_size=pipeline_parallel, pipeline_dtype=dtype or torch.float32, **_stage_counts(stage_layers, pipeline_parallel),
+        num_layers=text_config.num_hidden_layers,
+        hidden_size=text_config.hidden_size,
+        ffn_hidden_size=text_config.intermediate_size,
+        num_attention_heads=text_config.num_attention_heads,
+        num_query_groups=text_config.num_key_value_heads,
+        kv_channels=head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=text_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=qkv_bias,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel,
+        sequence_parallel=sequence_parallel,
+        params_dtype=dtype or torch.float32,
+        pipeline_model_parallel_size=pipeline_parallel,
+        pipeline_dtype=dtype or torch.float32,
+        **_stage_counts(stage_layers, pipeline_parallel),
         virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         mrope_section=list(mrope_section) if mrope_section else None,
         # fusions are CUDA kernels; the layers' plain torch paths compute the same
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
-        persist_layer_norm=False, gradient_accumulation_fusion=False,
-        use_cpu_initialization=True, perform_initialization=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        use_cpu_initialization=True,
+        perform_initialization=False,
     )
     from mmcore.backends.megatron.cpu import tensor_cuda_stays
 
     with tensor_cuda_stays():  # a tied output layer's copy on the last stage is all-reduced as it is built
         model = GPTModel(
-            config=config, transformer_layer_spec=_block_spec(config, chunk if virtual_pipeline > 1 else None),
-            vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel), max_sequence_length=text_config.max_position_embeddings,
-            position_embedding_type="mrope" if mrope_section else "rope", rotary_base=int(theta),
-            share_embeddings_and_output_weights=tied, parallel_output=parallel_output, pre_process=pre_process, post_process=post_process,
-            scatter_embedding_sequence_parallel=False, vp_stage=chunk if virtual_pipeline > 1 else None,
+            config=config,
+            transformer_layer_spec=_block_spec(config, chunk if virtual_pipeline > 1 else None),
+            vocab_size=padded_vocab(text_config.vocab_size, tensor_parallel),
+            max_sequence_length=text_config.max_position_embeddings,
+            position_embedding_type="mrope" if mrope_section else "rope",
+            rotary_base=int(theta),
+            share_embeddings_and_output_weights=tied,
+            parallel_output=parallel_output,
+            pre_process=pre_process,
+            post_process=post_process,
+            scatter_embedding_sequence_parallel=False,
+            vp_stage=chunk if virtual_pipeline > 1 else None,
         )
     mark_parallel_weights(model)
     return model
@@ -167,8 +212,7 @@ def mark_parallel_weights(model: Any) -> None:
     its partition dim). Without initialisation (``perform_initialization=False``: the weights are
     loaded) megatron-core 0.16 leaves them unmarked, and whatever tells shards from replicas
     (gradient norms, Megatron's optimizer) would take a shard for a replica."""
-    from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                                      set_tensor_model_parallel_attributes)
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, set_tensor_model_parallel_attributes
 
     for module in model.modules():
         dim = 0 if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)) else 1 if isinstance(module, RowParallelLinear) else None
@@ -198,7 +242,7 @@ def load_rank_state(model: Any, state: Mapping[str, Any], prefix: str = "") -> N
 def check_rank_names(model: Any, names: Sequence[str], prefix: str = "") -> None:
     """The tensors a rank will be given (``names``, under ``prefix``) are exactly ``model``'s
     parameters and buffers: a one-line error naming the first missing or unexpected one."""
-    given = {name[len(prefix):] for name in names}
+    given = {name[len(prefix) :] for name in names}
     expected = {k for k in model.state_dict() if not k.endswith("._extra_state")}
     missing, unexpected = sorted(expected - given), sorted(given - expected)
     if missing or unexpected:
@@ -212,7 +256,7 @@ def copy_rank_state(model: Any, state: Mapping[str, Any], prefix: str = "") -> N
     own = model.state_dict()
     with torch.no_grad():
         for name, tensor in state.items():
-            local = name[len(prefix):]
+            local = name[len(prefix) :]
             if own[local].shape != tensor.shape:
                 raise StageError(f"{name}: the table gives {tuple(tensor.shape)}, the Megatron model has {tuple(own[local].shape)}")
             own[local].copy_(tensor)

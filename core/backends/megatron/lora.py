@@ -77,9 +77,16 @@ def _lora_class() -> type:
 
             metadata = ensure_metadata_has_dp_cp_group(metadata)
             state = self.base.sharded_state_dict(prefix=f"{prefix}base.", sharded_offsets=sharded_offsets, metadata=metadata)
-            state.update(make_sharded_tensors_for_checkpoint({"lora_A": self.lora_A, "lora_B": self.lora_B}, prefix,
-                                                             {"lora_B": 0} if self.column else {"lora_A": 1}, sharded_offsets,
-                                                             tp_group=self.base.tp_group, dp_cp_group=metadata["dp_cp_group"]))
+            state.update(
+                make_sharded_tensors_for_checkpoint(
+                    {"lora_A": self.lora_A, "lora_B": self.lora_B},
+                    prefix,
+                    {"lora_B": 0} if self.column else {"lora_A": 1},
+                    sharded_offsets,
+                    tp_group=self.base.tp_group,
+                    dp_cp_group=metadata["dp_cp_group"],
+                )
+            )
             if prefix.endswith("linear_fc1.") and self.base.config.gated_linear_unit:
                 # a rank's rows are [gate_r; up_r]: saved as gate and up halves so another TP size
                 # reads them back (Megatron's MLP does this to the keys of an unwrapped linear_fc1)
@@ -124,8 +131,12 @@ def add_adapters(model: Any, r: int, alpha: float, targets: Sequence[str] = DEFA
     its input while training), freeze every other parameter; returns the wrapped modules' names."""
     from mmcore.train.lora import check_rank
 
-    chosen = [(f"{name}.{child_name}" if name else child_name, child) for name, module in model.named_modules() for child_name, child in module.named_children()
-              if child_name in targets and not isinstance(child, _lora_class()) and hasattr(child, "weight")]
+    chosen = [
+        (f"{name}.{child_name}" if name else child_name, child)
+        for name, module in model.named_modules()
+        for child_name, child in module.named_children()
+        if child_name in targets and not isinstance(child, _lora_class()) and hasattr(child, "weight")
+    ]
     # the parallel linears know their whole (unsplit) sizes
     check_rank(r, {name: (child.input_size, child.output_size) for name, child in chosen if hasattr(child, "input_size") and hasattr(child, "output_size")})
     wrapped = []
@@ -159,8 +170,7 @@ def adapter_shards(model: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     """This rank's adapters: the base weight's Megatron name in the whole model (under
     ``prefix``) -> (A, B)."""
     names = _global_names(model)
-    return {f"{prefix}{names.get(name, name)}.weight": (module.lora_A.detach(), module.lora_B.detach())
-            for name, module in model.named_modules() if isinstance(module, _lora_class())}
+    return {f"{prefix}{names.get(name, name)}.weight": (module.lora_A.detach(), module.lora_B.detach()) for name, module in model.named_modules() if isinstance(module, _lora_class())}
 
 
 def init_adapters(gpt: Any, seed: int, kind: str = "default") -> None:
@@ -188,7 +198,7 @@ def init_adapters(gpt: Any, seed: int, kind: str = "default") -> None:
             bound = 1 / math.sqrt(whole_width)  # kaiming_uniform_(a=sqrt(5)) on [r, in]
             whole = (torch.rand(r, whole_width, generator=generator) * 2 - 1) * bound
         with torch.no_grad():
-            module.lora_A.copy_(whole if module.column else whole[:, rank * width:(rank + 1) * width])
+            module.lora_A.copy_(whole if module.column else whole[:, rank * width : (rank + 1) * width])
             module.lora_B.zero_()
 
 
@@ -239,8 +249,7 @@ def peft_state(pmap: Any, ranks: Sequence[Mapping[str, tuple[Any, Any]]], hf_mod
     return out
 
 
-def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, base_model: Path, dropout: float = 0.0,
-               modules_to_save: Sequence[str] = ()) -> None:
+def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, base_model: Path, dropout: float = 0.0, modules_to_save: Sequence[str] = ()) -> None:
     """``adapter_model.safetensors`` and ``adapter_config.json`` as peft saves them (a module to
     save's tensors under its own name, ``base_model.model.<module>.weight``)."""
     from peft import LoraConfig
@@ -251,8 +260,7 @@ def write_peft(folder: Path, tensors: Mapping[str, Any], r: int, alpha: float, b
     folder.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     modules = sorted({key.removeprefix("base_model.model.").rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for key in tensors if ".lora_" in key})
-    save_peft_config(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, modules_to_save=list(modules_to_save) or None,
-                                base_model_name_or_path=str(base_model)), folder)
+    save_peft_config(LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=modules, modules_to_save=list(modules_to_save) or None, base_model_name_or_path=str(base_model)), folder)
 
 
 __all__ = ["DEFAULT_TARGETS", "parallel_lora", "add_adapters", "init_adapters", "adapter_shards", "merged_state", "peft_state", "write_peft"]

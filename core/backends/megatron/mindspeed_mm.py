@@ -38,8 +38,9 @@ def rank_dir(tp_rank: int, pp_rank: int, pp: int) -> str:
     return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
 
 
-def write_checkpoint(folder: Path, pmap: ParallelMap, hf_state: Mapping[str, "torch.Tensor"], tp: int = 1, pp: int = 1,
-                     layers: Mapping[str, Sequence[int]] | None = None, iteration: str = "release") -> dict[str, Any]:
+def write_checkpoint(
+    folder: Path, pmap: ParallelMap, hf_state: Mapping[str, "torch.Tensor"], tp: int = 1, pp: int = 1, layers: Mapping[str, Sequence[int]] | None = None, iteration: str = "release"
+) -> dict[str, Any]:
     """Write ``hf_state`` (an HF state dict) in MindSpeed-MM's layout at ``tp`` x ``pp``.
     ``layers``: each stack's layer count per pipeline stage (default: the vision stacks on the
     first stage, the language model's layers spread by :func:`even_layers`; MindSpeed-MM's
@@ -189,8 +190,7 @@ def export_mindspeed(ctx: Any, hf_folder: Path, parallel_map: Callable[[Path], P
 
     files = sorted(hf_folder.glob("*.safetensors"))
     if not (hf_folder / "config.json").is_file() or not files or any(f.name.startswith("adapter_model") for f in files):
-        raise StageError(f"{hf_folder}: export.format=mindspeed-mm writes whole weights, and this export is not a full model "
-                         "(after LoRA training set export.merge_lora: true)")
+        raise StageError(f"{hf_folder}: export.format=mindspeed-mm writes whole weights, and this export is not a full model (after LoRA training set export.merge_lora: true)")
     cfg = ctx.config.export
     state: State = {}
     for path in files:
@@ -205,8 +205,10 @@ def export_mindspeed(ctx: Any, hf_folder: Path, parallel_map: Callable[[Path], P
     if differing:
         raise StageError(f"{out}: read back, tensor {differing[0]} differs from the export")
     placement = "; ".join(f"{prefix.rstrip('.')}: {counts}" for prefix, counts in written["layers"].items())
-    note = (f"MindSpeed-MM (Megatron) layout at TP={cfg.tensor_parallel} x PP={cfg.pipeline_parallel} in {out} (layers per stage: {placement}); "
-            f"read back, all {len(state)} tensors bit-identical to the export")
+    note = (
+        f"MindSpeed-MM (Megatron) layout at TP={cfg.tensor_parallel} x PP={cfg.pipeline_parallel} in {out} (layers per stage: {placement}); "
+        f"read back, all {len(state)} tensors bit-identical to the export"
+    )
     metrics = {"mindspeed_tensor_parallel": cfg.tensor_parallel, "mindspeed_pipeline_parallel": cfg.pipeline_parallel}
     return {"mindspeed_mm": "mindspeed-mm"}, metrics, [note]
 
@@ -230,8 +232,10 @@ def import_mindspeed(ctx: Any, folder: Path, model_dir: Path, parallel_map: Call
     out.mkdir(parents=True)
     copy_side_files(model_dir, out)
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    note = (f"imported the MindSpeed-MM checkpoint {folder} (iteration {found['iteration']}, TP={found['tensor_parallel']} x "
-            f"PP={found['pipeline_parallel']}): {len(state)} tensors, config and tokenizer from {model_dir}")
+    note = (
+        f"imported the MindSpeed-MM checkpoint {folder} (iteration {found['iteration']}, TP={found['tensor_parallel']} x "
+        f"PP={found['pipeline_parallel']}): {len(state)} tensors, config and tokenizer from {model_dir}"
+    )
     return out, note
 
 

@@ -318,7 +318,7 @@ class ParallelMap:
     # -- pipeline stages ---------------------------------------------------------------------
 
     def layer_count(self, megatron: Mapping[str, "torch.Tensor"], stack: LayerStack) -> int:
-        indices = {name[len(stack.prefix):].split(".", 1)[0] for name in megatron if name.startswith(stack.prefix)}
+        indices = {name[len(stack.prefix) :].split(".", 1)[0] for name in megatron if name.startswith(stack.prefix)}
         return len(indices)
 
     def split_pp(self, megatron: Mapping[str, "torch.Tensor"], layers: Mapping[str, Sequence[int]]) -> list[State]:
@@ -341,7 +341,7 @@ class ParallelMap:
             starts = [sum(counts[:i]) for i in range(stages)]
             for name, tensor in megatron.items():
                 if name.startswith(stack.prefix):
-                    index, rest = name[len(stack.prefix):].split(".", 1)
+                    index, rest = name[len(stack.prefix) :].split(".", 1)
                     stage = next(i for i in range(stages) if starts[i] <= int(index) < starts[i] + counts[i])
                     out[stage][f"{stack.prefix}{int(index) - starts[stage]}.{rest}"] = tensor
                 elif name.startswith(stack.first):
@@ -371,7 +371,7 @@ class ParallelMap:
             for name, tensor in stage.items():
                 stack = next((s for s in self.stacks if name.startswith(s.prefix)), None)
                 if stack is not None:
-                    index, rest = name[len(stack.prefix):].split(".", 1)
+                    index, rest = name[len(stack.prefix) :].split(".", 1)
                     name = f"{stack.prefix}{offsets[stack.prefix] + int(index)}.{rest}"
                 elif self.tied and name == self.tied[0] and len(stages) > 1:
                     continue

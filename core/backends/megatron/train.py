@@ -20,6 +20,7 @@ def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Ca
     ``loss_sum(output, batch)``: the summed loss of a micro-batch from the last stage's output.
     The gradients are those of (sum over micro-batches) / ``total_tokens``. Returns the summed
     loss of this data-parallel rank's micro-batches (on every rank of its pipeline)."""
+
     def measure(output: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         summed = loss_sum(output, batch)
         return summed / total_tokens, {"loss_sum": summed.detach()}
@@ -28,8 +29,7 @@ def forward_backward(model: Any, batches: Sequence[dict[str, Any]], loss_sum: Ca
     return float(_on_every_stage([sum(float(r["loss_sum"]) for r in results)])[0])
 
 
-def forward_scores(model: Any, batches: Sequence[dict[str, Any]], score: Callable[[Any, dict[str, Any]], Mapping[str, tuple[float, float]]],
-                   names: Sequence[str]) -> dict[str, tuple[float, float]]:
+def forward_scores(model: Any, batches: Sequence[dict[str, Any]], score: Callable[[Any, dict[str, Any]], Mapping[str, tuple[float, float]]], names: Sequence[str]) -> dict[str, tuple[float, float]]:
     """Held-out figures of ``batches`` (this data-parallel rank's), forward only: ``score(output,
     batch)`` on the last stage gives ``name -> (numerator, denominator)`` of a micro-batch; the
     sums over the micro-batches of every data-parallel rank, on every rank, for ``names``."""
@@ -53,8 +53,7 @@ def forward_scores(model: Any, batches: Sequence[dict[str, Any]], score: Callabl
     return {name: (float(total[2 * i]), float(total[2 * i + 1])) for i, name in enumerate(names)}
 
 
-def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]],
-              forward_only: bool) -> list[dict[str, Any]]:
+def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[Any, dict[str, Any]], tuple[Any, dict[str, Any]]], forward_only: bool) -> list[dict[str, Any]]:
     """``batches`` through Megatron's forward-backward schedule (1F1B over pipeline stages,
     interleaved when ``model`` is a list of virtual-stage chunks, or none); ``measure(output,
     batch) -> (loss to differentiate, figures)`` on the last stage, whose figures it returns (an
@@ -93,8 +92,15 @@ def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[
         return module(**inputs), loss_func
 
     first = batches[0]["input_ids"]
-    return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=[iter(batches) for _ in chunks], model=chunks,
-                                       num_microbatches=len(batches), seq_length=first.shape[1], micro_batch_size=first.shape[0], forward_only=forward_only)
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=[iter(batches) for _ in chunks],
+        model=chunks,
+        num_microbatches=len(batches),
+        seq_length=first.shape[1],
+        micro_batch_size=first.shape[0],
+        forward_only=forward_only,
+    )
 
 
 def _same_length(batches: Sequence[dict[str, Any]], multiple: int) -> list[dict[str, Any]]:
@@ -110,9 +116,14 @@ def _same_length(batches: Sequence[dict[str, Any]], multiple: int) -> list[dict[
     out = []
     for batch in batches:
         rows, length = batch["input_ids"].shape[:2]
-        out.append({k: F.pad(v, [0, 0] * (v.dim() - 2) + [0, longest - length], value=IGNORE if k == "labels" else 0)
-                    if hasattr(v, "shape") and v.dim() >= 2 and tuple(v.shape[:2]) == (rows, length) and not v.is_floating_point() and longest > length else v
-                    for k, v in batch.items()})
+        out.append(
+            {
+                k: F.pad(v, [0, 0] * (v.dim() - 2) + [0, longest - length], value=IGNORE if k == "labels" else 0)
+                if hasattr(v, "shape") and v.dim() >= 2 and tuple(v.shape[:2]) == (rows, length) and not v.is_floating_point() and longest > length
+                else v
+                for k, v in batch.items()
+            }
+        )
     return out
 
 

@@ -68,7 +68,7 @@ def rank_pieces(model: Sequence[Any], family: "MegatronFamily", layout: "Layout"
         for name, (rule, parts) in mine.items():
             if pmap.tied and name == pmap.tied[0]:
                 continue  # the hub ties the output layer to the embedding: no tensor of its own
-            template, make = state[name[len(prefix):]]
+            template, make = state[name[len(prefix) :]]
             if rule.kind == "replicated":
                 replicated[name] = make()
             shape = rule.pieces(template.to("meta"), layout.tp, layout.tp_rank, pmap.vocab_size)
@@ -131,10 +131,17 @@ def write_pieces(folder: Path, pieces: Mapping[str, Sequence[Piece]], sizes: Map
             self.state_dict, self.is_coordinator = {}, is_coordinator
 
         def create_local_plan(self) -> SavePlan:
-            items = [WriteItem(index=MetadataIndex(prefix + name, torch.Size(piece.offsets)), type=WriteItemType.SHARD,
-                               tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(offsets=torch.Size(piece.offsets), sizes=torch.Size(piece.sizes)),
-                                                           properties=TensorProperties(dtype=piece.dtype), size=torch.Size(sizes[name])))
-                     for name, own in pieces.items() for piece in own]
+            items = [
+                WriteItem(
+                    index=MetadataIndex(prefix + name, torch.Size(piece.offsets)),
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=ChunkStorageMetadata(offsets=torch.Size(piece.offsets), sizes=torch.Size(piece.sizes)), properties=TensorProperties(dtype=piece.dtype), size=torch.Size(sizes[name])
+                    ),
+                )
+                for name, own in pieces.items()
+                for piece in own
+            ]
             self.plan = SavePlan(items)
             return self.plan
 

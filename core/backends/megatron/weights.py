@@ -18,8 +18,7 @@ def _stage_layers(family: MegatronFamily, megatron_names: Mapping[str, Any], pp:
     from mmcore.backends.megatron.tensor_map import even_layers
 
     pmap = family.parallel_map
-    return {stack.prefix: even_layers(pmap.layer_count(megatron_names, stack), pp) if stack.prefix.startswith(family.decoder_prefix) else [0] * pp
-            for stack in pmap.stacks}
+    return {stack.prefix: even_layers(pmap.layer_count(megatron_names, stack), pp) if stack.prefix.startswith(family.decoder_prefix) else [0] * pp for stack in pmap.stacks}
 
 
 def rank_sources(family: MegatronFamily, hub_names: Sequence[str], layout: Layout) -> tuple[dict[str, tuple[Any, tuple[str, ...]]], list[str]]:
@@ -37,8 +36,7 @@ def rank_sources(family: MegatronFamily, hub_names: Sequence[str], layout: Layou
     return {name: plan[global_name] for name, global_name in local.items()}, whole
 
 
-def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, checkpoint: Path, patterns: Sequence[str],
-                groups: Mapping[str, Sequence[str]]) -> int:
+def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, checkpoint: Path, patterns: Sequence[str], groups: Mapping[str, Sequence[str]]) -> int:
     """``training.freeze`` on this rank's model chunks: the patterns (globs, the recipe's groups)
     pick training names of convert's checkpoint, as on FSDP2; a Megatron parameter is frozen
     when every tensor it is made of is (through the family's adapter and table), and one made
@@ -55,8 +53,7 @@ def freeze_rank(model: Sequence[Any], family: MegatronFamily, layout: Layout, ch
     return len(frozen)
 
 
-def chosen_parameters(model: Sequence[Any], family: MegatronFamily, layout: Layout, index: Mapping[str, Any], chosen: set[str], setting: str,
-                      does: str) -> list[tuple[str, Any]]:
+def chosen_parameters(model: Sequence[Any], family: MegatronFamily, layout: Layout, index: Mapping[str, Any], chosen: set[str], setting: str, does: str) -> list[tuple[str, Any]]:
     """This rank's Megatron parameters (global names) made only of the ``chosen`` training names
     (through the family's adapter and table; the vision tower's by name, a tied output layer's
     copy as the embedding). One made of chosen and other tensors (a fused QKV with only q
@@ -65,8 +62,7 @@ def chosen_parameters(model: Sequence[Any], family: MegatronFamily, layout: Layo
     to_hub = family.adapter.to_hf(index)  # hub name -> the training names it is made of
     pmap = family.parallel_map
     plan = pmap.plan(list(to_hub))  # global Megatron name -> (rule, the hub tensors it is made of)
-    _same_in_every_layer(family, {name: {s for part in parts for s in to_hub[part].sources} <= chosen
-                                  for name, (_, parts) in plan.items() if name.startswith(family.decoder_prefix)}, setting, does)
+    _same_in_every_layer(family, {name: {s for part in parts for s in to_hub[part].sources} <= chosen for name, (_, parts) in plan.items() if name.startswith(family.decoder_prefix)}, setting, does)
     # a tied output layer's copy (the last stage's) is made of what the embedding is
     tied = {pmap.tied[0]: plan[pmap.tied[1]][1]} if pmap.tied and pmap.tied[1] in plan else {}
     found = []
@@ -78,15 +74,16 @@ def chosen_parameters(model: Sequence[Any], family: MegatronFamily, layout: Layo
             made_of[full] = (parameter, mine[full][1] if full in mine else tied.get(full, ()))
         for prefix, attribute in family.whole.items():
             module = getattr(chunk, attribute, None) if layout.of_chunk(v).virtual_stage == 0 else None
-            for name, parameter in (module.named_parameters() if module is not None else ()):
+            for name, parameter in module.named_parameters() if module is not None else ():
                 made_of[prefix + name] = (parameter, (prefix + name,))
         for name, (parameter, hub) in made_of.items():
             sources = {source for part in hub for source in to_hub[part].sources}
             if sources and sources <= chosen:
                 found.append((name, parameter))
             elif sources & chosen:
-                raise StageError(f"{setting}: {sorted(sources & chosen)[0]} is {does} but not {sorted(sources - chosen)[0]}; "
-                                 f"on parallel.backend: megatron they are one tensor ({name}): all of them or none")
+                raise StageError(
+                    f"{setting}: {sorted(sources & chosen)[0]} is {does} but not {sorted(sources - chosen)[0]}; on parallel.backend: megatron they are one tensor ({name}): all of them or none"
+                )
     return found
 
 
@@ -117,8 +114,10 @@ def _same_in_every_layer(family: MegatronFamily, chosen: Mapping[str, bool], set
             kinds.setdefault(re.sub(r"\.layers\.\d+\.", ".layers.N.", name), {})[is_chosen] = name
     for kind, seen in kinds.items():
         if len(seen) == 2:
-            raise StageError(f"{setting}: {seen[True]} is {does} but not {seen[False]}: on parallel.backend: megatron a layer's tensor is {does} in "
-                             f"every layer or in none (megatron-core checkpoints {kind} of all layers as one tensor)")
+            raise StageError(
+                f"{setting}: {seen[True]} is {does} but not {seen[False]}: on parallel.backend: megatron a layer's tensor is {does} in "
+                f"every layer or in none (megatron-core checkpoints {kind} of all layers as one tensor)"
+            )
 
 
 def lora_kinds(family: MegatronFamily, checkpoint: Path, lora: Any, groups: Mapping[str, Sequence[str]], freeze: Sequence[str]) -> tuple[str, ...]:
@@ -157,13 +156,17 @@ def lora_kinds(family: MegatronFamily, checkpoint: Path, lora: Any, groups: Mapp
         sources = {source for part in parts for source in to_hub[part].sources}
         covered |= sources
         if sources & targeted and not sources <= targeted:
-            raise StageError(f"training.lora.target_modules adapts {sorted(sources & targeted)[0].removesuffix('.weight')} but not {sorted(sources - targeted)[0].removesuffix('.weight')}; "
-                             f"on parallel.backend: megatron they are one linear ({name.removeprefix(family.decoder_prefix)}): adapt all of them or none")
+            raise StageError(
+                f"training.lora.target_modules adapts {sorted(sources & targeted)[0].removesuffix('.weight')} but not {sorted(sources - targeted)[0].removesuffix('.weight')}; "
+                f"on parallel.backend: megatron they are one linear ({name.removeprefix(family.decoder_prefix)}): adapt all of them or none"
+            )
         adapted[name] = bool(sources) and sources <= targeted
     outside = sorted(targeted - covered)
     if outside:
-        raise StageError(f"training.lora.target_modules: {outside[0].removesuffix('.weight')} is not a linear of the language model's layers; "
-                         "LoRA on parallel.backend: megatron adapts only those (parallel.backend: fsdp2 adapts any linear or embedding)")
+        raise StageError(
+            f"training.lora.target_modules: {outside[0].removesuffix('.weight')} is not a linear of the language model's layers; "
+            "LoRA on parallel.backend: megatron adapts only those (parallel.backend: fsdp2 adapts any linear or embedding)"
+        )
     _same_in_every_layer(family, adapted, "training.lora.target_modules", "adapted")
     kinds = tuple(kind for kind in DEFAULT_TARGETS if any(adapted[name] for name in adapted if name.rsplit(".", 2)[-2] == kind))
     if not kinds:
@@ -205,8 +208,7 @@ def fill_rank(model: Any, family: MegatronFamily, layout: Layout, hub_names: Seq
     check_rank_names(decoder, list(mine), family.decoder_prefix)
     for group in _by_layer(mine):
         hub = read({part for name in group for part in mine[name][1]})
-        copy_rank_state(decoder, {name: rule.shard([hub[part] for part in parts], layout.tp, layout.tp_rank)
-                                  for name, (rule, parts) in ((name, mine[name]) for name in group)}, family.decoder_prefix)
+        copy_rank_state(decoder, {name: rule.shard([hub[part] for part in parts], layout.tp, layout.tp_rank) for name, (rule, parts) in ((name, mine[name]) for name in group)}, family.decoder_prefix)
     if layout.virtual_stage == 0 and whole:
         for prefix, attribute in family.whole.items():
             module, names = getattr(model, attribute), [name for name in whole if name.startswith(prefix)]

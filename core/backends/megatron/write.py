@@ -55,8 +55,7 @@ def _gather_by_stage(layout: Layout, part: Callable[[int], Any]) -> list[list[An
     return [[chunks[v] for stage, _, chunks in received if stage == s] for v in range(layout.virtual) for s in range(layout.pp)]
 
 
-def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any,
-                  index: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+def write_trained(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any, index: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The trained weights in the family's training names as a DCP model checkpoint
     (``model.<name>``: what export and :func:`mmcore.checkpoint.training.load_converted` read),
     replacing ``folder`` only once complete. With ``index`` (convert's tensors: training name
@@ -110,8 +109,18 @@ def _write_gathered(partial: Path, model: Sequence[Any], family: MegatronFamily,
     return hub
 
 
-def write_adapter(folder: Path, model: Sequence[Any], family: MegatronFamily, layout: Layout, world: Any, lora: Any, base_model: Path,
-                  hub: Mapping[str, Any] | None = None, saved: Sequence[str] = (), trained: Path | None = None) -> None:
+def write_adapter(
+    folder: Path,
+    model: Sequence[Any],
+    family: MegatronFamily,
+    layout: Layout,
+    world: Any,
+    lora: Any,
+    base_model: Path,
+    hub: Mapping[str, Any] | None = None,
+    saved: Sequence[str] = (),
+    trained: Path | None = None,
+) -> None:
     """The LoRA adapters in PEFT's format (``PeftModel.from_pretrained`` on the base model loads
     them): every tensor-parallel rank's shards of every stage, merged by the table on rank 0;
     with ``saved`` (the hub names of ``modules_to_save``'s tensors), their trained tensors

@@ -54,9 +54,28 @@ from mmcore.kits.diffusion.family import DiffusionFamily
 from mmcore.kits.diffusion.flops import denoiser_flops
 from mmcore.kits.diffusion.objectives import EVAL_SIGMAS, FLOW_MATCHING, FlowMatching, NoiseSchedule, diffusion_loss, flow_matching_loss, sigmas
 from mmcore.kits.diffusion.sampling import text_to_video_sample
-from mmcore.kits.diffusion.sections import (EXPERTS, DiffusionTraining, FlowMatchingTraining, GuidanceEmbeddingTraining, SampleExport, VideoData,
-                                            guidance_option)
+from mmcore.kits.diffusion.sections import EXPERTS, DiffusionTraining, FlowMatchingTraining, GuidanceEmbeddingTraining, SampleExport, VideoData, guidance_option
 
-__all__ = ["DiffusionFamily", "VideoData", "DiffusionTraining", "FlowMatchingTraining", "GuidanceEmbeddingTraining", "guidance_option", "EXPERTS", "SampleExport",
-           "EVAL_SIGMAS", "sigmas", "FlowMatching", "NoiseSchedule", "FLOW_MATCHING", "diffusion_loss", "flow_matching_loss", "content_key", "collate",
-           "denoiser_flops", "text_to_video_sample", "FreshSamples", "LORA_WEIGHTS"]
+__all__ = [
+    "DiffusionFamily",
+    "VideoData",
+    "DiffusionTraining",
+    "FlowMatchingTraining",
+    "GuidanceEmbeddingTraining",
+    "guidance_option",
+    "EXPERTS",
+    "SampleExport",
+    "EVAL_SIGMAS",
+    "sigmas",
+    "FlowMatching",
+    "NoiseSchedule",
+    "FLOW_MATCHING",
+    "diffusion_loss",
+    "flow_matching_loss",
+    "content_key",
+    "collate",
+    "denoiser_flops",
+    "text_to_video_sample",
+    "FreshSamples",
+    "LORA_WEIGHTS",
+]

@@ -79,7 +79,9 @@ class DiffusionDPORecipe(TrainRecipe):
         if not data.index.get("ranking"):
             raise StageError("training.method=dpo trains on preference pairs: preprocess them with data.ranking: true (a caption with chosen and rejected videos)")
         if cfg.lora.r == 0 or cfg.lora.modules_to_save:
-            raise StageError("Diffusion-DPO's reference is the base with the LoRA adapters off (it must see the policy's noise, so it cannot be computed ahead): set training.lora.r > 0, without modules_to_save")
+            raise StageError(
+                "Diffusion-DPO's reference is the base with the LoRA adapters off (it must see the policy's noise, so it cannot be computed ahead): set training.lora.r > 0, without modules_to_save"
+            )
         if cfg.dpo.reference == "precomputed":
             raise StageError("training.dpo.reference=precomputed: Diffusion-DPO's reference needs each step's noise; use auto or adapters_off (with LoRA)")
         self.family = family
@@ -165,8 +167,9 @@ class DiffusionDPORecipe(TrainRecipe):
             levels = self.objective.eval_levels().to(self.device)
             n = len(levels)
             noise = torch.randn((n, *winners.shape[1:]), generator=generator).to(self.device)
-            _, inside = diffusion_dpo_terms(self.objective, self.predict, model, winners.expand(n, *winners.shape[1:]), losers.expand(n, *losers.shape[1:]),
-                                            text.expand(n, *text.shape[1:]), levels, noise, self.beta)
+            _, inside = diffusion_dpo_terms(
+                self.objective, self.predict, model, winners.expand(n, *winners.shape[1:]), losers.expand(n, *losers.shape[1:]), text.expand(n, *text.shape[1:]), levels, noise, self.beta
+            )
             right += float(accuracy_sum(inside.sum(0, keepdim=True)))
         return {"implicit_accuracy": right / count}
 

@@ -112,12 +112,13 @@ class PipelineExport:
             LoraBaseMixin._save_lora_weights(save_directory=str(out), lora_layers={"transformer": state}, lora_metadata={"transformer": plan.peft_config().to_dict()})
         pipe = family.lora_pipeline(source, out, subfolder)
         diff = self.output_diff(trained, getattr(pipe, subfolder).eval())
-        metrics: dict[str, Any] = {"adapter_tensors": len(state), "adapter_parameters": int(sum(t.numel() for t in state.values())),
-                                   "max_abs_diff": diff, "lora_r": plan.r}
-        how = (f"{family.pipeline_class}.load_lora_weights" + (", load_into_transformer_2=True" if subfolder == "transformer_2" else "")
-               if hasattr(pipeline_class, "load_lora_weights") else f"pipe.{subfolder}.load_lora_adapter(folder, prefix='transformer')")
-        notes = [f"LoRA adapter of {subfolder} for {how} at {out}: {metrics['adapter_parameters']:,} parameters; "
-                 f"loaded into the downloaded pipeline, the denoiser's output max |diff| {diff:.2g}"]
+        metrics: dict[str, Any] = {"adapter_tensors": len(state), "adapter_parameters": int(sum(t.numel() for t in state.values())), "max_abs_diff": diff, "lora_r": plan.r}
+        how = (
+            f"{family.pipeline_class}.load_lora_weights" + (", load_into_transformer_2=True" if subfolder == "transformer_2" else "")
+            if hasattr(pipeline_class, "load_lora_weights")
+            else f"pipe.{subfolder}.load_lora_adapter(folder, prefix='transformer')"
+        )
+        notes = [f"LoRA adapter of {subfolder} for {how} at {out}: {metrics['adapter_parameters']:,} parameters; loaded into the downloaded pipeline, the denoiser's output max |diff| {diff:.2g}"]
         outputs = {"model": "lora", "adapter": "lora"}
         if ctx.config.export.merge_lora:
             weights = merged_state(family.build_model(source, checkpoint, subfolder))  # in fp32

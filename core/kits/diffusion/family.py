@@ -118,8 +118,10 @@ class DiffusionFamily:
                 raise StageError(f"training.expert={chosen}: {model_dir} has one denoiser (no boundary_ratio in model_index.json); leave training.expert at none")
             return self.subfolder, (0.0, 1.0)
         if chosen == "none":
-            raise StageError(f"{index}: two denoisers split at noise level {boundary} (boundary_ratio): set training.expert to high_noise "
-                             f"(transformer, levels >= {boundary}) or low_noise (transformer_2, below); a run trains one")
+            raise StageError(
+                f"{index}: two denoisers split at noise level {boundary} (boundary_ratio): set training.expert to high_noise "
+                f"(transformer, levels >= {boundary}) or low_noise (transformer_2, below); a run trains one"
+            )
         return EXPERTS[chosen], ((float(boundary), 1.0) if chosen == "high_noise" else (0.0, float(boundary)))
 
     def predictor(self, ctx: StageContext, model_dir: Path | None = None) -> Callable[..., Any]:
@@ -127,8 +129,7 @@ class DiffusionFamily:
         ``model_dir``, the checkpoint's ``checkpoint_options`` bound."""
         import functools
 
-        options = {**(self.predict_options(ctx) if self.predict_options else {}),
-                   **(self.checkpoint_options(model_dir) if self.checkpoint_options and model_dir is not None else {})}
+        options = {**(self.predict_options(ctx) if self.predict_options else {}), **(self.checkpoint_options(model_dir) if self.checkpoint_options and model_dir is not None else {})}
         return functools.partial(self.predict, **options) if options else self.predict
 
     def samples(self, ctx: StageContext, upstream: Mapping[str, Manifest], data: Any) -> tuple[Any, Any, Any]:
@@ -161,8 +162,7 @@ class DiffusionFamily:
         from mmcore.engines.convert import convert_stage
 
         subfolder, _ = self.expert(ctx, upstream["download"].output("model"))
-        return convert_stage(ctx, upstream, adapter=self.adapter, build_model=lambda folder: self.build_model(folder, subfolder=subfolder),
-                             subfolder=subfolder, what=subfolder)
+        return convert_stage(ctx, upstream, adapter=self.adapter, build_model=lambda folder: self.build_model(folder, subfolder=subfolder), subfolder=subfolder, what=subfolder)
 
     def preprocess(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         """Captioned clips in size buckets (:func:`mmcore.data.clips.preprocess_captioned_videos`);

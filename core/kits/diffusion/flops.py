@@ -25,16 +25,14 @@ def denoiser_flops(joint_text: bool = False, layers: Sequence[str] = ("num_layer
         config = model.config
         patch = config.patch_size if isinstance(config.patch_size, (tuple, list)) else (getattr(config, "patch_size_t", None) or 1, config.patch_size, config.patch_size)
         samples, _, *grid = batch["latents"].shape
-        tokens = math.prod(n // p for n, p in zip(grid, patch[-len(grid):]))
+        tokens = math.prod(n // p for n, p in zip(grid, patch[-len(grid) :]))
         width = config.num_attention_heads * config.attention_head_dim
         rows = batch["text"].shape[1]
         caption = rows - (side_rows(model, rows) if callable(side_rows) else side_rows)
         blocks = sum(getattr(config, name) for name in layers)
         if joint_text:
             return dense_flops(seen.counts("", model), samples * (tokens + caption)) + attention_flops(blocks, width, [tokens + caption] * samples)
-        return (dense_flops(seen.counts("", model), samples * tokens)
-                + attention_flops(blocks, width, [tokens] * samples)
-                + attention_flops(blocks, width, [tokens] * samples, [caption] * samples))
+        return dense_flops(seen.counts("", model), samples * tokens) + attention_flops(blocks, width, [tokens] * samples) + attention_flops(blocks, width, [tokens] * samples, [caption] * samples)
 
     return flops
 

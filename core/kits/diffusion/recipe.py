@@ -88,8 +88,7 @@ class DiffusionRecipe(TrainRecipe):
         each sample's draws from its ``sample_seeds``."""
         encode(batch, self.encoders, self.family.conditions)
         device = next(model.parameters()).device
-        return diffusion_loss(self.objective, self.conditioned(batch, device), model, batch["latents"].to(device), batch["text"].to(device),
-                              self.empty_text, self.cfg, batch.get("sample_seeds"))
+        return diffusion_loss(self.objective, self.conditioned(batch, device), model, batch["latents"].to(device), batch["text"].to(device), self.empty_text, self.cfg, batch.get("sample_seeds"))
 
     def conditioned(self, batch: dict[str, Any], device: Any, repeat: int = 1) -> Callable[..., Any]:
         """``predict`` with the batch's conditions bound (each sample's ``repeat`` times in a row)."""

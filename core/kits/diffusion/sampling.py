@@ -23,9 +23,17 @@ def text_to_video_sample(pipe: Any, ctx: StageContext, prompt: str, generator: A
     are (Wan, CogVideoX, HunyuanVideo): the first bucket's size, the export's steps and guidance,
     the data's text length; frames [F, H, W, 3] in [0, 1]."""
     height, width, frames = ctx.config.data.buckets[0]
-    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
-                guidance_scale=ctx.config.export.guidance_scale, max_sequence_length=ctx.config.data.max_sequence_length,
-                generator=generator, output_type="np").frames[0]
+    return pipe(
+        prompt,
+        height=height,
+        width=width,
+        num_frames=frames,
+        num_inference_steps=ctx.config.export.sample_steps,
+        guidance_scale=ctx.config.export.guidance_scale,
+        max_sequence_length=ctx.config.data.max_sequence_length,
+        generator=generator,
+        output_type="np",
+    ).frames[0]
 
 
 class VideoSampling:
@@ -67,8 +75,7 @@ class VideoSampling:
 
         ctx = self.ctx
         gen, export = ctx.config.generation, ctx.config.export
-        chosen = export.model_copy(update={"sample_steps": gen.num_inference_steps or export.sample_steps,
-                                           "guidance_scale": gen.guidance_scale or export.guidance_scale})
+        chosen = export.model_copy(update={"sample_steps": gen.num_inference_steps or export.sample_steps, "guidance_scale": gen.guidance_scale or export.guidance_scale})
         sampling = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"export": chosen}))
         seed = gen.seed if gen.seed is not None else ctx.seed
         folder.mkdir(parents=True, exist_ok=True)
@@ -96,8 +103,11 @@ class VideoSampling:
         images: list[Any] = []
         for i, request in enumerate(requests):
             if i not in runnable:
-                answers[i] = {"error": "give a caption (--prompt) and one first frame (--image): this pack generates video from an image and text" if family.conditions
-                              else "give a caption (--prompt) and no media: this pack generates video from text"}
+                answers[i] = {
+                    "error": "give a caption (--prompt) and one first frame (--image): this pack generates video from an image and text"
+                    if family.conditions
+                    else "give a caption (--prompt) and no media: this pack generates video from text"
+                }
             elif family.conditions:
                 try:
                     images.append(load_image(request.media["images"][0]))
@@ -129,13 +139,26 @@ class VideoSampling:
         contact_sheet(folder / "contact_sheet.png", [w.pop("pixels") for w in written], scale=4)
         for i, image in enumerate(images or []):  # the first frame it was given, beside what it made of it
             image.save(folder / f"sample-{i}-first-frame.png")
-        rows = [{"item": i, "caption": c, "video": str(Path(w["video"]).relative_to(ctx.stage_dir)),
-                 "media": ([{"kind": "image", "src": f"samples/sample-{i}-first-frame.png"}] if images else []) + [{"kind": "video", "src": str(Path(w["video"]).relative_to(ctx.stage_dir))}]}
-                for i, (c, w) in enumerate(zip(captions, written))]
+        rows = [
+            {
+                "item": i,
+                "caption": c,
+                "video": str(Path(w["video"]).relative_to(ctx.stage_dir)),
+                "media": ([{"kind": "image", "src": f"samples/sample-{i}-first-frame.png"}] if images else []) + [{"kind": "video", "src": str(Path(w["video"]).relative_to(ctx.stage_dir))}],
+            }
+            for i, (c, w) in enumerate(zip(captions, written))
+        ]
         metrics = {"items": len(rows), "samples": len(rows)}
-        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: samples of the export for the held-out captions", columns=("item", "caption", "video"),
-                      images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))], ctx=ctx,
-                      dataset="the held-out clips' first frames and captions" if family.conditions else None if ctx.config.evaluate.datasets else "export.sample_prompts")
+        write_results(
+            ctx.stage_dir,
+            rows,
+            metrics,
+            title=f"{ctx.pack}: samples of the export for the held-out captions",
+            columns=("item", "caption", "video"),
+            images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))],
+            ctx=ctx,
+            dataset="the held-out clips' first frames and captions" if family.conditions else None if ctx.config.evaluate.datasets else "export.sample_prompts",
+        )
         note = f"{len(rows)} sample video(s) of the export and a contact sheet in {folder} (no metric: look at them, report.html)"
         return StageResult(outputs={"results": "results.jsonl", "samples": "samples", "report": "report.html"}, metrics=metrics, notes=[note])
 

@@ -28,7 +28,9 @@ class VideoData(DataSection):
     max_sequence_length: int = Field(32, ge=4, description="Text tokens per caption.")
     demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic dataset with this many clips (the demo).")
     ranking: bool = Field(False, description="The datasets are preference pairs (a caption with chosen and rejected videos), for training.method: dpo.")
-    eval_fraction: float = Field(0.0, ge=0, lt=1, description="The fraction of clips (with ranking: pairs) held out: training reports their velocity error at fixed noise (eval/loss), or preference accuracy.")
+    eval_fraction: float = Field(
+        0.0, ge=0, lt=1, description="The fraction of clips (with ranking: pairs) held out: training reports their velocity error at fixed noise (eval/loss), or preference accuracy."
+    )
 
     @field_validator("buckets")
     @classmethod
@@ -49,8 +51,13 @@ class DiffusionTraining(TrainingSection):
 
 class FlowMatchingTraining(DiffusionTraining):
     flow_shift: float = Field(3.0, gt=0, description="Timestep shift of the flow-matching schedule.")
-    timestep_sampling: Literal["uniform", "logit_normal"] = Field("logit_normal", description="How training draws noise levels before the shift: logit_normal (sigmoid of a standard normal: more weight on middle levels, as SD3) or uniform.")
-    expert: Literal["none", "high_noise", "low_noise"] = Field("none", description="A pipeline of two denoisers split at a noise level (Wan2.2: model_index.json boundary_ratio): which one this run trains, on its own noise levels (high_noise: transformer, levels >= the boundary; low_noise: transformer_2, below). Export writes it beside the other, as downloaded.")
+    timestep_sampling: Literal["uniform", "logit_normal"] = Field(
+        "logit_normal", description="How training draws noise levels before the shift: logit_normal (sigmoid of a standard normal: more weight on middle levels, as SD3) or uniform."
+    )
+    expert: Literal["none", "high_noise", "low_noise"] = Field(
+        "none",
+        description="A pipeline of two denoisers split at a noise level (Wan2.2: model_index.json boundary_ratio): which one this run trains, on its own noise levels (high_noise: transformer, levels >= the boundary; low_noise: transformer_2, below). Export writes it beside the other, as downloaded.",
+    )
 
 
 class GuidanceEmbeddingTraining(FlowMatchingTraining):

@@ -37,5 +37,17 @@ from mmcore.kits.vlm.family import EncoderFactory, VLMFamily
 from mmcore.kits.vlm.generation import torch_tensor
 from mmcore.kits.vlm.recipe import VLMMegatronRecipe, VLMRecipe
 
-__all__ = ["VLMFamily", "VLMRecipe", "VLMMegatronRecipe", "VLMDPORecipe", "restarting_positions", "rows_of", "with_tail",
-           "balance_loss_without_fillers", "torch_tensor", "Batch", "CollateExtra", "EncoderFactory"]
+__all__ = [
+    "VLMFamily",
+    "VLMRecipe",
+    "VLMMegatronRecipe",
+    "VLMDPORecipe",
+    "restarting_positions",
+    "rows_of",
+    "with_tail",
+    "balance_loss_without_fillers",
+    "torch_tensor",
+    "Batch",
+    "CollateExtra",
+    "EncoderFactory",
+]

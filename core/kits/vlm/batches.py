@@ -67,6 +67,7 @@ class VLMBatches:
     def group_of(self: "VLMFamily", data: Any) -> Callable[[int], tuple[bool, ...]]:
         """``sample index -> which of batch_apart's fields it has`` (from the dataset index,
         where preprocess recorded the sample's media fields; else from the sample)."""
+
         def key(i: int) -> tuple[bool, ...]:
             if not self.batch_apart:
                 return ()

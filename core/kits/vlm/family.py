@@ -124,8 +124,9 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
     def __post_init__(self) -> None:
         for name, instead in (("megatron", "MegatronPart (a megatron_part method)"), ("parallel_map", "MegatronTable (a megatron_table method)")):
             if getattr(self, name) is not None:
-                warnings.warn(f"VLMFamily({name}=...) is deprecated and goes in SDK 2.0: implement mmcore.backends.megatron.family.{instead} "
-                              "in a subclass of VLMFamily", DeprecationWarning, stacklevel=3)
+                warnings.warn(
+                    f"VLMFamily({name}=...) is deprecated and goes in SDK 2.0: implement mmcore.backends.megatron.family.{instead} in a subclass of VLMFamily", DeprecationWarning, stacklevel=3
+                )
 
     # -- the model ---------------------------------------------------------------------------
 

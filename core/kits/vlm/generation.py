@@ -48,8 +48,7 @@ class VLMGeneration:
         batch: Batch = {"input_ids": input_ids, "attention_mask": mask}
         self.add_media(batch, prompts, ids)
         weight = next(model.parameters())
-        return {k: v.to(weight.device, weight.dtype if v.is_floating_point() else None) for k, v in batch.items()
-                if k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields)}
+        return {k: v.to(weight.device, weight.dtype if v.is_floating_point() else None) for k, v in batch.items() if k in ("input_ids", "attention_mask", *self.model_inputs, *self.media_fields)}
 
     def generate(self: "VLMFamily", ctx: StageContext, model: Any, folder: Path, prompts: list[dict[str, Any]], *, what: str) -> tuple[list[list[int]], Any, dict[str, int]]:
         """(generated tokens per prompt, the tokenizer, its token ids), batched as ``generation`` says."""
@@ -67,9 +66,15 @@ class VLMGeneration:
         tokens: list[list[int]] = [[] for _ in prompts]
         for members in kinds.values():
             generated = generate_tokens(
-                model, [prompts[i] for i in members], lambda chosen: self.generation_inputs(model, chosen, ids), length=lambda p: len(p["input_ids"]),
-                end_ids=sorted({end, tokenizer.eos_token_id} - {None}), pad_id=ids["pad_id"], max_new_tokens=cfg.max_new_tokens,
-                batch_size=cfg.batch_size, options=sampling_options(cfg, ctx.seed),
+                model,
+                [prompts[i] for i in members],
+                lambda chosen: self.generation_inputs(model, chosen, ids),
+                length=lambda p: len(p["input_ids"]),
+                end_ids=sorted({end, tokenizer.eos_token_id} - {None}),
+                pad_id=ids["pad_id"],
+                max_new_tokens=cfg.max_new_tokens,
+                batch_size=cfg.batch_size,
+                options=sampling_options(cfg, ctx.seed),
                 progress=lambda groups, total: ctx.progress(groups, total=total, description=what, unit="batch"),
             )
             for i, answer in zip(members, generated):
@@ -139,16 +144,37 @@ class VLMGeneration:
             reference = tokenizer.decode(answer, skip_special_tokens=True).strip()
             prediction = tokenizer.decode(generated, skip_special_tokens=True).strip()
             said = sources.get(name)  # the user's words and media as written, not the template the model read
-            rows.append({"item": name, "prompt": user_text(said.turns) if said else tokenizer.decode(prompt["input_ids"], skip_special_tokens=True).strip()[-300:],
-                         "media": keep_media(ctx.stage_dir, [f for files in said.media.values() for f in files]) if said else [],
-                         "reference": reference, "prediction": prediction, **answer_scores(prediction, reference), "token_match": float(generated == answer)})
+            rows.append(
+                {
+                    "item": name,
+                    "prompt": user_text(said.turns) if said else tokenizer.decode(prompt["input_ids"], skip_special_tokens=True).strip()[-300:],
+                    "media": keep_media(ctx.stage_dir, [f for files in said.media.values() for f in files]) if said else [],
+                    "reference": reference,
+                    "prediction": prediction,
+                    **answer_scores(prediction, reference),
+                    "token_match": float(generated == answer),
+                }
+            )
         n = len(rows)
-        metrics = {"items": n, "skipped": skipped, "accuracy": sum(r["exact_match"] for r in rows) / n,
-                   "token_f1": sum(r["token_f1"] for r in rows) / n, "token_accuracy": sum(r["token_match"] for r in rows) / n}
-        write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: greedy answers of the export {folder.name}/ to the held-out prompts",
-                      columns=("item", "prompt", "reference", "prediction", "exact_match", "token_f1"), ctx=ctx)
-        note = (f"{n} held-out item(s), greedy generate() on the export: accuracy {metrics['accuracy']:.1%} "
-                f"(exact tokens {metrics['token_accuracy']:.1%}), token F1 {metrics['token_f1']:.3f}; report in {ctx.stage_dir / 'report.html'}")
+        metrics = {
+            "items": n,
+            "skipped": skipped,
+            "accuracy": sum(r["exact_match"] for r in rows) / n,
+            "token_f1": sum(r["token_f1"] for r in rows) / n,
+            "token_accuracy": sum(r["token_match"] for r in rows) / n,
+        }
+        write_results(
+            ctx.stage_dir,
+            rows,
+            metrics,
+            title=f"{ctx.pack}: greedy answers of the export {folder.name}/ to the held-out prompts",
+            columns=("item", "prompt", "reference", "prediction", "exact_match", "token_f1"),
+            ctx=ctx,
+        )
+        note = (
+            f"{n} held-out item(s), greedy generate() on the export: accuracy {metrics['accuracy']:.1%} "
+            f"(exact tokens {metrics['token_accuracy']:.1%}), token F1 {metrics['token_f1']:.3f}; report in {ctx.stage_dir / 'report.html'}"
+        )
         return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])
 
     def held_out(self: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> tuple[list[tuple[str, dict[str, Any]]], int]:

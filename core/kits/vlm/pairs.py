@@ -33,11 +33,13 @@ class PairSamples:
 
 def answer_views(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The chosen row of every pair, then the rejected rows, each with the pair's media."""
+
     def media(s: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in s.items() if k not in PAIR_FIELDS and k != "pair_index"}
 
-    return ([{"input_ids": s["chosen_input_ids"], "labels": s["chosen_labels"], **media(s)} for s in samples]
-            + [{"input_ids": s["rejected_input_ids"], "labels": s["rejected_labels"], **media(s)} for s in samples])
+    return [{"input_ids": s["chosen_input_ids"], "labels": s["chosen_labels"], **media(s)} for s in samples] + [
+        {"input_ids": s["rejected_input_ids"], "labels": s["rejected_labels"], **media(s)} for s in samples
+    ]
 
 
 def chosen_view(sample: dict[str, Any]) -> dict[str, Any]:

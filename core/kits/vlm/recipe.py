@@ -150,9 +150,12 @@ class VLMRecipe(TrainRecipe):
         dataset_dir = self.dataset_dir
         records = ShardDataset(dataset_dir).fillers()
         if not len(records):  # preprocessed before fillers existed: mixed media across ranks cannot be evened
+
             def refuse(samples: list[dict[str, Any]], wanted: Sequence[str]) -> Batch:
-                raise StageError(f"{dataset_dir}: this dataset mixes samples with and without media across processes, and was preprocessed "
-                                 "by an mmcore without filler samples: rerun preprocess (mmcore preprocess --force ...)")
+                raise StageError(
+                    f"{dataset_dir}: this dataset mixes samples with and without media across processes, and was preprocessed "
+                    "by an mmcore without filler samples: rerun preprocess (mmcore preprocess --force ...)"
+                )
 
             return Fill(("media",), lambda i: {"media"} if meta(i).get("media") else set(), refuse)
         view: Any = records
@@ -187,8 +190,7 @@ class VLMMegatronRecipe(VLMRecipe):
     def megatron_family(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> "MegatronFamily":
         """The family's megatron part of the downloaded checkpoint, with the held-out split it
         scores during training."""
-        return dataclasses.replace(self.part(upstream["download"].output("model")), held_out=self.samples("eval"),
-                                   collate_one=lambda s: self.family.collate([s], self.ids))
+        return dataclasses.replace(self.part(upstream["download"].output("model")), held_out=self.samples("eval"), collate_one=lambda s: self.family.collate([s], self.ids))
 
 
 __all__ = ["VLMRecipe", "VLMMegatronRecipe", "FilledCollate"]

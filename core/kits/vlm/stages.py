@@ -38,8 +38,7 @@ class VLMStages:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, **remote_code())
         demo = self.preference_demo if getattr(ctx.config.data, "ranking", False) else self.demo
         ids = self.token_ids_of(tokenizer)
-        return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=demo, tokenizer=str(model_dir),
-                                        tower_tokens=lambda tensors: self.tower_tokens(tensors, ids), **ids)
+        return preprocess_conversations(ctx, self.encoder(ctx, model_dir, tokenizer), demo=demo, tokenizer=str(model_dir), tower_tokens=lambda tensors: self.tower_tokens(tensors, ids), **ids)
 
     def export(self: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         """Write the export and prove it reproduces the trained logits (the evaluate stage then
@@ -54,8 +53,13 @@ class VLMStages:
         kind = self.group_of(probe)
         same_kind = list(itertools.islice((i for i in range(len(probe)) if kind(i) == kind(0)), 4))  # batch_apart: one kind per forward
         done = export_checked(
-            ctx, upstream, self.adapter, build_trained=self.build_model, load_exported=self.load_exported,
-            probe=self.collate([chosen_view(probe[i]) for i in same_kind], self.token_ids(data)), logits=self.forward_logits,
+            ctx,
+            upstream,
+            self.adapter,
+            build_trained=self.build_model,
+            load_exported=self.load_exported,
+            probe=self.collate([chosen_view(probe[i]) for i in same_kind], self.token_ids(data)),
+            logits=self.forward_logits,
             side_files=self.export_side_files,
         )
         outputs, metrics, notes = dict(done.outputs), dict(done.metrics), list(done.notes)

@@ -12,9 +12,6 @@ from typing import Any, ClassVar
 import pytest
 
 
-
-
-
 def _fail(rule: str, hook: str, message: str) -> None:
     pytest.fail(f"[{rule}] {hook}: {message}", pytrace=False)
 
@@ -53,7 +50,6 @@ class _Cli:
 def _losses(run: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines() if line.strip()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}  # a resumed run repeats steps: keep the last
-
 
 
 class ConformanceBase:
@@ -196,4 +192,3 @@ def _device_here(device: str) -> bool:
         return bool(getattr(torch, device, None) and getattr(torch, device).is_available())
     except Exception:
         return False
-

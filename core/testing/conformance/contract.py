@@ -88,4 +88,3 @@ class ContractRules(ConformanceBase):
                 moved = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
                 got = spec.load()(*moved)
                 torch.testing.assert_close(got.cpu().float(), expected.float(), rtol=2e-2, atol=2e-2, msg=lambda m, k=name, d=device: f"[kernels] {k} on {d} differs from its reference: {m}")
-

@@ -124,8 +124,9 @@ class StageRules(ConformanceBase):
         answers = {}
         for which in ("latest", "export"):
             out = media / f"{run.name}-{which}.jsonl"
-            proc = _Cli(work)("infer", "--run-dir", str(run), "--checkpoint", which, "--input", str(media / "requests.jsonl"), "--output", str(out),
-                              "generation.max_new_tokens=4", "generation.num_inference_steps=2")
+            proc = _Cli(work)(
+                "infer", "--run-dir", str(run), "--checkpoint", which, "--input", str(media / "requests.jsonl"), "--output", str(out), "generation.max_new_tokens=4", "generation.num_inference_steps=2"
+            )
             rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
             if len(rows) != 2 or "error" in rows[0]:
                 _fail("infer", "mmcore_infer", f"{run.name}, --checkpoint {which}: expected an answer and an error, got {rows or proc.stderr.strip()[-300:]}")
@@ -134,4 +135,3 @@ class StageRules(ConformanceBase):
             answers[which] = rows[0]
         if "text" in answers["latest"] and answers["latest"]["text"] != answers["export"].get("text"):
             _fail("infer", "mmcore_infer", f"{run.name}: greedy answers differ between the training checkpoint and the export: {answers}")
-

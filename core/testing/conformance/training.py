@@ -41,8 +41,7 @@ class TrainingRules(ConformanceBase):
         # Killed between checkpoints (saved at kill_step, killed one step later): the resumed run
         # replays that step, and metrics.jsonl must still hold each step once.
         between = self.kill_step + 1 <= self.steps
-        killed = self._killed_and_resumed(work, tiny_run, "killed", *([f"training.checkpoint_every={self.kill_step}"] if between else []),
-                                          kill_at=self.kill_step + 1 if between else self.kill_step)
+        killed = self._killed_and_resumed(work, tiny_run, "killed", *([f"training.checkpoint_every={self.kill_step}"] if between else []), kill_at=self.kill_step + 1 if between else self.kill_step)
         # Same batches, same kernels, same RNG streams: resumed losses equal the straight run's bits.
         if _losses(killed) != _losses(tiny_run):
             _fail("resume", "mmcore_train", f"resumed losses {_losses(killed)} differ from uninterrupted {_losses(tiny_run)}")
@@ -63,8 +62,16 @@ class TrainingRules(ConformanceBase):
         _takes_part(entry, "mixed data")
         data = write_mixed_mllm(work / "mixed-data", kinds)
         # plain shuffling (no tower balancing, which would pair samples of alike media): the worst case
-        settings = [f"data.datasets=[{data}]", "data.demo_samples=0", "data.eval_fraction=0.25", "training.steps=4", "training.balance_towers=false",
-                    "training.eval_every=0", "evaluate.enabled=false", *self.mixed_overrides]
+        settings = [
+            f"data.datasets=[{data}]",
+            "data.demo_samples=0",
+            "data.eval_fraction=0.25",
+            "training.steps=4",
+            "training.balance_towers=false",
+            "training.eval_every=0",
+            "evaluate.enabled=false",
+            *self.mixed_overrides,
+        ]
         runs = {}
         for name, layout in (("one", ["training.micro_batch_size=2"]), ("two", ["training.micro_batch_size=1"])):
             runs[name] = run = work / f"mixed-{name}"
@@ -77,8 +84,7 @@ class TrainingRules(ConformanceBase):
                 except MmcoreError as exc:
                     _fail("mixed data", "mmcore run", f"one process on {data}: {exc.one_line()}")
                 continue
-            proc = _Cli(work)("run", "--pack", self.pack_name, "--preset", self.preset, "--run-dir", str(run), "--nproc-per-node", "2",
-                              *self._overrides(), *settings, *layout)
+            proc = _Cli(work)("run", "--pack", self.pack_name, "--preset", self.preset, "--run-dir", str(run), "--nproc-per-node", "2", *self._overrides(), *settings, *layout)
             if proc.returncode != 0:
                 _fail("mixed data", "mmcore run --nproc-per-node 2", f"exit {proc.returncode} on mixed media: " + " | ".join(proc.stderr.strip().splitlines()[-3:]))
         one, two = _losses(runs["one"]), _losses(runs["two"])
@@ -121,7 +127,7 @@ class TrainingRules(ConformanceBase):
         elif not sum(losses[-2:]) < sum(losses[:2]):
             _fail("lora", "mmcore_train", f"the loss did not fall with the adapters training ({' '.join(self.lora_overrides)}): {losses}")
         checkpoint = (straight / "train" / train["outputs"]["checkpoint"]).resolve()
-        held = [k[len("model."):] for k in safe_dcp.read_metadata(checkpoint).state_dict_metadata if k.startswith("model.")]
+        held = [k[len("model.") :] for k in safe_dcp.read_metadata(checkpoint).state_dict_metadata if k.startswith("model.")]
         if not held or not all(is_adapter(k) for k in held):
             _fail("lora", "mmcore_train", f"a LoRA checkpoint must hold the adapters only, not {[k for k in held if not is_adapter(k)][:3] or 'nothing'} (use mmcore.train.loop's loop)")
         export = self._manifest(straight, "export")
@@ -135,5 +141,3 @@ class TrainingRules(ConformanceBase):
         killed = self._killed_and_resumed(work, tiny_run, "lora-killed", *self.lora_overrides)
         if _losses(killed) != _losses(straight):
             _fail("lora", "mmcore_train", f"resumed LoRA losses {_losses(killed)} differ from uninterrupted {_losses(straight)}")
-
-

@@ -41,8 +41,7 @@ def test_tiny_run_round_trips_exactly_and_exports_for_the_asr_pipeline(whisper_c
     evaluate = manifest(run, "evaluate-mine")["metrics"]  # its own folder: the run's evaluate/ stays
     assert evaluate["items"] == 3 and evaluate["skipped"] == 1 and 0 <= evaluate["cer"] and 0 <= evaluate["wer"]
     # `mmcore infer --input`: media alone is a transcription request; an image is refused on its line
-    (demo / "requests.jsonl").write_text(json.dumps({"audios": [json.loads(lines[0])["audio"]]}) + "\n"
-                                         + json.dumps({"prompt": "x", "images": [json.loads(lines[0])["audio"]]}) + "\n")
+    (demo / "requests.jsonl").write_text(json.dumps({"audios": [json.loads(lines[0])["audio"]]}) + "\n" + json.dumps({"prompt": "x", "images": [json.loads(lines[0])["audio"]]}) + "\n")
     proc = whisper_cli("infer", "--run-dir", "r", "--checkpoint", "export", "--input", str(demo / "requests.jsonl"), "--output", "out.jsonl", check=False)
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert proc.returncode == 1 and "text" in out[0] and out[1]["error"].startswith("whisper transcribes one --audio file per request")
@@ -68,8 +67,9 @@ def test_frozen_encoder_cache_equals_running_the_encoder_and_spec_augment_bypass
 @pytest.mark.slow
 @pytest.mark.compares_runs
 @pytest.mark.matrix  # qwen2vl's FSDP2 tests (full and LoRA) are the representative cases in `make test`
-@pytest.mark.parametrize("lora", [[], ["training.lora.r=4", "training.lr=1e-2"], ["training.optimizer=sgd", "training.momentum=0.9"]],
-                         ids=["full", "lora", "sgd"])  # sgd: its momentum buffers, sharded by FSDP2
+@pytest.mark.parametrize(
+    "lora", [[], ["training.lora.r=4", "training.lr=1e-2"], ["training.optimizer=sgd", "training.momentum=0.9"]], ids=["full", "lora", "sgd"]
+)  # sgd: its momentum buffers, sharded by FSDP2
 def test_two_process_fsdp2_matches_one_process(whisper_cli, tmp_path: Path, lora: list[str]) -> None:  # type: ignore[no-untyped-def]
     whisper_cli("run", *TINY, "--run-dir", "one", "training.steps=3", "training.micro_batch_size=2", *lora)
     whisper_cli("run", *TINY, "--run-dir", "two", "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "2", *lora)

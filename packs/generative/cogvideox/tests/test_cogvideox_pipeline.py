@@ -47,8 +47,7 @@ def test_loss_is_the_v_prediction_loss_cogvideox_trains_with(tiny_pipeline: Path
         # their formula, written out on [B, F, C, H, W] latents as their script holds them
         x, n = latents.permute(0, 2, 1, 3, 4), noise.permute(0, 2, 1, 3, 4)
         noisy = scheduler.add_noise(x, n, timesteps)
-        output = model(hidden_states=noisy, encoder_hidden_states=text, timestep=timesteps,
-                       image_rotary_emb=pipeline_rotary(model), return_dict=False)[0]
+        output = model(hidden_states=noisy, encoder_hidden_states=text, timestep=timesteps, image_rotary_emb=pipeline_rotary(model), return_dict=False)[0]
         estimate = scheduler.get_velocity(output, noisy, timesteps)
         weights = (1 / (1 - scheduler.alphas_cumprod[timesteps])).view(-1, 1, 1, 1, 1)
         theirs = (weights * (estimate - x) ** 2).flatten(1).mean(1).float()  # their weights are float64

@@ -40,8 +40,7 @@ def test_the_denoiser_gets_what_the_pipeline_gives_it(tmp_path: Path) -> None:
     pipe(caption, height=32, width=32, num_frames=5, num_inference_steps=1, output_type="latent")
     theirs = dict(seen)
     predict(pipe.transformer, theirs["hidden_states"][:, :8], theirs["timestep"] / 1000, cached[None])
-    for name in ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2",
-                 "encoder_attention_mask_2", "image_embeds"):
+    for name in ("hidden_states", "timestep", "encoder_hidden_states", "encoder_attention_mask", "encoder_hidden_states_2", "encoder_attention_mask_2", "image_embeds"):
         assert torch.equal(seen[name].float(), theirs[name].float()), name
     assert theirs["encoder_attention_mask_2"].sum() > 0  # the quoted text was encoded
     assert theirs["encoder_attention_mask"][0].sum() == len(pipe.tokenizer(caption).input_ids) + 5  # + <|im_end|>, \n, <|im_start|>assistant\n

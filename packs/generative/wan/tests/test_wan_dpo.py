@@ -38,14 +38,25 @@ def test_pairs_need_one_bucket_and_lora(wan, tmp_path: Path) -> None:  # type: i
     write_mp4(root / "a.mp4", frames, 8)
     write_mp4(root / "b.mp4", np.full((9, 32, 48, 3), 128, dtype=np.uint8), 8)
     write_mp4(root / "c.mp4", frames // 2, 8)
-    (root / "pairs.json").write_text(json.dumps([{"cap": "x", "chosen": "a.mp4", "rejected": "b.mp4"},
-                                                 {"cap": "y", "chosen": "a.mp4", "rejected": "c.mp4"}]))
-    args = ["run", "--pack", "wan", "--preset", "tiny", "--data", str(root / "pairs.json"), "data.ranking=true", "data.on_bad_sample=skip",
-            "data.buckets=[[32,32,5],[32,48,5]]", "training.method=dpo", "training.steps=1", "training.micro_batch_size=1"]
+    (root / "pairs.json").write_text(json.dumps([{"cap": "x", "chosen": "a.mp4", "rejected": "b.mp4"}, {"cap": "y", "chosen": "a.mp4", "rejected": "c.mp4"}]))
+    args = [
+        "run",
+        "--pack",
+        "wan",
+        "--preset",
+        "tiny",
+        "--data",
+        str(root / "pairs.json"),
+        "data.ranking=true",
+        "data.on_bad_sample=skip",
+        "data.buckets=[[32,32,5],[32,48,5]]",
+        "training.method=dpo",
+        "training.steps=1",
+        "training.micro_batch_size=1",
+    ]
     proc = wan(*args, check=False)
     assert proc.returncode != 0 and "Diffusion-DPO's reference is the base with the LoRA adapters off" in proc.stderr
     bad = [json.loads(line) for line in (tmp_path / "runs/wan-tiny/preprocess/bad_samples.jsonl").read_text().splitlines()]
     assert len(bad) == 1 and "chosen and rejected fall in different buckets (32x32x5 and 32x48x5)" in bad[0]["reason"]
     wan(*args, "training.lora.r=4")
     assert manifest(tmp_path / "runs/wan-tiny", "train")["metrics"]["steps"] == 1
-

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-EMA_RUN = ["--pack", "wan", "--preset", "tiny", "data.demo_samples=8", "training.steps=4", "training.checkpoint_every=1",
-           "training.ema=0.9", "training.lr=0.01", "evaluate.enabled=false"]
+EMA_RUN = ["--pack", "wan", "--preset", "tiny", "data.demo_samples=8", "training.steps=4", "training.checkpoint_every=1", "training.ema=0.9", "training.lr=0.01", "evaluate.enabled=false"]
 EXPORTED = "export/pipeline/transformer/diffusion_pytorch_model.safetensors"
 
 

@@ -40,8 +40,17 @@ def test_the_denoiser_gets_the_first_frame_as_the_pipeline_gives_it(tmp_path: Pa
     pipe = WanImageToVideoPipeline.from_pretrained(tmp_path / "pipe")
     seen: dict = {}  # type: ignore[type-arg]
     pipe.transformer.register_forward_pre_hook(lambda module, args, kwargs: seen.update(kwargs), with_kwargs=True)
-    pipe(image=Image.fromarray(frames[0].numpy()), prompt="a red square moves right", height=32, width=32, num_frames=5,
-         num_inference_steps=1, guidance_scale=1.0, max_sequence_length=16, output_type="latent")
+    pipe(
+        image=Image.fromarray(frames[0].numpy()),
+        prompt="a red square moves right",
+        height=32,
+        width=32,
+        num_frames=5,
+        num_inference_steps=1,
+        guidance_scale=1.0,
+        max_sequence_length=16,
+        output_type="latent",
+    )
     # The pipeline scales the frame by /255 * 2 - 1, we by /127.5 - 1: the last bit may differ
     # before the VAE, hence a tolerance far below the latents' scale (about 1).
     torch.testing.assert_close(seen["hidden_states"][0, 16:], ours["condition"], rtol=0, atol=1e-5)
@@ -60,8 +69,7 @@ def test_i2v_demo_learns_and_the_export_generates_from_a_first_frame(mmcore_cli,
 
     pipe = WanImageToVideoPipeline.from_pretrained(run / "export/pipeline")
     first = Image.fromarray(np.full((32, 32, 3), 255, dtype=np.uint8))
-    video = pipe(image=first, prompt="a red square moves right", height=32, width=32, num_frames=9, num_inference_steps=2,
-                 max_sequence_length=16, output_type="np").frames[0]
+    video = pipe(image=first, prompt="a red square moves right", height=32, width=32, num_frames=9, num_inference_steps=2, max_sequence_length=16, output_type="np").frames[0]
     assert video.shape == (9, 32, 32, 3) and np.isfinite(video).all()
 
 

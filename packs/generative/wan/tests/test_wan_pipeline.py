@@ -278,6 +278,5 @@ def test_megatron_is_refused_before_download_for_a_family_without_it(wan, tmp_pa
     if not status()[0]:
         pytest.skip(status()[1])
     proc = wan("run", *TINY, "--run-dir", "mg", "parallel.backend=megatron", check=False)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "error: parallel.backend: megatron: the wan pack does not run on megatron-core (use parallel.backend: fsdp2)"], proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["error: parallel.backend: megatron: the wan pack does not run on megatron-core (use parallel.backend: fsdp2)"], proc.stderr
     assert not (tmp_path / "mg" / "download").exists()

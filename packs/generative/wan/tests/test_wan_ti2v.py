@@ -56,8 +56,9 @@ def test_text_to_video_gives_the_timestep_per_token_as_the_pipeline_does(ti2v: P
     pipe = WanPipeline.from_pretrained(ti2v)
     assert pipe.vae.config.z_dim == 48 and pipe.transformer.config.in_channels == 48
     latents = torch.randn(1, 48, 3, 2, 2, generator=torch.Generator().manual_seed(1))
-    theirs = transformer_inputs(pipe, lambda: pipe("a red square moves right", height=32, width=32, num_frames=9, num_inference_steps=1,
-                                                   guidance_scale=1.0, max_sequence_length=16, latents=latents, output_type="latent"))
+    theirs = transformer_inputs(
+        pipe, lambda: pipe("a red square moves right", height=32, width=32, num_frames=9, num_inference_steps=1, guidance_scale=1.0, max_sequence_length=16, latents=latents, output_type="latent")
+    )
     text = Encoders(ti2v, 16).text("a red square moves right")[None]
     predict = functools.partial(FAMILY.predict, **checkpoint_options(ti2v))
     ours = transformer_inputs(pipe, lambda: predict(pipe.transformer, latents, pipe.scheduler.sigmas[:1], text))
@@ -81,9 +82,21 @@ def test_image_to_video_gives_the_first_frame_clean_at_timestep_zero(ti2v: Path)
     assert conditions["condition"].shape == (48, 1, 2, 2) and conditions["image_embeds"].numel() == 0  # TI2V has no CLIP
     pipe = WanImageToVideoPipeline.from_pretrained(ti2v)
     latents = torch.randn(1, 48, 3, 2, 2, generator=torch.Generator().manual_seed(1))
-    theirs = transformer_inputs(pipe, lambda: pipe(image=Image.fromarray(frames[0].numpy()), prompt="a red square moves right", height=32, width=32,
-                                                   num_frames=9, num_inference_steps=1, guidance_scale=1.0, max_sequence_length=16,
-                                                   latents=latents, output_type="latent"))
+    theirs = transformer_inputs(
+        pipe,
+        lambda: pipe(
+            image=Image.fromarray(frames[0].numpy()),
+            prompt="a red square moves right",
+            height=32,
+            width=32,
+            num_frames=9,
+            num_inference_steps=1,
+            guidance_scale=1.0,
+            max_sequence_length=16,
+            latents=latents,
+            output_type="latent",
+        ),
+    )
     predict = functools.partial(FAMILY.predict, **checkpoint_options(ti2v), **{k: v[None] for k, v in conditions.items()})
     ours = transformer_inputs(pipe, lambda: predict(pipe.transformer, latents, pipe.scheduler.sigmas[:1], encoders.text("a red square moves right")[None]))
     assert torch.equal(ours["timestep"], theirs["timestep"]) and float(ours["timestep"][0, 0]) == 0.0 and float(ours["timestep"][0, 1]) > 0
@@ -135,8 +148,7 @@ def test_ti2v_trains_and_exports_for_both_pipelines(mmcore_cli, tmp_path: Path) 
         assert json.loads((tmp_path / name / "export/manifest.json").read_text())["metrics"]["weights_identical"]
         pipe = cls.from_pretrained(export)
         first = {"image": Image.fromarray(first_frames()[0].numpy())} if name == "i2v" else {}
-        video = pipe(prompt="a red square moves right", height=32, width=32, num_frames=5, num_inference_steps=2, max_sequence_length=16,
-                     output_type="np", **first).frames[0]
+        video = pipe(prompt="a red square moves right", height=32, width=32, num_frames=5, num_inference_steps=2, max_sequence_length=16, output_type="np", **first).frames[0]
         assert video.shape == (5, 32, 32, 3) and np.isfinite(video).all()
     assert json.loads((tmp_path / "i2v/evaluate/manifest.json").read_text())["metrics"]["samples"] >= 1
     result = mmcore_cli("run", "--pack", "wan", *TINY, "data.demo_samples=8", "data.buckets=[[48, 48, 5]]", "--run-dir", "bad", check=False)

@@ -30,14 +30,12 @@ def test_encoding_equals_the_omni_processor_and_chat_template(parts, tiny_omni: 
 
     tokenizer, features = parts
     cfg = OmniData(image_max_pixels=3136)
-    sample = Sample("x.json", 0, [Turn("user", "<image><audio>What do you see and hear?"), Turn("assistant", "red")],
-                    {"images": [wild_omni / "imgs/a.jpg"], "audios": [wild_omni / "sounds/b.mp3"]})
+    sample = Sample("x.json", 0, [Turn("user", "<image><audio>What do you see and hear?"), Turn("assistant", "red")], {"images": [wild_omni / "imgs/a.jpg"], "audios": [wild_omni / "sounds/b.mp3"]})
     encoded = Encoder(tokenizer, features, cfg).encode(sample)
 
     processor = OmniProcessorWithoutVideo.from_pretrained(tiny_omni)  # what init:tiny saved
     processor.image_processor = image_processor(cfg.image_min_pixels, cfg.image_max_pixels)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "What do you see and hear?"}]},
-                {"role": "assistant", "content": "red"}]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "What do you see and hear?"}]}, {"role": "assistant", "content": "red"}]
     text = processor.apply_chat_template(messages, tokenize=False)
     want = processor(text=[text], images=[Image.open(wild_omni / "imgs/a.jpg").convert("RGB")], audio=[load_audio(wild_omni / "sounds/b.mp3")], return_tensors="np")
     assert encoded.input_ids == want["input_ids"][0].tolist()
@@ -76,8 +74,9 @@ def test_bad_media_is_counted_and_named_when_skipping(omni, wild_omni: Path, tmp
     (wild_omni / "bad.json").write_text(json.dumps([good, *bad]))
     omni("download", "--pack", "qwen2.5omni", "--preset", "tiny", "--run-dir", "r")
     omni("convert", "--pack", "qwen2.5omni", "--preset", "tiny", "--run-dir", "r")
-    proc = omni("preprocess", "--pack", "qwen2.5omni", "--preset", "tiny", "--run-dir", "r", "--data", str(wild_omni / "bad.json"), "data.on_bad_sample=skip",
-                "training.micro_batch_size=1")  # one sample is good
+    proc = omni(
+        "preprocess", "--pack", "qwen2.5omni", "--preset", "tiny", "--run-dir", "r", "--data", str(wild_omni / "bad.json"), "data.on_bad_sample=skip", "training.micro_batch_size=1"
+    )  # one sample is good
     assert "skipped 4 bad sample(s)" in proc.stdout
     reasons = [json.loads(line)["reason"] for line in (tmp_path / "r/preprocess/bad_samples.jsonl").read_text().splitlines()]
     assert "unreadable audio" in reasons[0] and "broken.mp3" in reasons[0]

@@ -34,14 +34,12 @@ def test_encoding_equals_the_omni_processor_and_chat_template(parts, tiny_thinke
     tokenizer, features = parts
     cfg = Qwen3OmniData(image_max_pixels=4096)
     root = wild.parent
-    sample = Sample("x.json", 0, [Turn("user", "<image><audio>What do you see and hear?"), Turn("assistant", "red")],
-                    {"images": [root / "imgs/a.jpg"], "audios": [root / "sounds/b.mp3"]})
+    sample = Sample("x.json", 0, [Turn("user", "<image><audio>What do you see and hear?"), Turn("assistant", "red")], {"images": [root / "imgs/a.jpg"], "audios": [root / "sounds/b.mp3"]})
     encoded = Encoder(tokenizer, features, cfg).encode(sample)
 
     processor = OmniProcessorWithoutVideo.from_pretrained(tiny_thinker)  # what init:tiny saved
     processor.image_processor = image_processor(cfg.image_min_pixels, cfg.image_max_pixels, patch_size=16, mean_std=(0.5, 0.5))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "What do you see and hear?"}]},
-                {"role": "assistant", "content": "red"}]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "What do you see and hear?"}]}, {"role": "assistant", "content": "red"}]
     text = processor.apply_chat_template(messages, tokenize=False)
     want = processor(text=[text], images=[Image.open(root / "imgs/a.jpg").convert("RGB")], audio=[load_audio(root / "sounds/b.mp3")], return_tensors="np")
     assert encoded.input_ids == want["input_ids"][0].tolist()
@@ -74,8 +72,22 @@ def test_mixed_conversations_preprocess_train_packed_and_export(omni, wild: Path
     per temporal patch: fractional M-RoPE times), the export reloaded with identical logits."""
     from mmcore.data import ShardDataset
 
-    omni("run", "--pack", "qwen3omni", "--preset", "tiny", "--data", str(wild), "--run-dir", "r", "training.steps=2",
-         "training.micro_batch_size=2", "training.packing=true", "data.video_fps=4", "evaluate.enabled=false")
+    omni(
+        "run",
+        "--pack",
+        "qwen3omni",
+        "--preset",
+        "tiny",
+        "--data",
+        str(wild),
+        "--run-dir",
+        "r",
+        "training.steps=2",
+        "training.micro_batch_size=2",
+        "training.packing=true",
+        "data.video_fps=4",
+        "evaluate.enabled=false",
+    )
     data = ShardDataset(tmp_path / "r/preprocess/dataset")
     assert len(data) == 4
     first = data[0]

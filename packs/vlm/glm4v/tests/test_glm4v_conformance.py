@@ -20,5 +20,8 @@ class TestGlm4vMoeConformance(PackConformance):
     mixed_media = ("image", "video")
     mixed_overrides = ("training.moe_aux_loss_coef=0",)  # the router's balance loss is per micro-batch
     # LoRA adapts the attention, infer and kill-resume run, as in glm4v (make test-matrix runs them here)
-    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_infer_answers_from_the_training_checkpoint_and_the_export",
-              "test_training_killed_mid_run_resumes_to_the_same_losses")
+    matrix = (
+        "test_lora_trains_only_the_adapters_resumes_and_exports_them",
+        "test_infer_answers_from_the_training_checkpoint_and_the_export",
+        "test_training_killed_mid_run_resumes_to_the_same_losses",
+    )

@@ -50,8 +50,10 @@ def test_an_image_conversation_equals_the_processor(tokenizer, tmp_path: Path) -
     cfg = QwenVisionData(image_max_pixels=84 * 84)
     encoded = Encoder(tokenizer, cfg).encode(Sample("x.json", 0, [Turn("user", "<image>What colour is the square?"), Turn("assistant", "green")], {"images": [tmp_path / "a.png"]}))
     proc = processor(tokenizer, cfg)
-    text = proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the square?"}]},
-                                     {"role": "assistant", "content": [{"type": "text", "text": "green"}]}], tokenize=False)
+    text = proc.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the square?"}]}, {"role": "assistant", "content": [{"type": "text", "text": "green"}]}],
+        tokenize=False,
+    )
     want = proc(text=[text], images=[Image.open(tmp_path / "a.png").convert("RGB")], return_tensors="np")
     assert encoded.input_ids == want["input_ids"][0].tolist()
     assert np.array_equal(encoded.tensors["pixel_values"].numpy(), want["pixel_values"])
@@ -74,8 +76,9 @@ def test_a_video_is_frames_with_their_seconds_and_video_token_types(tokenizer, t
     metadata = VideoMetadata(total_num_frames=12, fps=video.source_fps, frames_indices=video.indices)
     expanded = proc.replace_video_token({"video_grid_thw": np.array(grid), "video_metadata": [metadata]}, 0)
     assert expanded.count("<|begin_of_image|>") == 3 and expanded.endswith("<|end_of_image|>2")  # frames 0, 4, 8 -> seconds 0, 1, 2
-    text = proc.apply_chat_template([{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
-                                     {"role": "assistant", "content": [{"type": "text", "text": "it grows"}]}], tokenize=False)
+    text = proc.apply_chat_template(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}, {"role": "assistant", "content": [{"type": "text", "text": "it grows"}]}], tokenize=False
+    )
     want = tokenizer(text.replace("<|video|>", expanded, 1), add_special_tokens=False)["input_ids"]
     assert encoded.input_ids == want
     batch = FAMILY.collate([{"input_ids": torch.tensor(encoded.input_ids), "labels": torch.tensor(encoded.labels), **encoded.tensors}], FAMILY.token_ids_of(tokenizer))
@@ -122,8 +125,10 @@ def test_packed_and_cached_losses_equal_the_padded_loss_from_pixels(tiny_dir: Pa
     with torch.no_grad():
         want = FAMILY.loss_sum(model, FAMILY.collate(raw, ids))
         assert FAMILY.loss_sum(packed_model, FAMILY.collate(raw, ids, pack=True)).item() == pytest.approx(want.item(), rel=1e-5)
-        cached = [dict(r, pixel_values=torch.cat([model.model.visual(p, grid_thw=g).last_hidden_state for p, g in split_items(r["pixel_values"], r["image_grid_thw"])]))
-                  if "pixel_values" in r else r for r in raw]
+        cached = [
+            dict(r, pixel_values=torch.cat([model.model.visual(p, grid_thw=g).last_hidden_state for p, g in split_items(r["pixel_values"], r["image_grid_thw"])])) if "pixel_values" in r else r
+            for r in raw
+        ]
         cached_model = copy.deepcopy(model)
         use_cached_vision(cached_model.model.visual)
         assert FAMILY.loss_sum(cached_model, FAMILY.collate(cached, ids)).item() == pytest.approx(want.item(), rel=1e-6)

@@ -27,9 +27,21 @@ def test_a_dataset_mixing_images_and_videos_trains_and_answers(tmp_path: Path) -
         records.append({"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "it grows"}], "videos": [f"v{i}.mp4"]})
     (tmp_path / "data/train.json").write_text(json.dumps(records))
     data = f"[{tmp_path / 'data/train.json'}]"
-    runner = make_runner(Plugins.load(), "glm4v", tmp_path / "r", preset="tiny", overrides=[
-        f"data.datasets={data}", f"evaluate.datasets={data}", "data.video_max_pixels=3136", "training.steps=4", "training.micro_batch_size=2",
-        "generation.batch_size=4", "generation.max_new_tokens=4"])
+    runner = make_runner(
+        Plugins.load(),
+        "glm4v",
+        tmp_path / "r",
+        preset="tiny",
+        overrides=[
+            f"data.datasets={data}",
+            f"evaluate.datasets={data}",
+            "data.video_max_pixels=3136",
+            "training.steps=4",
+            "training.micro_batch_size=2",
+            "generation.batch_size=4",
+            "generation.max_new_tokens=4",
+        ],
+    )
     runner.run_pipeline(resume="no")
     run = tmp_path / "r"
     assert manifest(run, "train")["status"] == "finished" and len(losses(run)) == 4
@@ -68,14 +80,35 @@ def test_dpo_on_pairs_mixing_images_and_videos_keeps_the_kinds_apart(tmp_path: P
     for i in range(6):
         write_image(tmp_path / f"data/i{i}.png", (40 * i, 0, 0))
         write_video(tmp_path / f"data/v{i}.mp4")
-        records.append({"conversations": [{"from": "human", "value": "<image>Colour?"}], "chosen": {"from": "gpt", "value": "red"},
-                        "rejected": {"from": "gpt", "value": "blue"}, "images": [f"i{i}.png"]})
-        records.append({"conversations": [{"from": "human", "value": "<video>What happens?"}], "chosen": {"from": "gpt", "value": "it grows"},
-                        "rejected": {"from": "gpt", "value": "nothing"}, "videos": [f"v{i}.mp4"]})
+        records.append(
+            {"conversations": [{"from": "human", "value": "<image>Colour?"}], "chosen": {"from": "gpt", "value": "red"}, "rejected": {"from": "gpt", "value": "blue"}, "images": [f"i{i}.png"]}
+        )
+        records.append(
+            {
+                "conversations": [{"from": "human", "value": "<video>What happens?"}],
+                "chosen": {"from": "gpt", "value": "it grows"},
+                "rejected": {"from": "gpt", "value": "nothing"},
+                "videos": [f"v{i}.mp4"],
+            }
+        )
     (tmp_path / "data/train.json").write_text(json.dumps(records))
-    runner = make_runner(Plugins.load(), "glm4v", tmp_path / "r", preset="tiny", overrides=[
-        f"data.datasets=[{tmp_path / 'data/train.json'}]", "data.ranking=true", "data.eval_fraction=0.4", "data.video_max_pixels=3136",
-        "training.method=dpo", "training.steps=3", "training.micro_batch_size=2", "training.eval_every=3", "evaluate.enabled=false"])
+    runner = make_runner(
+        Plugins.load(),
+        "glm4v",
+        tmp_path / "r",
+        preset="tiny",
+        overrides=[
+            f"data.datasets=[{tmp_path / 'data/train.json'}]",
+            "data.ranking=true",
+            "data.eval_fraction=0.4",
+            "data.video_max_pixels=3136",
+            "training.method=dpo",
+            "training.steps=3",
+            "training.micro_batch_size=2",
+            "training.eval_every=3",
+            "evaluate.enabled=false",
+        ],
+    )
     runner.run_pipeline(resume="no")
     run = tmp_path / "r"
     metrics = manifest(run, "train")["metrics"]

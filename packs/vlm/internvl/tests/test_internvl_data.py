@@ -44,8 +44,7 @@ def processor(tiny_dir: Path, tokenizer):  # type: ignore[no-untyped-def]
             self.start_image_token_id, self.end_image_token_id = tokenizer.start_image_token_id, tokenizer.end_image_token_id
             self.multimodal_pattern = re.compile(f"(?P<image>{re.escape(self.image_token)})|(?P<video>{re.escape(self.video_token)})")
 
-    return WithoutVideo(image_processor=image_processor(tiny_dir), tokenizer=tokenizer, image_seq_length=FAMILY.config(tiny_dir).image_seq_length,
-                        chat_template=tokenizer.chat_template)
+    return WithoutVideo(image_processor=image_processor(tiny_dir), tokenizer=tokenizer, image_seq_length=FAMILY.config(tiny_dir).image_seq_length, chat_template=tokenizer.chat_template)
 
 
 def test_a_wide_image_becomes_tiles_and_a_thumbnail_as_the_processor_makes_them(tiny_dir: Path, tokenizer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -55,8 +54,7 @@ def test_a_wide_image_becomes_tiles_and_a_thumbnail_as_the_processor_makes_them(
     turns = [Turn("user", "<image>What colour is the square?"), Turn("assistant", "green")]
     encoded = encoder(tiny_dir, tokenizer, image_max_tiles=6).encode(Sample("x.json", 0, turns, {"images": [tmp_path / "wide.png"]}))
     assert encoded.tensors["pixel_values"].shape == (4, 3, 56, 56)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the square?"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "green"}]}]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the square?"}]}, {"role": "assistant", "content": [{"type": "text", "text": "green"}]}]
     proc = processor(tiny_dir, tokenizer)
     text = proc.apply_chat_template(messages, tokenize=False)
     want = proc(text=[text], images=[Image.open(tmp_path / "wide.png").convert("RGB")], max_patches=6, return_tensors="np")
@@ -83,7 +81,8 @@ def test_loss_from_cached_features_equals_loss_from_pixels(tiny_dir: Path, token
     write_image(tmp_path / "a.png", (200, 30, 30), (120, 60))
     write_video(tmp_path / "v.mp4")
     sample = encoder(tiny_dir, tokenizer, image_max_tiles=4).encode(
-        Sample("f", 0, [Turn("user", "<image><video>What?"), Turn("assistant", "red")], {"images": [tmp_path / "a.png"], "videos": [tmp_path / "v.mp4"]}))
+        Sample("f", 0, [Turn("user", "<image><video>What?"), Turn("assistant", "red")], {"images": [tmp_path / "a.png"], "videos": [tmp_path / "v.mp4"]})
+    )
     raw = {"input_ids": torch.tensor(sample.input_ids), "labels": torch.tensor(sample.labels), **sample.tensors}
     ids = FAMILY.token_ids_of(tokenizer)
     model = FAMILY.build_model(tiny_dir).eval()

@@ -19,8 +19,7 @@ def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # t
 
 @pytest.mark.slow
 def test_a_frozen_vision_tower_trains_from_the_cache(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    mm("run", "--pack", "internvl", "--preset", "tiny", "data.demo_samples=16", "training.steps=2", "training.freeze=[vision]",
-       "evaluate.enabled=false", "--run-dir", "r")
+    mm("run", "--pack", "internvl", "--preset", "tiny", "data.demo_samples=16", "training.steps=2", "training.freeze=[vision]", "evaluate.enabled=false", "--run-dir", "r")
     extract = manifest(tmp_path / "r", "extract")
     assert extract["status"] == "finished" and extract["metrics"]["unique_media"] == 16, extract
     assert manifest(tmp_path / "r", "train")["status"] == "finished"

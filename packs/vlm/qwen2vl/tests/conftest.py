@@ -36,7 +36,15 @@ def wild_dataset(tmp_path: Path) -> Path:
     write_image(root / "imgs/b.png", (0, 0, 255), size=(40, 90))
     write_video(root / "clips/v.mp4")
     records = [
-        {"messages": [{"role": "user", "content": "<image>Who are they?"}, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "And now?<image>"}, {"role": "assistant", "content": "Blue."}], "images": ["imgs/a.jpg", "imgs/b.png"]},
+        {
+            "messages": [
+                {"role": "user", "content": "<image>Who are they?"},
+                {"role": "assistant", "content": "Red."},
+                {"role": "user", "content": "And now?<image>"},
+                {"role": "assistant", "content": "Blue."},
+            ],
+            "images": ["imgs/a.jpg", "imgs/b.png"],
+        },
         {"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "A bar grows."}], "videos": ["clips/v.mp4"]},
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
         {"messages": [{"role": "user", "content": "Compare <image> and <image>."}, {"role": "assistant", "content": "red vs blue"}], "images": ["imgs/a.jpg", "imgs/b.png"]},

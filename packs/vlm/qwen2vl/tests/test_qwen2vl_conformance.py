@@ -15,5 +15,8 @@ class TestQwen25VLConformance(PackConformance):
     overrides = ("data.demo_samples=8",)
     mixed_media = ("image", "video")
     # the family's second model: its LoRA, infer and kill-resume paths are qwen2vl's (make test-matrix runs them)
-    matrix = ("test_lora_trains_only_the_adapters_resumes_and_exports_them", "test_infer_answers_from_the_training_checkpoint_and_the_export",
-              "test_training_killed_mid_run_resumes_to_the_same_losses")
+    matrix = (
+        "test_lora_trains_only_the_adapters_resumes_and_exports_them",
+        "test_infer_answers_from_the_training_checkpoint_and_the_export",
+        "test_training_killed_mid_run_resumes_to_the_same_losses",
+    )

@@ -91,7 +91,10 @@ BAD_CASES = [
     ({"messages": [{"role": "user", "content": "<video>Hi"}, {"role": "assistant", "content": "x"}], "videos": ["cut.mp4"]}, "unreadable video"),
     ({"messages": [{"role": "assistant", "content": "x"}]}, "turn 0 is from assistant, expected user"),
     ({"conversation": []}, "field 'messages' is missing"),
-    ({"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "x"}], "images": ["bomb.png"]}, "is 100000x100000 = 10000000000 pixels, over the limit data.max_image_pixels=89478485"),
+    (
+        {"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "x"}], "images": ["bomb.png"]},
+        "is 100000x100000 = 10000000000 pixels, over the limit data.max_image_pixels=89478485",
+    ),
     ({"messages": [{"role": "user", "content": "<image>Hi"}, {"role": "assistant", "content": "x"}], "images": ["ok\u0000.png"]}, "image path 'ok\\x00.png' contains a NUL byte"),
 ]
 
@@ -143,8 +146,7 @@ def test_preprocess_in_two_workers_writes_the_same_shards_and_bad_samples(mm, ba
     # (and the bad-sample list) are the same bytes as encoding in-process
     import shutil
 
-    common = ["--pack", "qwen2vl", "--preset", "tiny", "--run-dir", str(tmp_path / "run"), "--data", str(bad_dataset),
-              "data.on_bad_sample=skip", "data.demo_samples=16", "convert.verify=false"]
+    common = ["--pack", "qwen2vl", "--preset", "tiny", "--run-dir", str(tmp_path / "run"), "--data", str(bad_dataset), "data.on_bad_sample=skip", "data.demo_samples=16", "convert.verify=false"]
     for stage in ("download", "convert", "preprocess"):
         mm(stage, *common, "data.num_workers=0")
     in_process = shutil.copytree(tmp_path / "run/preprocess", tmp_path / "in-process")

@@ -27,8 +27,7 @@ def test_hub_id_offline_without_cache_is_one_clear_line(mm, tmp_path: Path) -> N
     proc = mm("download", "--pack", "qwen2vl", "--model", "Qwen/Qwen2-VL-2B-Instruct", "--offline", check=False, HF_HOME=str(tmp_path / "empty-hf-home"), HF_HUB_OFFLINE="1")
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        "error: Qwen/Qwen2-VL-2B-Instruct: not in the local hub cache, and offline mode is on (--offline or run.offline) "
-        "(hint: download it once online, or point --model at a local directory)"
+        "error: Qwen/Qwen2-VL-2B-Instruct: not in the local hub cache, and offline mode is on (--offline or run.offline) (hint: download it once online, or point --model at a local directory)"
     )
 
 
@@ -37,13 +36,15 @@ def test_an_unreachable_hub_is_said_as_such_not_as_offline_mode(mm, tmp_path: Pa
     from mmcore.run.launch import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there: refused at once
-    proc = mm("download", "--pack", "qwen2vl", "--model", "Qwen/Qwen2-VL-2B-Instruct", check=False, HF_HOME=str(tmp_path / "empty-hf-home"),
-              HF_ENDPOINT=endpoint, HF_HUB_OFFLINE="0")
+    proc = mm("download", "--pack", "qwen2vl", "--model", "Qwen/Qwen2-VL-2B-Instruct", check=False, HF_HOME=str(tmp_path / "empty-hf-home"), HF_ENDPOINT=endpoint, HF_HUB_OFFLINE="0")
     assert proc.returncode == 1, proc.stderr
     line = proc.stderr.strip()
     assert line.startswith(f"error: Qwen/Qwen2-VL-2B-Instruct: the hub at {endpoint} could not be reached (ConnectError: "), line
-    assert line.endswith("and the model is not in the local hub cache (hint: check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), "
-                         "or point --model at a local directory)") and "offline mode" not in line and "\n" not in line, line
+    assert (
+        line.endswith("and the model is not in the local hub cache (hint: check the network or proxy (HTTPS_PROXY, HF_ENDPOINT), or point --model at a local directory)")
+        and "offline mode" not in line
+        and "\n" not in line
+    ), line
 
 
 def test_a_gated_repository_says_what_to_do(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -71,12 +72,22 @@ def test_a_gated_repository_says_what_to_do(mm, tmp_path: Path) -> None:  # type
     server = ThreadingHTTPServer(("127.0.0.1", 0), Gated)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        proc = mm("download", "--pack", "qwen2vl", "--model", "org/gated", check=False, HF_HOME=str(tmp_path / "empty-hf-home"),
-                  HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}", HF_HUB_OFFLINE="0")
+        proc = mm(
+            "download",
+            "--pack",
+            "qwen2vl",
+            "--model",
+            "org/gated",
+            check=False,
+            HF_HOME=str(tmp_path / "empty-hf-home"),
+            HF_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
+            HF_HUB_OFFLINE="0",
+        )
     finally:
         server.shutdown()
-    assert proc.returncode == 1 and proc.stderr.strip() == (
-        "error: org/gated: a gated repository: accept its terms on its hub page with your account, and set HF_TOKEN to a token of that account"), proc.stderr
+    assert proc.returncode == 1 and proc.stderr.strip() == ("error: org/gated: a gated repository: accept its terms on its hub page with your account, and set HF_TOKEN to a token of that account"), (
+        proc.stderr
+    )
 
 
 def test_bad_sources_are_named(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

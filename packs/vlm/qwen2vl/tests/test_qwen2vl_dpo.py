@@ -44,20 +44,50 @@ def test_llama_factory_ranking_files_preprocess_and_packed_pairs_train_like_padd
     for name, colour in (("red.png", (220, 30, 30)), ("blue.png", (40, 60, 220))):
         write_image(data / "images" / name, colour)
     sharegpt = [  # LLaMA-Factory's mllm_dpo_demo shape: ShareGPT with the answers as messages
-        {"conversations": [{"from": "human", "value": "<image>What colour is it?"}], "chosen": {"from": "gpt", "value": "It is red."},
-         "rejected": {"from": "gpt", "value": "It is blue."}, "images": ["images/red.png"]},
-        {"conversations": [{"from": "human", "value": "<image>What colour is it?"}], "chosen": {"from": "gpt", "value": "It is blue."},
-         "rejected": {"from": "gpt", "value": "It is red."}, "images": ["images/blue.png"]},
-        {"conversations": [{"from": "human", "value": "<image>What colour is it?"}], "chosen": {"from": "gpt", "value": "red"},
-         "rejected": {"from": "gpt", "value": "red"}, "images": ["images/red.png"]},  # bad: the same answer
+        {
+            "conversations": [{"from": "human", "value": "<image>What colour is it?"}],
+            "chosen": {"from": "gpt", "value": "It is red."},
+            "rejected": {"from": "gpt", "value": "It is blue."},
+            "images": ["images/red.png"],
+        },
+        {
+            "conversations": [{"from": "human", "value": "<image>What colour is it?"}],
+            "chosen": {"from": "gpt", "value": "It is blue."},
+            "rejected": {"from": "gpt", "value": "It is red."},
+            "images": ["images/blue.png"],
+        },
+        {
+            "conversations": [{"from": "human", "value": "<image>What colour is it?"}],
+            "chosen": {"from": "gpt", "value": "red"},
+            "rejected": {"from": "gpt", "value": "red"},
+            "images": ["images/red.png"],
+        },  # bad: the same answer
     ] * 3
-    alpaca = [{"instruction": "Name a colour", "input": "", "chosen": "red", "rejected": "a shape"},
-              {"instruction": "Name a shape", "input": "one with corners", "chosen": "a square", "rejected": "blue"}] * 3
+    alpaca = [
+        {"instruction": "Name a colour", "input": "", "chosen": "red", "rejected": "a shape"},
+        {"instruction": "Name a shape", "input": "one with corners", "chosen": "a square", "rejected": "blue"},
+    ] * 3
     (data / "dpo_mllm.json").write_text(json.dumps(sharegpt))
     (data / "dpo_text.json").write_text(json.dumps(alpaca))
-    common = ["--pack", "qwen2vl", "--preset", "tiny", "--data", str(data / "dpo_mllm.json"), "--data", str(data / "dpo_text.json"),
-              "data.ranking=true", "data.on_bad_sample=skip", "data.demo_samples=0", "training.method=dpo", "training.steps=2",
-              "training.micro_batch_size=4", "training.lr=1e-3", "evaluate.enabled=false", "convert.verify=false"]
+    common = [
+        "--pack",
+        "qwen2vl",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data / "dpo_mllm.json"),
+        "--data",
+        str(data / "dpo_text.json"),
+        "data.ranking=true",
+        "data.on_bad_sample=skip",
+        "data.demo_samples=0",
+        "training.method=dpo",
+        "training.steps=2",
+        "training.micro_batch_size=4",
+        "training.lr=1e-3",
+        "evaluate.enabled=false",
+        "convert.verify=false",
+    ]
     mm("run", *common, "--run-dir", "padded")
     pre = manifest(tmp_path / "padded", "preprocess")["metrics"]
     assert pre["train_samples"] == 12 and pre["skipped"] == 3, pre

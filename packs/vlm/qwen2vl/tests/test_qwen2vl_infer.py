@@ -39,8 +39,9 @@ def test_infer_answers_the_same_from_the_train_checkpoint_and_the_export(trained
     (demo / "requests.jsonl").write_text("\n".join(lines) + "\n")
     answers = {}
     for name, which in (("latest", "latest"), ("export", "export"), ("folder", str(root / "r/export/hf"))):
-        proc = mm("infer", "--run-dir", "r", "--checkpoint", which, "--input", str(demo / "requests.jsonl"),
-                  "--output", f"{name}.jsonl", "generation.max_new_tokens=8", "--batch-size", "4", check=False)
+        proc = mm(
+            "infer", "--run-dir", "r", "--checkpoint", which, "--input", str(demo / "requests.jsonl"), "--output", f"{name}.jsonl", "generation.max_new_tokens=8", "--batch-size", "4", check=False
+        )
         assert proc.returncode == 1, proc.stderr  # some requests failed; the others were answered
         answers[name] = rows(root / f"{name}.jsonl")
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -135,10 +136,17 @@ def test_infer_refuses_what_the_model_cannot_take_each_request_on_its_own_line(t
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert errors[0] == "error: guarded.jsonl:2: this model takes no audios (it takes images, videos)", proc.stderr
-    assert errors[1].startswith("error: guarded.jsonl:3: the prompt is ") and errors[1].endswith(
-        " tokens, the model's context is 4096 (max_position_embeddings in its config.json): shorten it"), proc.stderr
-    assert errors[2] == (f"error: guarded.jsonl:4: image path {str(tmp_path / 'elsewhere.png')!r} leads out of the request file's folder {demo} "
-                         "(paths are relative to it; --allow-any-media-path trusts the file's paths)") and len(errors) == 3
+    assert errors[1].startswith("error: guarded.jsonl:3: the prompt is ") and errors[1].endswith(" tokens, the model's context is 4096 (max_position_embeddings in its config.json): shorten it"), (
+        proc.stderr
+    )
+    assert (
+        errors[2]
+        == (
+            f"error: guarded.jsonl:4: image path {str(tmp_path / 'elsewhere.png')!r} leads out of the request file's folder {demo} "
+            "(paths are relative to it; --allow-any-media-path trusts the file's paths)"
+        )
+        and len(errors) == 3
+    )
     answered = rows(root / "guarded.jsonl")
     assert "text" in answered[0] and [sorted(r) for r in answered[1:]] == [["error", "prompt", "request"]] * 3
     # the user vouches for the file's paths
@@ -146,8 +154,9 @@ def test_infer_refuses_what_the_model_cannot_take_each_request_on_its_own_line(t
     assert proc.returncode == 1 and rows(root / "trusted.jsonl")[3]["text"] == answered[0]["text"], proc.stderr
     # usage errors before any work: results over the requests; a planted checkpoint
     proc = mm("infer", "--run-dir", "r", "--input", str(requests), "--output", "r/preprocess/demo-data/guarded.jsonl", check=False)
-    assert proc.returncode == 2 and proc.stderr.strip() == ("error: --output r/preprocess/demo-data/guarded.jsonl is the --input file: the requests would be "
-                                                            "overwritten by the results (hint: write the results to another file)"), proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: --output r/preprocess/demo-data/guarded.jsonl is the --input file: the requests would be overwritten by the results (hint: write the results to another file)"
+    ), proc.stderr
     assert requests.read_text() == "".join(json.dumps(line) + "\n" for line in lines)
     import pickle
 

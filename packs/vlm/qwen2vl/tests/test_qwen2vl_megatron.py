@@ -36,8 +36,9 @@ def test_megatron_logits_equal_transformers_with_images(preset: str, tmp_path: P
     build_init_checkpoint(preset, tmp_path / "model", seed=0)
     for tp in (1, 2):
         out = tmp_path / f"tp{tp}.json"
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp), __file__,
-                               str(tmp_path / "model"), str(out)], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp), __file__, str(tmp_path / "model"), str(out)], capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(out.read_text())
         assert result["shape"] == [2, 20, 391] and result["max_logit"] > 0.1
@@ -61,8 +62,12 @@ def test_a_megatron_checkpoint_saved_at_one_tp_size_loads_at_another(saved_at: i
     checkpoint = tmp_path / f"saved-tp{saved_at}"
     for tp, mode in ((saved_at, "save"), (loaded_at, "load")):
         out = tmp_path / f"{mode}-{saved_at}-{loaded_at}.json"
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp), __file__,
-                               str(tmp_path / "model"), str(out), mode, str(checkpoint)], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp), __file__, str(tmp_path / "model"), str(out), mode, str(checkpoint)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["parameters_differing"] == [] and result["parameters"] > 20, result
@@ -85,8 +90,12 @@ def test_each_tp_rank_writes_its_pieces_of_the_trained_weights(tmp_path: Path) -
     build_init_checkpoint("tiny", tmp_path / "model", seed=0)
     hf_to_dcp(tmp_path / "model", tmp_path / "converted", ADAPTER)
     out = tmp_path / "write.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-                           str(tmp_path / "model"), str(out), "write", str(tmp_path / "converted")], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__, str(tmp_path / "model"), str(out), "write", str(tmp_path / "converted")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["tensors"] > 20 and result["differing"] == {"pieces": [], "gathered": []}, result
@@ -108,8 +117,12 @@ def test_the_pipeline_schedule_gives_transformers_loss_and_gradients(tp: int, pp
 
     build_init_checkpoint("tiny", tmp_path / "model", seed=0)
     out = tmp_path / "pipeline.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp), __file__,
-                           str(tmp_path / "model"), str(out), "pipeline", str(tp), str(pp)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp), __file__, str(tmp_path / "model"), str(out), "pipeline", str(tp), str(pp)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert abs(result["loss"] - result["expected_loss"]) <= 1e-5 * abs(result["expected_loss"]), result
@@ -143,20 +156,27 @@ def _pipeline(model_dir: Path, out: Path, tp: int, pp: int) -> None:
         return module(**next(data)), loss_func
 
     model.config.deallocate_pipeline_outputs = False
-    losses = get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([batch]), model=[model], num_microbatches=1,
-                                         seq_length=batch["input_ids"].shape[1], micro_batch_size=batch["input_ids"].shape[0], forward_only=False)
+    losses = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter([batch]),
+        model=[model],
+        num_microbatches=1,
+        seq_length=batch["input_ids"].shape[1],
+        micro_batch_size=batch["input_ids"].shape[0],
+        forward_only=False,
+    )
     reference = AutoModelForImageTextToText.from_pretrained(model_dir, attn_implementation="eager").train()
     expected, _ = loss_func(reference(**batch).logits)
     expected.backward()
     vocab = reference.config.get_text_config().vocab_size
     per_rank = -(-vocab // tp)  # this rank's vocabulary rows: the vocabulary padded to a multiple of TP, cut in TP parts
     start, real = tp_rank * per_rank, min(per_rank, vocab - tp_rank * per_rank)
-    pairs = {"embedding": (lambda: model.language_model.embedding.word_embeddings.weight.grad[:real],
-                           lambda: reference.model.language_model.embed_tokens.weight.grad[start:start + real]),
-             "patch_embed": (lambda: model.visual.patch_embed.proj.weight.grad, lambda: reference.model.visual.patch_embed.proj.weight.grad),
-             "final_norm": (lambda: model.language_model.decoder.final_layernorm.weight.grad, lambda: reference.model.language_model.norm.weight.grad)}
-    mine = {name: [float((ours() - theirs()).abs().max()), float(theirs().abs().max())] for name, (ours, theirs) in pairs.items()
-            if (name == "final_norm") == parallel_state.is_pipeline_last_stage()}
+    pairs = {
+        "embedding": (lambda: model.language_model.embedding.word_embeddings.weight.grad[:real], lambda: reference.model.language_model.embed_tokens.weight.grad[start : start + real]),
+        "patch_embed": (lambda: model.visual.patch_embed.proj.weight.grad, lambda: reference.model.visual.patch_embed.proj.weight.grad),
+        "final_norm": (lambda: model.language_model.decoder.final_layernorm.weight.grad, lambda: reference.model.language_model.norm.weight.grad),
+    }
+    mine = {name: [float((ours() - theirs()).abs().max()), float(theirs().abs().max())] for name, (ours, theirs) in pairs.items() if (name == "final_norm") == parallel_state.is_pipeline_last_stage()}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {"gradients": mine, "loss": float(losses[0]["loss"]) if losses else None})
     if dist.get_rank() == 0:
@@ -170,8 +190,7 @@ def _pipeline(model_dir: Path, out: Path, tp: int, pp: int) -> None:
 @needs_megatron
 @pytest.mark.slow
 # make test: TP=2 here; PP=2 (a tied model) through `mmcore run` in test_qwen2vl_megatron_engine.py
-@pytest.mark.parametrize("tp,pp,dp", [(2, 1, 1), pytest.param(1, 2, 1, marks=pytest.mark.matrix), pytest.param(1, 1, 2, marks=pytest.mark.matrix),
-                                      pytest.param(2, 1, 2, marks=pytest.mark.matrix)])
+@pytest.mark.parametrize("tp,pp,dp", [(2, 1, 1), pytest.param(1, 2, 1, marks=pytest.mark.matrix), pytest.param(1, 1, 2, marks=pytest.mark.matrix), pytest.param(2, 1, 2, marks=pytest.mark.matrix)])
 def test_training_steps_follow_transformers(tp: int, pp: int, dp: int, tmp_path: Path) -> None:
     """Ten AdamW steps with clipping (max norm 1.0, which the first steps hit) on two batches of
     two image rows each: the loss at every step equals that of the transformers model trained
@@ -180,8 +199,12 @@ def test_training_steps_follow_transformers(tp: int, pp: int, dp: int, tmp_path:
 
     build_init_checkpoint("tiny", tmp_path / "model", seed=0)
     out = tmp_path / "train.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp * dp), __file__,
-                           str(tmp_path / "model"), str(out), "train", str(tp), str(pp)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp * dp), __file__, str(tmp_path / "model"), str(out), "train", str(tp), str(pp)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     ours, theirs = result["losses"], result["expected"]
@@ -207,8 +230,12 @@ def test_saved_at_tp2_resumes_at_pp2_to_the_same_losses(tmp_path: Path) -> None:
     results = {}
     for name, tp, pp, more in runs:
         out = tmp_path / f"{name}.json"
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp), __file__,
-                               str(tmp_path / "model"), str(out), "train", str(tp), str(pp), *more], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(tp * pp), __file__, str(tmp_path / "model"), str(out), "train", str(tp), str(pp), *more],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[name] = json.loads(out.read_text())
     first, resumed = results["first"], results["resumed"]
@@ -227,8 +254,12 @@ def test_lora_on_the_parallel_layers_exports_what_peft_loads(tmp_path: Path) -> 
 
     build_init_checkpoint("tiny", tmp_path / "model", seed=0)
     out = tmp_path / "lora.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-                           str(tmp_path / "model"), str(out), "lora", str(tmp_path / "adapter")], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__, str(tmp_path / "model"), str(out), "lora", str(tmp_path / "adapter")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["adapter_tensors"] == 2 * 7 * 2, result  # 2 layers x (q, k, v, o, gate, up, down) x (A, B)
@@ -276,8 +307,7 @@ def _lora(model_dir: Path, out: Path, adapter: Path) -> None:
         loaded = PeftModel.from_pretrained(base, str(adapter)).eval()
         with torch.no_grad():
             theirs = loaded(**batch).logits
-        out.write_text(json.dumps({"adapter_tensors": len(tensors), "max_abs_diff": float((ours - theirs).abs().max()),
-                                   "lora_effect": float((ours - before).abs().max())}))
+        out.write_text(json.dumps({"adapter_tensors": len(tensors), "max_abs_diff": float((ours - theirs).abs().max()), "lora_effect": float((ours - before).abs().max())}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -350,8 +380,13 @@ def _rows(batch: dict, labels: Any, rank: int, ranks: int) -> dict:  # type: ign
     patches = [slice(16 * r, 16 * (r + 1)) for r in rows]
     import torch
 
-    return {"input_ids": batch["input_ids"][rows], "mm_token_type_ids": batch["mm_token_type_ids"][rows],
-            "pixel_values": torch.cat([batch["pixel_values"][p] for p in patches]), "image_grid_thw": batch["image_grid_thw"][rows], "labels": labels[rows]}
+    return {
+        "input_ids": batch["input_ids"][rows],
+        "mm_token_type_ids": batch["mm_token_type_ids"][rows],
+        "pixel_values": torch.cat([batch["pixel_values"][p] for p in patches]),
+        "image_grid_thw": batch["image_grid_thw"][rows],
+        "labels": labels[rows],
+    }
 
 
 def _batch(model_dir: Path, seed: int = 0) -> tuple[dict, Any]:  # type: ignore[type-arg]
@@ -412,8 +447,13 @@ def _worker(model_dir: Path, out: Path, mode: str = "compare", checkpoint: Path 
     with torch.no_grad():
         expected = theirs(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=types).logits
         got = ours(ids, types, pixel_values=pixels, image_grid_thw=grid)
-    result = {"shape": list(got.shape), "max_abs_diff": float((got - expected).abs().max()), "max_logit": float(expected.abs().max()),
-              "parameters_differing": differing, "parameters": len(ours.state_dict())}
+    result = {
+        "shape": list(got.shape),
+        "max_abs_diff": float((got - expected).abs().max()),
+        "max_logit": float(expected.abs().max()),
+        "parameters_differing": differing,
+        "parameters": len(ours.state_dict()),
+    }
     if mode == "compare":
         result.update(_parallel_figures(ours, config, expected, ids, types, pixels, grid, rank, world))
     if rank == 0:
@@ -461,9 +501,18 @@ def _write_back(ours: Any, model_dir: Path, converted: Path) -> dict[str, Any]:
     def pieces_of(part: str) -> int:
         return chunks[next(key for key in sorted(chunks) if part in key)]
 
-    return {"tensors": len(index), "differing": differing, "drifted": drifted,
-            "pieces_of": {"embed_tokens": pieces_of("embed_tokens"), "q_proj": pieces_of("q_proj.weight"), "o_proj": pieces_of("o_proj"),
-                          "norm": pieces_of("language_model.norm"), "vision": pieces_of("visual.blocks.0.attn.qkv.weight")}}
+    return {
+        "tensors": len(index),
+        "differing": differing,
+        "drifted": drifted,
+        "pieces_of": {
+            "embed_tokens": pieces_of("embed_tokens"),
+            "q_proj": pieces_of("q_proj.weight"),
+            "o_proj": pieces_of("o_proj"),
+            "norm": pieces_of("language_model.norm"),
+            "vision": pieces_of("visual.blocks.0.attn.qkv.weight"),
+        },
+    }
 
 
 def _parallel_figures(ours: Any, config: Any, expected: Any, ids: Any, types: Any, pixels: Any, grid: Any, rank: int, world: int) -> dict[str, Any]:

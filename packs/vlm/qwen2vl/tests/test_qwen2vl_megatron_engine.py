@@ -20,8 +20,20 @@ from mmcore.backends.megatron import status
 USABLE, WHY = status()
 # Two micro-batches of one sample a step: samples differ in length, so pipeline stages send
 # activations of changing shapes and sequence parallelism pads odd lengths.
-TINY = ["--pack", "qwen2vl", "--preset", "tiny", "--model", "./tied", "data.demo_samples=40", "convert.verify=false", "training.steps=6",
-        "training.micro_batch_size=1", "training.grad_accum_steps=2", "training.eval_every=3"]
+TINY = [
+    "--pack",
+    "qwen2vl",
+    "--preset",
+    "tiny",
+    "--model",
+    "./tied",
+    "data.demo_samples=40",
+    "convert.verify=false",
+    "training.steps=6",
+    "training.micro_batch_size=1",
+    "training.grad_accum_steps=2",
+    "training.eval_every=3",
+]
 MEGATRON = ["--nproc-per-node", "2", "parallel.backend=megatron", "training.checkpoint_every=2"]
 
 
@@ -74,8 +86,7 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
     mm("run", *TINY, "training.ema=0.9", "--run-dir", "plain")
     # TP=2 (DP=1: the same global batches as one process), a checkpoint every 2 steps, killed
     # (kill -9, every rank) after step 3: the step-2 checkpoint is what survives.
-    killed = mm("run", *TINY, "training.ema=0.9", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", check=False,
-                MMCORE_TEST_KILL="train-step:3")
+    killed = mm("run", *TINY, "training.ema=0.9", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", check=False, MMCORE_TEST_KILL="train-step:3")
     assert killed.returncode != 0
     assert "was killed by SIGKILL (the kernel's out-of-memory killer sends it, as does kill -9)" in killed.stderr, killed.stderr[-2000:]  # which rank, how
     assert sorted(p.name for p in (tmp_path / "mg/train/checkpoints").glob("step-*")) == ["step-00000002"]
@@ -176,7 +187,10 @@ def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # typ
     assert manifest(tmp_path / "mg", "train")["metrics"]["frozen_parameters"] == 2 + 4 * 12  # embedding, final norm, 12 a layer
     for overrides, message in [
         (["training.freeze=[model.language_model.layers.0.*]"], "a layer's tensor is frozen in every layer or in none"),
-        (["training.freeze=[model.language_model.layers.*.self_attn.q_proj.weight]"], "is frozen but not model.language_model.layers.0.self_attn.k_proj.weight; on parallel.backend: megatron they are one tensor"),
+        (
+            ["training.freeze=[model.language_model.layers.*.self_attn.q_proj.weight]"],
+            "is frozen but not model.language_model.layers.0.self_attn.k_proj.weight; on parallel.backend: megatron they are one tensor",
+        ),
     ]:
         proc = mm("train", *TINY, "--run-dir", "mg", "parallel.backend=megatron", "extract.enabled=false", *overrides, "--force", check=False)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout, proc.stderr[-2000:]
@@ -200,8 +214,13 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     from transformers import AutoModelForImageTextToText
 
     tied_checkpoint(tmp_path / "tied")
-    lora = ["training.lora.r=4", "training.lr=1e-2", "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]", "training.steps=3",
-            "training.lora.modules_to_save=[*.embed_tokens, model.visual.merger.*]"]
+    lora = [
+        "training.lora.r=4",
+        "training.lr=1e-2",
+        "training.lora.target_modules=[*.q_proj, *.k_proj, *.v_proj, *.down_proj]",
+        "training.steps=3",
+        "training.lora.modules_to_save=[*.embed_tokens, model.visual.merger.*]",
+    ]
     mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "mg", *MEGATRON, "parallel.tensor_parallel=2", "training.ema=0.9", "export.merge_lora=true")
     mm("run", *TINY, *lora, "training.lora.dropout=0.3", "--run-dir", "one", "parallel.backend=megatron", "training.recompute=full")
     tp2, one = losses(tmp_path / "mg"), losses(tmp_path / "one")
@@ -214,8 +233,13 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
     config = json.loads((tmp_path / "mg/train/checkpoints/adapter/adapter_config.json").read_text())
     assert sorted(config["target_modules"]) == ["down_proj", "k_proj", "q_proj", "v_proj"] and config["lora_dropout"] == 0.3
     # trained whole, saved whole; the tied output layer with the embedding (peft loads each module to save as its own copy)
-    assert config["modules_to_save"] and sorted(config["modules_to_save"]) == ["lm_head", "model.language_model.embed_tokens", "model.visual.merger.ln_q",
-                                                                           "model.visual.merger.mlp.0", "model.visual.merger.mlp.2"]
+    assert config["modules_to_save"] and sorted(config["modules_to_save"]) == [
+        "lm_head",
+        "model.language_model.embed_tokens",
+        "model.visual.merger.ln_q",
+        "model.visual.merger.mlp.0",
+        "model.visual.merger.mlp.2",
+    ]
     assert manifest(tmp_path / "mg", "export")["outputs"] == {"model": "hf", "adapter": "adapter"}
     adapter = load_file(tmp_path / "mg/export/adapter/adapter_model.safetensors")
     last = load_file(tmp_path / "mg/train/checkpoints/adapter/adapter_model.safetensors")
@@ -255,8 +279,17 @@ def test_megatron_sequence_parallel_dropout_resumes_bit_for_bit(mm, tmp_path: Pa
     The export is the adapter, as after LoRA on FSDP2 (no merged model unless export.merge_lora),
     which the evaluate stage then answers with."""
     tied_checkpoint(tmp_path / "tied")
-    run = [*TINY, "training.steps=4", "training.eval_every=0", "training.lora.r=4", "training.lr=1e-2", "training.lora.dropout=0.3", *MEGATRON,
-           "parallel.tensor_parallel=2", "parallel.sequence_parallel=true"]
+    run = [
+        *TINY,
+        "training.steps=4",
+        "training.eval_every=0",
+        "training.lora.r=4",
+        "training.lr=1e-2",
+        "training.lora.dropout=0.3",
+        *MEGATRON,
+        "parallel.tensor_parallel=2",
+        "parallel.sequence_parallel=true",
+    ]
     mm("run", *run, "--run-dir", "whole")
     assert mm("run", *run, "--run-dir", "again", check=False, MMCORE_TEST_KILL="train-step:3").returncode != 0
     assert "resumed from step 2" in mm("run", *run, "--run-dir", "again").stdout
@@ -348,8 +381,21 @@ def test_megatron_data_parallel_on_mixed_media_follows_the_plain_run(mm, tmp_pat
     from mmcore.testing.media import write_mixed_mllm
 
     data = write_mixed_mllm(tmp_path / "mixed", ("image", "video"))
-    run = ["--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "convert.verify=false", "training.steps=4", "training.freeze=[vision]",
-           "data.eval_fraction=0.25", "training.eval_every=2", "training.balance_towers=false", "evaluate.enabled=false"]
+    run = [
+        "--pack",
+        "qwen2vl",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "convert.verify=false",
+        "training.steps=4",
+        "training.freeze=[vision]",
+        "data.eval_fraction=0.25",
+        "training.eval_every=2",
+        "training.balance_towers=false",
+        "evaluate.enabled=false",
+    ]
     mm("run", *run, "training.micro_batch_size=2", "--run-dir", "plain")
     mm("run", *run, "training.micro_batch_size=1", "--run-dir", "dp2", "--nproc-per-node", "2", "parallel.backend=megatron")
     assert manifest(tmp_path / "dp2", "extract")["status"] == "finished" and manifest(tmp_path / "dp2", "train")["metrics"]["data_parallel"] == 2
@@ -424,8 +470,7 @@ def test_megatron_lora_trains_the_same_adapters_at_any_layout_and_peft_loads_the
     tied_checkpoint(tmp_path / "tied")
     lora = ["training.lora.r=4", "training.lr=1e-2", "training.checkpoint_every=2"]
     mm("run", *TINY, *lora, "--run-dir", "one", "parallel.backend=megatron")
-    killed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.tensor_parallel=2", "parallel.sequence_parallel=true", check=False,
-                MMCORE_TEST_KILL="train-step:3")
+    killed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.tensor_parallel=2", "parallel.sequence_parallel=true", check=False, MMCORE_TEST_KILL="train-step:3")
     assert killed.returncode != 0
     resumed = mm("run", *TINY, *lora, "--run-dir", "two", *MEGATRON, "parallel.pipeline_parallel=2", "export.merge_lora=true")
     assert "resumed from step 2 (saved at TP=2 x PP=1, resharded)" in resumed.stdout, resumed.stdout
@@ -451,24 +496,57 @@ def test_megatron_stops_at_the_first_nonfinite_step_on_every_stage(mm, tmp_path:
     """At PP=2 the loss exists on the last stage only: both stages stop at the same step (no
     rank left waiting in a collective), and the checkpoint before it is the one kept."""
     # step 1 moves every weight by about lr: step 2's logits overflow
-    proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "--run-dir", "nan", "--nproc-per-node", "2",
-              "parallel.backend=megatron", "parallel.pipeline_parallel=2", "training.lr=1e30", "training.steps=4", "training.checkpoint_every=1",
-              "training.eval_every=0", check=False)
+    proc = mm(
+        "run",
+        "--pack",
+        "qwen2vl",
+        "--preset",
+        "tiny",
+        "data.demo_samples=40",
+        "convert.verify=false",
+        "--run-dir",
+        "nan",
+        "--nproc-per-node",
+        "2",
+        "parallel.backend=megatron",
+        "parallel.pipeline_parallel=2",
+        "training.lr=1e30",
+        "training.steps=4",
+        "training.checkpoint_every=1",
+        "training.eval_every=0",
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr
     kept = tmp_path / "nan/train/checkpoints/step-00000001"
     stopped = [line for line in proc.stderr.splitlines() if "training stopped" in line]
     # both stages stopped alike: one line, from the launching command, naming both ranks
-    assert len(stopped) == 1 and stopped[0].startswith(f"error: training stopped at step 2: the loss is nan; no update was made and the last checkpoint, {kept}, is kept (ranks 0, 1 of 2)"), proc.stderr
+    assert len(stopped) == 1 and stopped[0].startswith(f"error: training stopped at step 2: the loss is nan; no update was made and the last checkpoint, {kept}, is kept (ranks 0, 1 of 2)"), (
+        proc.stderr
+    )
     assert sorted(p.name for p in kept.parent.glob("step-*")) == [kept.name] and not (tmp_path / "nan/train/manifest.json").exists()
 
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
 def test_megatron_refuses_a_lora_rank_wider_than_its_layers(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "--run-dir", "wide",
-              "parallel.backend=megatron", "training.lora.r=100000", "training.steps=1", check=False)
+    proc = mm(
+        "run",
+        "--pack",
+        "qwen2vl",
+        "--preset",
+        "tiny",
+        "data.demo_samples=40",
+        "convert.verify=false",
+        "--run-dir",
+        "wide",
+        "parallel.backend=megatron",
+        "training.lora.r=100000",
+        "training.steps=1",
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         "error: training.lora.r: 100000 is more than layer decoder.layers.0.self_attention.linear_proj is wide (64 inputs, 64 outputs): "
-        "use at most 64, or leave that layer out of training.lora.target_modules"), proc.stderr
+        "use at most 64, or leave that layer out of training.lora.target_modules"
+    ), proc.stderr
 
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
@@ -494,8 +572,18 @@ def test_megatron_sgd_with_momentum_over_epochs_resumes_bit_for_bit(mm, tmp_path
     after step 3 and resumed from step 2 gives the uninterrupted run's losses; two epochs are the
     steps the sampler's plan makes, each logged with its epoch."""
     tied_checkpoint(tmp_path / "tied")
-    run = [*(a for a in TINY if not a.startswith("training.steps=")), "data.demo_samples=12", "training.epochs=2", "training.optimizer=sgd",
-           "training.momentum=0.9", "training.lr=0.05", "training.eval_every=0", "evaluate.enabled=false", *MEGATRON, "parallel.tensor_parallel=2"]
+    run = [
+        *(a for a in TINY if not a.startswith("training.steps=")),
+        "data.demo_samples=12",
+        "training.epochs=2",
+        "training.optimizer=sgd",
+        "training.momentum=0.9",
+        "training.lr=0.05",
+        "training.eval_every=0",
+        "evaluate.enabled=false",
+        *MEGATRON,
+        "parallel.tensor_parallel=2",
+    ]
     mm("run", *run, "--run-dir", "whole")
     assert mm("run", *run, "--run-dir", "again", check=False, MMCORE_TEST_KILL="train-step:3").returncode != 0
     assert "resumed from step 2" in mm("run", *run, "--run-dir", "again").stdout

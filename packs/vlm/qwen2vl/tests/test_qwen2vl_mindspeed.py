@@ -62,7 +62,7 @@ def test_each_tensor_is_where_megatrons_layers_read_it(hub) -> None:  # type: ig
     ranks = pmap.split_tp(whole, 2)
     name = "text_decoder.decoder.layers.0."
     for r, shard in enumerate(ranks):
-        assert torch.equal(shard[name + "self_attention.linear_qkv.weight"], qkv[r * groups // 2:(r + 1) * groups // 2].reshape(-1, text.hidden_size))
+        assert torch.equal(shard[name + "self_attention.linear_qkv.weight"], qkv[r * groups // 2 : (r + 1) * groups // 2].reshape(-1, text.hidden_size))
         gate, up = hf["model.layers.0.mlp.gate_proj.weight"].chunk(2)[r], hf["model.layers.0.mlp.up_proj.weight"].chunk(2)[r]
         assert torch.equal(shard[name + "mlp.linear_fc1.weight"], torch.cat([gate, up]))
         assert torch.equal(shard[name + "self_attention.linear_proj.weight"], hf[layer + "o_proj.weight"].chunk(2, dim=1)[r])
@@ -70,7 +70,7 @@ def test_each_tensor_is_where_megatrons_layers_read_it(hub) -> None:  # type: ig
         assert torch.equal(shard[name + "input_layernorm.weight"], hf["model.layers.0.input_layernorm.weight"])
         # the vocabulary (391 tokens in the tiny tokenizer) padded with one zero row to split in two
         embedding = shard["text_decoder.embedding.word_embeddings.weight"]
-        assert embedding.shape[0] == 196 and torch.equal(embedding[: 196 - r], hf["model.embed_tokens.weight"][r * 196:(r + 1) * 196])
+        assert embedding.shape[0] == 196 and torch.equal(embedding[: 196 - r], hf["model.embed_tokens.weight"][r * 196 : (r + 1) * 196])
     assert not ranks[1]["text_decoder.embedding.word_embeddings.weight"][-1].any()
 
 
@@ -161,8 +161,20 @@ def test_export_writes_the_mindspeed_layout_and_convert_imports_it(mmcore_cli, t
     from mmcore.engines.convert import dcp_to_hf
     from mm_pack_qwen2vl.adapter import ADAPTER
 
-    mmcore_cli("run", "--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=8", "evaluate.enabled=false", "--run-dir", "first",
-               "export.format=mindspeed-mm", "export.tensor_parallel=2", "export.pipeline_parallel=2")
+    mmcore_cli(
+        "run",
+        "--pack",
+        "qwen2vl",
+        "--preset",
+        "tiny",
+        "data.demo_samples=8",
+        "evaluate.enabled=false",
+        "--run-dir",
+        "first",
+        "export.format=mindspeed-mm",
+        "export.tensor_parallel=2",
+        "export.pipeline_parallel=2",
+    )
     export = json.loads((tmp_path / "first/export/manifest.json").read_text())
     assert export["outputs"]["mindspeed_mm"] == "mindspeed-mm"
     assert any("MindSpeed-MM" in note and "bit-identical" in note for note in export["notes"])

@@ -85,8 +85,18 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
     varlen attention path; killed after step 2 and resumed, the losses equal the straight run's."""
     import json
 
-    args = ["--pack", "qwen2vl", "--preset", "tiny", "data.demo_samples=40", "convert.verify=false", "training.steps=4",
-            "training.packing=true", "training.max_tokens=512", "training.checkpoint_every=1"]
+    args = [
+        "--pack",
+        "qwen2vl",
+        "--preset",
+        "tiny",
+        "data.demo_samples=40",
+        "convert.verify=false",
+        "training.steps=4",
+        "training.packing=true",
+        "training.max_tokens=512",
+        "training.checkpoint_every=1",
+    ]
 
     def losses(run: str) -> dict[int, float]:
         rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]

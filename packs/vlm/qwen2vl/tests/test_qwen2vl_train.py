@@ -162,12 +162,13 @@ def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
 def test_two_fsdp2_ranks_stop_together_at_the_first_nonfinite_step(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Step 1 moves every weight by about lr, so step 2's logits overflow: both ranks stop there
     (none left waiting in a collective), the step-1 checkpoint is kept, no export blames itself."""
-    proc = mm("run", *TINY, "--run-dir", "nan", "--nproc-per-node", "2", "training.lr=1e30", "training.steps=4", "training.checkpoint_every=1",
-              "training.eval_every=0", check=False)
+    proc = mm("run", *TINY, "--run-dir", "nan", "--nproc-per-node", "2", "training.lr=1e30", "training.steps=4", "training.checkpoint_every=1", "training.eval_every=0", check=False)
     assert proc.returncode == 1, proc.stderr
     kept = tmp_path / "nan/train/checkpoints/step-00000001"
     stopped = [line for line in proc.stderr.splitlines() if "training stopped" in line]
     # both ranks stopped alike, and the launching command says so once
-    assert stopped == [f"error: training stopped at step 2: the loss is nan; no update was made and the last checkpoint, {kept}, is kept (ranks 0, 1 of 2) "
-                       "(hint: lower training.lr, or set training.on_nonfinite: skip to skip such steps)"], proc.stderr
+    assert stopped == [
+        f"error: training stopped at step 2: the loss is nan; no update was made and the last checkpoint, {kept}, is kept (ranks 0, 1 of 2) "
+        "(hint: lower training.lr, or set training.on_nonfinite: skip to skip such steps)"
+    ], proc.stderr
     assert sorted(p.name for p in kept.parent.glob("step-*")) == [kept.name] and not (tmp_path / "nan/export").exists()

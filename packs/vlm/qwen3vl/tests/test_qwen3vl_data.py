@@ -49,8 +49,7 @@ def test_an_image_conversation_equals_the_processor(tiny_dir: Path, tokenizer, t
     cfg = Qwen3VLData(image_max_pixels=96 * 96)
     turns = [Turn("user", "<image>What colour is the square?"), Turn("assistant", "green")]
     encoded = Encoder(tokenizer, cfg).encode(Sample("x.json", 0, turns, {"images": [tmp_path / "a.png"]}))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the square?"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "green"}]}]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is the square?"}]}, {"role": "assistant", "content": [{"type": "text", "text": "green"}]}]
     proc = processor(tiny_dir, tokenizer, cfg)
     text = proc.apply_chat_template(messages, tokenize=False)
     want = proc(text=[text], images=[Image.open(tmp_path / "a.png").convert("RGB")], return_tensors="np")
@@ -77,8 +76,9 @@ def test_a_video_gets_a_timestamp_before_each_temporal_patch_as_the_processor_wr
     expanded = proc.replace_video_token({"video_grid_thw": np.array(grid), "video_metadata": [metadata]}, 0)
     # each temporal patch: the mean time of its two frames, (0 + 2) / 2 / 4 fps = 0.25 s, ...
     assert [part.split(">")[0] for part in expanded.split("<")[1:] if "seconds" in part] == ["0.2 seconds", "1.2 seconds", "2.2 seconds"]
-    text = proc.apply_chat_template([{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
-                                     {"role": "assistant", "content": [{"type": "text", "text": "it grows"}]}], tokenize=False)
+    text = proc.apply_chat_template(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}, {"role": "assistant", "content": [{"type": "text", "text": "it grows"}]}], tokenize=False
+    )
     want = tokenizer(text.replace("<|video_pad|>", expanded, 1), add_special_tokens=False)["input_ids"]
     assert encoded.input_ids == want
 

@@ -56,6 +56,7 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(which: str, request: p
     for name in ga:
         assert torch.allclose(ga[name], gb[name], rtol=1e-4, atol=1e-6), name
     with torch.no_grad():  # the control: one continuous position range lets the samples see each other
-        leaky = dict(packed, segments=packed["segments"].sum(0, keepdim=True), segment_images=packed["segment_images"].sum(0, keepdim=True),
-                     segment_videos=packed["segment_videos"].sum(0, keepdim=True))
+        leaky = dict(
+            packed, segments=packed["segments"].sum(0, keepdim=True), segment_images=packed["segment_images"].sum(0, keepdim=True), segment_videos=packed["segment_videos"].sum(0, keepdim=True)
+        )
         assert abs(FAMILY.loss_sum(model, leaky, aux_coef=0.0).item() - a) > 1e-3

@@ -24,7 +24,10 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     held_out = data.split("eval")
     probe = held_out if len(held_out) else data
     done = export_checked(
-        ctx, upstream, ADAPTER, build_trained=build_model,
+        ctx,
+        upstream,
+        ADAPTER,
+        build_trained=build_model,
         load_exported=load_exported,
         probe=collate([probe[i] for i in range(min(4, len(probe)))], int(data.index["eos_id"])),
         logits=lambda model, batch: forward(model, batch).logits,
@@ -32,8 +35,7 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     if len(held_out):
         agreement, wer = pipeline_check(ctx, done.folder, done.trained, held_out, data.index, loaded=done.loaded if done.adapter == done.folder else None)
         done.metrics.update(pipeline_agreement=agreement, pipeline_wer=wer)
-        done.notes.append(f"pipeline('automatic-speech-recognition') on the held-out audio files: WER {wer:.1%}, "
-                          f"same text as the trained model's generate() for {agreement:.0%} of clips")
+        done.notes.append(f"pipeline('automatic-speech-recognition') on the held-out audio files: WER {wer:.1%}, same text as the trained model's generate() for {agreement:.0%} of clips")
     return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
 
 
@@ -64,8 +66,9 @@ def pipeline_check(ctx: StageContext, folder: Path, trained: Any, held_out: Any,
     else:
         from transformers import WhisperFeatureExtractor
 
-        asr = pipeline("automatic-speech-recognition", model=loaded, tokenizer=WhisperTokenizer.from_pretrained(folder),
-                       feature_extractor=WhisperFeatureExtractor.from_pretrained(folder), device="cpu")
+        asr = pipeline(
+            "automatic-speech-recognition", model=loaded, tokenizer=WhisperTokenizer.from_pretrained(folder), feature_extractor=WhisperFeatureExtractor.from_pretrained(folder), device="cpu"
+        )
     tokenizer = WhisperTokenizer.from_pretrained(folder)
     trained.generation_config = GenerationConfig.from_pretrained(folder)
     rate, task = int(index["sampling_rate"]), index["task"]

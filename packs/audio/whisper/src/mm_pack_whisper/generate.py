@@ -48,8 +48,7 @@ def greedy_decode(model: Any, source: Mapping[str, Any], prefix: Any, steps: int
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
 
 
-def transcribe(model: Any, items: Sequence[tuple[Any, list[int]]], eos_id: int, steps: int, batch_size: int,
-               progress: Callable[[Any, int], Any] | None = None) -> list[list[int]]:
+def transcribe(model: Any, items: Sequence[tuple[Any, list[int]]], eos_id: int, steps: int, batch_size: int, progress: Callable[[Any, int], Any] | None = None) -> list[list[int]]:
     """Token ids of the transcripts of ``(features [mels, frames], forced prefix ids)`` items,
     batched by prefix length."""
     import torch
@@ -62,7 +61,7 @@ def transcribe(model: Any, items: Sequence[tuple[Any, list[int]]], eos_id: int, 
     for length in sorted({len(prefix) for _, prefix in items}):
         same = [i for i, (_, prefix) in enumerate(items) if len(prefix) == length]
         groups += [[same[k] for k in group] for group in batches(same, batch_size, lambda i: 0)]
-    for group in (progress(groups, len(groups)) if progress else groups):
+    for group in progress(groups, len(groups)) if progress else groups:
         features = torch.stack([items[i][0] for i in group]).to(weight.device, weight.dtype)
         prefix = torch.tensor([items[i][1] for i in group], device=weight.device)
         for i, tokens in zip(group, greedy_decode(model, {"input_features": features}, prefix, steps, eos_id)):
@@ -150,10 +149,15 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
         totals = [totals[0] + w[0], totals[1] + w[1], totals[2] + c[0], totals[3] + c[1]]
         clip = sources.get(name)
         rows.append({"item": name, "media": keep_media(ctx.stage_dir, [clip.audio]) if clip else [], "reference": reference, "prediction": prediction, "word_errors": w[0], "words": w[1]})
-    metrics = {"items": len(rows), "skipped": skipped, "wer": totals[0] / max(totals[1], 1), "cer": totals[2] / max(totals[3], 1),
-               "normaliser": normaliser}
-    write_results(ctx.stage_dir, rows, metrics, title=f"whisper: greedy transcripts of the export {folder.name}/ of the held-out clips",
-                  columns=("item", "reference", "prediction", "word_errors", "words"), ctx=ctx)
+    metrics = {"items": len(rows), "skipped": skipped, "wer": totals[0] / max(totals[1], 1), "cer": totals[2] / max(totals[3], 1), "normaliser": normaliser}
+    write_results(
+        ctx.stage_dir,
+        rows,
+        metrics,
+        title=f"whisper: greedy transcripts of the export {folder.name}/ of the held-out clips",
+        columns=("item", "reference", "prediction", "word_errors", "words"),
+        ctx=ctx,
+    )
     note = f"{len(rows)} held-out clip(s), greedy with the KV cache: WER {metrics['wer']:.1%}, CER {metrics['cer']:.1%} ({normaliser} normaliser)"
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])
 

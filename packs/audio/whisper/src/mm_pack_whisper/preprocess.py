@@ -28,6 +28,7 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
     writer = ShardWriter(ctx.stage_dir / "dataset")
     counts = {"train": 0, "eval": 0}
     seconds = 0.0
+
     def encode(item: Any) -> tuple[int, list[int], Any]:
         samples = encoder.audio(item.audio)
         labels = encoder.labels(item.text, item.language)
@@ -48,8 +49,14 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
             if split == "train" and cfg.eval_fraction and held_out(f"{item.file}:{item.index}", cfg.eval_fraction):
                 this_split = "eval"
             tensors = {"input_features": features, "labels": torch.tensor(labels)}
-            meta = {"split": this_split, "source": f"{Path(item.file).name}:{item.index}", "audio": str(item.audio),
-                    "text": item.text, "language": item.language, "prefix": encoder.prefix_length(labels)}
+            meta = {
+                "split": this_split,
+                "source": f"{Path(item.file).name}:{item.index}",
+                "audio": str(item.audio),
+                "text": item.text,
+                "language": item.language,
+                "prefix": encoder.prefix_length(labels),
+            }
             writer.add(tensors, length=len(labels), meta=meta)
             counts[this_split] += 1
             seconds += n_samples / encoder.features.sampling_rate

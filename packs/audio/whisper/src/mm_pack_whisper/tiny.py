@@ -35,8 +35,15 @@ def special_tokens() -> list[str]:
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     return [
-        "<|endoftext|>", "<|startoftranscript|>", *[f"<|{code}|>" for code in LANGUAGES],
-        "<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>", "<|notimestamps|>",
+        "<|endoftext|>",
+        "<|startoftranscript|>",
+        *[f"<|{code}|>" for code in LANGUAGES],
+        "<|translate|>",
+        "<|transcribe|>",
+        "<|startoflm|>",
+        "<|startofprev|>",
+        "<|nocaptions|>",
+        "<|notimestamps|>",
     ]
 
 
@@ -82,14 +89,23 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     features = WhisperFeatureExtractor(feature_size=N_MELS, chunk_length=p["seconds"])
     ids = tokenizer.convert_tokens_to_ids
     config = WhisperConfig(
-        vocab_size=len(tokenizer), num_mel_bins=N_MELS, d_model=p["d_model"],
-        encoder_layers=p["layers"], decoder_layers=p["layers"],
-        encoder_attention_heads=p["heads"], decoder_attention_heads=p["heads"],
-        encoder_ffn_dim=p["ffn"], decoder_ffn_dim=p["ffn"],
+        vocab_size=len(tokenizer),
+        num_mel_bins=N_MELS,
+        d_model=p["d_model"],
+        encoder_layers=p["layers"],
+        decoder_layers=p["layers"],
+        encoder_attention_heads=p["heads"],
+        decoder_attention_heads=p["heads"],
+        encoder_ffn_dim=p["ffn"],
+        decoder_ffn_dim=p["ffn"],
         max_source_positions=features.nb_max_frames // 2,  # the encoder's conv halves the frames
         max_target_positions=MAX_TARGET_POSITIONS,
-        pad_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=ids("<|startoftranscript|>"), begin_suppress_tokens=None, suppress_tokens=None,
+        pad_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=ids("<|startoftranscript|>"),
+        begin_suppress_tokens=None,
+        suppress_tokens=None,
     )
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config)

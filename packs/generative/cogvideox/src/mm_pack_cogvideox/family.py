@@ -56,8 +56,10 @@ class Encoders:
 
         config = json.loads((model_dir / "transformer" / "config.json").read_text())
         if not config.get("use_rotary_positional_embeddings") and max_sequence_length != config.get("max_text_seq_length", 226):
-            raise StageError(f"data.max_sequence_length={max_sequence_length}: this CogVideoX (positional embeddings, 1.0 2B) reads exactly "
-                             f"max_text_seq_length={config.get('max_text_seq_length', 226)} text tokens; set it to that")
+            raise StageError(
+                f"data.max_sequence_length={max_sequence_length}: this CogVideoX (positional embeddings, 1.0 2B) reads exactly "
+                f"max_text_seq_length={config.get('max_text_seq_length', 226)} text tokens; set it to that"
+            )
         self.pipe = CogVideoXPipeline.from_pretrained(model_dir, transformer=None)
         self.pipe.vae.eval()
         self.pipe.text_encoder.eval()
@@ -102,10 +104,10 @@ def predict(model: Any, noisy: Any, timesteps: Any, text: Any) -> Any:
     _, frames, _, height, width = hidden.shape
     patch_t = model.config.patch_size_t
     if patch_t and frames % patch_t:
-        raise StageError(f"{frames} latent frames: this CogVideoX (1.5) patches {patch_t} latent frames together; "
-                         f"choose bucket frames f with ((f - 1) / 4 + 1) a multiple of {patch_t} (e.g. 5, 13, 21)")
-    out = model(hidden_states=hidden, encoder_hidden_states=text, timestep=timesteps,
-                image_rotary_emb=rotary_embeddings(model, frames, height, width, hidden.device), return_dict=False)[0]
+        raise StageError(
+            f"{frames} latent frames: this CogVideoX (1.5) patches {patch_t} latent frames together; choose bucket frames f with ((f - 1) / 4 + 1) a multiple of {patch_t} (e.g. 5, 13, 21)"
+        )
+    out = model(hidden_states=hidden, encoder_hidden_states=text, timestep=timesteps, image_rotary_emb=rotary_embeddings(model, frames, height, width, hidden.device), return_dict=False)[0]
     return out.permute(0, 2, 1, 3, 4)
 
 
@@ -114,9 +116,12 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
     import torch
 
     frames = model.config.patch_size_t or 2
-    return {"hidden_states": torch.randn(1, frames, model.config.in_channels, 4, 4, generator=generator), "timestep": torch.tensor([500]),
-            "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_embed_dim, generator=generator),
-            "image_rotary_emb": rotary_embeddings(model, frames, 4, 4, torch.device("cpu"))}
+    return {
+        "hidden_states": torch.randn(1, frames, model.config.in_channels, 4, 4, generator=generator),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_embed_dim, generator=generator),
+        "image_rotary_emb": rotary_embeddings(model, frames, 4, 4, torch.device("cpu")),
+    }
 
 
 FAMILY = DiffusionFamily(

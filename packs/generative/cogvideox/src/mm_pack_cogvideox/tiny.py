@@ -14,9 +14,16 @@ from pathlib import Path
 from mmcore.engines import pick_preset
 
 CORPUS = [
-    "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",
-    "a blue square moves left", "a blue square moves right", "a blue square moves up", "a blue square moves down",
-    "a panda playing a guitar in a bamboo forest", "slow motion, bright light",
+    "a red square moves left",
+    "a red square moves right",
+    "a red square moves up",
+    "a red square moves down",
+    "a blue square moves left",
+    "a blue square moves right",
+    "a blue square moves up",
+    "a blue square moves down",
+    "a panda playing a guitar in a bamboo forest",
+    "slow motion, bright light",
 ]
 
 PRESETS = {
@@ -40,15 +47,38 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     tokenizer = unigram_tokenizer(CORPUS)
     dim = p["text_dim"]
-    text_encoder = T5EncoderModel(T5Config(
-        vocab_size=len(tokenizer), d_model=dim, d_kv=8, d_ff=2 * dim, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)).eval()
-    vae = AutoencoderKLCogVideoX(block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=16, norm_num_groups=4,
-                                 temporal_compression_ratio=4, sample_height=32, sample_width=32, scaling_factor=0.7).eval()
+    text_encoder = T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer),
+            d_model=dim,
+            d_kv=8,
+            d_ff=2 * dim,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    ).eval()
+    vae = AutoencoderKLCogVideoX(
+        block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=16, norm_num_groups=4, temporal_compression_ratio=4, sample_height=32, sample_width=32, scaling_factor=0.7
+    ).eval()
     transformer = CogVideoXTransformer3DModel(
-        num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], in_channels=16, out_channels=16, time_embed_dim=32, text_embed_dim=dim,
-        num_layers=p["layers"], sample_width=4, sample_height=4, sample_frames=9, patch_size=2, max_text_seq_length=16,
-        use_rotary_positional_embeddings=True)
-    scheduler = CogVideoXDDIMScheduler(beta_schedule="scaled_linear", clip_sample=False, prediction_type="v_prediction", rescale_betas_zero_snr=True,
-                                       set_alpha_to_one=True, snr_shift_scale=1.0, timestep_spacing="trailing")
+        num_attention_heads=p["heads"],
+        attention_head_dim=p["head_dim"],
+        in_channels=16,
+        out_channels=16,
+        time_embed_dim=32,
+        text_embed_dim=dim,
+        num_layers=p["layers"],
+        sample_width=4,
+        sample_height=4,
+        sample_frames=9,
+        patch_size=2,
+        max_text_seq_length=16,
+        use_rotary_positional_embeddings=True,
+    )
+    scheduler = CogVideoXDDIMScheduler(
+        beta_schedule="scaled_linear", clip_sample=False, prediction_type="v_prediction", rescale_betas_zero_snr=True, set_alpha_to_one=True, snr_shift_scale=1.0, timestep_spacing="trailing"
+    )
     CogVideoXPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler).save_pretrained(out)

@@ -110,9 +110,11 @@ def denoiser_inputs(model: Any, packed: Any, height: int, width: int, sigma: Any
     batch = packed.shape[0]
     pooled = model.config.pooled_projection_dim
     return {
-        "hidden_states": packed, "timestep": sigma.to(packed.dtype),
+        "hidden_states": packed,
+        "timestep": sigma.to(packed.dtype),
         "guidance": torch.full((batch,), guidance, dtype=packed.dtype, device=packed.device) if model.config.guidance_embeds else None,
-        "pooled_projections": text[:, -1, :pooled].to(packed.dtype), "encoder_hidden_states": text[:, :-1].to(packed.dtype),
+        "pooled_projections": text[:, -1, :pooled].to(packed.dtype),
+        "encoder_hidden_states": text[:, :-1].to(packed.dtype),
         "txt_ids": torch.zeros(text.shape[1] - 1, 3, device=packed.device, dtype=packed.dtype),
         "img_ids": FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, packed.device, packed.dtype),
     }
@@ -139,8 +141,16 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
 def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
     """One image [1, H, W, 3] in [0, 1] (a one-frame video for the kit's writers)."""
     height, width, _ = ctx.config.data.buckets[0]
-    return pipe(prompt, height=height, width=width, num_inference_steps=ctx.config.export.sample_steps, guidance_scale=ctx.config.export.guidance_scale,
-                max_sequence_length=ctx.config.data.max_sequence_length, generator=generator, output_type="np").images[:1]
+    return pipe(
+        prompt,
+        height=height,
+        width=width,
+        num_inference_steps=ctx.config.export.sample_steps,
+        guidance_scale=ctx.config.export.guidance_scale,
+        max_sequence_length=ctx.config.data.max_sequence_length,
+        generator=generator,
+        output_type="np",
+    ).images[:1]
 
 
 FAMILY = DiffusionFamily(

@@ -20,10 +20,16 @@ flux = PackSpec(
     stage_sections={"extract": ("extract", "data.max_sequence_length")},
     # Only the transformer converts and trains; the VAE and text encoders stay frozen as they are.
     stages={
-        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_flux.tiny:build_init_checkpoint"},
-                          options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")}),
-        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_flux.family:ADAPTER", "build_model": "mm_pack_flux.family:FAMILY.build_model"},
-                         options={"subfolder": "transformer", "what": "transformer"}),
+        "download": Stage(
+            "mmcore.engines:download_stage",
+            parts={"build_init": "mm_pack_flux.tiny:build_init_checkpoint"},
+            options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")},
+        ),
+        "convert": Stage(
+            "mmcore.engines:convert_stage",
+            parts={"adapter": "mm_pack_flux.family:ADAPTER", "build_model": "mm_pack_flux.family:FAMILY.build_model"},
+            options={"subfolder": "transformer", "what": "transformer"},
+        ),
         "preprocess": "mm_pack_flux.family:FAMILY.preprocess",
         "extract": "mm_pack_flux.family:FAMILY.extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_flux.family:FAMILY.recipe"}),

@@ -13,8 +13,7 @@ from pathlib import Path
 from mmcore.data import COLOURS, SHAPES
 from mmcore.engines import pick_preset
 
-CORPUS = [f"a {colour} {shape}" for colour in sorted(COLOURS) for shape in SHAPES] + [
-    "a photo of a cat", "an image of a dog on the grass", "white background, bright light"]
+CORPUS = [f"a {colour} {shape}" for colour in sorted(COLOURS) for shape in SHAPES] + ["a photo of a cat", "an image of a dog on the grass", "white background, bright light"]
 
 PRESETS = {
     "tiny": {"text_dim": 32, "heads": 2, "head_dim": 16, "double": 1, "single": 1},
@@ -37,19 +36,59 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     tokenizer, tokenizer_2 = clip_tokenizer(CORPUS), unigram_tokenizer(CORPUS)
     dim = p["text_dim"]
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=2 * dim, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
-        projection_dim=dim, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)).eval()
-    text_encoder_2 = T5EncoderModel(T5Config(
-        vocab_size=len(tokenizer_2), d_model=dim, d_kv=8, d_ff=2 * dim, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-        pad_token_id=tokenizer_2.pad_token_id, eos_token_id=tokenizer_2.eos_token_id)).eval()
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=dim,
+            intermediate_size=2 * dim,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            projection_dim=dim,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    ).eval()
+    text_encoder_2 = T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer_2),
+            d_model=dim,
+            d_kv=8,
+            d_ff=2 * dim,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tokenizer_2.pad_token_id,
+            eos_token_id=tokenizer_2.eos_token_id,
+        )
+    ).eval()
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=16, norm_num_groups=8, sample_size=64,
-        scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False).eval()
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 8, 16, 16),
+        layers_per_block=1,
+        latent_channels=16,
+        norm_num_groups=8,
+        sample_size=64,
+        scaling_factor=0.3611,
+        shift_factor=0.1159,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    ).eval()
     transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=64, num_layers=p["double"], num_single_layers=p["single"], attention_head_dim=p["head_dim"],
-        num_attention_heads=p["heads"], joint_attention_dim=dim, pooled_projection_dim=dim, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
+        patch_size=1,
+        in_channels=64,
+        num_layers=p["double"],
+        num_single_layers=p["single"],
+        attention_head_dim=p["head_dim"],
+        num_attention_heads=p["heads"],
+        joint_attention_dim=dim,
+        pooled_projection_dim=dim,
+        guidance_embeds=True,
+        axes_dims_rope=(4, 6, 6),
+    )
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
-    FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
-                 transformer=transformer).save_pretrained(out)
+    FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer).save_pretrained(out)

@@ -40,12 +40,12 @@ class Layout:
         """[B, rows, width] -> ([B, tokens_i, width_i] sequences, [B, length_j] vectors)."""
         sequences, start = [], 0
         for tokens, width in self.sequences:
-            sequences.append(text[:, start:start + tokens, :width])
+            sequences.append(text[:, start : start + tokens, :width])
             start += tokens
         flat = text[:, start:].flatten(1)
         vectors, at = [], 0
         for length in self.vectors:
-            vectors.append(flat[:, at:at + length])
+            vectors.append(flat[:, at : at + length])
             at += length
         return sequences, vectors
 

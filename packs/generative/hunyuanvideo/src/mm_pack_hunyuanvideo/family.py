@@ -54,6 +54,7 @@ FREEZE_GROUPS = {
     "head": ["norm_out.*", "proj_out.*"],
 }
 
+
 class Encoders:
     """The frozen 3D VAE, Llama and CLIP of a HunyuanVideo checkpoint, used exactly as
     ``HunyuanVideoPipeline`` uses them (its prompt template, the layer it reads, its crop)."""
@@ -72,8 +73,10 @@ class Encoders:
         template = DEFAULT_PROMPT_TEMPLATE["template"]
         starts, crop = caption_start(lambda caption: self.pipe.tokenizer(template.format(caption)).input_ids), DEFAULT_PROMPT_TEMPLATE["crop_start"]
         if starts != crop:
-            raise StageError(f"{model_dir / 'tokenizer'}: splits HunyuanVideoPipeline's prompt template so the caption starts at token {starts}, "
-                             f"but the pipeline crops {crop}: captions would lose or keep template tokens; use the release's tokenizer")
+            raise StageError(
+                f"{model_dir / 'tokenizer'}: splits HunyuanVideoPipeline's prompt template so the caption starts at token {starts}, "
+                f"but the pipeline crops {crop}: captions would lose or keep template tokens; use the release's tokenizer"
+            )
         self.layout = layout(max_sequence_length, self.pipe.text_encoder.config.hidden_size, self.pipe.text_encoder_2.config.hidden_size)
 
     def latents(self, frames: Any) -> Any:
@@ -113,8 +116,7 @@ def predict(model: Any, noisy: Any, sigma: Any, text: Any, guidance: float = 1.0
     config = model.config
     (states,), (pooled, mask) = layout(caption_tokens(text.shape[1], config), config.text_embed_dim, config.pooled_projection_dim).split(text.to(noisy.dtype))
     embedded = torch.full((noisy.shape[0],), guidance * 1000.0, dtype=noisy.dtype, device=noisy.device) if model.config.guidance_embeds else None
-    return model(hidden_states=noisy, timestep=sigma * 1000, encoder_hidden_states=states, encoder_attention_mask=mask,
-                 pooled_projections=pooled, guidance=embedded, return_dict=False)[0]
+    return model(hidden_states=noisy, timestep=sigma * 1000, encoder_hidden_states=states, encoder_attention_mask=mask, pooled_projections=pooled, guidance=embedded, return_dict=False)[0]
 
 
 def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
@@ -122,10 +124,14 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
     import torch
 
     length = ctx.config.data.max_sequence_length
-    return {"hidden_states": torch.randn(1, model.config.in_channels, 2, 4, 4, generator=generator), "timestep": torch.tensor([500.0]),
-            "encoder_hidden_states": torch.randn(1, length, model.config.text_embed_dim, generator=generator),
-            "encoder_attention_mask": torch.ones(1, length), "pooled_projections": torch.randn(1, model.config.pooled_projection_dim, generator=generator),
-            "guidance": torch.tensor([1000.0]) if model.config.guidance_embeds else None}
+    return {
+        "hidden_states": torch.randn(1, model.config.in_channels, 2, 4, 4, generator=generator),
+        "timestep": torch.tensor([500.0]),
+        "encoder_hidden_states": torch.randn(1, length, model.config.text_embed_dim, generator=generator),
+        "encoder_attention_mask": torch.ones(1, length),
+        "pooled_projections": torch.randn(1, model.config.pooled_projection_dim, generator=generator),
+        "guidance": torch.tensor([1000.0]) if model.config.guidance_embeds else None,
+    }
 
 
 FAMILY = DiffusionFamily(

@@ -17,8 +17,14 @@ from typing import Any
 from mmcore.engines import clip_tokenizer, pick_preset
 
 CORPUS = [
-    "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",
-    "a blue square moves left", "a blue square moves right", "a blue square moves up", "a blue square moves down",
+    "a red square moves left",
+    "a red square moves right",
+    "a red square moves up",
+    "a red square moves down",
+    "a blue square moves left",
+    "a blue square moves right",
+    "a blue square moves up",
+    "a blue square moves down",
     "a cat walks on the grass, realistic style",
 ]
 
@@ -40,7 +46,7 @@ def chains(pieces: list[str], halves: set[str]) -> tuple[list[tuple[str, str]], 
     late: list[str] = []
     for piece in dict.fromkeys(pieces):
         if piece in halves:
-            piece, rest = piece[: len(piece) // 2], piece[len(piece) // 2:]
+            piece, rest = piece[: len(piece) // 2], piece[len(piece) // 2 :]
             late.append(rest)
         chain(piece, merges, tokens)
     for rest in late:
@@ -100,8 +106,7 @@ def llama_tokenizer(corpus: list[str], template: str, crop_start: int):  # type:
     def make(halves: set[str]) -> Any:
         merges, tokens = chains(pieces, halves)
         vocab = {t: i for i, t in enumerate(dict.fromkeys(["<unk>", "<|begin_of_text|>", "<|end_of_text|>", *chars, *tokens]))}
-        tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
-                                   pad_token="<|end_of_text|>", unk_token="<unk>", padding_side="right")
+        tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>", pad_token="<|end_of_text|>", unk_token="<unk>", padding_side="right")
         tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS})
         return tokenizer
 
@@ -109,8 +114,7 @@ def llama_tokenizer(corpus: list[str], template: str, crop_start: int):  # type:
     return fit_caption_start(make, lambda tok: caption_start(lambda c: tok(template.format(c)).input_ids), prefix, crop_start)
 
 
-CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 
 
 def qwen_tokenizer(corpus: list[str], system: str, crop_start: int):  # type: ignore[no-untyped-def]
@@ -140,8 +144,7 @@ def qwen_tokenizer(corpus: list[str], system: str, crop_start: int):  # type: ig
         return tokenizer
 
     def starts(tokenizer: Any) -> int:
-        return caption_start(lambda c: tokenizer.apply_chat_template(format_text_input([c], system), add_generation_prompt=True, tokenize=True,
-                                                                     return_dict=True)["input_ids"][0])
+        return caption_start(lambda c: tokenizer.apply_chat_template(format_text_input([c], system), add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"][0])
 
     return fit_caption_start(make, starts, split(system), crop_start)
 
@@ -159,21 +162,57 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     diffusers_logging.disable_progress_bar()
     torch.manual_seed(seed)
     tokenizer = llama_tokenizer(CORPUS, DEFAULT_PROMPT_TEMPLATE["template"], DEFAULT_PROMPT_TEMPLATE["crop_start"])
-    text_encoder = LlamaModel(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                                          num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=2)).eval()
+    text_encoder = LlamaModel(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=2,
+        )
+    ).eval()
     tokenizer_2 = clip_tokenizer(CORPUS)
-    text_encoder_2 = CLIPTextModel(CLIPTextConfig(vocab_size=len(tokenizer_2), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                                  num_attention_heads=2, max_position_embeddings=77, projection_dim=16,
-                                                  bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
-    vae = AutoencoderKLHunyuanVideo(latent_channels=16, block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4,
-                                    spatial_compression_ratio=8, temporal_compression_ratio=4, mid_block_add_attention=False).eval()
+    text_encoder_2 = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer_2),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            projection_dim=16,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+        )
+    ).eval()
+    vae = AutoencoderKLHunyuanVideo(
+        latent_channels=16, block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=8, temporal_compression_ratio=4, mid_block_add_attention=False
+    ).eval()
     transformer = HunyuanVideoTransformer3DModel(
-        in_channels=16, out_channels=16, num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], num_layers=p["layers"],
-        num_single_layers=p["single_layers"], num_refiner_layers=1, patch_size=2, patch_size_t=1, guidance_embeds=True,
-        text_embed_dim=32, pooled_projection_dim=16, rope_axes_dim=(p["head_dim"] // 3, p["head_dim"] // 3, p["head_dim"] // 3))
+        in_channels=16,
+        out_channels=16,
+        num_attention_heads=p["heads"],
+        attention_head_dim=p["head_dim"],
+        num_layers=p["layers"],
+        num_single_layers=p["single_layers"],
+        num_refiner_layers=1,
+        patch_size=2,
+        patch_size_t=1,
+        guidance_embeds=True,
+        text_embed_dim=32,
+        pooled_projection_dim=16,
+        rope_axes_dim=(p["head_dim"] // 3, p["head_dim"] // 3, p["head_dim"] // 3),
+    )
     scheduler = FlowMatchEulerDiscreteScheduler(shift=7.0)
-    HunyuanVideoPipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae, scheduler=scheduler,
-                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2).save_pretrained(out)
+    HunyuanVideoPipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae, scheduler=scheduler, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2).save_pretrained(
+        out
+    )
 
 
 PRESETS_15 = {
@@ -200,22 +239,52 @@ def build_v15_checkpoint(preset: str, out: Path, seed: int) -> None:
     diffusers_logging.disable_progress_bar()
     torch.manual_seed(seed)
     tokenizer = qwen_tokenizer(CORPUS, *pipeline_prompt())
-    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=2048, bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})).eval()
+    text_encoder = Qwen2_5_VLTextModel(
+        Qwen2_5_VLTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+        )
+    ).eval()
     tokenizer_2 = ByT5Tokenizer()
-    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
-                                             relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
-    vae = AutoencoderKLHunyuanVideo15(latent_channels=8, block_out_channels=(8, 8, 16, 16), layers_per_block=1,
-                                      spatial_compression_ratio=8, temporal_compression_ratio=4, scaling_factor=0.2).eval()
+    text_encoder_2 = T5EncoderModel(
+        T5Config(vocab_size=len(tokenizer_2), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)
+    ).eval()
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=8, block_out_channels=(8, 8, 16, 16), layers_per_block=1, spatial_compression_ratio=8, temporal_compression_ratio=4, scaling_factor=0.2).eval()
     third = p["head_dim"] // 3
     transformer = HunyuanVideo15Transformer3DModel(
-        in_channels=8 * 2 + 1, out_channels=8, num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], num_layers=p["layers"],
-        num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=32, text_embed_2_dim=16, image_embed_dim=16,
-        rope_axes_dim=(third, third, third), task_type="t2v")
-    HunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
-                           scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
-                           guider=ClassifierFreeGuidance(guidance_scale=6.0)).save_pretrained(out)
+        in_channels=8 * 2 + 1,
+        out_channels=8,
+        num_attention_heads=p["heads"],
+        attention_head_dim=p["head_dim"],
+        num_layers=p["layers"],
+        num_refiner_layers=1,
+        patch_size=1,
+        patch_size_t=1,
+        text_embed_dim=32,
+        text_embed_2_dim=16,
+        image_embed_dim=16,
+        rope_axes_dim=(third, third, third),
+        task_type="t2v",
+    )
+    HunyuanVideo15Pipeline(
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        guider=ClassifierFreeGuidance(guidance_scale=6.0),
+    ).save_pretrained(out)
 
 
 def pipeline_prompt() -> tuple[str, int]:

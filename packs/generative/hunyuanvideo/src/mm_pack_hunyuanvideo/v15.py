@@ -67,20 +67,22 @@ class Encoders:
             part.eval()
         lengths = (pipe.tokenizer_max_length, pipe.tokenizer_2_max_length, pipe.vision_num_semantic_tokens)
         if lengths != (TEXT_TOKENS, GLYPH_TOKENS, IMAGE_TOKENS):
-            raise StageError(f"this diffusers' HunyuanVideo15Pipeline reads (Qwen, ByT5, image) tokens {lengths}; this pack was written for "
-                             f"{(TEXT_TOKENS, GLYPH_TOKENS, IMAGE_TOKENS)}: install the diffusers version the pack pins")
+            raise StageError(
+                f"this diffusers' HunyuanVideo15Pipeline reads (Qwen, ByT5, image) tokens {lengths}; this pack was written for "
+                f"{(TEXT_TOKENS, GLYPH_TOKENS, IMAGE_TOKENS)}: install the diffusers version the pack pins"
+            )
 
         def ids(caption: str) -> list[int]:
-            return pipe.tokenizer.apply_chat_template(format_text_input([caption], pipe.system_message), add_generation_prompt=True,
-                                                      tokenize=True, return_dict=True)["input_ids"][0]
+            return pipe.tokenizer.apply_chat_template(format_text_input([caption], pipe.system_message), add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"][0]
 
         starts, crop = caption_start(ids), pipe.prompt_template_encode_start_idx
         if starts != crop:
-            raise StageError(f"{model_dir / 'tokenizer'}: its chat template puts the caption at token {starts}, but HunyuanVideo15Pipeline "
-                             f"crops {crop}: captions would lose or keep system-prompt tokens; use the release's tokenizer")
+            raise StageError(
+                f"{model_dir / 'tokenizer'}: its chat template puts the caption at token {starts}, but HunyuanVideo15Pipeline "
+                f"crops {crop}: captions would lose or keep system-prompt tokens; use the release's tokenizer"
+            )
         self.scale = pipe.vae.config.scaling_factor
-        self.layout = Layout(sequences=[(TEXT_TOKENS, pipe.text_encoder.config.hidden_size), (GLYPH_TOKENS, pipe.text_encoder_2.config.d_model)],
-                             vectors=[TEXT_TOKENS, GLYPH_TOKENS])
+        self.layout = Layout(sequences=[(TEXT_TOKENS, pipe.text_encoder.config.hidden_size), (GLYPH_TOKENS, pipe.text_encoder_2.config.d_model)], vectors=[TEXT_TOKENS, GLYPH_TOKENS])
 
     def latents(self, frames: Any) -> Any:
         """uint8 (F, H, W, 3) -> latents (C, F', H', W'), the posterior's mode times ``scaling_factor``."""
@@ -105,9 +107,15 @@ def denoiser_inputs(model: Any, noisy: Any, timestep: Any, text: Any) -> dict[st
     (states, glyphs), (mask, glyph_mask) = layout(model.config).split(text.to(noisy.dtype))
     batch, channels, frames, height, width = noisy.shape
     condition = torch.zeros(batch, channels + 1, frames, height, width, dtype=noisy.dtype, device=noisy.device)  # zero latents, zero mask
-    return {"hidden_states": torch.cat([noisy, condition], dim=1), "timestep": timestep, "encoder_hidden_states": states,
-            "encoder_attention_mask": mask, "encoder_hidden_states_2": glyphs, "encoder_attention_mask_2": glyph_mask,
-            "image_embeds": torch.zeros(batch, IMAGE_TOKENS, model.config.image_embed_dim, dtype=noisy.dtype, device=noisy.device)}
+    return {
+        "hidden_states": torch.cat([noisy, condition], dim=1),
+        "timestep": timestep,
+        "encoder_hidden_states": states,
+        "encoder_attention_mask": mask,
+        "encoder_hidden_states_2": glyphs,
+        "encoder_attention_mask_2": glyph_mask,
+        "image_embeds": torch.zeros(batch, IMAGE_TOKENS, model.config.image_embed_dim, dtype=noisy.dtype, device=noisy.device),
+    }
 
 
 def predict(model: Any, noisy: Any, sigma: Any, text: Any) -> Any:
@@ -129,8 +137,7 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
 def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
     height, width, frames = ctx.config.data.buckets[0]
     pipe.guider = pipe.guider.new(guidance_scale=ctx.config.export.guidance_scale)
-    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
-                generator=generator, output_type="np").frames[0]
+    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps, generator=generator, output_type="np").frames[0]
 
 
 FAMILY = DiffusionFamily(

@@ -44,8 +44,10 @@ class Encoders:
 
         side = 2 * self.pipe.vae_scale_factor_spatial  # every Wan transformer patches 2 x 2 latents
         if frames.shape[1] % side or frames.shape[2] % side:
-            raise StageError(f"bucket {frames.shape[1]}x{frames.shape[2]}: this checkpoint's VAE compresses {self.pipe.vae_scale_factor_spatial}x "
-                             f"and its transformer patches 2x2 latents: height and width must be multiples of {side} (data.buckets)")
+            raise StageError(
+                f"bucket {frames.shape[1]}x{frames.shape[2]}: this checkpoint's VAE compresses {self.pipe.vae_scale_factor_spatial}x "
+                f"and its transformer patches 2x2 latents: height and width must be multiples of {side} (data.buckets)"
+            )
         with torch.no_grad():
             video = frames.permute(3, 0, 1, 2)[None].float() / 127.5 - 1.0
             z = self.pipe.vae.encode(video).latent_dist.mode()
@@ -89,8 +91,11 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
     """One small denoiser call's inputs (random latents and text states)."""
     import torch
 
-    return {"hidden_states": torch.randn(1, model.config.in_channels, 3, 4, 4, generator=generator), "timestep": torch.tensor([500.0]),
-            "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_dim, generator=generator)}
+    return {
+        "hidden_states": torch.randn(1, model.config.in_channels, 3, 4, 4, generator=generator),
+        "timestep": torch.tensor([500.0]),
+        "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_dim, generator=generator),
+    }
 
 
 FAMILY = DiffusionFamily(

@@ -51,13 +51,17 @@ class ImageEncoders(Encoders):
 
         count, height, width, _ = frames.shape
         first = frames[0].permute(2, 0, 1)[None].float() / 127.5 - 1.0  # the pipeline's preprocess at the clip's size
-        latent_shape = (1, self.pipe.vae.config.z_dim, (count - 1) // self.pipe.vae_scale_factor_temporal + 1,
-                        height // self.pipe.vae_scale_factor_spatial, width // self.pipe.vae_scale_factor_spatial)
+        latent_shape = (
+            1,
+            self.pipe.vae.config.z_dim,
+            (count - 1) // self.pipe.vae_scale_factor_temporal + 1,
+            height // self.pipe.vae_scale_factor_spatial,
+            width // self.pipe.vae_scale_factor_spatial,
+        )
         with torch.no_grad():
             # given latents: the pipeline draws no noise here, it only builds the condition
             # (Wan2.2 TI2V: the first frame's latents alone, which replace the first latent frame)
-            condition = self.pipe.prepare_latents(first, 1, latent_shape[1], height, width, count, torch.float32, torch.device("cpu"),
-                                                  latents=torch.zeros(latent_shape))[1]
+            condition = self.pipe.prepare_latents(first, 1, latent_shape[1], height, width, count, torch.float32, torch.device("cpu"), latents=torch.zeros(latent_shape))[1]
             image = torch.zeros(0)
             if self.pipe.image_encoder is not None:
                 image = self.pipe.encode_image(Image.fromarray(frames[0].numpy()), torch.device("cpu"))[0]
@@ -68,8 +72,7 @@ def predict(model: Any, noisy: Any, sigma: Any, text: Any, condition: Any, image
     image = image_embeds if image_embeds.numel() else None
     if expand_timesteps:
         return first_frame_given(model, noisy, sigma, text, condition, image)
-    return model(hidden_states=with_condition(noisy, condition), timestep=sigma * 1000, encoder_hidden_states=text,
-                 encoder_hidden_states_image=image, return_dict=False)[0]
+    return model(hidden_states=with_condition(noisy, condition), timestep=sigma * 1000, encoder_hidden_states=text, encoder_hidden_states_image=image, return_dict=False)[0]
 
 
 def first_frame_given(model: Any, noisy: Any, sigma: Any, text: Any, condition: Any, image: Any) -> tuple[Any, Any]:
@@ -82,8 +85,7 @@ def first_frame_given(model: Any, noisy: Any, sigma: Any, text: Any, condition: 
     generated = torch.ones_like(noisy[:, :1], dtype=torch.float32)
     generated[:, :, 0] = 0
     inputs = ((1 - generated) * condition + generated * noisy).to(noisy.dtype)
-    prediction = model(hidden_states=inputs, timestep=token_timesteps(model, generated, sigma * 1000), encoder_hidden_states=text,
-                       encoder_hidden_states_image=image, return_dict=False)[0]
+    prediction = model(hidden_states=inputs, timestep=token_timesteps(model, generated, sigma * 1000), encoder_hidden_states=text, encoder_hidden_states_image=image, return_dict=False)[0]
     return prediction, generated
 
 
@@ -98,16 +100,28 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
     import torch
 
     image = torch.randn(1, 5, model.config.image_dim, generator=generator) if model.config.image_dim else None
-    return {"hidden_states": torch.randn(1, model.config.in_channels, 3, 4, 4, generator=generator), "timestep": torch.tensor([500.0]),
-            "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_dim, generator=generator),
-            "encoder_hidden_states_image": image}
+    return {
+        "hidden_states": torch.randn(1, model.config.in_channels, 3, 4, 4, generator=generator),
+        "timestep": torch.tensor([500.0]),
+        "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_dim, generator=generator),
+        "encoder_hidden_states_image": image,
+    }
 
 
 def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any, image: Any = None) -> Any:
     height, width, frames = ctx.config.data.buckets[0]
-    return pipe(image=image, prompt=prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps,
-                guidance_scale=ctx.config.export.guidance_scale, max_sequence_length=ctx.config.data.max_sequence_length,
-                generator=generator, output_type="np").frames[0]
+    return pipe(
+        image=image,
+        prompt=prompt,
+        height=height,
+        width=width,
+        num_frames=frames,
+        num_inference_steps=ctx.config.export.sample_steps,
+        guidance_scale=ctx.config.export.guidance_scale,
+        max_sequence_length=ctx.config.data.max_sequence_length,
+        generator=generator,
+        output_type="np",
+    ).frames[0]
 
 
 FAMILY = DiffusionFamily(

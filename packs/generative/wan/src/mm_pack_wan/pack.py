@@ -20,7 +20,9 @@ wan = PackSpec(
     stage_sections={"extract": ("extract", "data.max_sequence_length"), "convert": ("convert", "training.expert")},
     # Only the transformer converts and trains; the VAE and text encoder stay frozen as they are.
     stages={
-        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_init_checkpoint"}, options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
+        "download": Stage(
+            "mmcore.engines:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_init_checkpoint"}, options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}
+        ),
         "convert": "mm_pack_wan.family:FAMILY.convert",  # the transformer (Wan2.2: the expert training.expert names)
         "preprocess": "mm_pack_wan.family:FAMILY.preprocess",
         "extract": "mm_pack_wan.family:FAMILY.extract",
@@ -45,8 +47,9 @@ wan_i2v = PackSpec(
     # Only the transformer converts and trains; the VAE, UMT5 and CLIP stay frozen as they are.
     stages={
         # image_encoder/ and image_processor/: Wan2.1's I2V models only (ImageEncoders checks)
-        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_i2v_checkpoint"},
-                          options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}),
+        "download": Stage(
+            "mmcore.engines:download_stage", parts={"build_init": "mm_pack_wan.tiny:build_i2v_checkpoint"}, options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")}
+        ),
         "convert": "mm_pack_wan.i2v:FAMILY.convert",
         "preprocess": "mm_pack_wan.i2v:FAMILY.preprocess",
         "extract": "mm_pack_wan.i2v:FAMILY.extract",

@@ -11,9 +11,18 @@ from pathlib import Path
 from mmcore.engines import pick_preset
 
 CORPUS = [
-    "a red square moves left", "a red square moves right", "a red square moves up", "a red square moves down",
-    "a blue square moves left", "a blue square moves right", "a blue square moves up", "a blue square moves down",
-    "a green circle on a white background", "a yellow triangle", "video of a cat", "slow motion, bright light",
+    "a red square moves left",
+    "a red square moves right",
+    "a red square moves up",
+    "a red square moves down",
+    "a blue square moves left",
+    "a blue square moves right",
+    "a blue square moves up",
+    "a blue square moves down",
+    "a green circle on a white background",
+    "a yellow triangle",
+    "video of a cat",
+    "slow motion, bright light",
 ]
 
 PRESETS = {
@@ -49,13 +58,34 @@ def frozen_parts(p: dict, seed: int):  # type: ignore[no-untyped-def, type-arg]
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
     text_encoder = UMT5EncoderModel(
-        UMT5Config(vocab_size=len(tokenizer), d_model=p["text_dim"], d_kv=8, d_ff=2 * p["text_dim"], num_layers=p["text_layers"], num_heads=4,
-                   relative_attention_num_buckets=8, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        UMT5Config(
+            vocab_size=len(tokenizer),
+            d_model=p["text_dim"],
+            d_kv=8,
+            d_ff=2 * p["text_dim"],
+            num_layers=p["text_layers"],
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     ).eval()
     if p.get("ti2v"):  # TI2V-5B's VAE: residual, 48 channels, 2x2 patches of pixels first (in_channels 12)
-        vae = AutoencoderKLWan(base_dim=p["vae_base"], decoder_base_dim=p["vae_base"] + 4, z_dim=48, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
-                               temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12, patch_size=2,
-                               scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48).eval()
+        vae = AutoencoderKLWan(
+            base_dim=p["vae_base"],
+            decoder_base_dim=p["vae_base"] + 4,
+            z_dim=48,
+            dim_mult=[1, 2, 2, 2],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            is_residual=True,
+            in_channels=12,
+            out_channels=12,
+            patch_size=2,
+            scale_factor_spatial=16,
+            latents_mean=[0.0] * 48,
+            latents_std=[1.0] * 48,
+        ).eval()
     else:
         vae = AutoencoderKLWan(base_dim=p["vae_base"], z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
     return {"tokenizer": tokenizer, "text_encoder": text_encoder, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=3.0)}
@@ -67,10 +97,21 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     p = pick_preset(PRESETS, preset)
     parts = frozen_parts(p, seed)
     channels = parts["vae"].config.z_dim
-    experts = [WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], in_channels=channels, out_channels=channels,
-        text_dim=p["text_dim"], freq_dim=32, ffn_dim=p["ffn"], num_layers=p["layers"], rope_max_seq_len=64,
-    ) for _ in range(2 if "boundary_ratio" in p else 1)]
+    experts = [
+        WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=p["heads"],
+            attention_head_dim=p["head_dim"],
+            in_channels=channels,
+            out_channels=channels,
+            text_dim=p["text_dim"],
+            freq_dim=32,
+            ffn_dim=p["ffn"],
+            num_layers=p["layers"],
+            rope_max_seq_len=64,
+        )
+        for _ in range(2 if "boundary_ratio" in p else 1)
+    ]
     if len(experts) == 2:
         parts.update(transformer_2=experts[1], boundary_ratio=p["boundary_ratio"])
     WanPipeline(transformer=experts[0], expand_timesteps=bool(p.get("ti2v")), **parts).save_pretrained(out)
@@ -90,8 +131,17 @@ def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
     image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)).eval()
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=p["heads"], attention_head_dim=p["head_dim"], in_channels=36, out_channels=16,
-        text_dim=p["text_dim"], freq_dim=32, ffn_dim=p["ffn"], num_layers=p["layers"], rope_max_seq_len=64,
-        image_dim=32, added_kv_proj_dim=p["heads"] * p["head_dim"],
+        patch_size=(1, 2, 2),
+        num_attention_heads=p["heads"],
+        attention_head_dim=p["head_dim"],
+        in_channels=36,
+        out_channels=16,
+        text_dim=p["text_dim"],
+        freq_dim=32,
+        ffn_dim=p["ffn"],
+        num_layers=p["layers"],
+        rope_max_seq_len=64,
+        image_dim=32,
+        added_kv_proj_dim=p["heads"] * p["head_dim"],
     )
     WanImageToVideoPipeline(image_processor=image_processor, image_encoder=image_encoder, transformer=transformer, **parts).save_pretrained(out)

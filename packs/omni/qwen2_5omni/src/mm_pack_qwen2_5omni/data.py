@@ -16,8 +16,7 @@ from mmcore.data import ChatTemplateEncoder
 from mmcore.kits import MelClipExpander
 from mm_qwen_vision import QwenVisionExpanders
 
-DEFAULT_SYSTEM = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
-                  "auditory and visual inputs, as well as generating text and speech.")
+DEFAULT_SYSTEM = "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and visual inputs, as well as generating text and speech."
 
 # The chat template saved with tokenizers this pack writes (the Omni processor's content types).
 CHAT_TEMPLATE = (
@@ -49,18 +48,20 @@ class Encoder(ChatTemplateEncoder):
         ids = tokenizer.convert_tokens_to_ids
         self.cfg = data_cfg
         vision = QwenVisionExpanders(
-            data_cfg, merge_size,
+            data_cfg,
+            merge_size,
             image_tokens=(ids("<|vision_bos|>"), ids("<|IMAGE|>"), ids("<|vision_eos|>")),
             video_tokens=(ids("<|vision_bos|>"), ids("<|VIDEO|>"), ids("<|vision_eos|>")),
             seconds_per_grid=True,
         )
-        audio = MelClipExpander(feature_extractor, (ids("<|audio_bos|>"), ids("<|AUDIO|>"), ids("<|audio_eos|>")), audio_tokens,
-                                max_seconds=feature_extractor.n_samples / feature_extractor.sampling_rate)
-        super().__init__(
-            tokenizer, {"<image>": vision.image, "<video>": vision.video, "<audio>": audio},
-            markers={"<image>": "<|vision_bos|><|IMAGE|><|vision_eos|>", "<video>": "<|vision_bos|><|VIDEO|><|vision_eos|>",
-                     "<audio>": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
-            chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
-            train_on_prompt=data_cfg.train_on_prompt, media_token_ids=[ids(t) for t in MEDIA_TOKENS],
+        audio = MelClipExpander(
+            feature_extractor, (ids("<|audio_bos|>"), ids("<|AUDIO|>"), ids("<|audio_eos|>")), audio_tokens, max_seconds=feature_extractor.n_samples / feature_extractor.sampling_rate
         )
-
+        super().__init__(
+            tokenizer,
+            {"<image>": vision.image, "<video>": vision.video, "<audio>": audio},
+            markers={"<image>": "<|vision_bos|><|IMAGE|><|vision_eos|>", "<video>": "<|vision_bos|><|VIDEO|><|vision_eos|>", "<audio>": "<|audio_bos|><|AUDIO|><|audio_eos|>"},
+            chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
+            train_on_prompt=data_cfg.train_on_prompt,
+            media_token_ids=[ids(t) for t in MEDIA_TOKENS],
+        )

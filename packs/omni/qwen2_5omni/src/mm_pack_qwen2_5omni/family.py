@@ -48,8 +48,13 @@ def packed_positions(model: Any, batch: dict[str, Any]) -> Any:
             import torch
 
             return torch.arange(tokens.stop - tokens.start, device=batch["input_ids"].device).view(1, 1, -1).expand(3, 1, -1)
-        pos, _ = model.model.get_rope_index(batch["input_ids"][:, tokens], image_grid_thw=rows["image_grid_thw"], video_grid_thw=rows["video_grid_thw"],
-                                            audio_seqlens=rows["audio_feature_lengths"], second_per_grids=rows["video_second_per_grid"])
+        pos, _ = model.model.get_rope_index(
+            batch["input_ids"][:, tokens],
+            image_grid_thw=rows["image_grid_thw"],
+            video_grid_thw=rows["video_grid_thw"],
+            audio_seqlens=rows["audio_feature_lengths"],
+            second_per_grids=rows["video_second_per_grid"],
+        )
         return pos
 
     return packed_mrope_positions(batch, PACKED_COUNTS, rope_index, follows={"video_second_per_grid": "video_grid_thw"})

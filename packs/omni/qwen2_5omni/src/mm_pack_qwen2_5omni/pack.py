@@ -20,7 +20,9 @@ qwen25omni = PackSpec(
     stage_sections={"extract": ("extract", "training.freeze")},
     stages={
         "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_qwen2_5omni.tiny:build_init_checkpoint"}),
-        "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_qwen2_5omni.adapter:ADAPTER", "build_model": "mm_pack_qwen2_5omni.family:FAMILY.build_model"}, options={"what": "thinker"}),
+        "convert": Stage(
+            "mmcore.engines:convert_stage", parts={"adapter": "mm_pack_qwen2_5omni.adapter:ADAPTER", "build_model": "mm_pack_qwen2_5omni.family:FAMILY.build_model"}, options={"what": "thinker"}
+        ),
         "preprocess": "mm_pack_qwen2_5omni.family:FAMILY.preprocess",
         "extract": "mm_pack_qwen2_5omni.extract:extract",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2_5omni.family:FAMILY.recipe"}),

@@ -15,9 +15,13 @@ from mmcore.engines import pick_preset
 
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"]
 NAMED_TOKENS = {
-    "image_token": "<|IMAGE|>", "audio_token": "<|AUDIO|>", "video_token": "<|VIDEO|>",
-    "vision_bos_token": "<|vision_bos|>", "vision_eos_token": "<|vision_eos|>",
-    "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>",
+    "image_token": "<|IMAGE|>",
+    "audio_token": "<|AUDIO|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
 }
 
 # Words the tiny tokenizer learns whole: the demo's vocabulary plus common chat text.
@@ -54,20 +58,51 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     ids = tokenizer.convert_tokens_to_ids
     half = p["hidden"] // p["heads"] // 2  # mrope sections (temporal, height, width) sum to head_dim / 2
     text = dict(
-        vocab_size=len(tokenizer), hidden_size=p["hidden"], intermediate_size=2 * p["hidden"], num_hidden_layers=p["layers"],
-        num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"], max_position_embeddings=4096,
+        vocab_size=len(tokenizer),
+        hidden_size=p["hidden"],
+        intermediate_size=2 * p["hidden"],
+        num_hidden_layers=p["layers"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3]},
     )
-    audio = dict(num_mel_bins=128, d_model=p["audio_dim"], encoder_layers=p["audio_layers"], encoder_attention_heads=2,
-                 encoder_ffn_dim=2 * p["audio_dim"], output_dim=p["hidden"], n_window=100, max_source_positions=1500)
-    vision = dict(depth=p["vision_depth"], hidden_size=p["vision_dim"], out_hidden_size=p["hidden"], intermediate_size=2 * p["vision_dim"],
-                  num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[p["vision_depth"] - 1])
+    audio = dict(
+        num_mel_bins=128,
+        d_model=p["audio_dim"],
+        encoder_layers=p["audio_layers"],
+        encoder_attention_heads=2,
+        encoder_ffn_dim=2 * p["audio_dim"],
+        output_dim=p["hidden"],
+        n_window=100,
+        max_source_positions=1500,
+    )
+    vision = dict(
+        depth=p["vision_depth"],
+        hidden_size=p["vision_dim"],
+        out_hidden_size=p["hidden"],
+        intermediate_size=2 * p["vision_dim"],
+        num_heads=2,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=56,
+        fullatt_block_indexes=[p["vision_depth"] - 1],
+    )
     return Qwen2_5OmniThinkerConfig(
-        text_config=text, audio_config=audio, vision_config=vision,
-        audio_token_index=ids("<|AUDIO|>"), image_token_index=ids("<|IMAGE|>"), video_token_index=ids("<|VIDEO|>"),
-        audio_start_token_id=ids("<|audio_bos|>"), audio_end_token_id=ids("<|audio_eos|>"),
-        vision_start_token_id=ids("<|vision_bos|>"), vision_end_token_id=ids("<|vision_eos|>"),
-        pad_token_id=ids("<|endoftext|>"), bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"),
+        text_config=text,
+        audio_config=audio,
+        vision_config=vision,
+        audio_token_index=ids("<|AUDIO|>"),
+        image_token_index=ids("<|IMAGE|>"),
+        video_token_index=ids("<|VIDEO|>"),
+        audio_start_token_id=ids("<|audio_bos|>"),
+        audio_end_token_id=ids("<|audio_eos|>"),
+        vision_start_token_id=ids("<|vision_bos|>"),
+        vision_end_token_id=ids("<|vision_eos|>"),
+        pad_token_id=ids("<|endoftext|>"),
+        bos_token_id=ids("<|endoftext|>"),
+        eos_token_id=ids("<|im_end|>"),
     )
 
 

@@ -28,9 +28,13 @@ MEAN_STD = (0.5, 0.5)  # Qwen3-Omni's image_mean / image_std, every channel
 # default system prompt), so exported models format conversations as training did.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}" + IMAGE +
-    "{% elif content['type'] == 'video' %}" + VIDEO + "{% elif content['type'] == 'audio' %}" + AUDIO +
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}"
+    + IMAGE
+    + "{% elif content['type'] == 'video' %}"
+    + VIDEO
+    + "{% elif content['type'] == 'audio' %}"
+    + AUDIO
+    + "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
@@ -54,15 +58,20 @@ class Encoder(ChatTemplateEncoder):
         ids = tokenizer.convert_tokens_to_ids
         start, end = ids("<|vision_start|>"), ids("<|vision_end|>")
         vision = QwenVisionExpanders(
-            data_cfg, merge_size,
-            image_tokens=(start, ids("<|image_pad|>"), end), video_tokens=(start, ids("<|video_pad|>"), end),
-            seconds_per_grid=True, patch_size=patch_size, mean_std=MEAN_STD,
+            data_cfg,
+            merge_size,
+            image_tokens=(start, ids("<|image_pad|>"), end),
+            video_tokens=(start, ids("<|video_pad|>"), end),
+            seconds_per_grid=True,
+            patch_size=patch_size,
+            mean_std=MEAN_STD,
         )
-        audio = MelClipExpander(feature_extractor, (ids("<|audio_start|>"), ids("<|audio_pad|>"), ids("<|audio_end|>")),
-                                lambda frames: audio_tokens(frames, n_window), pad_to_window=False)
+        audio = MelClipExpander(feature_extractor, (ids("<|audio_start|>"), ids("<|audio_pad|>"), ids("<|audio_end|>")), lambda frames: audio_tokens(frames, n_window), pad_to_window=False)
         super().__init__(
-            tokenizer, {"<image>": vision.image, "<video>": vision.video, "<audio>": audio},
+            tokenizer,
+            {"<image>": vision.image, "<video>": vision.video, "<audio>": audio},
             markers={"<image>": IMAGE, "<video>": VIDEO, "<audio>": AUDIO},
             chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
-            train_on_prompt=data_cfg.train_on_prompt, media_token_ids=[ids(t) for t in MEDIA_TOKENS],
+            train_on_prompt=data_cfg.train_on_prompt,
+            media_token_ids=[ids(t) for t in MEDIA_TOKENS],
         )

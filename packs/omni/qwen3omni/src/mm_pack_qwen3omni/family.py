@@ -75,8 +75,14 @@ def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
     from mm_pack_qwen3omni.data import Encoder
 
     config = Qwen3OmniMoeThinkerConfig.from_pretrained(model_dir)
-    return Encoder(tokenizer, WhisperFeatureExtractor.from_pretrained(model_dir), ctx.config.data, merge_size=config.vision_config.spatial_merge_size,
-                   patch_size=config.vision_config.patch_size, n_window=config.audio_config.n_window)
+    return Encoder(
+        tokenizer,
+        WhisperFeatureExtractor.from_pretrained(model_dir),
+        ctx.config.data,
+        merge_size=config.vision_config.spatial_merge_size,
+        patch_size=config.vision_config.patch_size,
+        n_window=config.audio_config.n_window,
+    )
 
 
 def packed_positions(model: Any, batch: dict[str, Any]) -> Any:
@@ -86,8 +92,9 @@ def packed_positions(model: Any, batch: dict[str, Any]) -> Any:
 
     def rope_index(tokens: slice, rows: dict[str, Any]) -> Any:
         ids = batch["input_ids"][:, tokens]
-        pos, _ = model.model.get_rope_index(ids, rows["image_grid_thw"], rows["video_grid_thw"], torch.ones_like(ids),
-                                            audio_seqlens=rows["audio_feature_lengths"], second_per_grids=rows["video_second_per_grid"])
+        pos, _ = model.model.get_rope_index(
+            ids, rows["image_grid_thw"], rows["video_grid_thw"], torch.ones_like(ids), audio_seqlens=rows["audio_feature_lengths"], second_per_grids=rows["video_second_per_grid"]
+        )
         return pos
 
     return packed_mrope_positions(batch, PACKED_COUNTS, rope_index, follows={"video_second_per_grid": "video_grid_thw"})

@@ -25,8 +25,11 @@ VIDEO = "<|begin_of_video|><|video|><|end_of_video|>"
 
 CHAT_TEMPLATE = (
     "[gMASK]<sop>{% for message in messages %}<|{{ message['role'] }}|>\n{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}" + IMAGE +
-    "{% elif content['type'] == 'video' %}" + VIDEO + "{% elif content['type'] == 'text' %}{{ content['text'] }}"
+    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}"
+    + IMAGE
+    + "{% elif content['type'] == 'video' %}"
+    + VIDEO
+    + "{% elif content['type'] == 'text' %}{{ content['text'] }}"
     "{% endif %}{% endfor %}{% endif %}{% if message['role'] == 'assistant' %}<|endoftext|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
@@ -52,11 +55,13 @@ class Encoder(ChatTemplateEncoder):
                 out += [start, *[image] * per_patch, end] + tokenizer(str(int(first / video.source_fps)), add_special_tokens=False)["input_ids"]
             return out + [video_end]
 
-        vision = QwenVisionExpanders(data_cfg, merge_size, image_tokens=(start, image, end), video_tokens=(video_start, image, video_end),
-                                     processor=image_processor, video_ids=video_ids)
+        vision = QwenVisionExpanders(data_cfg, merge_size, image_tokens=(start, image, end), video_tokens=(video_start, image, video_end), processor=image_processor, video_ids=video_ids)
         super().__init__(
-            tokenizer, {"<image>": vision.image, "<video>": vision.video}, markers={"<image>": IMAGE, "<video>": VIDEO},
-            chat_template=CHAT_TEMPLATE, train_on_prompt=data_cfg.train_on_prompt,
+            tokenizer,
+            {"<image>": vision.image, "<video>": vision.video},
+            markers={"<image>": IMAGE, "<video>": VIDEO},
+            chat_template=CHAT_TEMPLATE,
+            train_on_prompt=data_cfg.train_on_prompt,
             media_token_ids=[start, image, end, video_start, video_end],
         )
 

@@ -39,10 +39,10 @@ def model_class(config: Any) -> Any:
 
     return transformers.Glm4vMoeForConditionalGeneration if config.model_type == "glm4v_moe" else transformers.Glm4vForConditionalGeneration
 
+
 # training.freeze accepts these names as well as parameter globs; the cache holds what the merger reads
 FREEZE_GROUPS = {
-    "vision": ["model.visual.patch_embed.*", "model.visual.post_conv_layernorm.*", "model.visual.embeddings.*",
-               "model.visual.blocks.*", "model.visual.post_layernorm.*", "model.visual.downsample.*"],
+    "vision": ["model.visual.patch_embed.*", "model.visual.post_conv_layernorm.*", "model.visual.embeddings.*", "model.visual.blocks.*", "model.visual.post_layernorm.*", "model.visual.downsample.*"],
     "projector": ["model.visual.merger.*"],
     "llm": ["model.language_model.*", "lm_head.*"],
 }

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from mmcore.engines import pick_preset
 
-SPECIAL_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|begin_of_image|>", "<|end_of_image|>", "<|image|>",
-                  "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]
+SPECIAL_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]
 
 # Words the tiny tokenizer learns whole: the demo's vocabulary plus common chat text.
 CORPUS = [
@@ -50,21 +49,51 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     head_dim = p["hidden"] // p["heads"]
     quarter = head_dim // 4  # GLM rotates half of each head; the M-RoPE sections (t, h, w) sum to a quarter
     text = dict(
-        vocab_size=len(tokenizer), hidden_size=p["hidden"], intermediate_size=2 * p["hidden"], num_hidden_layers=p["layers"],
-        num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"], max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [quarter - 2 * (quarter // 4), quarter // 4, quarter // 4],
-                         "partial_rotary_factor": 0.5},
-        eos_token_id=ids("<|endoftext|>"), pad_token_id=ids("<|endoftext|>"),
+        vocab_size=len(tokenizer),
+        hidden_size=p["hidden"],
+        intermediate_size=2 * p["hidden"],
+        num_hidden_layers=p["layers"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [quarter - 2 * (quarter // 4), quarter // 4, quarter // 4], "partial_rotary_factor": 0.5},
+        eos_token_id=ids("<|endoftext|>"),
+        pad_token_id=ids("<|endoftext|>"),
     )
-    vision = dict(depth=p["vision_depth"], hidden_size=p["vision_dim"], out_hidden_size=p["hidden"], intermediate_size=2 * p["hidden"],
-                  num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, image_size=56)
+    vision = dict(
+        depth=p["vision_depth"],
+        hidden_size=p["vision_dim"],
+        out_hidden_size=p["hidden"],
+        intermediate_size=2 * p["hidden"],
+        num_heads=2,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        image_size=56,
+    )
     if p.get("moe"):  # GLM-4.5V: the first layer dense, then 4 routed experts (2 per token) and a shared one
-        text.update(head_dim=head_dim, moe_intermediate_size=p["hidden"] // 4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-                    first_k_dense_replace=1, n_group=1, topk_group=1, router_aux_loss_coef=0.01)
+        text.update(
+            head_dim=head_dim,
+            moe_intermediate_size=p["hidden"] // 4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            router_aux_loss_coef=0.01,
+        )
     config_class = Glm4vMoeConfig if p.get("moe") else Glm4vConfig
-    return config_class(text_config=text, vision_config=vision, image_token_id=ids("<|image|>"), video_token_id=ids("<|video|>"),
-                       image_start_token_id=ids("<|begin_of_image|>"), image_end_token_id=ids("<|end_of_image|>"),
-                       video_start_token_id=ids("<|begin_of_video|>"), video_end_token_id=ids("<|end_of_video|>"))
+    return config_class(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids("<|image|>"),
+        video_token_id=ids("<|video|>"),
+        image_start_token_id=ids("<|begin_of_image|>"),
+        image_end_token_id=ids("<|end_of_image|>"),
+        video_start_token_id=ids("<|begin_of_video|>"),
+        video_end_token_id=ids("<|end_of_video|>"),
+    )
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:

@@ -48,14 +48,16 @@ class Encoder(ChatTemplateEncoder):
         self.start, self.context, self.end = ids(START), ids(CONTEXT), ids(END)
         self.text = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
         super().__init__(
-            tokenizer, {"<image>": self.image, "<video>": self.video}, markers={"<image>": CONTEXT + "\n", "<video>": "<video>\n"},
-            chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE, train_on_prompt=data_cfg.train_on_prompt,
+            tokenizer,
+            {"<image>": self.image, "<video>": self.video},
+            markers={"<image>": CONTEXT + "\n", "<video>": "<video>\n"},
+            chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
+            train_on_prompt=data_cfg.train_on_prompt,
             media_token_ids=[self.start, self.context, self.end],
         )
 
     def _tiles(self, images: list[Any], tiled: bool) -> Any:
-        out = self.processor(images=images, crop_to_patches=tiled, min_patches=self.cfg.image_min_tiles,
-                             max_patches=self.cfg.image_max_tiles, return_tensors="np")
+        out = self.processor(images=images, crop_to_patches=tiled, min_patches=self.cfg.image_min_tiles, max_patches=self.cfg.image_max_tiles, return_tensors="np")
         return out["pixel_values"]
 
     def image(self, path: Path) -> Piece:

@@ -25,10 +25,7 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
     cache = FeatureCacheWriter(ctx.stage_dir / "features")
     for i in ctx.progress(range(len(data)), description="extract", unit="sample"):
         tiles = data[i].get("pixel_values")
-        refs = [] if tiles is None else [
-            cache.add(hashlib.sha256(tile.contiguous().numpy().tobytes()).hexdigest(), lambda t=tile: vision_features(model, t[None]))
-            for tile in tiles]
+        refs = [] if tiles is None else [cache.add(hashlib.sha256(tile.contiguous().numpy().tobytes()).hexdigest(), lambda t=tile: vision_features(model, t[None])) for tile in tiles]
         cache.add_sample({"pixel_values": refs} if refs else {})
     unique = cache.close()
-    return StageResult(outputs={"features": "features"}, metrics={"unique_media": unique, "samples": len(data)},
-                       notes=[f"cached vision features of {unique} unique tiles for {len(data)} samples"])
+    return StageResult(outputs={"features": "features"}, metrics={"unique_media": unique, "samples": len(data)}, notes=[f"cached vision features of {unique} unique tiles for {len(data)} samples"])

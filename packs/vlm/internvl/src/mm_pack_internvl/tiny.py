@@ -37,8 +37,7 @@ def build_tokenizer(vocab_size: int = 384):  # type: ignore[no-untyped-def]
     from mmcore.engines import train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(CORPUS, vocab_size)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                               extra_special_tokens=NAMED_TOKENS)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", extra_special_tokens=NAMED_TOKENS)
     tokenizer.add_tokens(["<|endoftext|>"], special_tokens=True)
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
     return tokenizer
@@ -49,15 +48,28 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
 
     p = pick_preset(PRESETS, preset)
     text = dict(
-        model_type="qwen2", vocab_size=len(tokenizer), hidden_size=p["hidden"], intermediate_size=2 * p["hidden"], num_hidden_layers=p["layers"],
-        num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"], max_position_embeddings=4096, tie_word_embeddings=False,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        model_type="qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=p["hidden"],
+        intermediate_size=2 * p["hidden"],
+        num_hidden_layers=p["layers"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
     )
-    vision = dict(hidden_size=p["vision_dim"], num_hidden_layers=p["vision_layers"], num_attention_heads=2, intermediate_size=2 * p["vision_dim"],
-                  image_size=TILE, patch_size=PATCH)
-    return InternVLConfig(vision_config=vision, text_config=text, image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
-                          image_seq_length=(TILE // PATCH) ** 2 // 4, downsample_ratio=0.5, tie_word_embeddings=False)
+    vision = dict(hidden_size=p["vision_dim"], num_hidden_layers=p["vision_layers"], num_attention_heads=2, intermediate_size=2 * p["vision_dim"], image_size=TILE, patch_size=PATCH)
+    return InternVLConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
+        image_seq_length=(TILE // PATCH) ** 2 // 4,
+        downsample_ratio=0.5,
+        tie_word_embeddings=False,
+    )
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
@@ -79,5 +91,4 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
     # InternVL's tiles: ImageNet statistics, 12 tiles at most (max_dynamic_patch)
-    GotOcr2ImageProcessorPil(size={"height": TILE, "width": TILE}, crop_to_patches=True, max_patches=12,
-                             image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]).save_pretrained(out)
+    GotOcr2ImageProcessorPil(size={"height": TILE, "width": TILE}, crop_to_patches=True, max_patches=12, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]).save_pretrained(out)

@@ -41,15 +41,16 @@ class Encoder(ChatTemplateEncoder):
         ids = tokenizer.convert_tokens_to_ids
         self.cfg = data_cfg
         vision = QwenVisionExpanders(
-            data_cfg, merge_size,
+            data_cfg,
+            merge_size,
             image_tokens=(ids("<|vision_start|>"), ids("<|image_pad|>"), ids("<|vision_end|>")),
             video_tokens=(ids("<|vision_start|>"), ids("<|video_pad|>"), ids("<|vision_end|>")),
         )
         super().__init__(
-            tokenizer, {"<image>": vision.image, "<video>": vision.video},
+            tokenizer,
+            {"<image>": vision.image, "<video>": vision.video},
             markers={"<image>": "<|vision_start|><|image_pad|><|vision_end|>", "<video>": "<|vision_start|><|video_pad|><|vision_end|>"},
             chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
             train_on_prompt=data_cfg.train_on_prompt,
             media_token_ids=[ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")],
         )
-

@@ -30,14 +30,15 @@ def parallel_map(config: Any) -> ParallelMap:
 
     def both(megatron: str, hf: str, kind: Any = "replicated", bias: Any = "replicated", **more: Any) -> list[Rule]:
         """A layer's weight and (where the checkpoint has one) its bias."""
-        return [Rule(megatron + ".weight", tuple(h + ".weight" for h in hf.split("|")), kind, **more),
-                Rule(megatron + ".bias", tuple(h + ".bias" for h in hf.split("|")), bias, optional=True, **more)]
+        return [Rule(megatron + ".weight", tuple(h + ".weight" for h in hf.split("|")), kind, **more), Rule(megatron + ".bias", tuple(h + ".bias" for h in hf.split("|")), bias, optional=True, **more)]
 
     block, layer = "visual.blocks.{n}.", "model.layers.{n}."
     vblock, tlayer = VISION + "{n}.", TEXT + "{n}."
-    vision_mlp = (both(vblock + "mlp.linear_fc1", f"{block}mlp.gate_proj|{block}mlp.up_proj", "gate_up", "gate_up")
-                  + both(vblock + "mlp.linear_fc2", block + "mlp.down_proj", "row")) if two_five else (
-                  both(vblock + "mlp.linear_fc1", block + "mlp.fc1", "column", "column") + both(vblock + "mlp.linear_fc2", block + "mlp.fc2", "row"))
+    vision_mlp = (
+        (both(vblock + "mlp.linear_fc1", f"{block}mlp.gate_proj|{block}mlp.up_proj", "gate_up", "gate_up") + both(vblock + "mlp.linear_fc2", block + "mlp.down_proj", "row"))
+        if two_five
+        else (both(vblock + "mlp.linear_fc1", block + "mlp.fc1", "column", "column") + both(vblock + "mlp.linear_fc2", block + "mlp.fc2", "row"))
+    )
     rules = [
         Rule("image_encoder.encoder.patch_embed.proj.weight", ("visual.patch_embed.proj.weight",)),
         *both(vblock + "input_layernorm", block + "norm1"),
@@ -50,8 +51,7 @@ def parallel_map(config: Any) -> ParallelMap:
         *both("image_encoder.projector.encoder.linear_fc2", "visual.merger.mlp.2", "row"),
         Rule("text_decoder.embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "column", vocab=True),
         Rule(tlayer + "input_layernorm.weight", (layer + "input_layernorm.weight",)),
-        *both(tlayer + "self_attention.linear_qkv", f"{layer}self_attn.q_proj|{layer}self_attn.k_proj|{layer}self_attn.v_proj",
-              "qkv", "qkv", sizes=(q_rows, head_dim, head_dim)),
+        *both(tlayer + "self_attention.linear_qkv", f"{layer}self_attn.q_proj|{layer}self_attn.k_proj|{layer}self_attn.v_proj", "qkv", "qkv", sizes=(q_rows, head_dim, head_dim)),
         *both(tlayer + "self_attention.linear_proj", layer + "self_attn.o_proj", "row"),
         Rule(tlayer + "pre_mlp_layernorm.weight", (layer + "post_attention_layernorm.weight",)),
         Rule(tlayer + "mlp.linear_fc1.weight", (layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"), "gate_up"),
@@ -59,8 +59,10 @@ def parallel_map(config: Any) -> ParallelMap:
         Rule("text_decoder.decoder.final_layernorm.weight", ("model.norm.weight",)),
         Rule("text_decoder.output_layer.weight", ("lm_head.weight",), "column", optional=bool(config.tie_word_embeddings), vocab=True),
     ]
-    stacks = (LayerStack(VISION, first=("image_encoder.encoder.patch_embed.",), last=("image_encoder.projector.",)),
-              LayerStack(TEXT, first=("text_decoder.embedding.",), last=("text_decoder.decoder.final_layernorm.", "text_decoder.output_layer.")))
+    stacks = (
+        LayerStack(VISION, first=("image_encoder.encoder.patch_embed.",), last=("image_encoder.projector.",)),
+        LayerStack(TEXT, first=("text_decoder.embedding.",), last=("text_decoder.decoder.final_layernorm.", "text_decoder.output_layer.")),
+    )
     tied = ("text_decoder.output_layer.weight", "text_decoder.embedding.word_embeddings.weight") if config.tie_word_embeddings else None
     return ParallelMap(tuple(rules), stacks, tied=tied, vocab_size=text.vocab_size)
 
@@ -99,8 +101,9 @@ class MegatronQwen2VL:
     decoder input scattered over the TP ranks after the image features are in; the logits
     are cut back to the batch's length."""
 
-    def __new__(cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0, parallel_output: bool = False,
-                sequence_parallel: bool = False, virtual_pipeline: int = 1, chunk: int = 0) -> Any:
+    def __new__(
+        cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0, parallel_output: bool = False, sequence_parallel: bool = False, virtual_pipeline: int = 1, chunk: int = 0
+    ) -> Any:
         import torch
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
@@ -117,18 +120,27 @@ class MegatronQwen2VL:
                 self.hf_config = config
                 if first:
                     self.visual = vision_class._from_config(config.vision_config)
-                self.language_model = gpt_model(text, tensor_parallel, tied=config.tie_word_embeddings, mrope_section=text.rope_parameters["mrope_section"],
-                                                pipeline_parallel=pipeline_parallel, stage_layers=even_layers(text.num_hidden_layers, pipeline_parallel),
-                                                pre_process=first, post_process=last, parallel_output=parallel_output, sequence_parallel=sequence_parallel,
-                                                virtual_pipeline=virtual_pipeline, chunk=chunk)
+                self.language_model = gpt_model(
+                    text,
+                    tensor_parallel,
+                    tied=config.tie_word_embeddings,
+                    mrope_section=text.rope_parameters["mrope_section"],
+                    pipeline_parallel=pipeline_parallel,
+                    stage_layers=even_layers(text.num_hidden_layers, pipeline_parallel),
+                    pre_process=first,
+                    post_process=last,
+                    parallel_output=parallel_output,
+                    sequence_parallel=sequence_parallel,
+                    virtual_pipeline=virtual_pipeline,
+                    chunk=chunk,
+                )
                 # what Megatron's schedules read of a model
                 self.config, self.model_type = self.language_model.config, self.language_model.model_type
 
             def set_input_tensor(self, tensor: Any) -> None:
                 self.language_model.set_input_tensor(tensor)
 
-            def forward(self, input_ids: Any, mm_token_type_ids: Any, pixel_values: Any = None, image_grid_thw: Any = None,
-                        pixel_values_videos: Any = None, video_grid_thw: Any = None) -> Any:
+            def forward(self, input_ids: Any, mm_token_type_ids: Any, pixel_values: Any = None, image_grid_thw: Any = None, pixel_values_videos: Any = None, video_grid_thw: Any = None) -> Any:
                 length = input_ids.shape[1]
                 if sequence_parallel:
                     input_ids, mm_token_type_ids = pad_sequence(input_ids, tensor_parallel), pad_sequence(mm_token_type_ids, tensor_parallel)
@@ -186,13 +198,17 @@ def megatron_family(model_dir: Path) -> Any:
 
     config = AutoConfig.from_pretrained(model_dir)
     vocab = config.get_text_config().vocab_size
-    return MegatronFamily(build=lambda layout: MegatronQwen2VL(config, layout.tp, layout.pp, layout.stage, parallel_output=True, sequence_parallel=layout.sequence_parallel,
-                                                               virtual_pipeline=layout.virtual, chunk=layout.chunk),
-                          parallel_map=parallel_map(config),
-                          adapter=ADAPTER, whole={"visual.": "visual"},
-                          inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
-                          loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab),
-                          # the held-out exact-match accuracy the FSDP2 loop logs (mmcore.train.causal_lm.exact_match)
-                          score=lambda logits, batch: {"accuracy": (float(vocab_parallel_exact_match(logits, batch["labels"], vocab).sum()), len(logits))},
-                          score_names=("accuracy",),
-                          use_cache=lambda first: use_cached_vision(first.visual))  # the extract stage's cache: only the merger runs
+    return MegatronFamily(
+        build=lambda layout: MegatronQwen2VL(
+            config, layout.tp, layout.pp, layout.stage, parallel_output=True, sequence_parallel=layout.sequence_parallel, virtual_pipeline=layout.virtual, chunk=layout.chunk
+        ),
+        parallel_map=parallel_map(config),
+        adapter=ADAPTER,
+        whole={"visual.": "visual"},
+        inputs=("input_ids", "mm_token_type_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"),
+        loss_sum=lambda logits, batch: vocab_parallel_loss_sum(logits, batch["labels"], vocab),
+        # the held-out exact-match accuracy the FSDP2 loop logs (mmcore.train.causal_lm.exact_match)
+        score=lambda logits, batch: {"accuracy": (float(vocab_parallel_exact_match(logits, batch["labels"], vocab).sum()), len(logits))},
+        score_names=("accuracy",),
+        use_cache=lambda first: use_cached_vision(first.visual),
+    )  # the extract stage's cache: only the merger runs

@@ -10,8 +10,10 @@ from mm_qwen_vision.kernels import QwenKernelsPack
 
 STAGES = {
     "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_qwen2vl.tiny:build_init_checkpoint"}),
-    "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_qwen2vl.adapter:ADAPTER", "build_model": "mm_pack_qwen2vl.family:FAMILY.build_model",
-                                                          "parallel_map": "mm_pack_qwen2vl.megatron:of_checkpoint"}),
+    "convert": Stage(
+        "mmcore.engines:convert_stage",
+        parts={"adapter": "mm_pack_qwen2vl.adapter:ADAPTER", "build_model": "mm_pack_qwen2vl.family:FAMILY.build_model", "parallel_map": "mm_pack_qwen2vl.megatron:of_checkpoint"},
+    ),
     "preprocess": "mm_pack_qwen2vl.family:FAMILY.preprocess",
     "extract": "mm_pack_qwen2vl.extract:extract",
     "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen2vl.family:FAMILY.recipe"}),
@@ -37,5 +39,8 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
     )
 
 
-qwen2vl = QwenKernelsPack(_spec("qwen2vl", "Qwen2-VL (2B/7B/72B) vision-language models", {"demo": "presets/demo.yaml", "lora": "presets/lora.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"}, "demo"), "qwen2vl")
+qwen2vl = QwenKernelsPack(
+    _spec("qwen2vl", "Qwen2-VL (2B/7B/72B) vision-language models", {"demo": "presets/demo.yaml", "lora": "presets/lora.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"}, "demo"),
+    "qwen2vl",
+)
 qwen25vl = QwenKernelsPack(_spec("qwen2.5vl", "Qwen2.5-VL (3B/7B/32B/72B) vision-language models", {"tiny": "presets/tiny-2.5.yaml"}, "tiny"), "qwen2vl")

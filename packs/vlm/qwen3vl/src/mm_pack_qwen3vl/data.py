@@ -24,8 +24,11 @@ VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 # default system prompt), so exported models format conversations as training did.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}" + IMAGE +
-    "{% elif content['type'] == 'video' %}" + VIDEO + "{% elif content['type'] == 'text' %}{{ content['text'] }}"
+    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}"
+    + IMAGE
+    + "{% elif content['type'] == 'video' %}"
+    + VIDEO
+    + "{% elif content['type'] == 'text' %}{{ content['text'] }}"
     "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -46,12 +49,17 @@ class Encoder(ChatTemplateEncoder):
             return out + [end]
 
         vision = QwenVisionExpanders(
-            data_cfg, merge_size,
-            image_tokens=(start, ids("<|image_pad|>"), end), video_tokens=(start, pad, end),
-            patch_size=patch_size, mean_std=MEAN_STD, video_ids=video_ids,
+            data_cfg,
+            merge_size,
+            image_tokens=(start, ids("<|image_pad|>"), end),
+            video_tokens=(start, pad, end),
+            patch_size=patch_size,
+            mean_std=MEAN_STD,
+            video_ids=video_ids,
         )
         super().__init__(
-            tokenizer, {"<image>": vision.image, "<video>": vision.video},
+            tokenizer,
+            {"<image>": vision.image, "<video>": vision.video},
             markers={"<image>": IMAGE, "<video>": VIDEO},
             chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
             train_on_prompt=data_cfg.train_on_prompt,

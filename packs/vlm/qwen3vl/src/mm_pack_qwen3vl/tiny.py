@@ -22,23 +22,44 @@ PRESETS = {
 def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     """The transformers config of a tiny preset, its token ids taken from ``tokenizer``."""
     p = pick_preset(PRESETS, preset)
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in [
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
-    ]}
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(tok)
+        for name, tok in [
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        ]
+    }
     head_dim = p["hidden"] // p["heads"]
     half = head_dim // 2  # interleaved mrope sections (temporal, height, width) sum to head_dim / 2
     text = dict(
-        vocab_size=len(tokenizer), hidden_size=p["hidden"], intermediate_size=2 * p["hidden"], num_hidden_layers=p["layers"],
-        num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"], head_dim=head_dim, max_position_embeddings=4096,
+        vocab_size=len(tokenizer),
+        hidden_size=p["hidden"],
+        intermediate_size=2 * p["hidden"],
+        num_hidden_layers=p["layers"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        head_dim=head_dim,
+        max_position_embeddings=4096,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 4), half // 4, half // 4], "mrope_interleaved": True},
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
     )
     # 8 x 8 learned positions (resampled per image); DeepStack: the first block's features feed decoder layer 0
-    vision = dict(depth=p["vision_depth"], hidden_size=p["vision_dim"], intermediate_size=2 * p["vision_dim"], num_heads=2,
-                  out_hidden_size=p["hidden"], patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
-                  num_position_embeddings=64, deepstack_visual_indexes=[0])
+    vision = dict(
+        depth=p["vision_depth"],
+        hidden_size=p["vision_dim"],
+        intermediate_size=2 * p["vision_dim"],
+        num_heads=2,
+        out_hidden_size=p["hidden"],
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        num_position_embeddings=64,
+        deepstack_visual_indexes=[0],
+    )
     if p["moe"]:
         from transformers import Qwen3VLMoeConfig
 

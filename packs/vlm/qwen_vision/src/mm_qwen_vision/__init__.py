@@ -23,7 +23,24 @@ from pydantic import Field
 
 from mmcore.data import Piece, MLLMDataSection, MediaError, load_image
 
-__all__ = ["QwenVisionData", "image_processor", "load_video_frames", "sample_video", "SampledVideo", "frame_timestamps", "video_patches", "QwenVisionExpanders", "split_items", "media_key", "use_cached_vision", "packed_mrope_positions", "QWEN_MEDIA_FIELDS", "QWEN_PACKED_COUNTS", "mm_token_types", "rope_index_positions"]
+__all__ = [
+    "QwenVisionData",
+    "image_processor",
+    "load_video_frames",
+    "sample_video",
+    "SampledVideo",
+    "frame_timestamps",
+    "video_patches",
+    "QwenVisionExpanders",
+    "split_items",
+    "media_key",
+    "use_cached_vision",
+    "packed_mrope_positions",
+    "QWEN_MEDIA_FIELDS",
+    "QWEN_PACKED_COUNTS",
+    "mm_token_types",
+    "rope_index_positions",
+]
 
 
 class QwenVisionData(MLLMDataSection):
@@ -253,9 +270,9 @@ def mm_token_types(batch: dict[str, Any], samples: list[dict[str, Any]], ids: di
 def rope_index_positions(model: Any, batch: dict[str, Any]) -> Any:
     """M-RoPE positions of a packed row from the model's own ``get_rope_index`` (Qwen2-VL,
     Qwen2.5-VL, Qwen3-VL: same signature), restarted per sample (a VLM kit ``packed_positions``)."""
+
     def rope_index(tokens: slice, rows: dict[str, Any]) -> Any:
-        pos, _ = model.model.get_rope_index(batch["input_ids"][:, tokens], batch["mm_token_type_ids"][:, tokens],
-                                            image_grid_thw=rows["image_grid_thw"], video_grid_thw=rows["video_grid_thw"])
+        pos, _ = model.model.get_rope_index(batch["input_ids"][:, tokens], batch["mm_token_type_ids"][:, tokens], image_grid_thw=rows["image_grid_thw"], video_grid_thw=rows["video_grid_thw"])
         return pos
 
     return packed_mrope_positions(batch, QWEN_PACKED_COUNTS, rope_index)

@@ -31,8 +31,8 @@ def use_cached_deepstack_vision(visual: Any) -> Any:
     def mergers_only(hidden_states: Any, grid_thw: Any, **kwargs: Any) -> Any:
         last, *deepstack = (part.contiguous() for part in hidden_states.split(visual.config.hidden_size, dim=-1))
         return BaseModelOutputWithDeepstackFeatures(
-            last_hidden_state=last, pooler_output=visual.merger(last),
-            deepstack_features=[merger(h) for merger, h in zip(visual.deepstack_merger_list, deepstack)])
+            last_hidden_state=last, pooler_output=visual.merger(last), deepstack_features=[merger(h) for merger, h in zip(visual.deepstack_merger_list, deepstack)]
+        )
 
     visual.forward = mergers_only
     return visual

@@ -37,9 +37,9 @@ def audio_tower_output(inner: Any, frames: Any) -> Any:
     return inner.get_audio_features(frames.T[None], mask, return_dict=True).last_hidden_state
 
 
-def extract_vision(ctx: StageContext, upstream: Mapping[str, Manifest], family: Any,
-                   features: Callable[[Any, Any, Any], Any] = tower_output, what: str = "vision features",
-                   audio: bool = False) -> StageResult | None:
+def extract_vision(
+    ctx: StageContext, upstream: Mapping[str, Manifest], family: Any, features: Callable[[Any, Any, Any], Any] = tower_output, what: str = "vision features", audio: bool = False
+) -> StageResult | None:
     """The stage: None (declined) unless ``training.freeze`` holds ``vision`` (or, with
     ``audio``, ``audio``).
 

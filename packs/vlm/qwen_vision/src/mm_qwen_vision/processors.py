@@ -14,8 +14,18 @@ from __future__ import annotations
 from typing import Any
 
 #: tokenizer attributes the omni processors copy onto themselves
-OMNI_TOKEN_ATTRIBUTES = ("image_token", "audio_token", "video_token", "image_token_id", "audio_token_id", "video_token_id",
-                         "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token")
+OMNI_TOKEN_ATTRIBUTES = (
+    "image_token",
+    "audio_token",
+    "video_token",
+    "image_token_id",
+    "audio_token_id",
+    "video_token_id",
+    "vision_bos_token",
+    "vision_eos_token",
+    "audio_bos_token",
+    "audio_eos_token",
+)
 
 
 class WithoutVideoProcessor:
