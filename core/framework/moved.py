@@ -3,7 +3,7 @@
 Core v2 put every module in a folder named for its job (``mmcore.hub`` is now
 :mod:`mmcore.engines.download`). A pack or script written before still imports the old path:
 :func:`install` adds an import finder that answers an old name with the *same module object* as
-its new one (not a copy: a test that patches ``mmcore.hub.snapshot_download`` patches what the
+its new one (not a copy: a test that patches ``mmcore.hub.download_model`` patches what the
 engine calls). New code imports the new paths; packs import the façade (:mod:`mmcore.sdk`).
 """
 
