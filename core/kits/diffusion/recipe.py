@@ -45,7 +45,7 @@ class DiffusionRecipe(TrainRecipe):
             raise StageError("the dataset holds preference pairs (data.ranking): train them with training.method: dpo")
         self.train = data.split("train")
         self.train_samples, self.empty_text, self.encoders = family.samples(ctx, upstream, self.train)
-        held = data.split("eval")
+        self.held = held = data.split("eval")
         self.held_samples, _, self.held_encoders = family.samples(ctx, upstream, held) if len(held) else (None, None, None)
         self.predict = family.predictor(ctx, self.model_dir)
         self.objective = family.objective(self.model_dir)
@@ -98,24 +98,45 @@ class DiffusionRecipe(TrainRecipe):
 
     def evaluate(self, ctx: StageContext, model: Any, step: int) -> dict[str, float]:
         """The objective's error on held-out clips at fixed noise levels (``EVAL_SIGMAS``) with
-        fixed noise per clip: comparable across steps and runs, unlike the training loss."""
+        fixed noise per clip: comparable across steps and runs, unlike the training loss
+        (``loss``); the same error with each clip given another held-out clip's caption
+        (``loss_shuffled``, :func:`caption_partners`), and their ratio ``caption_sensitivity``:
+        a denoiser that ignores its caption stays at 1.0 however low its loss falls."""
         import torch
 
         if self.held_samples is None:
             return {}
         device = next(model.parameters()).device
-        count, total = min(len(self.held_samples), 256), 0.0
+        count = min(len(self.held_samples), 256)
+        batches = []
+        for i in range(count):
+            batch = collate([self.held_samples[i]])
+            encode(batch, self.held_encoders, self.family.conditions)
+            batches.append(batch)
+        partners = caption_partners([self.held.meta(i).get("caption", "") for i in range(count)])
+        right = shuffled = 0.0
         with torch.no_grad():
-            for i in range(count):
-                batch = collate([self.held_samples[i]])
-                encode(batch, self.held_encoders, self.family.conditions)
-                latents, text = batch["latents"].to(device), batch["text"].to(device)
+            for i, batch in enumerate(batches):
+                latents = batch["latents"].to(device)
                 levels = self.objective.eval_levels().to(device)
                 count_levels = len(levels)
                 noise = torch.randn((count_levels, *latents.shape[1:]), generator=torch.Generator().manual_seed(ctx.seed * 100_003 + i)).to(device)
                 clean = latents.expand(count_levels, *latents.shape[1:])
-                total += float(self.objective.errors(self.conditioned(batch, device, count_levels), model, clean, noise, levels, text.expand(count_levels, *text.shape[1:])).mean())
-        return {"loss": total / count}
+                predict = self.conditioned(batch, device, count_levels)
+                other = batches[partners[i]]["text"] if partners[i] is not None else self.empty_text[None]
+                error = lambda text: float(self.objective.errors(predict, model, clean, noise, levels, text.to(device).expand(count_levels, *text.shape[1:])).mean())  # noqa: E731
+                right += error(batch["text"])
+                shuffled += error(other)
+        loss, loss_shuffled = right / count, shuffled / count
+        return {"loss": loss, "loss_shuffled": loss_shuffled, "caption_sensitivity": loss_shuffled / loss if loss > 0 else 1.0}
 
 
-__all__ = ["DiffusionRecipe"]
+def caption_partners(captions: Sequence[str]) -> list[int | None]:
+    """For each caption, the index of the next one (cyclically) that differs from it, whose
+    embedding stands in for it in ``loss_shuffled``; None where every caption is the same (the
+    empty caption stands in). Deterministic, so the ratio compares across steps and runs."""
+    n = len(captions)
+    return [next(((i + k) % n for k in range(1, n) if captions[(i + k) % n] != captions[i]), None) for i in range(n)]
+
+
+__all__ = ["DiffusionRecipe", "caption_partners"]
