@@ -171,6 +171,9 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "blocks_at", "clip_key", "collate", "collate_mel_clips", "content_key", "denoiser_flops", "diffusion_loss",
         "flow_matching_loss", "guidance_option", "mel_tower_tokens", "pad_clips", "restarting_positions", "rows_of",
         "shrink_config", "sigmas", "text_to_video_sample", "tiny_checkpoint", "use_cached_audio", "with_tail",
+        # 1.19: a diffusion family on public diffusers API (mmcore new-pack --from-diffusers)
+        "PipelineEncoders", "TINY_COMPONENTS", "latent_token_ids", "normalise_latents", "pack_latents",
+        "pipeline_components", "tiny_pipeline", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents",
     }),
     # megatron-core (optional extra): a family's Megatron part, its tensor table, MindSpeed-MM checkpoints
     "mmcore.backends.megatron": frozenset({

@@ -29,8 +29,9 @@ def module_name(name: str) -> str:
     return module
 
 
-def files(name: str, category: str, model_class: str) -> dict[str, str]:
-    """Relative path -> text of every file of the new distribution."""
+def files(name: str, category: str, model_class: str, pipeline: str | None = None) -> dict[str, str]:
+    """Relative path -> text of every file of the new distribution (on the diffusion kit for a
+    diffusers ``pipeline`` class)."""
     module = module_name(name)
     major, minor = (int(p) for p in __version__.split(".")[:2])
     values = {
@@ -42,16 +43,21 @@ def files(name: str, category: str, model_class: str) -> dict[str, str]:
         "var": module.removeprefix("mm_pack_"),
         "mmcore_pin": f"mmcore>={major}.{minor},<{major}.{minor + 1}",
     }
+    if pipeline is not None:
+        from mmcore.cli.newpack_diffusers import diffusers_files
+
+        return diffusers_files(name, pipeline, values)
     return {path.format(**values): text.replace("{{", "\x00").replace("}}", "\x01").format(**values).replace("\x00", "{").replace("\x01", "}") for path, text in TEMPLATES.items()}
 
 
-def write_pack(name: str, category: str, directory: Path, model_class: str) -> Path:
-    if category not in KITS:
+def write_pack(name: str, category: str, directory: Path, model_class: str, pipeline: str | None = None) -> Path:
+    if pipeline is None and category not in KITS:
         raise UsageError(f"--category {category}: no kit yet for {category} packs (kits: {', '.join(sorted(KITS))}); see docs/writing-a-pack.md for a pack written on the stage engines directly")
     root = directory / f"mm-pack-{name}"
     if root.exists() and any(root.iterdir()):
         raise UsageError(f"{root} exists and is not empty; choose another --dir or name")
-    for rel, text in files(name, category, model_class).items():
+    made = files(name, category, model_class, pipeline)
+    for rel, text in made.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
@@ -75,7 +81,12 @@ def installed_pack(name: str) -> str | None:
 @click.option("--category", type=click.Choice(["vlm", "generative", "audio", "omni"]), required=True, help="What kind of model.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True, help="Where to create mm-pack-NAME/.")
 @click.option("--from-transformers", "from_transformers", metavar="CLASS", help=f"A transformers conversational class (default {DEFAULT_CLASS}).")
-@click.option("--from-diffusers", "from_diffusers", metavar="CLASS", help="A diffusers denoiser class: not yet (the diffusion kit has no generator; start from packs/generative/wan).")
+@click.option(
+    "--from-diffusers",
+    "from_diffusers",
+    metavar="PIPELINE",
+    help="A diffusers pipeline class (WanPipeline, FluxPipeline, CogVideoXPipeline, LTXPipeline, ...): a generative pack on the diffusion kit.",
+)
 def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: str | None, from_diffusers: str | None) -> None:
     """Create a pack distribution NAME on mmcore's kits: pyproject, package, presets, tests, README."""
     from mmcore.framework.pack import _PACK_NAME
@@ -85,8 +96,22 @@ def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: s
     taken = installed_pack(name)
     if taken:  # two packs of one name: the second would be reported broken and never load
         raise UsageError(f"pack name {name!r} is taken: {taken} is installed and provides it (see `mmcore list`); choose another name")
-    if from_diffusers:
-        raise UsageError("--from-diffusers: the diffusion kit is not there yet; start from the wan pack (packs/generative/wan)")
+    if from_diffusers or category == "generative":
+        if category != "generative" or from_transformers:
+            raise UsageError("--from-diffusers goes with --category generative (and not --from-transformers)")
+        if not from_diffusers:
+            raise UsageError("--category generative: name the diffusers pipeline class with --from-diffusers (e.g. WanPipeline, FluxPipeline, CogVideoXPipeline, LTXPipeline)")
+        try:
+            import diffusers  # noqa: F401
+        except ImportError:
+            raise UsageError("new-pack --from-diffusers needs diffusers installed") from None
+        root = write_pack(name, category, directory, from_diffusers, pipeline=from_diffusers)
+        click.echo(f"created {root}")
+        click.echo(f"  pip install -e {root}          # then: mmcore list")
+        click.echo(f"  mmcore run --pack {name} --preset tiny")
+        click.echo(f"  pytest {root}/tests            # the conformance suite runs every stage")
+        click.echo(f"  edit {root}/src/{module_name(name)}/family.py for what is your family's own")
+        return
     model_class = from_transformers or DEFAULT_CLASS
     try:
         import transformers

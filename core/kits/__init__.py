@@ -33,6 +33,11 @@ def blocks_at(model: Any, paths: Sequence[str]) -> list[Any]:
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("VLMRecipe", "VLMDPORecipe", "VLMMegatronRecipe"), "mmcore.kits.vlm"),
     **dict.fromkeys(("DiffusionRecipe",), "mmcore.kits.diffusion.recipe"),
+    **dict.fromkeys(
+        ("PipelineEncoders", "latent_token_ids", "normalise_latents", "pack_latents", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents"),
+        "mmcore.kits.diffusion.pipelines",
+    ),
+    **dict.fromkeys(("TINY_COMPONENTS", "pipeline_components", "tiny_pipeline"), "mmcore.kits.diffusion.tiny"),
     **dict.fromkeys(("DiffusionDPORecipe",), "mmcore.kits.diffusion.dpo"),
     **dict.fromkeys(
         (

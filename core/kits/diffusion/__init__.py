@@ -54,6 +54,8 @@ from mmcore.kits.diffusion.family import DiffusionFamily
 from mmcore.kits.diffusion.flops import denoiser_flops
 from mmcore.kits.diffusion.objectives import EVAL_SIGMAS, FLOW_MATCHING, FlowMatching, NoiseSchedule, diffusion_loss, flow_matching_loss, sigmas
 from mmcore.kits.diffusion.sampling import text_to_video_sample
+from mmcore.kits.diffusion.pipelines import PipelineEncoders, latent_token_ids, normalise_latents, pack_latents, unpack_latents, vae_compression, vae_compression_of, vae_latents
+from mmcore.kits.diffusion.tiny import TINY_COMPONENTS, pipeline_components, tiny_pipeline
 from mmcore.kits.diffusion.sections import EXPERTS, DiffusionTraining, FlowMatchingTraining, GuidanceEmbeddingTraining, SampleExport, VideoData, guidance_option
 
 __all__ = [
@@ -78,4 +80,15 @@ __all__ = [
     "text_to_video_sample",
     "FreshSamples",
     "LORA_WEIGHTS",
+    "PipelineEncoders",
+    "vae_latents",
+    "normalise_latents",
+    "vae_compression",
+    "vae_compression_of",
+    "pack_latents",
+    "unpack_latents",
+    "latent_token_ids",
+    "TINY_COMPONENTS",
+    "pipeline_components",
+    "tiny_pipeline",
 ]

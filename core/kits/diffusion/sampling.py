@@ -21,18 +21,23 @@ if TYPE_CHECKING:
 def text_to_video_sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
     """``DiffusionFamily.sample`` of a text-to-video pipeline called as diffusers' video pipelines
     are (Wan, CogVideoX, HunyuanVideo): the first bucket's size, the export's steps and guidance,
-    the data's text length; frames [F, H, W, 3] in [0, 1]."""
+    the data's text length, and the pipeline's own further arguments from
+    ``export.pipeline_options`` (LTX-Video's ``frame_rate``; one its ``__call__`` does not take
+    is a config error); frames [F, H, W, 3] in [0, 1]."""
     height, width, frames = ctx.config.data.buckets[0]
+    export = ctx.config.export
+    more = export.call_options(pipe) if hasattr(export, "call_options") else {}
     return pipe(
         prompt,
         height=height,
         width=width,
         num_frames=frames,
-        num_inference_steps=ctx.config.export.sample_steps,
-        guidance_scale=ctx.config.export.guidance_scale,
+        num_inference_steps=export.sample_steps,
+        guidance_scale=export.guidance_scale,
         max_sequence_length=ctx.config.data.max_sequence_length,
         generator=generator,
         output_type="np",
+        **more,
     ).frames[0]
 
 

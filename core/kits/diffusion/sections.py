@@ -72,6 +72,9 @@ def guidance_option(ctx: StageContext) -> Mapping[str, Any]:
     return {"guidance": ctx.config.training.guidance}
 
 
+#: the pipeline call's arguments the kit's samplers set themselves (not ``export.pipeline_options``)
+KIT_CALL_OPTIONS = ("prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale", "max_sequence_length", "generator", "output_type", "image")
+
 #: ``training.expert`` -> the pipeline's subfolder of that denoiser (Wan2.2)
 EXPERTS = {"high_noise": "transformer", "low_noise": "transformer_2"}
 
@@ -80,6 +83,27 @@ class SampleExport(ExportSection):
     sample_prompts: list[str] = Field(default_factory=list, description="Captions the evaluate stage generates samples for (unless evaluate.datasets gives some).")
     sample_steps: int = Field(20, ge=1, description="Denoising steps of the samples export and evaluate generate (generation.num_inference_steps overrides it).")
     guidance_scale: float = Field(4.0, ge=1.0, description="Classifier-free guidance of those samples (1: none; generation.guidance_scale overrides it).")
+    pipeline_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More keyword arguments of the pipeline's own __call__ for evaluate's and infer's samples (LTX-Video: {frame_rate: 25}); each must be one its __call__ takes.",
+    )
+
+    def call_options(self, pipe: Any, chosen: tuple[str, ...] = KIT_CALL_OPTIONS) -> dict[str, Any]:
+        """``pipeline_options`` checked against ``pipe``'s ``__call__``: an option it does not take,
+        or one the kit sets itself (``chosen``: sizes, steps, guidance, text length), is a
+        one-line config error naming it."""
+        import inspect
+
+        from mmcore.errors import ConfigError
+
+        params = inspect.signature(type(pipe).__call__).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        for name in self.pipeline_options:
+            if name in chosen:
+                raise ConfigError(f"export.pipeline_options.{name}: the kit sets {name} itself (data.buckets, data.max_sequence_length, export.sample_steps / guidance_scale); leave it out")
+            if name not in params and not takes_any:
+                raise ConfigError(f"export.pipeline_options.{name}: {type(pipe).__name__}.__call__ takes no such argument (it takes: {', '.join(n for n in params if n != 'self')})")
+        return dict(self.pipeline_options)
 
 
 __all__ = ["VideoData", "DiffusionTraining", "FlowMatchingTraining", "GuidanceEmbeddingTraining", "guidance_option", "EXPERTS", "SampleExport"]

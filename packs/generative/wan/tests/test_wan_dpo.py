@@ -48,6 +48,7 @@ def test_pairs_need_one_bucket_and_lora(wan, tmp_path: Path) -> None:  # type: i
         "--data",
         str(root / "pairs.json"),
         "data.ranking=true",
+        "data.demo_samples=0",
         "data.on_bad_sample=skip",
         "data.buckets=[[32,32,5],[32,48,5]]",
         "training.method=dpo",

@@ -11,6 +11,7 @@ import pytest
 from mmcore.data import write_mp4
 
 TINY = ["--pack", "wan", "--preset", "tiny"]
+OWN_DATA = [*TINY, "data.demo_samples=0"]  # the tiny preset's demo clips left out: the test's files alone
 
 
 def manifest(run: Path, stage: str) -> dict:  # type: ignore[type-arg]
@@ -64,7 +65,7 @@ def videos(tmp_path: Path) -> Path:
 
 
 def test_bad_videos_are_reported_with_file_and_reason(wan, videos: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = wan("run", *TINY, "--data", str(videos / "captions.json"), "--data", str(videos / "folder"), "data.on_bad_sample=skip", "training.steps=1", "convert.verify=true")
+    proc = wan("run", *OWN_DATA, "--data", str(videos / "captions.json"), "--data", str(videos / "folder"), "data.on_bad_sample=skip", "training.steps=1", "convert.verify=true")
     assert "bit-identical" in proc.stdout and "skipped 7 bad sample(s)" in proc.stdout
     run = tmp_path / "runs/wan-tiny"
     bad = [json.loads(line) for line in (run / "preprocess/bad_samples.jsonl").read_text().splitlines()]
@@ -80,18 +81,18 @@ def test_bad_videos_are_reported_with_file_and_reason(wan, videos: Path, tmp_pat
     assert pre["clips"] == 4 and pre["skipped"] == 7
     extract = manifest(run, "extract")["metrics"]
     assert extract["clips"] == 4  # the two a.mp4 files are two clips: keys are content hashes
-    proc = wan("preprocess", *TINY, "--data", str(videos / "captions.json"), "--force", check=False)
+    proc = wan("preprocess", *OWN_DATA, "--data", str(videos / "captions.json"), "--force", check=False)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(f"error: {videos / 'captions.json'}: sample 3: video")
 
 
 def test_images_are_one_frame_videos(wan, videos: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     (videos / "images.json").write_text(json.dumps([{"path": "clips/still.png", "cap": "a red square"}]))
-    wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", check=False)
+    wan("preprocess", *OWN_DATA, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", check=False)
     wan("download", *TINY, "--run-dir", "t2i")
     wan("convert", *TINY, "--run-dir", "t2i")
-    refused = wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", check=False)
+    refused = wan("preprocess", *OWN_DATA, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", check=False)
     assert refused.returncode == 1 and "error: 1 training clips, fewer than one global micro-batch (1 data-parallel process(es) x training.micro_batch_size=2)" in refused.stderr
-    proc = wan("preprocess", *TINY, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", "training.micro_batch_size=1")
+    proc = wan("preprocess", *OWN_DATA, "--data", str(videos / "images.json"), "data.buckets=[[32,32,1]]", "--run-dir", "t2i", "training.micro_batch_size=1")
     assert "1 clips in buckets 32x32x1: 1" in proc.stdout
 
 
@@ -193,7 +194,7 @@ def test_several_buckets_train_with_micro_batches_of_one_bucket(wan, tmp_path: P
         write_mp4(root / f"c{i}.mp4", clip, 8)
         records.append({"path": f"c{i}.mp4", "cap": f"clip {i}"})
     (root / "captions.json").write_text(json.dumps(records))
-    proc = wan("run", *TINY, "--data", str(root / "captions.json"), "data.buckets=[[32,32,5],[32,48,5]]", "training.micro_batch_size=2", "training.steps=4")
+    proc = wan("run", *OWN_DATA, "--data", str(root / "captions.json"), "data.buckets=[[32,32,5],[32,48,5]]", "training.micro_batch_size=2", "training.steps=4")
     assert "32x32x5: 3" in proc.stdout and "32x48x5: 2" in proc.stdout
     assert len(losses(tmp_path / "runs/wan-tiny")) == 4
     rows = [json.loads(x) for x in (tmp_path / "runs/wan-tiny/train/metrics.jsonl").read_text().splitlines()]

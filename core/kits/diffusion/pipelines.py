@@ -1,0 +1,152 @@
+"""What a diffusion family does with its pipeline's frozen parts, written once on public
+diffusers API: encoding clips and captions as the pipeline does (:class:`PipelineEncoders`),
+and the latent layouts denoisers read (:func:`pack_latents` / :func:`unpack_latents`: packed
+tokens as FLUX and LTX-Video take them; :func:`latent_token_ids`: their positions), so a pack
+never calls a pipeline's private methods.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+
+def is_video_vae(vae: Any) -> bool:
+    """True for a VAE that encodes clips [B, 3, F, H, W] (3-D convolutions), False for an image VAE [B, 3, H, W]."""
+    import torch
+
+    return any(isinstance(m, torch.nn.Conv3d) for m in vae.modules())
+
+
+def normalise_latents(vae: Any, z: Any) -> Any:
+    """The VAE's raw latents ``z`` [B, C, (F,) H, W] as its pipelines hand them to the denoiser:
+    ``(z - mean) * scaling_factor / std`` where the VAE has per-channel statistics (Wan's
+    ``latents_mean``/``latents_std`` in its config, LTX-Video's as buffers), else
+    ``(z - shift_factor) * scaling_factor`` (FLUX, CogVideoX, HunyuanVideo, SD)."""
+    import torch
+
+    cfg = vae.config
+    scale = cfg.get("scaling_factor", None) or 1.0
+    mean, std = cfg.get("latents_mean", None), cfg.get("latents_std", None)
+    if mean is None and isinstance(getattr(vae, "latents_mean", None), torch.Tensor):
+        mean, std = vae.latents_mean, vae.latents_std
+    if mean is None:
+        return (z - (cfg.get("shift_factor", None) or 0.0)) * scale
+    view = (1, -1) + (1,) * (z.ndim - 2)
+    mean, std = torch.as_tensor(mean, dtype=z.dtype).view(view), torch.as_tensor(std, dtype=z.dtype).view(view)
+    return (z - mean) * scale / std
+
+
+def vae_latents(vae: Any, frames: Any) -> Any:
+    """uint8 frames [F, H, W, 3] -> the normalised latents the denoiser is trained on: [C, F', H', W']
+    from a video VAE, [C, H', W'] from an image VAE (of the first frame); the posterior's mode
+    (deterministic, so a feature cache is)."""
+    import torch
+
+    with torch.no_grad():
+        pixels = frames.permute(3, 0, 1, 2)[None].float() / 127.5 - 1.0  # [1, 3, F, H, W] in [-1, 1]
+        if not is_video_vae(vae):
+            pixels = pixels[:, :, 0]
+        z = vae.encode(pixels.to(vae.dtype)).latent_dist.mode()
+        return normalise_latents(vae, z)[0]
+
+
+def vae_compression(vae: Any) -> tuple[int, int]:
+    """(temporal, spatial) compression of a VAE: a latent frame per ``temporal`` frames (after
+    the first), a latent per ``spatial`` x ``spatial`` pixels; temporal is 0 for an image VAE."""
+    cfg = vae.config
+    spatial = getattr(vae, "spatial_compression_ratio", None) or cfg.get("scale_factor_spatial", None) or cfg.get("spatial_compression_ratio", None)
+    if spatial is None:
+        spatial = 2 ** (len(cfg.get("block_out_channels", (0,))) - 1)
+    if not is_video_vae(vae):
+        return 0, int(spatial)
+    temporal = getattr(vae, "temporal_compression_ratio", None) or cfg.get("scale_factor_temporal", None) or cfg.get("temporal_compression_ratio", None)
+    if temporal is None and cfg.get("temperal_downsample", None) is not None:  # Wan2.1's spelling
+        temporal = 2 ** sum(cfg["temperal_downsample"])
+    return int(temporal or 1), int(spatial)
+
+
+def vae_compression_of(model_dir: Path, subfolder: str = "vae") -> tuple[int, int]:
+    """:func:`vae_compression` of the VAE in a pipeline folder, built on the meta device (no weights read)."""
+    import json
+
+    import diffusers
+    import torch
+
+    config = json.loads((model_dir / subfolder / "config.json").read_text())
+    cls = getattr(diffusers, config["_class_name"])
+    with torch.device("meta"):
+        vae = cls.from_config(config)
+    return vae_compression(vae)
+
+
+def pack_latents(latents: Any, patch: int = 1, patch_t: int = 1) -> Any:
+    """Latents [B, C, F, H, W] (or an image's [B, C, H, W]) -> tokens [B, (F/pt)(H/p)(W/p),
+    C*pt*p*p]: frames, rows, columns in order, each token's features channel-major, then the
+    patch's time, row, column. LTX-Video's layout, and FLUX's (its images with ``patch=2``)."""
+    if latents.ndim == 4:
+        latents = latents[:, :, None]
+    b, c, f, h, w = latents.shape
+    x = latents.reshape(b, c, f // patch_t, patch_t, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(b, (f // patch_t) * (h // patch) * (w // patch), c * patch_t * patch * patch)
+
+
+def unpack_latents(tokens: Any, frames: int | None, height: int, width: int, patch: int = 1, patch_t: int = 1) -> Any:
+    """The inverse of :func:`pack_latents`: tokens -> [B, C, F, H, W] (``frames`` None: an image's [B, C, H, W])."""
+    b, _, features = tokens.shape
+    f = frames or 1
+    c = features // (patch_t * patch * patch)
+    x = tokens.reshape(b, f // patch_t, height // patch, width // patch, c, patch_t, patch, patch)
+    out = x.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(b, c, f, height, width)
+    return out[:, :, 0] if frames is None else out
+
+
+def latent_token_ids(frames: int, height: int, width: int, device: Any = None, dtype: Any = None) -> Any:
+    """[frames * height * width, 3] positions (frame, row, column) of packed tokens in
+    :func:`pack_latents`' order (sizes in tokens): FLUX's ``img_ids`` for ``frames=1``."""
+    import torch
+
+    grid = torch.stack(torch.meshgrid(torch.arange(frames), torch.arange(height), torch.arange(width), indexing="ij"), dim=-1)
+    return grid.reshape(-1, 3).to(device=device, dtype=dtype or torch.float32)
+
+
+class PipelineEncoders:
+    """The frozen VAE and text encoder(s) of a pipeline folder, used as the pipeline uses them:
+    the kit's ``DiffusionFamily.encoders`` (``(model dir, max text length) -> encoders``). A
+    family subclasses it, names ``pipeline_class`` and shapes :meth:`prompt`'s output into its
+    one caption tensor in ``text``."""
+
+    pipeline_class = ""
+
+    def __init__(self, model_dir: Path, max_sequence_length: int) -> None:
+        import diffusers
+        import torch
+
+        self.pipe = getattr(diffusers, self.pipeline_class).from_pretrained(model_dir, transformer=None)
+        for part in self.pipe.components.values():
+            if isinstance(part, torch.nn.Module):
+                part.eval()
+        self.max_sequence_length = max_sequence_length
+
+    def latents(self, frames: Any) -> Any:
+        """uint8 [F, H, W, 3] -> normalised latents (:func:`vae_latents`)."""
+        return vae_latents(self.pipe.vae, frames)
+
+    def prompt(self, caption: str) -> tuple[Any, ...]:
+        """The pipeline's own ``encode_prompt`` of one caption, without classifier-free guidance,
+        at ``max_sequence_length`` tokens, on the CPU: what it returns (Wan, CogVideoX:
+        ``(states, None)``; LTX-Video: ``(states, mask, None, None)``; FLUX: ``(states, pooled, text_ids)``)."""
+        import torch
+
+        takes = inspect.signature(self.pipe.encode_prompt).parameters
+        options = {"do_classifier_free_guidance": False, "prompt_2": None, "max_sequence_length": self.max_sequence_length, "device": torch.device("cpu")}
+        with torch.no_grad():
+            return tuple(self.pipe.encode_prompt(caption, **{k: v for k, v in options.items() if k in takes}))
+
+    def text(self, caption: str) -> Any:
+        """One caption's features as one tensor: by default the first output's sequence [L, D]."""
+        return self.prompt(caption)[0][0]
+
+
+__all__ = ["PipelineEncoders", "is_video_vae", "normalise_latents", "vae_latents", "vae_compression", "vae_compression_of", "pack_latents", "unpack_latents", "latent_token_ids"]
