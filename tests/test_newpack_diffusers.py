@@ -135,3 +135,15 @@ def test_packing_is_the_pipelines_own() -> None:
     assert torch.equal(pack_latents(image, 2), FluxPipeline._pack_latents(image, 2, 16, 6, 4))
     assert torch.equal(unpack_latents(pack_latents(image, 2), None, 6, 4, 2), image)
     assert torch.equal(latent_token_ids(1, 3, 2), FluxPipeline._prepare_latent_image_ids(2, 3, 2, "cpu", torch.float32))
+
+
+def test_the_guide_documents_every_diffusion_family_field() -> None:
+    """docs/writing-a-pack.md section 1b: each field of ``DiffusionFamily`` with what it takes and returns."""
+    import dataclasses
+
+    from mmcore.kits import DiffusionFamily
+
+    guide = (Path(__file__).resolve().parents[1] / "docs/writing-a-pack.md").read_text()
+    section = guide[guide.index("## 1b. The diffusion kit, field by field") : guide.index("## 2. The declaration")]
+    assert [f.name for f in dataclasses.fields(DiffusionFamily) if f"`{f.name}`" not in section] == []
+    assert "pipeline_options" in section and "sigma in (0, 1)" in section and "integer timestep" in section

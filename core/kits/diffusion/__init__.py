@@ -41,6 +41,12 @@ What the kit does with it, one module a job:
 * **evaluate** and **infer** (:mod:`~mmcore.kits.diffusion.sampling`): sample videos (mp4) of
   the export and a contact sheet for the held-out captions, with a report page; ``mmcore infer
   --prompt`` writes a video and its frames to the run's ``infer/``.
+* the pipeline's frozen parts on public diffusers API (:mod:`~mmcore.kits.diffusion.pipelines`):
+  :class:`PipelineEncoders` (VAE latents normalised as pipelines do, the pipeline's own
+  ``encode_prompt``), token packing (:func:`pack_latents`, :func:`unpack_latents`,
+  :func:`latent_token_ids`), the VAE's compression; tiny random pipelines of any pipeline class
+  whose components have a tiny config (:mod:`~mmcore.kits.diffusion.tiny`), what ``mmcore
+  new-pack --from-diffusers`` builds its packs on.
 
 The names below are the kit's SDK (:data:`mmcore.sdk.SURFACE`): import them from here.
 """
