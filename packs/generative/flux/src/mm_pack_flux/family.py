@@ -150,6 +150,7 @@ def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
         max_sequence_length=ctx.config.data.max_sequence_length,
         generator=generator,
         output_type="np",
+        **ctx.config.export.call_options(pipe),  # export.pipeline_options
     ).images[:1]
 
 

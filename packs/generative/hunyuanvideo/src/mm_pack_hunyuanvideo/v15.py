@@ -137,7 +137,9 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
 def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> Any:
     height, width, frames = ctx.config.data.buckets[0]
     pipe.guider = pipe.guider.new(guidance_scale=ctx.config.export.guidance_scale)
-    return pipe(prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps, generator=generator, output_type="np").frames[0]
+    return pipe(
+        prompt, height=height, width=width, num_frames=frames, num_inference_steps=ctx.config.export.sample_steps, generator=generator, output_type="np", **ctx.config.export.call_options(pipe)
+    ).frames[0]
 
 
 FAMILY = DiffusionFamily(

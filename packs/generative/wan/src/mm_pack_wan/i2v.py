@@ -121,6 +121,7 @@ def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any, image: Any
         max_sequence_length=ctx.config.data.max_sequence_length,
         generator=generator,
         output_type="np",
+        **ctx.config.export.call_options(pipe),  # export.pipeline_options
     ).frames[0]
 
 
