@@ -124,8 +124,14 @@ class ConformanceBase:
     @pytest.fixture(scope="class")
     @classmethod
     def tiny_run(cls, work: Path) -> Path:
-        """Every stage of the pack, once, shared by the checks of this class; training checks
-        the global-RNG rule on it (:data:`mmcore.train.guards.CHECK_GLOBAL_RNG`)."""
+        """Every stage of the pack, once, shared by the checks of this class."""
+        return cls._shared_run(work)
+
+    @classmethod
+    def _shared_run(cls, work: Path) -> Path:
+        """The tiny run in ``work/tiny``; training checks the global-RNG rule on it
+        (:data:`mmcore.train.guards.CHECK_GLOBAL_RNG`), and a stage's own rule
+        (:data:`STAGE_RULES`) fails it under that rule's name."""
         from mmcore.errors import MmcoreError
         from mmcore.framework.plugins import Plugins
         from mmcore.train.guards import CHECK_GLOBAL_RNG
