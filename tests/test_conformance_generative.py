@@ -165,3 +165,17 @@ def test_the_global_rng_check_passes_dropout_at_zero_and_catches_it_above() -> N
         else:
             with pytest.raises(StageError, match=r"^global rng: step 2's forward"):
                 check.check(2, before)
+
+
+@pytest.mark.matrix  # two processes (~30 s); the global rng rule catches the same break in make test
+@pytest.mark.compares_runs
+def test_noise_from_the_global_rng_fails_two_processes(broken_site: Path, tmp_path: Path) -> None:
+    """Without the loop's check (a pack of an earlier SDK, a user's run), the same break trains,
+    and resumes exactly; two processes draw other noise than one, which the matrix rule sees."""
+    from mmcore.framework.plugins import Plugins
+
+    suite = _suite("globalnoise", steps=2, overrides=("data.demo_samples=2", "data.eval_fraction=0"))
+    suite._runner(tmp_path / "tiny").run_pipeline(resume="no")  # what _shared_run does, the check off
+    plugins = Plugins.load()
+    message = _one_line_failure(suite().test_two_processes_train_as_one, plugins, plugins.pack("globalnoise"), tmp_path, tmp_path / "tiny")
+    assert message.startswith("[two processes] mmcore_train: two processes' losses "), message
