@@ -114,8 +114,9 @@ class FSDP2Backend:
             model = model.to(self.device)
         for module in shard_modules:
             fully_shard(module, **options)
+            # before FSDP's own post-forward hook (registered by fully_shard, not prepended)
+            module.register_forward_hook(outputs_without_views, prepend=True)
         fully_shard(model, **options)
-        # before FSDP's own post-forward hook (registered by fully_shard, not prepended)
         model.register_forward_hook(root_output_without_views, prepend=True)
         return model
 
@@ -302,8 +303,23 @@ def root_output_without_views(module: Any, args: Any, output: Any) -> Any:
     return output.clone() if is_grad_view(output) else output
 
 
+def outputs_without_views(module: Any, args: Any, output: Any) -> Any:
+    """A sharded block's output with its grad-requiring views cloned, for the reason
+    :func:`root_output_without_views` gives: diffusers' single-stream blocks (FLUX,
+    HunyuanVideo) return their joint sequence split back into text and image halves, two views
+    of one tensor, and FSDP2 warned for each at every block, step and rank."""
+    if isinstance(output, Mapping):
+        for name, value in list(output.items()):
+            if is_grad_view(value):
+                output[name] = value.clone()
+        return output
+    if type(output) in (tuple, list):
+        return type(output)(value.clone() if is_grad_view(value) else value for value in output)
+    return output.clone() if is_grad_view(output) else output
+
+
 def is_grad_view(value: Any) -> bool:
     return getattr(value, "_base", None) is not None and value.requires_grad
 
 
-__all__ = ["FSDP2Backend", "root_output_without_views"]
+__all__ = ["FSDP2Backend", "outputs_without_views", "root_output_without_views"]

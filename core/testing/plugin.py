@@ -86,15 +86,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 #: the conformance rule that runs two processes: in ``make test`` only where a subclass opts in
 MIXED_RULE = "test_mixed_media_on_two_processes_equals_one"
+#: the generative packs' two-process rule: ``make test-matrix`` only (the FSDP2 path the two-process
+#: tests of ``make test`` run)
+TWO_PROCESS_RULE = "test_two_processes_train_as_one"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A PackConformance subclass's ``matrix`` tests get the ``matrix`` marker (and its
-    mixed-data rule, unless ``mixed_in_make_test``)."""
+    two-process rule, and its mixed-data rule unless ``mixed_in_make_test``)."""
     for item in items:
         cls = getattr(item, "cls", None)
         name = getattr(item, "originalname", item.name)
-        if cls is not None and _is_conformance(cls) and (name in cls.matrix or (name == MIXED_RULE and not cls.mixed_in_make_test)):
+        if cls is not None and _is_conformance(cls) and (name in cls.matrix or name == TWO_PROCESS_RULE or (name == MIXED_RULE and not cls.mixed_in_make_test)):
             item.add_marker(pytest.mark.matrix)
 
 

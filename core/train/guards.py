@@ -87,3 +87,45 @@ def lora_size_warning(r: int, checkpoint_bytes: int, base_bytes: int) -> str | N
 
 
 __all__ = ["lora_size_warning", "NonFinite", "weights_finite", "refuse_nonfinite_checkpoint", "last_checkpoint"]
+
+
+#: set to 1 (conformance does, for its tiny run), the loop checks that a recipe with
+#: ``sample_seeds`` draws nothing from torch's global RNG in a step's forward and backward
+CHECK_GLOBAL_RNG = "MMCORE_CHECK_GLOBAL_RNG"
+
+
+class GlobalRngCheck:
+    """Whether a step's forward and backward left torch's global generators (the CPU's, and the
+    accelerator's where the model is on one) as they found them. A recipe with ``sample_seeds``
+    promises each sample's randomness comes from its own seed: ``torch.randn`` without a
+    generator instead draws per process, so 2 processes no longer train as 1 (a resumed run still
+    matches, as checkpoints hold every RNG state: only this check sees it). Nothing else draws
+    there: dropout and attention dropout at p=0 return early without touching a generator."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.device_module = None if device.type == "cpu" else getattr(torch, device.type, None)
+
+    @classmethod
+    def wanted(cls, recipe: Any, device: Any) -> "GlobalRngCheck | None":
+        import os
+
+        return cls(device) if os.environ.get(CHECK_GLOBAL_RNG) == "1" and recipe.sample_seeds else None
+
+    def state(self) -> list[Any]:
+        states = [self.torch.random.get_rng_state()]
+        if self.device_module is not None and hasattr(self.device_module, "get_rng_state"):
+            states.append(self.device_module.get_rng_state())
+        return states
+
+    def check(self, step: int, before: list[Any]) -> None:
+        after = self.state()
+        if any(not self.torch.equal(a, b) for a, b in zip(before, after)):
+            where = "the CPU's" if not self.torch.equal(before[0], after[0]) else "the accelerator's"
+            raise StageError(
+                f"global rng: step {step}'s forward and backward drew from torch's global RNG ({where}: torch.randn/rand/randint, "
+                "or dropout with p > 0, without a generator): a recipe with sample_seeds draws each sample's randomness from a "
+                "generator seeded with batch['sample_seeds'], or 2 processes do not train as 1"
+            )

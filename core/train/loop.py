@@ -32,7 +32,7 @@ from mmcore.errors import StageError
 from mmcore.framework.faults import crash_point
 from mmcore.train.flops import utilisation
 from mmcore.backends.fsdp2 import _check_same_adapters  # noqa: F401  (its old place: tests and callers import it here)
-from mmcore.train.guards import NonFinite, refuse_nonfinite_checkpoint
+from mmcore.train.guards import GlobalRngCheck, NonFinite, refuse_nonfinite_checkpoint
 from mmcore.train.optim import build_optimizer, freeze, lr_lambda
 from mmcore.framework.pack import StageResult
 from mmcore.train.plot import plot_training
@@ -103,11 +103,15 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     accelerator.reset_peak_memory()
     history: list[dict[str, float]] = []
     bar = TrainProgress(ctx, step, planned)  # absolute steps, the loss, elapsed and ETA
+    rng_check = GlobalRngCheck.wanted(recipe, device)  # MMCORE_CHECK_GLOBAL_RNG=1 (conformance)
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
         micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device, ready)
+        before = rng_check.state() if rng_check else []
         loss_sum, flops = backend.forward_backward(micro, global_tokens)
+        if rng_check:
+            rng_check.check(step + 1, before)
         grad_norm = backend.clip_gradients(cfg.max_grad_norm)  # model-wide: the same on every rank
         total, finite_everywhere = backend.reduce_loss(loss_sum)  # before the update: every rank updates, stops or skips alike
         bar.loss = step_loss = total / global_tokens  # a float already: the progress line costs no sync

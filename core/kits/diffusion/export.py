@@ -64,8 +64,9 @@ class PipelineExport:
             raise StageError("multi-shard denoiser export is not supported yet; raise export max_shard_bytes")
         (out / subfolder / "model.safetensors").rename(out / subfolder / family.weights_name)
 
-        # The export must be the trained denoiser exactly: every weight bit-identical once loaded.
-        loaded = family.diffusers_class(family.transformer_class).from_pretrained(out / subfolder).eval()
+        # The folder must open in the generic loader users call, and hold the trained denoiser
+        # exactly: every weight bit-identical once loaded (the pipeline's own, so one load).
+        loaded = getattr(load_pipeline(out), subfolder).eval()
         ours, theirs = trained.state_dict(), loaded.state_dict()
         differing = [k for k in ours if k not in theirs or not torch.equal(ours[k], theirs[k])]
         if differing or set(theirs) != set(ours):
@@ -133,4 +134,27 @@ class PipelineExport:
         return StageResult(outputs=outputs, metrics=metrics, notes=notes)
 
 
-__all__ = ["LORA_WEIGHTS", "PipelineExport"]
+def load_pipeline(folder: Path) -> Any:
+    """``diffusers.DiffusionPipeline.from_pretrained(folder)``, the loader users call on a pipeline
+    folder (it picks the class ``model_index.json`` names); what keeps it from loading is a
+    one-line :class:`StageError` naming the folder, the ``_class_name`` and the cause."""
+    import json
+
+    import diffusers
+
+    try:
+        name = json.loads((folder / "model_index.json").read_text()).get("_class_name")
+    except (OSError, ValueError) as exc:
+        raise StageError(f"export: diffusers.DiffusionPipeline.from_pretrained cannot load {folder}: model_index.json: {type(exc).__name__}: {exc}") from None
+    cannot = f"export: diffusers.DiffusionPipeline.from_pretrained cannot load {folder}: model_index.json _class_name {name!r}"
+    named = getattr(diffusers, name, None) if isinstance(name, str) else None
+    if not (isinstance(named, type) and issubclass(named, diffusers.DiffusionPipeline)):
+        raise StageError(f"{cannot} is not a diffusers pipeline")
+    try:
+        return diffusers.DiffusionPipeline.from_pretrained(folder)
+    except Exception as exc:  # the library's own reason, in one line
+        cause = " ".join(str(exc).split())[:300]
+        raise StageError(f"{cannot}: {type(exc).__name__}: {cause}") from exc
+
+
+__all__ = ["LORA_WEIGHTS", "PipelineExport", "load_pipeline"]

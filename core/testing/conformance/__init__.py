@@ -32,6 +32,13 @@ failure starts with ``[rule] hook:``:
   killed with SIGKILL resumes to the uninterrupted losses, the adapter export loads in its
   library (peft's ``PeftModel.from_pretrained``, or diffusers' ``load_lora_weights``) with the
   trained tensors, nothing missing, and ``mmcore infer`` answers from its checkpoint and export.
+* conditioning (generative): the trained tiny denoiser's held-out loss changes with other clips'
+  captions (``eval/loss_shuffled`` against ``eval/loss``; ``data.eval_fraction`` holds clips out).
+* global rng: with ``sample_seeds``, a training step draws nothing from torch's global RNG
+  (checked by the train loop during the shared run, ``MMCORE_CHECK_GLOBAL_RNG=1``).
+* two processes (generative, ``make test-matrix``): FSDP2 on two processes trains to the
+  one-process losses, without FSDP2's view warning.
+* export also: a diffusers pipeline folder opens in ``diffusers.DiffusionPipeline.from_pretrained``.
 
 A rule that came with a later SDK than the pack declares (:data:`RULE_SINCE`) skips, saying so:
 a pack that passed conformance keeps passing it on every later minor of its SDK.
@@ -41,11 +48,12 @@ from __future__ import annotations
 
 from mmcore.testing.conformance.base import RULE_SINCE, ConformanceBase
 from mmcore.testing.conformance.contract import ContractRules
+from mmcore.testing.conformance.generative import GenerativeRules
 from mmcore.testing.conformance.stages import StageRules
 from mmcore.testing.conformance.training import TrainingRules
 
 
-class PackConformance(ContractRules, StageRules, TrainingRules, ConformanceBase):
+class PackConformance(ContractRules, StageRules, TrainingRules, GenerativeRules, ConformanceBase):
     """Every rule; a pack's ``TestConformance`` subclasses this and sets ``pack_name``
     (the settings: :class:`~mmcore.testing.conformance.base.ConformanceBase`)."""
 

@@ -19,19 +19,28 @@ def _fail(rule: str, hook: str, message: str) -> None:
 #: The SDK minor each later rule came with (the others are 1.0's). A pack declares the SDK it was
 #: written for (``PackSpec(sdk=...)``); a minor only adds, so a pack written before a rule
 #: existed takes no part in its feature and is not failed by it: the rule skips, saying why.
-RULE_SINCE = {"evaluate": "1.5", "infer": "1.5", "lora": "1.6", "mixed data": "1.16"}
+RULE_SINCE = {"evaluate": "1.5", "infer": "1.5", "lora": "1.6", "mixed data": "1.16", "conditioning": "1.19", "global rng": "1.19", "two processes": "1.19"}
+
+#: Rules a stage of the shared tiny run checks itself (what its one-line error starts with):
+#: a failure there is reported under that rule, not as the pipeline's.
+STAGE_RULES = {"export: diffusers.DiffusionPipeline.from_pretrained cannot load": ("export", "mmcore_export"), "global rng: ": ("global rng", "mmcore_train")}
+
+
+def _predates(entry: Any, rule: str) -> bool:
+    """Whether the pack's declared SDK predates ``rule``."""
+    since, declared = RULE_SINCE[rule], entry.spec.sdk
+    minor = lambda version: tuple(int(part) for part in version.split("."))  # noqa: E731
+    try:
+        return minor(declared) < minor(since)
+    except ValueError:
+        return False  # not MAJOR.MINOR: `mmcore list` reports the pack broken; every rule applies
 
 
 def _takes_part(entry: Any, rule: str) -> None:
     """Skip ``rule`` for a pack whose declared SDK predates it."""
-    since, declared = RULE_SINCE[rule], entry.spec.sdk
-    minor = lambda version: tuple(int(part) for part in version.split("."))  # noqa: E731
-    try:
-        older = minor(declared) < minor(since)
-    except ValueError:
-        return  # not MAJOR.MINOR: `mmcore list` reports the pack broken; every rule applies
-    if older:
-        pytest.skip(f"[{rule}] came with SDK {since}; the pack declares SDK {declared}: declare PackSpec(sdk={since!r}) or later to take part")
+    if _predates(entry, rule):
+        since = RULE_SINCE[rule]
+        pytest.skip(f"[{rule}] came with SDK {since}; the pack declares SDK {entry.spec.sdk}: declare PackSpec(sdk={since!r}) or later to take part")
 
 
 class _Cli:
@@ -116,12 +125,32 @@ class ConformanceBase:
     @classmethod
     def tiny_run(cls, work: Path) -> Path:
         """Every stage of the pack, once, shared by the checks of this class."""
-        from mmcore.errors import MmcoreError
+        return cls._shared_run(work)
 
+    @classmethod
+    def _shared_run(cls, work: Path) -> Path:
+        """The tiny run in ``work/tiny``; training checks the global-RNG rule on it
+        (:data:`mmcore.train.guards.CHECK_GLOBAL_RNG`), and a stage's own rule
+        (:data:`STAGE_RULES`) fails it under that rule's name."""
+        from mmcore.errors import MmcoreError
+        from mmcore.framework.plugins import Plugins
+        from mmcore.train.guards import CHECK_GLOBAL_RNG
+
+        saved = os.environ.get(CHECK_GLOBAL_RNG)
         try:
+            os.environ[CHECK_GLOBAL_RNG] = "0" if _predates(Plugins.load().pack(cls.pack_name), "global rng") else "1"
             cls._runner(work / "tiny").run_pipeline(resume="no")
         except MmcoreError as exc:
-            _fail("pipeline", "mmcore run", f"the {cls.preset} preset did not run end to end: error: {exc.one_line()}")
+            line = exc.one_line()
+            for start, (rule, hook) in STAGE_RULES.items():
+                if line.startswith(start):
+                    _fail(rule, hook, line.partition(": ")[2])
+            _fail("pipeline", "mmcore run", f"the {cls.preset} preset did not run end to end: error: {line}")
+        finally:
+            if saved is None:
+                os.environ.pop(CHECK_GLOBAL_RNG, None)
+            else:
+                os.environ[CHECK_GLOBAL_RNG] = saved
         return work / "tiny"
 
     def _manifest(self, run: Path, stage: str) -> dict[str, Any]:

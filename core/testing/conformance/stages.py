@@ -50,16 +50,32 @@ class StageRules(ConformanceBase):
         export_class = self.export_class or _named_class(folder)
         if not export_class:
             _fail("export", "conformance subclass", f"{folder} names no class (config.json architectures, model_index.json _class_name): set export_class")
-        cls = import_object(export_class)
-        if not hasattr(cls, "from_pretrained"):
-            cls(folder)  # a pack's own loader: raises if the export does not load
-        elif export_class.startswith("transformers:"):
+        if export_class.startswith("diffusers:"):  # the generic loader users call on a pipeline folder
+            from mmcore.errors import StageError
+            from mmcore.kits.diffusion.export import load_pipeline
+
+            try:
+                load_pipeline(folder)
+            except StageError as exc:
+                _fail("export", "mmcore_export", str(exc).partition(": ")[2])
+            return
+        try:
+            cls = import_object(export_class)
+        except Exception as exc:  # a class its library does not have: one line, not a traceback
+            _fail("export", "mmcore_export", f"{folder} names {export_class}, which does not import: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        try:
+            if not hasattr(cls, "from_pretrained"):
+                cls(folder)  # a pack's own loader: raises if the export does not load
+                return
+            if not export_class.startswith("transformers:"):
+                cls.from_pretrained(folder)
+                return
             _, info = cls.from_pretrained(folder, output_loading_info=True)
-            gaps = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-            if gaps:
-                _fail("export", "mmcore_export", f"{export_class} loads {folder} with {gaps}")
-        else:
-            cls.from_pretrained(folder)
+        except Exception as exc:
+            _fail("export", "mmcore_export", f"{export_class} cannot load {folder}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        gaps = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if gaps:
+            _fail("export", "mmcore_export", f"{export_class} loads {folder} with {gaps}")
 
     # ------------------------------------------------------------------ bad input
     def test_a_bad_sample_fails_preprocess_in_one_line_naming_the_file(self, work: Path, tiny_run: Path) -> None:
