@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mmcore_helpers import CLI
 from mmcore.config import Layer, RunConfig, build_config, overrides_layer, parse_override, read_yaml
 from mmcore.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_override_values_are_typed() -> None:
@@ -90,3 +94,25 @@ def test_debug_shows_the_traceback(cli: CLI) -> None:
 def test_pack_config_class_extends_sections(cli: CLI, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cli("download", "--pack", "toy", "data.scale=2.5")
     assert "scale: 2.5" in (tmp_path / "runs" / "toy-tiny" / "config.yaml").read_text()
+
+
+def test_every_tiny_preset_has_data_of_its_own() -> None:
+    """The guide's promise: ``mmcore run --pack P --preset tiny`` runs every stage with no
+    ``--data`` (the pack's demo data, which a user's ``--data`` replaces)."""
+    import inspect
+
+    from mmcore.framework.registry import import_object
+    from mmcore.testing import make_config, plugins_with
+
+    plugins = plugins_with(installed_packs=True)
+    missing, checked = [], 0
+    for name in sorted(n for n, e in plugins.packs.items() if e.ok and e.spec is not None):
+        spec = plugins.pack(name).spec
+        if not spec.config_class or not Path(inspect.getfile(import_object(spec.config_class))).resolve().is_relative_to(ROOT / "packs"):
+            continue  # a test's toy pack another test put on this process's path
+        for preset in (p for p in spec.presets if "tiny" in p):
+            data = make_config(plugins, name, preset=preset).data
+            if "preprocess" in plugins.implemented_stages(name) and not (getattr(data, "demo_samples", 0) or getattr(data, "datasets", None)):
+                missing.append(f"{name}:{preset}")
+            checked += 1
+    assert checked >= 15 and not missing, f"tiny presets without data of their own (set data.demo_samples): {missing} ({checked} checked)"

@@ -29,8 +29,8 @@ class _Clip:
 
 
 def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, int], Path] | None = None) -> StageResult:
-    """The preprocess stage of captioned videos: ``data.datasets`` (and the demo's clips when
-    ``data.demo_samples`` > 0) into a shard dataset of uint8 frames with caption and bucket.
+    """The preprocess stage of captioned videos: ``data.datasets`` (without any, the demo's clips
+    when ``data.demo_samples`` > 0) into a shard dataset of uint8 frames with caption and bucket.
     With ``data.ranking``, preference pairs: both videos of a pair (``frames`` and
     ``rejected_frames``, one bucket), ``data.eval_fraction`` of them held out."""
     import torch
@@ -38,7 +38,7 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
     cfg = ctx.config.data
     media_limits(cfg)
     datasets = [Path(p) for p in cfg.datasets]
-    if cfg.demo_samples and demo is not None:
+    if cfg.demo_samples and demo is not None and not datasets:
         datasets.append(demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed))
     if not datasets:
         raise StageError("no datasets: give --data CAPTIONS.json or a folder of videos with .txt captions")

@@ -27,11 +27,12 @@ DemoWriter = Callable[[Path, int, int], tuple[Path, Path]]
 
 
 def dataset_files(ctx: StageContext, demo: DemoWriter | None, what: str) -> tuple[list[Path], list[Path]]:
-    """(training files, held-out files): ``data.datasets`` and ``data.eval_datasets``, plus the
-    demo's two files when ``data.demo_samples`` > 0; each recorded as an input of the stage."""
+    """(training files, held-out files): ``data.datasets`` and ``data.eval_datasets``; without
+    datasets and with ``data.demo_samples`` > 0, the demo's two files instead (a preset's demo
+    data never mixes into a user's ``--data``); each recorded as an input of the stage."""
     cfg = ctx.config.data
     train_files, eval_files = [Path(p) for p in cfg.datasets], [Path(p) for p in cfg.eval_datasets]
-    if cfg.demo_samples and demo is not None:
+    if cfg.demo_samples and demo is not None and not train_files:
         train, held = demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed)
         train_files.append(train)
         eval_files.append(held)

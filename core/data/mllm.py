@@ -57,7 +57,7 @@ class MLLMDataSection(DataSection):
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="Fraction of samples held out for evaluation.")
     # read by mmcore.data.conversations, so declared here rather than by every pack
     eval_datasets: list[str] = Field(default_factory=list, description="Held-out datasets (MLLM JSON) for evaluation.")
-    demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic demo dataset with this many samples (0: use data.datasets).")
+    demo_samples: int = Field(0, ge=0, description="Without data.datasets, generate the pack's synthetic demo dataset with this many samples (ignored when datasets are given).")
     ranking: bool = Field(False, description="The datasets are preference pairs (a prompt with chosen and rejected answers; LLaMA-Factory's ranking: true), for training.method: dpo.")
 
 

@@ -26,7 +26,7 @@ class VideoData(DataSection):
     fps: float = Field(8.0, gt=0, description="Frames per second sampled from each video.")
     buckets: list[tuple[int, int, int]] = Field(default_factory=lambda: [(32, 32, 9)], description="(height, width, frames) buckets.")
     max_sequence_length: int = Field(32, ge=4, description="Text tokens per caption.")
-    demo_samples: int = Field(0, ge=0, description="Generate the pack's synthetic dataset with this many clips (the demo).")
+    demo_samples: int = Field(0, ge=0, description="Without data.datasets, generate the pack's synthetic dataset with this many clips (the demo; ignored when datasets are given).")
     ranking: bool = Field(False, description="The datasets are preference pairs (a caption with chosen and rejected videos), for training.method: dpo.")
     eval_fraction: float = Field(
         0.0, ge=0, lt=1, description="The fraction of clips (with ranking: pairs) held out: training reports their velocity error at fixed noise (eval/loss), or preference accuracy."

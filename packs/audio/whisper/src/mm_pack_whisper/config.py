@@ -23,7 +23,7 @@ class WhisperData(MLLMDataSection):
     language: str | None = Field("en", description="Language of samples that name none; null: no language token.")
     task: Literal["transcribe", "translate"] = Field("transcribe", description="Whisper's task token.")
     eval_datasets: list[str] = Field(default_factory=list, description="Held-out transcript datasets for WER.")
-    demo_samples: int = Field(0, ge=0, description="Generate a synthetic spoken-digits dataset of this many clips (the demo).")
+    demo_samples: int = Field(0, ge=0, description="Without data.datasets, generate a synthetic spoken-digits dataset of this many clips (the demo; ignored when datasets are given).")
 
 
 class WhisperTraining(TrainingSection):
