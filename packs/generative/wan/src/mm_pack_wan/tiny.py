@@ -105,7 +105,7 @@ def train_vae(vae, seed: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
     from mmcore.engines import train_demo_vae
 
     clips, held_out = moving_shape_clips(96, seed + 1_000), moving_shape_clips(16, seed + 2_000)
-    return train_demo_vae(vae, [c[:5] for c in clips], held_out, steps=200, lr=3e-3, batch=4, seed=seed)
+    return train_demo_vae(vae, clips, held_out, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
