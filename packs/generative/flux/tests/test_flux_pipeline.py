@@ -63,7 +63,7 @@ def test_demo_held_out_loss_falls_and_the_export_generates_in_plain_diffusers(fl
     # The README's promise: the held-out velocity error at fixed noise falls below 0.6x its
     # start (by 60 % of the steps with every seed, CPU instruction set and thread count
     # tools/demo_matrix.py tried; measured: about 0.3x there, 0.27x at the end).
-    run = diffusion_demo_holds(flux, tmp_path, "flux", samples=2)
+    run = diffusion_demo_holds(flux, tmp_path, "flux")  # one image per held-out caption
     from diffusers import FluxPipeline
 
     pipe = FluxPipeline.from_pretrained(run / "export/pipeline")
