@@ -85,7 +85,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
 
         from mm_pack_flux.demo import demo_images
 
-        measured = train_demo_vae(vae, demo_images(96, seed + 1_000), demo_images(16, seed + 2_000), steps=200, lr=3e-3, batch=8, seed=seed)
+        measured = train_demo_vae(vae, demo_images(96, seed + 1_000), demo_images(16, seed + 2_000), steps=600, lr=3e-3, batch=8, seed=seed)
     transformer = FluxTransformer2DModel(
         patch_size=1,
         in_channels=64,

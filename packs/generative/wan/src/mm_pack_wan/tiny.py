@@ -30,6 +30,8 @@ PRESETS = {
     # the demo's VAE is trained to reconstruct the demo's clips (demo_vae): 4x in space, so a 32 px
     # clip is 8x8 latents; residual (Wan2.2's pixel-shuffle shortcuts), which learns colour fast
     "demo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128, "demo_vae": True},
+    # the DPO demo's (and the I2V demo's) model: the demo's, with its random 8x VAE
+    "dpo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128},
     # another tiny text encoder and VAE (a test: a new model invalidates the feature cache)
     "tiny-b": {"text_dim": 32, "text_layers": 1, "vae_base": 4, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64},
     # Wan2.2 A14B's layout: two experts, the high-noise one above the boundary (model_index.json)
