@@ -19,7 +19,6 @@ from typing import Any
 
 #: the file beside a pipeline's folders that states its demo VAE's training and reconstruction
 DEMO_VAE_FILE = "demo_vae.json"
-_DEBUG = __import__("os").environ.get("DEMO_VAE_DEBUG")
 
 
 def _pixels(clips: Any, image: bool) -> Any:
@@ -70,9 +69,9 @@ def train_demo_vae(
     vae.train()
     optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * (1 - s / steps)))
-    for _ in range(steps):
+    for step in range(steps):
         chosen = x[torch.randint(len(x), (min(batch, len(x)),), generator=draw)]
-        if _ < frame_steps and not image:  # single frames first: a causal video VAE encodes a clip's first frame alone, 9x cheaper
+        if step < frame_steps and not image:  # single frames first: a causal video VAE encodes a clip's first frame alone, 9x cheaper
             chosen = chosen.transpose(1, 2).flatten(0, 1)[torch.randint(len(chosen) * chosen.shape[2], (4 * len(chosen),), generator=draw)][:, :, None]
         posterior = vae.encode(chosen).latent_dist
         out = vae.decode(posterior.mode()).sample  # the mode, as the pipelines encode: a fresh VAE's posterior noise would drown its latents
@@ -83,8 +82,6 @@ def train_demo_vae(
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        if _DEBUG and (_ + 1) % 50 == 0:
-            print(_ + 1, float(loss), _psnr(vae, held[:4], batch), round(time.perf_counter() - start), flush=True)
     vae.eval()
     with torch.no_grad():
         latents = torch.cat([vae.encode(x[i : i + batch]).latent_dist.mode() for i in range(0, len(x), batch)])
