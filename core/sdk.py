@@ -136,6 +136,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "safetensors_files", "sampling_options", "sharded_sums", "token_f1", "train_byte_level_bpe",
         "trained_checkpoint", "unigram_tokenizer", "user_text", "word_errors", "write_results",
         "write_safetensors_streaming",
+        "DEMO_VAE_FILE", "demo_vae_report", "normalise_latents", "train_demo_vae", "write_demo_vae_report",
     }),
     # the train engine and its methods: recipe, sampler, LoRA, DPO, EMA, losses
     "mmcore.train": frozenset({
@@ -161,6 +162,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "sample_frames", "shape_image", "split_key", "tone_clip", "write_audio", "write_filler_media",
         "write_moving_square_preferences", "write_moving_squares", "write_mp4", "write_shape_preferences",
         "write_shape_questions", "write_shape_tone_questions",
+        "MOVING_SHAPES", "SHAPE_COLOURS", "caption_agreement", "moving_shape", "moving_shape_clips", "what_is_drawn", "write_moving_shapes",
     }),
     # the kits: VLMFamily, DiffusionFamily and what they share
     "mmcore.kits": frozenset({

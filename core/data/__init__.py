@@ -58,8 +58,20 @@ _EXPORTS: dict[str, str] = {
             "write_shape_preferences",
             "write_shape_questions",
             "write_shape_tone_questions",
+            "MOVING_SHAPES",
+            "SHAPE_COLOURS",
+            "moving_shape",
+            "moving_shape_clips",
+            "write_moving_shapes",
         ),
         "mmcore.data.synthetic",
+    ),
+    **dict.fromkeys(
+        (
+            "caption_agreement",
+            "what_is_drawn",
+        ),
+        "mmcore.data.demo_check",
     ),
     **dict.fromkeys(
         (

@@ -218,3 +218,64 @@ def write_moving_square_preferences(folder: Path, samples: int, seed: int) -> Pa
     out = folder / "pairs.json"
     out.write_text(json.dumps(records, indent=1))
     return out
+
+
+# -- moving shapes: the video demos, where the caption decides what is drawn
+
+SHAPE_COLOURS = {name: COLOURS[name] for name in ("red", "green", "blue")}
+MOVING_SHAPES = ("square", "circle")
+
+
+def moving_shape(shape: str, colour: tuple[int, int, int], move: tuple[int, int], rng: random.Random, size: int = 32, frames: int = 9, side: int = 12, speed: int = 2, jitter: int = 2):  # type: ignore[no-untyped-def]
+    """uint8 [frames, size, size, 3]: a ``shape`` (square or circle) ``side`` px across on white,
+    ``speed`` px a frame the way ``move`` points, starting at the edge it moves away from, the
+    other coordinate ``jitter`` px either side of the middle at most (drawn from ``rng``): the
+    caption decides nearly all of the clip."""
+    import numpy as np
+
+    if shape not in MOVING_SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; one of {', '.join(MOVING_SHAPES)}")
+    video = np.full((frames, size, size, 3), 255, dtype=np.uint8)
+    far, middle = size - side - 2, (size - side) // 2
+    x = middle + rng.randint(-jitter, jitter) if move[0] == 0 else (far if move[0] < 0 else 2)
+    y = middle + rng.randint(-jitter, jitter) if move[1] == 0 else (far if move[1] < 0 else 2)
+    grid = np.arange(size)
+    r = side / 2
+    for t in range(frames):
+        left, top = x + move[0] * speed * t, y + move[1] * speed * t
+        if shape == "square":
+            mask = ((grid[None, :] >= left) & (grid[None, :] < left + side)) & ((grid[:, None] >= top) & (grid[:, None] < top + side))
+        else:
+            mask = (grid[None, :] + 0.5 - left - r) ** 2 + (grid[:, None] + 0.5 - top - r) ** 2 <= r * r
+        video[t][mask] = colour
+    return video
+
+
+def moving_shape_clips(count: int, seed: int, size: int = 32, frames: int = 9) -> list[Any]:
+    """``count`` clips as :func:`write_moving_shapes` draws them (uint8 arrays, no files): what a
+    demo VAE learns to reconstruct (:func:`mmcore.engines.train_demo_vae`)."""
+    rng = random.Random(seed)
+    clips = []
+    for _ in range(count):
+        colour, shape, move = rng.choice(sorted(SHAPE_COLOURS)), rng.choice(MOVING_SHAPES), rng.choice(sorted(MOVES))
+        clips.append(moving_shape(shape, SHAPE_COLOURS[colour], MOVES[move], rng, size=size, frames=frames))
+    return clips
+
+
+def write_moving_shapes(folder: Path, samples: int, seed: int, size: int = 32, frames: int = 9) -> Path:
+    """Videos of a red, green or blue square or circle moving left, right, up or down, captioned
+    with all three ("a green circle moves up", 24 captions): real H.264 mp4 files plus caption
+    JSON (the video packs' demo). No clip is right for every caption, so the mean clip cannot
+    win: a denoiser must read its caption (:func:`caption_agreement` checks what it drew)."""
+    from mmcore.data.video import write_mp4
+
+    rng = random.Random(seed)
+    records = []
+    for i in range(samples):
+        colour, shape, move = rng.choice(sorted(SHAPE_COLOURS)), rng.choice(MOVING_SHAPES), rng.choice(sorted(MOVES))
+        name = f"videos/{i:05d}.mp4"
+        write_mp4(folder / name, moving_shape(shape, SHAPE_COLOURS[colour], MOVES[move], rng, size=size, frames=frames), SQUARE_FPS)
+        records.append({"path": name, "cap": f"a {colour} {shape} moves {move}", "num_frames": frames, "fps": SQUARE_FPS, "resolution": {"height": size, "width": size}})
+    out = folder / "train.json"
+    out.write_text(json.dumps(records, indent=1))
+    return out

@@ -21,6 +21,16 @@ from mmcore.framework.facade import lazy_exports
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         (
+            "DEMO_VAE_FILE",
+            "demo_vae_report",
+            "normalise_latents",
+            "train_demo_vae",
+            "write_demo_vae_report",
+        ),
+        "mmcore.engines.demo_vae",
+    ),
+    **dict.fromkeys(
+        (
             "FusedExpertsAdapter",
             "MODEL_PREFIX",
             "Recipe",

@@ -64,6 +64,10 @@ class DiffusionFamily:
             does, extract caches them, and ``predict`` gets them as keyword arguments; such a
             family generates from a first frame (``sample(..., image=)``, ``mmcore infer
             --image``; evaluate takes the held-out clips' first frames).
+        demo_checker: ``(frames, caption) -> {"agrees": bool, ...} or None`` deciding whether a
+            generated sample (uint8 [F, H, W, 3]) shows what its caption says, None for a caption
+            it cannot read (:func:`mmcore.data.caption_agreement`, the synthetic demos'); with it
+            evaluate samples the held-out clips' captions and reports ``caption_agreement``.
     """
 
     transformer_class: str
@@ -84,6 +88,7 @@ class DiffusionFamily:
     flops: Callable[[], Callable[[Any, dict[str, Any]], float]] | None = None
     objective: Callable[[Path], Any] = flow_matching_objective
     conditions: Sequence[str] = ()
+    demo_checker: Callable[[Any, str], Mapping[str, Any] | None] | None = None
 
     # -- the model ---------------------------------------------------------------------------
 

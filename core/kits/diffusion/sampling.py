@@ -68,7 +68,8 @@ class VideoSampling:
         return pipe.to(ctx.accelerator.device()) if pipe.dtype == dtype else pipe.to(ctx.accelerator.device(), dtype)
 
     def render(self, pipe: Any, prompts: list[str], folder: Path, names: list[str], images: list[Any] | None = None) -> list[dict[str, str]]:
-        """One video per prompt (``<name>.mp4`` and its frames as ``<name>.png``), seeded by
+        """One video per prompt (``<name>.mp4`` and its frames as ``<name>.png``; a one-frame sample
+        is an image, ``<name>.png``), seeded by
         ``generation.seed`` (default ``run.seed``) plus the prompt's position; steps and guidance
         from ``generation`` where set, else ``export.sample_steps`` / ``export.guidance_scale``;
         ``images``: each prompt's first frame (PIL), for a family with ``conditions``."""
@@ -85,10 +86,16 @@ class VideoSampling:
         seed = gen.seed if gen.seed is not None else ctx.seed
         folder.mkdir(parents=True, exist_ok=True)
         written = []
-        for i, (prompt, name) in enumerate(ctx.progress(list(zip(prompts, names)), description=ctx.stage, unit="video")):
+        for i, (prompt, name) in enumerate(ctx.progress(list(zip(prompts, names)), description=ctx.stage, unit="sample")):
             first_frame = {"image": images[i]} if images is not None else {}
             frames = self.family.sample(pipe, sampling, prompt, torch.Generator().manual_seed(seed + i), **first_frame)  # type: ignore[misc]
             pixels = (frames.clip(0, 1) * 255).round().astype("uint8")
+            if len(pixels) == 1:  # an image model's picture: a PNG, not a one-frame clip
+                from PIL import Image
+
+                Image.fromarray(pixels[0]).save(folder / f"{name}.png")
+                written.append({"image": str(folder / f"{name}.png"), "pixels": pixels})
+                continue
             write_mp4(folder / f"{name}.mp4", pixels, ctx.config.data.fps)
             contact_sheet(folder / f"{name}.png", [pixels], scale=4)
             written.append({"video": str(folder / f"{name}.mp4"), "contact_sheet": str(folder / f"{name}.png"), "pixels": pixels})
@@ -119,16 +126,20 @@ class VideoSampling:
                 except MediaError as exc:
                     answers[i] = {"error": str(exc)}
         runnable = [i for i in runnable if not answers[i]]
-        first = 1 + max((int(p.stem) for p in ctx.stage_dir.glob("[0-9]*.mp4") if p.stem.isdigit()), default=0)
+        first = 1 + max((int(p.stem) for p in [*ctx.stage_dir.glob("[0-9]*.mp4"), *ctx.stage_dir.glob("[0-9]*.png")] if p.stem.isdigit()), default=0)
         names = [f"{first + k:04d}" for k in range(len(runnable))]
         done_all = self.render(pipe, [requests[i].prompt for i in runnable], ctx.stage_dir, names, images if family.conditions else None)
         for i, done in zip(runnable, done_all):
-            answers[i] = {"video": done["video"], "contact_sheet": done["contact_sheet"]}
+            answers[i] = {k: done[k] for k in ("image", "video", "contact_sheet") if k in done}
         return answers
 
     def evaluate(self) -> StageResult:
-        """Sample videos of the export for the held-out captions (``evaluate.datasets``, else
-        ``export.sample_prompts``) and one contact sheet of them all; no number stands for quality."""
+        """Sample videos (an image family: images) of the export for the held-out captions
+        (``evaluate.datasets``; else, for a family with a ``demo_checker``, the held-out clips'
+        captions; else ``export.sample_prompts``) and one contact sheet of them all. With a
+        ``demo_checker``, ``caption_agreement``: the share of samples showing what their caption
+        says (captions it cannot read are not counted); beside it the demo VAE's
+        ``reconstruction_psnr`` and the train stage's last held-out ``caption_sensitivity``."""
         from mmcore.data.video import contact_sheet
         from mmcore.engines.generation import empty_evaluation, write_results
 
@@ -136,36 +147,80 @@ class VideoSampling:
         captions, images = self.held_out_captions(), None
         if family.conditions:  # generated from the held-out clips' first frames and captions
             captions, images = self.held_out_first_frames()
+        elif family.demo_checker is not None and not ctx.config.evaluate.datasets and self.held_out_count():
+            captions = self.held_out_first_frames()[0]
         if not captions or family.sample is None:
             return empty_evaluation(ctx)
         pipe = self.pipeline(ModelSource("export", self.upstream["export"].output("model")))
         folder = ctx.stage_dir / "samples"
         written = self.render(pipe, captions, folder, [f"sample-{i}" for i in range(len(captions))], images)
-        contact_sheet(folder / "contact_sheet.png", [w.pop("pixels") for w in written], scale=4)
+        pixels = [w.pop("pixels") for w in written]
+        contact_sheet(folder / "contact_sheet.png", pixels, scale=4)
         for i, image in enumerate(images or []):  # the first frame it was given, beside what it made of it
             image.save(folder / f"sample-{i}-first-frame.png")
-        rows = [
-            {
-                "item": i,
-                "caption": c,
-                "video": str(Path(w["video"]).relative_to(ctx.stage_dir)),
-                "media": ([{"kind": "image", "src": f"samples/sample-{i}-first-frame.png"}] if images else []) + [{"kind": "video", "src": str(Path(w["video"]).relative_to(ctx.stage_dir))}],
-            }
-            for i, (c, w) in enumerate(zip(captions, written))
-        ]
-        metrics = {"items": len(rows), "samples": len(rows)}
+        kind = "image" if "image" in written[0] else "video"
+        checks = [family.demo_checker(p, c) if family.demo_checker else None for p, c in zip(pixels, captions)]
+        rows = []
+        for i, (c, w, check) in enumerate(zip(captions, written, checks)):
+            src = str(Path(w[kind]).relative_to(ctx.stage_dir))
+            media = ([{"kind": "image", "src": f"samples/sample-{i}-first-frame.png"}] if images else []) + [{"kind": kind, "src": src}]
+            rows.append({"item": i, "caption": c, kind: src, "media": media, **({"agrees": check["agrees"], "seen": check["seen"]} if check else {})})
+        metrics: dict[str, Any] = {"items": len(rows), "samples": len(rows), **self.demo_metrics(checks)}
+        what = "images" if kind == "image" else "videos"
         write_results(
             ctx.stage_dir,
             rows,
             metrics,
-            title=f"{ctx.pack}: samples of the export for the held-out captions",
-            columns=("item", "caption", "video"),
+            title=f"{ctx.pack}: {what} the export made for the held-out captions",
+            columns=("item", "caption", kind, *(("agrees",) if "caption_agreement" in metrics else ())),
             images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))],
             ctx=ctx,
-            dataset="the held-out clips' first frames and captions" if family.conditions else None if ctx.config.evaluate.datasets else "export.sample_prompts",
+            dataset="the held-out clips' first frames and captions"
+            if family.conditions
+            else None
+            if ctx.config.evaluate.datasets
+            else "the held-out clips' captions"
+            if family.demo_checker is not None and self.held_out_count()
+            else "export.sample_prompts",
         )
-        note = f"{len(rows)} sample video(s) of the export and a contact sheet in {folder} (no metric: look at them, report.html)"
+        said = [
+            f"{metrics[k]:.0%} show what their caption says" if k == "caption_agreement" else f"{k} {metrics[k]:.2f}"
+            for k in ("caption_agreement", "caption_sensitivity", "reconstruction_psnr")
+            if k in metrics
+        ]
+        note = f"{len(rows)} sample {what[:-1]}(s) of the export and a contact sheet in {folder}" + (f": {', '.join(said)}" if said else " (no metric: look at them, report.html)")
         return StageResult(outputs={"results": "results.jsonl", "samples": "samples", "report": "report.html"}, metrics=metrics, notes=[note])
+
+    def demo_metrics(self, checks: list[dict[str, Any] | None]) -> dict[str, Any]:
+        """``caption_agreement`` (and per part: ``colour_agreement``, ``shape_agreement``,
+        ``motion_agreement``) over the samples whose caption the demo checker read; the demo
+        VAE's ``reconstruction_psnr`` (``demo_vae.json`` in the downloaded folder); the train
+        stage's last held-out ``caption_sensitivity`` and ``loss_shuffled``/``loss``."""
+        from mmcore.engines.demo_vae import demo_vae_report
+
+        metrics: dict[str, Any] = {}
+        decided = [c for c in checks if c is not None]
+        if decided:
+            metrics["caption_agreement"] = sum(c["agrees"] for c in decided) / len(decided)
+            metrics["agreement_checked"] = len(decided)
+            for part in ("colour", "shape", "motion"):
+                judged = [c[part] for c in decided if part in c]
+                if judged:
+                    metrics[f"{part}_agreement"] = sum(judged) / len(judged)
+        report = demo_vae_report(self.upstream["download"].output("model")) if "download" in self.upstream else None
+        if report and "reconstruction_psnr" in report:
+            metrics["reconstruction_psnr"] = report["reconstruction_psnr"]
+        trained = self.upstream["train"].metrics if "train" in self.upstream else {}
+        for key in ("caption_sensitivity", "loss_shuffled", "loss"):
+            if f"eval/{key}" in trained:
+                metrics[key if key == "caption_sensitivity" else f"held_out_{key}"] = trained[f"eval/{key}"]
+        return metrics
+
+    def held_out_count(self) -> int:
+        """How many clips preprocess held out."""
+        from mmcore.data.shards import ShardDataset
+
+        return len(ShardDataset(self.upstream["preprocess"].output("dataset")).split("eval")) if "preprocess" in self.upstream else 0
 
     def held_out_first_frames(self) -> tuple[list[str], list[Any]]:
         """(captions, first frames as PIL images) of the held-out clips preprocess made (at most ``evaluate.limit``)."""

@@ -119,7 +119,7 @@ def test_cache_invalidation_and_no_work_when_unchanged(wan, tmp_path: Path) -> N
     assert "[export] skipped: up to date" in proc.stdout  # (it records only outputs it wrote)
     proc = wan("run", *common, "data.fps=16")  # frame sampling changed
     assert "[preprocess] running" in proc.stdout and "[extract] running" in proc.stdout
-    proc = wan("run", *common, "data.fps=16", "--model", "init:demo")  # another VAE / text encoder
+    proc = wan("run", *common, "data.fps=16", "--model", "init:tiny-b")  # another VAE / text encoder
     assert "[extract] running" in proc.stdout
 
 
@@ -145,13 +145,17 @@ def test_demo_loss_falls_and_the_export_generates_in_plain_diffusers(wan, tmp_pa
     curve = list(losses(run).values())
     assert np.mean(curve[-10:]) < 0.6 * np.mean(curve[:10]), (curve[:10], curve[-10:])
     # The README's promise: the held-out clips' loss at fixed noise levels and noise falls below
-    # 0.6x its start by 60 % of the steps with every seed, ISA and thread count
-    # tools/demo_matrix.py tried (measured: about 0.33x at the end).
+    # 0.6x its start; with another held-out clip's caption it is at least 1.5x that with its own
+    # (caption sensitivity), and at least 80 % of the videos evaluate samples for the held-out
+    # captions show the caption's colour and motion (tools/demo_matrix.py: by 60 % of the steps
+    # with every seed and ISA tried).
     train = manifest(run, "train")["metrics"]
     assert train["eval/loss"] < 0.6 * train["eval/loss@0"], train
+    assert train["eval/caption_sensitivity"] >= 1.5, train
     assert manifest(run, "export")["metrics"]["weights_identical"]
     evaluate = manifest(run, "evaluate")["metrics"]
-    assert evaluate["samples"] == 2 and (run / "evaluate/samples/contact_sheet.png").stat().st_size > 1000
+    assert evaluate["caption_agreement"] >= 0.8 and evaluate["reconstruction_psnr"] > 17, evaluate
+    assert evaluate["samples"] >= 10 and (run / "evaluate/samples/contact_sheet.png").stat().st_size > 1000
     assert "samples/contact_sheet.png" in (run / "evaluate/report.html").read_text()
     from diffusers import WanPipeline
 

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from mmcore.config import RunConfig
 from mmcore import StageContext
+from mmcore.data import caption_agreement
 from mmcore.engines import RenameAdapter
 from mmcore import StageError
 from mmcore.kits import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option
@@ -165,6 +166,7 @@ FAMILY = DiffusionFamily(
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("transformer_blocks", "single_transformer_blocks"),
     demo=write_demo_dataset,
+    demo_checker=caption_agreement,
     predict_options=guidance_option,
     # each weight sees every image patch and caption token once (the double blocks keep the
     # streams apart, the single ones join them); joint attention over both; the pooled row is no token

@@ -17,7 +17,8 @@ CORPUS = [f"a {colour} {shape}" for colour in sorted(COLOURS) for shape in SHAPE
 
 PRESETS = {
     "tiny": {"text_dim": 32, "heads": 2, "head_dim": 16, "double": 1, "single": 1},
-    "demo": {"text_dim": 32, "heads": 4, "head_dim": 16, "double": 2, "single": 2},
+    # the demo's VAE is trained to reconstruct the demo's pictures (demo_vae.json says how well)
+    "demo": {"text_dim": 32, "heads": 4, "head_dim": 16, "double": 2, "single": 2, "demo_vae": True},
 }
 
 
@@ -78,6 +79,13 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
         use_quant_conv=False,
         use_post_quant_conv=False,
     ).eval()
+    measured = None
+    if p.get("demo_vae"):
+        from mmcore.engines import train_demo_vae
+
+        from mm_pack_flux.demo import demo_images
+
+        measured = train_demo_vae(vae, demo_images(96, seed + 1_000), demo_images(16, seed + 2_000), steps=600, lr=3e-3, batch=8, seed=seed)
     transformer = FluxTransformer2DModel(
         patch_size=1,
         in_channels=64,
@@ -92,3 +100,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     )
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
     FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer).save_pretrained(out)
+    if measured is not None:
+        from mmcore.engines import write_demo_vae_report
+
+        write_demo_vae_report(out, measured)

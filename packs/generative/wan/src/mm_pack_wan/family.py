@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcore import StageContext, StageError
-from mmcore.data import write_moving_square_preferences, write_moving_squares
+from mmcore.data import caption_agreement, write_moving_shapes, write_moving_square_preferences
 from mmcore.kits import DiffusionFamily, text_to_video_sample
 
 from mm_pack_wan.adapter import ADAPTER
@@ -109,6 +109,7 @@ FAMILY = DiffusionFamily(
     sample=text_to_video_sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("blocks",),
-    demo=write_moving_squares,
+    demo=write_moving_shapes,
     preference_demo=write_moving_square_preferences,
+    demo_checker=caption_agreement,
 )

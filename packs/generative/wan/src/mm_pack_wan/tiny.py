@@ -27,7 +27,13 @@ CORPUS = [
 
 PRESETS = {
     "tiny": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64},
-    "demo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128},
+    # the demo's VAE is trained to reconstruct the demo's clips (demo_vae): 4x in space, so a 32 px
+    # clip is 8x8 latents; residual (Wan2.2's pixel-shuffle shortcuts), which learns colour fast
+    "demo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128, "demo_vae": True},
+    # the DPO demo's (and the I2V demo's) model: the demo's, with its random 8x VAE
+    "dpo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128},
+    # another tiny text encoder and VAE (a test: a new model invalidates the feature cache)
+    "tiny-b": {"text_dim": 32, "text_layers": 1, "vae_base": 4, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64},
     # Wan2.2 A14B's layout: two experts, the high-noise one above the boundary (model_index.json)
     "tiny-a14b": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64, "boundary_ratio": 0.875},
     # Wan2.2 TI2V-5B's layout: the 48-channel VAE (2x2 pixel patches in, 16x spatial), one
@@ -86,9 +92,24 @@ def frozen_parts(p: dict, seed: int):  # type: ignore[no-untyped-def, type-arg]
             latents_mean=[0.0] * 48,
             latents_std=[1.0] * 48,
         ).eval()
+    elif p.get("demo_vae"):
+        vae = AutoencoderKLWan(base_dim=p["vae_base"], z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4)
+        measured = train_vae(vae, seed)
     else:
         vae = AutoencoderKLWan(base_dim=p["vae_base"], z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
-    return {"tokenizer": tokenizer, "text_encoder": text_encoder, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=3.0)}
+    parts = {"tokenizer": tokenizer, "text_encoder": text_encoder, "vae": vae, "scheduler": FlowMatchEulerDiscreteScheduler(shift=3.0)}
+    return {**parts, "measured": measured} if p.get("demo_vae") else parts
+
+
+def train_vae(vae, seed: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    """Train the demo's VAE on moving-shape clips (:func:`mmcore.engines.train_demo_vae`): on their
+    first 5 frames (one latent frame plus four: the causal VAE encodes 9 alike), held-out PSNR
+    on 16 other clips of 9 frames."""
+    from mmcore.data import moving_shape_clips
+    from mmcore.engines import train_demo_vae
+
+    clips, held_out = moving_shape_clips(96, seed + 1_000), moving_shape_clips(16, seed + 2_000)
+    return train_demo_vae(vae, clips, held_out, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
@@ -96,6 +117,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
 
     p = pick_preset(PRESETS, preset)
     parts = frozen_parts(p, seed)
+    measured = parts.pop("measured", None)
     channels = parts["vae"].config.z_dim
     experts = [
         WanTransformer3DModel(
@@ -115,6 +137,15 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     if len(experts) == 2:
         parts.update(transformer_2=experts[1], boundary_ratio=p["boundary_ratio"])
     WanPipeline(transformer=experts[0], expand_timesteps=bool(p.get("ti2v")), **parts).save_pretrained(out)
+    write_measured(measured, out)
+
+
+def write_measured(measured: dict | None, out: Path) -> None:  # type: ignore[type-arg]
+    """The demo VAE's figures beside the pipeline (``demo_vae.json``: evaluate reports them)."""
+    if measured is not None:
+        from mmcore.engines import write_demo_vae_report
+
+        write_demo_vae_report(out, measured)
 
 
 def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
@@ -124,10 +155,11 @@ def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
     from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
-    p = pick_preset(PRESETS, preset)
+    p = {**pick_preset(PRESETS, preset), "demo_vae": False}  # the I2V demo keeps its random VAE (for now)
     if p.get("ti2v"):  # TI2V-5B is one checkpoint for both pipelines (model_index.json names WanPipeline)
         return build_init_checkpoint(preset, out, seed)
     parts = frozen_parts(p, seed)
+    measured = parts.pop("measured", None)
     image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)).eval()
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     transformer = WanTransformer3DModel(
@@ -145,3 +177,4 @@ def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
         added_kv_proj_dim=p["heads"] * p["head_dim"],
     )
     WanImageToVideoPipeline(image_processor=image_processor, image_encoder=image_encoder, transformer=transformer, **parts).save_pretrained(out)
+    write_measured(measured, out)

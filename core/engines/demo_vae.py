@@ -1,0 +1,132 @@
+"""A tiny VAE that reconstructs a demo's frames: trained briefly, at ``init:demo``, on the
+pack's own synthetic clips (:func:`train_demo_vae`).
+
+A random VAE cannot reconstruct even a training clip, so whatever a demo's denoiser learns
+decodes to coloured static. A few hundred steps of reconstruction on the demo's kind of clips
+(seeded: one machine builds the same VAE every time) give a VAE whose decoded samples show
+what the denoiser made, and a held-out PSNR that says how well it can. The latents'
+normalisation the pipeline applies (``latents_mean``/``latents_std``, ``scaling_factor``,
+``shift_factor``) is then set from the trained VAE's own latent statistics, as the released
+checkpoints' are, so the denoiser sees latents of unit spread.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+#: the file beside a pipeline's folders that states its demo VAE's training and reconstruction
+DEMO_VAE_FILE = "demo_vae.json"
+
+
+def _pixels(clips: Any, image: bool) -> Any:
+    """uint8 [N, F, H, W, 3] -> float [N, 3, F, H, W] in [-1, 1] ([N, 3, H, W] for an image VAE)."""
+    import numpy as np
+    import torch
+
+    x = torch.from_numpy(np.ascontiguousarray(np.stack(list(clips)))).float() / 127.5 - 1.0
+    x = x.permute(0, 4, 1, 2, 3)
+    return x[:, :, 0] if image else x
+
+
+def _psnr(vae: Any, x: Any, batch: int) -> float:
+    """Mean PSNR (dB, pixels in [0, 1]) of the posterior mode's reconstructions of ``x``."""
+    import torch
+
+    scores = []
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            clean = x[i : i + batch]
+            out = vae.decode(vae.encode(clean).latent_dist.mode()).sample.clamp(-1, 1)
+            mse = ((out - clean) / 2).pow(2).flatten(1).mean(1).clamp_min(1e-10)
+            scores += (10 * torch.log10(1 / mse)).tolist()
+    return float(sum(scores) / len(scores))
+
+
+def train_demo_vae(
+    vae: Any, clips: Any, held_out: Any, *, steps: int = 300, lr: float = 2e-3, batch: int = 8, seed: int = 0, kl_weight: float = 1e-6, shape_weight: float = 10.0, frame_steps: int = 0
+) -> dict[str, Any]:
+    """Train ``vae`` (a diffusers ``AutoencoderKL``, ``AutoencoderKLWan``, ``AutoencoderKLCogVideoX``,
+    ``AutoencoderKLHunyuanVideo``...) in place to reconstruct ``clips`` (uint8 [N, F, H, W, 3];
+    an image VAE takes each clip's first frame): ``steps`` of AdamW on the squared error of the
+    posterior mode's decoding (``shape_weight`` times as much on pixels that are not white: the
+    shapes, a small part of each frame, are what a demo is about) plus ``kl_weight`` x KL,
+    batches drawn from ``seed``; the first ``frame_steps`` of a video VAE on single frames (4 x
+    ``batch`` of them, drawn from the clips): colour and shape are learnt there at a ninth of the
+    cost, motion after. Then set
+    the normalisation its pipeline applies from the latents' statistics over ``clips``
+    (:func:`normalise_latents`) and return what it measured: ``reconstruction_psnr`` on
+    ``held_out`` clips (dB), ``train_psnr``, the latents' mean and spread, steps, seconds."""
+    import torch
+
+    start = time.perf_counter()
+    image = vae.encoder.conv_in.weight.dim() == 4 if hasattr(vae.encoder.conv_in, "weight") else False
+    x, held = _pixels(clips, image), _pixels(held_out, image)
+    torch.manual_seed(seed)
+    draw = torch.Generator().manual_seed(seed)
+    vae.train()
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * (1 - s / steps)))
+    for step in range(steps):
+        chosen = x[torch.randint(len(x), (min(batch, len(x)),), generator=draw)]
+        if step < frame_steps and not image:  # single frames first: a causal video VAE encodes a clip's first frame alone, 9x cheaper
+            chosen = chosen.transpose(1, 2).flatten(0, 1)[torch.randint(len(chosen) * chosen.shape[2], (4 * len(chosen),), generator=draw)][:, :, None]
+        posterior = vae.encode(chosen).latent_dist
+        out = vae.decode(posterior.mode()).sample  # the mode, as the pipelines encode: a fresh VAE's posterior noise would drown its latents
+        weight = 1.0 + (shape_weight - 1.0) * ((1.0 - chosen).amax(1, keepdim=True) > 0.1)  # the drawn pixels count more than the white ground
+        loss = (weight * (out - chosen).pow(2)).mean() + kl_weight * posterior.kl().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+    vae.eval()
+    with torch.no_grad():
+        latents = torch.cat([vae.encode(x[i : i + batch]).latent_dist.mode() for i in range(0, len(x), batch)])
+    channels = latents.transpose(0, 1).flatten(1)
+    normalise_latents(vae, channels.mean(1), channels.std(1), float(latents.mean()), float(latents.std()))
+    return {
+        "reconstruction_psnr": round(_psnr(vae, held, batch), 2),
+        "train_psnr": round(_psnr(vae, x[: len(held)], batch), 2),
+        "latents_mean": round(float(latents.mean()), 4),
+        "latents_std": round(float(latents.std()), 4),
+        "clips": len(x),
+        "held_out_clips": len(held),
+        "steps": steps,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def normalise_latents(vae: Any, channel_mean: Any, channel_std: Any, mean: float, std: float) -> None:
+    """Set the latents' normalisation ``vae``'s pipeline applies from their statistics: per
+    channel ``latents_mean``/``latents_std`` where the config has them (Wan); else
+    ``shift_factor`` = mean and ``scaling_factor`` = 1/std where the config has a shift (FLUX);
+    else ``scaling_factor`` = 1/root mean square (CogVideoX, HunyuanVideo)."""
+    config = vae.config
+    if getattr(config, "latents_mean", None) is not None and getattr(config, "latents_std", None) is not None:
+        vae.register_to_config(latents_mean=[round(float(v), 5) for v in channel_mean], latents_std=[round(float(v), 5) for v in channel_std])
+        return
+    if getattr(config, "shift_factor", None) is not None:  # latents = (z - shift) * scale
+        vae.register_to_config(shift_factor=round(mean, 5), scaling_factor=round(1.0 / max(std, 1e-6), 5))
+        return
+    rms = (std * std + mean * mean) ** 0.5  # latents = z * scale: unit root mean square
+    vae.register_to_config(scaling_factor=round(1.0 / max(rms, 1e-6), 5))
+
+
+def write_demo_vae_report(folder: Path, measured: dict[str, Any]) -> Path:
+    """``measured`` (:func:`train_demo_vae`'s) as ``folder/demo_vae.json``: what evaluate reports as
+    ``reconstruction_psnr``."""
+    out = Path(folder) / DEMO_VAE_FILE
+    out.write_text(json.dumps(measured, indent=1) + "\n")
+    return out
+
+
+def demo_vae_report(folder: Path) -> dict[str, Any] | None:
+    """The demo VAE's report in a pipeline folder, or None (a VAE not trained here)."""
+    path = Path(folder) / DEMO_VAE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+__all__ = ["DEMO_VAE_FILE", "train_demo_vae", "normalise_latents", "write_demo_vae_report", "demo_vae_report"]
