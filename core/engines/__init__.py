@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
         (
             "DEMO_VAE_FILE",
             "demo_vae_report",
-            "normalise_latents",
+            "set_latent_normalisation",
             "train_demo_vae",
             "write_demo_vae_report",
         ),

@@ -57,7 +57,7 @@ def train_demo_vae(
     ``batch`` of them, drawn from the clips): colour and shape are learnt there at a ninth of the
     cost, motion after. Then set
     the normalisation its pipeline applies from the latents' statistics over ``clips``
-    (:func:`normalise_latents`) and return what it measured: ``reconstruction_psnr`` on
+    (:func:`set_latent_normalisation`) and return what it measured: ``reconstruction_psnr`` on
     ``held_out`` clips (dB), ``train_psnr``, the latents' mean and spread, steps, seconds."""
     import torch
 
@@ -86,7 +86,7 @@ def train_demo_vae(
     with torch.no_grad():
         latents = torch.cat([vae.encode(x[i : i + batch]).latent_dist.mode() for i in range(0, len(x), batch)])
     channels = latents.transpose(0, 1).flatten(1)
-    normalise_latents(vae, channels.mean(1), channels.std(1), float(latents.mean()), float(latents.std()))
+    set_latent_normalisation(vae, channels.mean(1), channels.std(1), float(latents.mean()), float(latents.std()))
     return {
         "reconstruction_psnr": round(_psnr(vae, held, batch), 2),
         "train_psnr": round(_psnr(vae, x[: len(held)], batch), 2),
@@ -99,7 +99,7 @@ def train_demo_vae(
     }
 
 
-def normalise_latents(vae: Any, channel_mean: Any, channel_std: Any, mean: float, std: float) -> None:
+def set_latent_normalisation(vae: Any, channel_mean: Any, channel_std: Any, mean: float, std: float) -> None:
     """Set the latents' normalisation ``vae``'s pipeline applies from their statistics: per
     channel ``latents_mean``/``latents_std`` where the config has them (Wan); else
     ``shift_factor`` = mean and ``scaling_factor`` = 1/std where the config has a shift (FLUX);
@@ -129,4 +129,4 @@ def demo_vae_report(folder: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-__all__ = ["DEMO_VAE_FILE", "train_demo_vae", "normalise_latents", "write_demo_vae_report", "demo_vae_report"]
+__all__ = ["DEMO_VAE_FILE", "train_demo_vae", "set_latent_normalisation", "write_demo_vae_report", "demo_vae_report"]
