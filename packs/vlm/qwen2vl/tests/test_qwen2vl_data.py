@@ -146,7 +146,10 @@ def test_preprocess_in_two_workers_writes_the_same_shards_and_bad_samples(mm, ba
     # (and the bad-sample list) are the same bytes as encoding in-process
     import shutil
 
-    common = ["--pack", "qwen2vl", "--preset", "tiny", "--run-dir", str(tmp_path / "run"), "--data", str(bad_dataset), "data.on_bad_sample=skip", "data.demo_samples=16", "convert.verify=false"]
+    from mmcore.data import write_shape_questions
+
+    demo, _ = write_shape_questions(tmp_path / "demo", 16, 0)  # good samples beside the bad ones (a preset's demo data never mixes into --data)
+    common = ["--pack", "qwen2vl", "--preset", "tiny", "--run-dir", str(tmp_path / "run"), f"data.datasets=[{bad_dataset},{demo}]", "data.on_bad_sample=skip", "convert.verify=false"]
     for stage in ("download", "convert", "preprocess"):
         mm(stage, *common, "data.num_workers=0")
     in_process = shutil.copytree(tmp_path / "run/preprocess", tmp_path / "in-process")
