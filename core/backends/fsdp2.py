@@ -294,13 +294,7 @@ def root_output_without_views(module: Any, args: Any, output: Any) -> Any:
         for name in TOWER_OUTPUTS:
             if output.get(name) is not None:
                 output[name] = None
-        for name, value in list(output.items()):
-            if is_grad_view(value):
-                output[name] = value.clone()
-        return output
-    if type(output) in (tuple, list):
-        return type(output)(value.clone() if is_grad_view(value) else value for value in output)
-    return output.clone() if is_grad_view(output) else output
+    return outputs_without_views(module, args, output)
 
 
 def outputs_without_views(module: Any, args: Any, output: Any) -> Any:
