@@ -15,17 +15,22 @@ TINY = ["--pack", "flux", "--preset", "tiny"]
 
 
 def test_latents_are_packed_as_the_pipeline_packs_them() -> None:
+    """The pack uses the kit's public layouts; FluxPipeline's private ones are the reference."""
     import torch
     from diffusers import FluxPipeline
 
-    from mm_pack_flux.family import pack_latents, unpack_latents
+    from mm_pack_flux.family import denoiser_inputs
+    from mmcore.kits import pack_latents, unpack_latents
 
     latents = torch.randn(2, 16, 8, 6)
-    packed = pack_latents(latents)
+    packed = pack_latents(latents, patch=2)
     assert torch.equal(packed, FluxPipeline._pack_latents(latents, 2, 16, 8, 6))
-    assert torch.equal(unpack_latents(packed, 8, 6), latents)
+    assert torch.equal(unpack_latents(packed, None, 8, 6, patch=2), latents)
     # the pipeline's unpacking takes pixel sizes (latents x its VAE's 8)
     assert torch.equal(FluxPipeline._unpack_latents(packed, 64, 48, 8), latents)
+    config = type("Config", (), {"pooled_projection_dim": 4, "guidance_embeds": False})
+    inputs = denoiser_inputs(type("Model", (), {"config": config}), packed, 8, 6, torch.ones(2), torch.zeros(2, 5, 8), 1.0)
+    assert torch.equal(inputs["img_ids"], FluxPipeline._prepare_latent_image_ids(2, 4, 3, packed.device, packed.dtype))
 
 
 def test_two_builds_of_a_preset_are_identical(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from mmcore import StageContext
 from mmcore.data import caption_agreement
 from mmcore.engines import RenameAdapter
 from mmcore import StageError
-from mmcore.kits import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option
+from mmcore.kits import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option, latent_token_ids, pack_latents, unpack_latents
 
 from mm_pack_flux.demo import write_demo_dataset
 
@@ -90,23 +90,9 @@ class Encoders:
         return torch.cat([sequence[0], row])
 
 
-def pack_latents(latents: Any) -> Any:
-    """[B, C, H, W] -> [B, (H/2)(W/2), 4C], FluxPipeline's 2 x 2 patches."""
-    b, c, h, w = latents.shape
-    return latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
-
-
-def unpack_latents(packed: Any, height: int, width: int) -> Any:
-    """The inverse of :func:`pack_latents` for latents of ``height`` x ``width``."""
-    b, _, channels = packed.shape
-    c = channels // 4
-    return packed.view(b, height // 2, width // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, height, width)
-
-
 def denoiser_inputs(model: Any, packed: Any, height: int, width: int, sigma: Any, text: Any, guidance: float) -> dict[str, Any]:
     """The transformer's keyword inputs for packed latents of ``height`` x ``width`` and cached text."""
     import torch
-    from diffusers import FluxPipeline
 
     batch = packed.shape[0]
     pooled = model.config.pooled_projection_dim
@@ -117,15 +103,15 @@ def denoiser_inputs(model: Any, packed: Any, height: int, width: int, sigma: Any
         "pooled_projections": text[:, -1, :pooled].to(packed.dtype),
         "encoder_hidden_states": text[:, :-1].to(packed.dtype),
         "txt_ids": torch.zeros(text.shape[1] - 1, 3, device=packed.device, dtype=packed.dtype),
-        "img_ids": FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, packed.device, packed.dtype),
+        "img_ids": latent_token_ids(1, height // 2, width // 2, packed.device, packed.dtype),  # FluxPipeline's (0, row, column) of its 2x2 patches
     }
 
 
 def predict(model: Any, noisy: Any, sigma: Any, text: Any, guidance: float = 1.0) -> Any:
     """The velocity for latents [B, C, H, W] at noise levels ``sigma`` (the pipeline's ``timestep / 1000``)."""
     height, width = noisy.shape[-2:]
-    out = model(**denoiser_inputs(model, pack_latents(noisy), height, width, sigma, text, guidance), return_dict=False)[0]
-    return unpack_latents(out, height, width)
+    out = model(**denoiser_inputs(model, pack_latents(noisy, patch=2), height, width, sigma, text, guidance), return_dict=False)[0]
+    return unpack_latents(out, None, height, width, patch=2)
 
 
 def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
@@ -135,7 +121,7 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
     channels = model.config.in_channels // 4
     width = model.config.joint_attention_dim
     text = torch.randn(1, ctx.config.data.max_sequence_length + 1, width, generator=generator)
-    packed = pack_latents(torch.randn(1, channels, 8, 8, generator=generator))
+    packed = pack_latents(torch.randn(1, channels, 8, 8, generator=generator), patch=2)
     return denoiser_inputs(model, packed, 8, 8, torch.tensor([0.5]), text, ctx.config.training.guidance)
 
 
