@@ -4,42 +4,13 @@ per shape: :mod:`mmcore.cli.diffusers_templates`). ``{name}`` fields are filled 
 
 from __future__ import annotations
 
+from mmcore.cli.newpack import pyproject_template
+
 FILES: dict[str, str] = {
-    "pyproject.toml": """[build-system]
-requires = ["setuptools>=68"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "mm-pack-{name}"
-version = "0.1.0"
-description = "mmcore pack for diffusers' {pipeline}: download, convert, preprocess, extract, train, export, evaluate, infer."
-requires-python = ">=3.10"
-dependencies = [
-    "{mmcore_pin}",
-    "diffusers>=0.35,<1",
-    "transformers>=5.0,<6",
-    "peft>=0.17,<1",
-    "accelerate>=1.0",
-    "tokenizers>=0.20",
-    "safetensors>=0.4",
-    "pillow>=10",
-    "av>=12",
-    "numpy",
-]
-
-[project.entry-points."mmcore.packs"]
-"{name}" = "{module}.pack:{var}"
-
-[tool.setuptools.packages.find]
-where = ["src"]
-
-[tool.setuptools.package-data]
-{module} = ["presets/*.yaml"]
-
-[tool.pytest.ini_options]
-testpaths = ["tests"]
-filterwarnings = ["ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"]
-""",
+    "pyproject.toml": pyproject_template(
+        "mmcore pack for diffusers' {pipeline}: download, convert, preprocess, extract, train, export, evaluate, infer.",
+        ["diffusers>=0.35,<1", "transformers>=5.0,<6", "peft>=0.17,<1", "accelerate>=1.0", "tokenizers>=0.20", "safetensors>=0.4", "pillow>=10", "av>=12", "numpy"],
+    ),
     "src/{module}/__init__.py": '"""mmcore pack for diffusers\' {pipeline}."""\n',
     "src/{module}/pack.py": """\"\"\"The {name} pack, declared: what it is, its presets, and the function behind each stage.
 

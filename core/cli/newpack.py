@@ -127,38 +127,45 @@ def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: s
     click.echo(f"  edit {root}/src/{module_name(name)}/family.py for what is your family's own")
 
 
-TEMPLATES: dict[str, str] = {
-    "pyproject.toml": """[build-system]
+def pyproject_template(description: str, dependencies: list[str]) -> str:
+    """A generated pack's ``pyproject.toml``, as a template of the others' kind (``{name}``,
+    ``{module}``, ``{var}``, ``{mmcore_pin}`` filled with ``str.format``; the description may
+    hold such fields too): one place for the build, entry point and test settings of both
+    ``new-pack`` kinds."""
+    requirements = "".join(f'    "{requirement}",\n' for requirement in ["{mmcore_pin}", *dependencies])
+    return f"""[build-system]
 requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "mm-pack-{name}"
+name = "mm-pack-{{name}}"
 version = "0.1.0"
-description = "mmcore pack for {cls}: download, convert, preprocess, train, export, evaluate, infer."
+description = "{description}"
 requires-python = ">=3.10"
 dependencies = [
-    "{mmcore_pin}",
-    "transformers>=5.0,<6",
-    "tokenizers>=0.20",
-    "safetensors>=0.4",
-    "pillow>=10",
-]
+{requirements}]
 
 [project.entry-points."mmcore.packs"]
-"{name}" = "{module}.pack:{var}"
+"{{name}}" = "{{module}}.pack:{{var}}"
 
 [tool.setuptools.packages.find]
 where = ["src"]
 
 [tool.setuptools.package-data]
-{module} = ["presets/*.yaml"]
+{{module}} = ["presets/*.yaml"]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
 # checkpoints saved and loaded in one process without a process group is what mmcore means
 filterwarnings = ["ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"]
-""",
+"""
+
+
+TEMPLATES: dict[str, str] = {
+    "pyproject.toml": pyproject_template(
+        "mmcore pack for {cls}: download, convert, preprocess, train, export, evaluate, infer.",
+        ["transformers>=5.0,<6", "tokenizers>=0.20", "safetensors>=0.4", "pillow>=10"],
+    ),
     "src/{module}/__init__.py": '''"""mmcore pack for {cls}."""
 ''',
     "src/{module}/pack.py": '''"""The {name} pack, declared: what it is, its presets, and the function behind each stage.
