@@ -1,10 +1,11 @@
-"""The generative rules of SDK 1.19 fail the breaks they exist for, each in one line naming its
-rule: a denoiser that ignores its caption (conditioning), a pipeline folder whose
+"""The generative rules of SDK 1.19 and 1.20 fail the breaks they exist for, each in one line naming
+its rule: a denoiser that ignores its caption (conditioning) or its first frame (conditions), a pipeline folder whose
 ``model_index.json`` names no diffusers pipeline (export), noise drawn from torch's global RNG
 (global rng). Each broken pack is the wan pack with one thing changed, pip-installed as its own
 distribution; the suite's shared run and rules are called as a pack's conformance class calls
-them: in make test three tiny runs (the full one ~20 s, two cut short at their break ~3 s each)
-and the install (~9 s), ~33 s in all on a 2-core machine; the two-process case (~30 s) in the matrix."""
+them: in make test four tiny runs (wan's through export ~20 s, wan-i2v's of one step ~7 s, two cut
+short at their break ~3 s each) and the install (~9 s), ~40 s in all on a 2-core machine; the
+two-process case (~30 s) in the matrix."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ SPEC = """
 import dataclasses
 
 from mmcore import Stage
-from mm_pack_wan.pack import wan
+from mm_pack_wan.pack import {base} as wan
 
 TINY = {{
     "model": {{"source": "init:tiny"}},
@@ -41,14 +42,14 @@ PACK = dataclasses.replace(wan, name="{name}", presets={{"tiny": TINY}}, default
 def __getattr__(attr):
     if attr != "FAMILY":
         raise AttributeError(attr)
-    from mm_pack_wan import family
+    from mm_pack_wan import {family} as family
 
     globals()["FAMILY"] = built = dataclasses.replace(family.FAMILY, predict=predict)
     return built
 
 
 def predict(model, noisy, sigma, text, **options):
-    from mm_pack_wan.family import predict as wan_predict
+    from mm_pack_wan.{family} import predict as wan_predict
 
 {predict}
     return wan_predict(model, noisy, sigma, text, **options)
@@ -66,13 +67,23 @@ def build_init(preset, out, seed):
 FINE_DOWNLOAD = ""
 BAD_INDEX_DOWNLOAD = '"download": Stage("mmcore.engines:download_stage", parts={"build_init": f"{__name__}:build_init"}, options=wan.stages["download"].options)'
 
+T2V = {"base": "wan", "family": "family"}
 BROKEN = {
     # the text dropped on the way to the denoiser: trains, exports and lowers its loss all the same
-    "captionless": dict(download=FINE_DOWNLOAD, predict="    text = text * 0", build_init="    pass"),
+    "captionless": dict(T2V, download=FINE_DOWNLOAD, predict="    text = text * 0", build_init="    pass"),
+    # image-to-video with its first frame (mask + latents, CLIP states) dropped: reads the caption only
+    "frameless": dict(
+        base="wan_i2v",
+        family="i2v",
+        download=FINE_DOWNLOAD,
+        predict='    options = {**options, "condition": options["condition"] * 0, "image_embeds": options["image_embeds"] * 0}',
+        build_init="    pass",
+    ),
     # noise augmentation of the text states from the process's RNG: resumes exactly, 2 ranks != 1
-    "globalnoise": dict(download=FINE_DOWNLOAD, predict="    import torch\n\n    text = text + 0.01 * torch.randn_like(text)", build_init="    pass"),
+    "globalnoise": dict(T2V, download=FINE_DOWNLOAD, predict="    import torch\n\n    text = text + 0.01 * torch.randn_like(text)", build_init="    pass"),
     # a pipeline class diffusers does not have in model_index.json: every named class still loads
     "badindex": dict(
+        T2V,
         download=BAD_INDEX_DOWNLOAD,
         predict="    pass",
         build_init='    index = out / "model_index.json"\n    index.write_text(json.dumps({**json.loads(index.read_text()), "_class_name": "WanVideoPipeline"}))',
@@ -131,6 +142,21 @@ def test_a_denoiser_that_ignores_its_caption_fails_conditioning_and_a_bad_index_
         message
         == f"[export] mmcore_export: diffusers.DiffusionPipeline.from_pretrained cannot load {broken}/export/pipeline: model_index.json _class_name 'WanVideoPipeline' is not a diffusers pipeline"
     )
+
+
+def test_a_denoiser_that_ignores_its_first_frame_fails_conditions(broken_site: Path, tmp_path: Path) -> None:
+    """wan-i2v (SDK 1.20) with the first frame's conditions zeroed in predict: the caption rule
+    passes (it reads its text), the conditions rule names the break."""
+    from mmcore.framework.plugins import Plugins
+
+    suite = _suite("frameless", steps=1)  # 6 clips, 2 held out: each gets the other's first frame
+    run = suite._shared_run(tmp_path)
+    plugins = Plugins.load()
+    metrics = json.loads((run / "train/manifest.json").read_text())["metrics"]
+    assert metrics["eval/loss_other_condition"] == metrics["eval/loss"]
+    suite().test_held_out_loss_depends_on_the_caption(plugins, plugins.pack("frameless"), run)
+    message = _one_line_failure(suite().test_held_out_loss_depends_on_the_conditions, plugins, plugins.pack("frameless"), run)
+    assert message.startswith("[conditions] mmcore_train: the held-out loss does not depend on the family's conditions: eval/loss "), message
 
 
 def test_an_export_the_generic_loader_cannot_open_fails_export(broken_site: Path, tmp_path: Path) -> None:

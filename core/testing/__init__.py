@@ -173,15 +173,19 @@ def cache_matches_on_the_fly(cli: Any, run_root: Path, args: Sequence[str]) -> N
     assert stage_manifest(run_root / "fresh", "train")["metrics"].get("eval/loss") == stage_manifest(run_root / "cached", "train")["metrics"].get("eval/loss")
 
 
-def diffusion_demo_holds(cli: Any, run_root: Path, pack: str, samples: int | None = None, *, sensitivity: float | None = None, agreement: float | None = None) -> Path:
+def diffusion_demo_holds(
+    cli: Any, run_root: Path, pack: str, samples: int | None = None, *, sensitivity: float | None = None, agreement: float | None = None, condition_sensitivity: float | None = None
+) -> Path:
     """``mmcore run --pack PACK`` (its demo) in ``run_root/demo``, then the diffusion demos'
     promise as the READMEs state it: the held-out loss at fixed noise below 0.6x its start at the
     end (``tools/demo_matrix.py`` holds the "by 60 % of the steps on any machine" part), the
     export's weights bit-identical to training, and ``samples`` samples (None: one per held-out
     clip, at least one) with a contact sheet from evaluate; where given, the held-out ``caption_sensitivity`` (loss with another clip's
     caption over the loss with its own) at least ``sensitivity`` and evaluate's
-    ``caption_agreement`` (samples showing what their caption says) at least ``agreement``.
-    Returns the run directory for the pack's own checks."""
+    ``caption_agreement`` (samples showing what their caption says) at least ``agreement``; for
+    a family conditioned on more than its caption (image-to-video), the held-out
+    ``condition_sensitivity`` (loss with another clip's first frame over the loss with its own)
+    at least ``condition_sensitivity``. Returns the run directory for the pack's own checks."""
     cli("run", "--pack", pack, "--run-dir", "demo")
     run = Path(run_root) / "demo"
     train = stage_manifest(run, "train")["metrics"]
@@ -194,6 +198,8 @@ def diffusion_demo_holds(cli: Any, run_root: Path, pack: str, samples: int | Non
         assert train["eval/caption_sensitivity"] >= sensitivity, train
     if agreement is not None:
         assert evaluate["caption_agreement"] >= agreement, evaluate
+    if condition_sensitivity is not None:
+        assert train["eval/condition_sensitivity"] >= condition_sensitivity, train
     return run
 
 

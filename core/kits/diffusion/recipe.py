@@ -101,7 +101,9 @@ class DiffusionRecipe(TrainRecipe):
         fixed noise per clip: comparable across steps and runs, unlike the training loss
         (``loss``); the same error with each clip given another held-out clip's caption
         (``loss_shuffled``, :func:`caption_partners`), and their ratio ``caption_sensitivity``:
-        a denoiser that ignores its caption stays at 1.0 however low its loss falls."""
+        a denoiser that ignores its caption stays at 1.0 however low its loss falls. A family with
+        ``conditions`` (image-to-video's first frame) also gets ``loss_other_condition``: its own
+        caption with another clip's conditions, and ``condition_sensitivity`` (over ``loss``)."""
         import torch
 
         if self.held_samples is None:
@@ -114,7 +116,7 @@ class DiffusionRecipe(TrainRecipe):
             encode(batch, self.held_encoders, self.family.conditions)
             batches.append(batch)
         partners = caption_partners([self.held.meta(i).get("caption", "") for i in range(count)])
-        right = shuffled = 0.0
+        right = shuffled = other_condition = 0.0
         with torch.no_grad():
             for i, batch in enumerate(batches):
                 latents = batch["latents"].to(device)
@@ -122,13 +124,17 @@ class DiffusionRecipe(TrainRecipe):
                 count_levels = len(levels)
                 noise = torch.randn((count_levels, *latents.shape[1:]), generator=torch.Generator().manual_seed(ctx.seed * 100_003 + i)).to(device)
                 clean = latents.expand(count_levels, *latents.shape[1:])
+                error = lambda predict, text: float(self.objective.errors(predict, model, clean, noise, levels, text.to(device).expand(count_levels, *text.shape[1:])).mean())  # noqa: E731
                 predict = self.conditioned(batch, device, count_levels)
-                other = batches[partners[i]]["text"] if partners[i] is not None else self.empty_text[None]
-                error = lambda text: float(self.objective.errors(predict, model, clean, noise, levels, text.to(device).expand(count_levels, *text.shape[1:])).mean())  # noqa: E731
-                right += error(batch["text"])
-                shuffled += error(other)
+                right += error(predict, batch["text"])
+                shuffled += error(predict, batches[partners[i]]["text"] if partners[i] is not None else self.empty_text[None])
+                if self.family.conditions:  # its own caption, the partner's first frame (or whatever conditions it)
+                    other_condition += error(self.conditioned(batches[partners[i] if partners[i] is not None else (i + 1) % count], device, count_levels), batch["text"])
         loss, loss_shuffled = right / count, shuffled / count
-        return {"loss": loss, "loss_shuffled": loss_shuffled, "caption_sensitivity": loss_shuffled / loss if loss > 0 else 1.0}
+        metrics = {"loss": loss, "loss_shuffled": loss_shuffled, "caption_sensitivity": loss_shuffled / loss if loss > 0 else 1.0}
+        if self.family.conditions:
+            metrics |= {"loss_other_condition": other_condition / count, "condition_sensitivity": other_condition / count / loss if loss > 0 else 1.0}
+        return metrics
 
 
 def caption_partners(captions: Sequence[str]) -> list[int | None]:

@@ -185,7 +185,7 @@ class VideoSampling:
         )
         said = [
             f"{metrics[k]:.0%} show what their caption says" if k == "caption_agreement" else f"{k} {metrics[k]:.2f}"
-            for k in ("caption_agreement", "caption_sensitivity", "reconstruction_psnr")
+            for k in ("caption_agreement", "caption_sensitivity", "condition_sensitivity", "reconstruction_psnr")
             if k in metrics
         ]
         note = f"{len(rows)} sample {what[:-1]}(s) of the export and a contact sheet in {folder}" + (f": {', '.join(said)}" if said else " (no metric: look at them, report.html)")
@@ -195,7 +195,8 @@ class VideoSampling:
         """``caption_agreement`` (and per part: ``colour_agreement``, ``shape_agreement``,
         ``motion_agreement``) over the samples whose caption the demo checker read; the demo
         VAE's ``reconstruction_psnr`` (``demo_vae.json`` in the downloaded folder); the train
-        stage's last held-out ``caption_sensitivity`` and ``loss_shuffled``/``loss``."""
+        stage's last held-out ``caption_sensitivity`` and ``loss_shuffled``/``loss`` (and, for a
+        family with conditions, ``condition_sensitivity`` and ``loss_other_condition``)."""
         from mmcore.engines.demo_vae import demo_vae_report
 
         metrics: dict[str, Any] = {}
@@ -211,9 +212,9 @@ class VideoSampling:
         if report and "reconstruction_psnr" in report:
             metrics["reconstruction_psnr"] = report["reconstruction_psnr"]
         trained = self.upstream["train"].metrics if "train" in self.upstream else {}
-        for key in ("caption_sensitivity", "loss_shuffled", "loss"):
+        for key in ("caption_sensitivity", "condition_sensitivity", "loss_shuffled", "loss_other_condition", "loss"):
             if f"eval/{key}" in trained:
-                metrics[key if key == "caption_sensitivity" else f"held_out_{key}"] = trained[f"eval/{key}"]
+                metrics[key if key.endswith("_sensitivity") else f"held_out_{key}"] = trained[f"eval/{key}"]
         return metrics
 
     def held_out_count(self) -> int:

@@ -19,7 +19,7 @@ def _fail(rule: str, hook: str, message: str) -> None:
 #: The SDK minor each later rule came with (the others are 1.0's). A pack declares the SDK it was
 #: written for (``PackSpec(sdk=...)``); a minor only adds, so a pack written before a rule
 #: existed takes no part in its feature and is not failed by it: the rule skips, saying why.
-RULE_SINCE = {"evaluate": "1.5", "infer": "1.5", "lora": "1.6", "mixed data": "1.16", "conditioning": "1.19", "global rng": "1.19", "two processes": "1.19"}
+RULE_SINCE = {"evaluate": "1.5", "infer": "1.5", "lora": "1.6", "mixed data": "1.16", "conditioning": "1.19", "global rng": "1.19", "two processes": "1.19", "conditions": "1.20"}
 
 #: Rules a stage of the shared tiny run checks itself (what its one-line error starts with):
 #: a failure there is reported under that rule, not as the pipeline's.

@@ -21,7 +21,8 @@ from mmcore.testing.conformance.base import ConformanceBase, _Cli, _fail, _losse
 #: One that reads it does not, even at random initialisation, but tiny random text encoders make
 #: captions that differ in one or two tokens of padded sequences, so the difference is small:
 #: measured on the in-tree tiny runs (relative) flux 1.9e-3, hunyuanvideo 1.2e-3, wan-i2v 8.4e-4,
-#: wan 1.8e-4, cogvideox 6.0e-5, hunyuanvideo1.5 2.4e-6. 1e-6 is about 8 fp32 ulps of the loss:
+#: wan 1.8e-4, cogvideox 6.0e-5, hunyuanvideo1.5 2.4e-6 (and with other clips' first frames,
+#: the *conditions* rule's, wan-i2v 1.5e-3). 1e-6 is about 8 fp32 ulps of the loss:
 #: above any rounding a text-independent path could leave (none on a deterministic kernel; a few
 #: ulps of reduction order on an accelerator), below the weakest real conditioning seen.
 CAPTION_SENSITIVITY = 1e-6
@@ -59,6 +60,24 @@ class GenerativeRules(ConformanceBase):
                 "mmcore_train",
                 f"the held-out loss does not depend on the caption: eval/loss {loss:.8g}, with other clips' captions eval/loss_shuffled {shuffled:.8g} "
                 f"(relative difference {abs(shuffled - loss) / abs(loss) if loss else 0.0:.2g}, at most {CAPTION_SENSITIVITY:g}): does predict pass the text to the denoiser?",
+            )
+
+    def test_held_out_loss_depends_on_the_conditions(self, plugins, entry, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
+        """A family conditioned on more than its caption (``DiffusionFamily.conditions``: image-to-video's
+        first frame) reads those too: the held-out error changes when each clip is given another
+        clip's conditions with its own caption (``eval/loss_other_condition``)."""
+        _generative(plugins, entry, self.pack_name)
+        _takes_part(entry, "conditions")
+        metrics = self._manifest(tiny_run, "train").get("metrics", {})
+        if "eval/loss_other_condition" not in metrics:
+            pytest.skip("the family is conditioned on its caption alone (no eval/loss_other_condition)")
+        loss, other = float(metrics["eval/loss"]), float(metrics["eval/loss_other_condition"])
+        if not abs(other - loss) > CAPTION_SENSITIVITY * abs(loss):
+            _fail(
+                "conditions",
+                "mmcore_train",
+                f"the held-out loss does not depend on the family's conditions: eval/loss {loss:.8g}, with other clips' conditions eval/loss_other_condition {other:.8g} "
+                f"(relative difference {abs(other - loss) / abs(loss) if loss else 0.0:.2g}, at most {CAPTION_SENSITIVITY:g}): does predict pass them to the denoiser?",
             )
 
     # ------------------------------------------------------------------ two processes

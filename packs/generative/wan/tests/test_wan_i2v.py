@@ -61,9 +61,11 @@ def test_the_denoiser_gets_the_first_frame_as_the_pipeline_gives_it(tmp_path: Pa
 @pytest.mark.compares_runs
 @pytest.mark.matrix  # its promise is held by tools/demo_matrix.py --pack wan-i2v; the conformance run generates from an image in make test
 def test_i2v_demo_learns_and_the_export_generates_from_a_first_frame(mmcore_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    # The README's promise: the held-out velocity error at fixed noise below 0.6x its start
-    # (by 60 % of the steps in tools/demo_matrix.py; measured: 0.45x at step 60, 0.29x at the end).
-    run = diffusion_demo_holds(mmcore_cli, tmp_path, "wan-i2v", samples=4)
+    # The README's promise (by 60 % of the steps in tools/demo_matrix.py): the held-out velocity
+    # error at fixed noise below 0.6x its start, at least 2x with another clip's first frame
+    # (the model reads the frame), and 80 % of the samples continuing the frame as captioned
+    # (the colour, the way it moves).
+    run = diffusion_demo_holds(mmcore_cli, tmp_path, "wan-i2v", agreement=0.8, condition_sensitivity=2.0)
     from diffusers import WanImageToVideoPipeline
     from PIL import Image
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcore import StageContext, StageError
-from mmcore.data import write_moving_squares
+from mmcore.data import caption_agreement, write_moving_shapes
 from mmcore.kits import DiffusionFamily
 
 from mm_pack_wan.adapter import ADAPTER
@@ -136,6 +136,7 @@ FAMILY = DiffusionFamily(
     sample=sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("blocks",),
-    demo=write_moving_squares,
+    demo=write_moving_shapes,
+    demo_checker=caption_agreement,
     conditions=CONDITIONS,
 )

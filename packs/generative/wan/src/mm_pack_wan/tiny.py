@@ -30,7 +30,7 @@ PRESETS = {
     # the demo's VAE is trained to reconstruct the demo's clips (demo_vae): 4x in space, so a 32 px
     # clip is 8x8 latents; residual (Wan2.2's pixel-shuffle shortcuts), which learns colour fast
     "demo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128, "demo_vae": True},
-    # the DPO demo's (and the I2V demo's) model: the demo's, with its random 8x VAE
+    # the DPO demo's model: the demo's, with its random 8x VAE
     "dpo": {"text_dim": 32, "text_layers": 2, "vae_base": 8, "heads": 4, "head_dim": 16, "layers": 3, "ffn": 128},
     # another tiny text encoder and VAE (a test: a new model invalidates the feature cache)
     "tiny-b": {"text_dim": 32, "text_layers": 1, "vae_base": 4, "heads": 2, "head_dim": 16, "layers": 2, "ffn": 64},
@@ -155,7 +155,7 @@ def build_i2v_checkpoint(preset: str, out: Path, seed: int) -> None:
     from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
-    p = {**pick_preset(PRESETS, preset), "demo_vae": False}  # the I2V demo keeps its random VAE (for now)
+    p = pick_preset(PRESETS, preset)
     if p.get("ti2v"):  # TI2V-5B is one checkpoint for both pipelines (model_index.json names WanPipeline)
         return build_init_checkpoint(preset, out, seed)
     parts = frozen_parts(p, seed)
