@@ -65,8 +65,9 @@ class PipelineExport:
         (out / subfolder / "model.safetensors").rename(out / subfolder / family.weights_name)
 
         # The folder must open in the generic loader users call, and hold the trained denoiser
-        # exactly: every weight bit-identical once loaded (the pipeline's own, so one load).
-        loaded = getattr(load_pipeline(out), subfolder).eval()
+        # exactly: every weight bit-identical once loaded (the pipeline's own, so one load; its
+        # other models are the download's, untouched, and are not loaded: memory).
+        loaded = getattr(load_pipeline(out, only=subfolder), subfolder).eval()
         ours, theirs = trained.state_dict(), loaded.state_dict()
         differing = [k for k in ours if k not in theirs or not torch.equal(ours[k], theirs[k])]
         if differing or set(theirs) != set(ours):
@@ -134,27 +135,39 @@ class PipelineExport:
         return StageResult(outputs=outputs, metrics=metrics, notes=notes)
 
 
-def load_pipeline(folder: Path) -> Any:
+def load_pipeline(folder: Path, only: str | None = None) -> Any:
     """``diffusers.DiffusionPipeline.from_pretrained(folder)``, the loader users call on a pipeline
     folder (it picks the class ``model_index.json`` names); what keeps it from loading is a
-    one-line :class:`StageError` naming the folder, the ``_class_name`` and the cause."""
+    one-line :class:`StageError` naming the folder, the ``_class_name`` and the cause. ``only``:
+    the component the caller needs; the text and image encoders (``transformers`` models) are
+    then passed as None, not loaded (the export checks the denoiser it wrote; the encoders it
+    copied can be larger than it: UMT5-XXL's 5.7B parameters beside Wan2.1-1.3B). The VAE,
+    schedulers, tokenizers and processors still load."""
     import json
 
     import diffusers
 
     try:
-        name = json.loads((folder / "model_index.json").read_text()).get("_class_name")
+        index = json.loads((folder / "model_index.json").read_text())
     except (OSError, ValueError) as exc:
         raise StageError(f"export: diffusers.DiffusionPipeline.from_pretrained cannot load {folder}: model_index.json: {type(exc).__name__}: {exc}") from None
+    name = index.get("_class_name")
     cannot = f"export: diffusers.DiffusionPipeline.from_pretrained cannot load {folder}: model_index.json _class_name {name!r}"
     named = getattr(diffusers, name, None) if isinstance(name, str) else None
     if not (isinstance(named, type) and issubclass(named, diffusers.DiffusionPipeline)):
         raise StageError(f"{cannot} is not a diffusers pipeline")
+    # the encoders (transformers models) only: some pipelines read their VAE's config in __init__
+    skipped = {} if only is None else {part: None for part, entry in index.items() if part != only and isinstance(entry, list) and entry[:1] == ["transformers"] and _is_model(folder / part)}
     try:
-        return diffusers.DiffusionPipeline.from_pretrained(folder)
+        return diffusers.DiffusionPipeline.from_pretrained(folder, **skipped)
     except Exception as exc:  # the library's own reason, in one line
         cause = " ".join(str(exc).split())[:300]
         raise StageError(f"{cannot}: {type(exc).__name__}: {cause}") from exc
+
+
+def _is_model(part: Path) -> bool:
+    """A pipeline component with weights (a folder holding safetensors or bin files)."""
+    return part.is_dir() and any(path.suffix in (".safetensors", ".bin") for path in part.iterdir())
 
 
 __all__ = ["LORA_WEIGHTS", "PipelineExport", "load_pipeline"]
