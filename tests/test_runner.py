@@ -228,6 +228,36 @@ def test_declined_stage_is_skipped_visibly_and_downstream_still_runs(tmp_path: P
     assert "[extract] skipped: declined by the declines pack for this config" in capsys.readouterr().out
 
 
+def test_a_stage_redone_with_other_output_reruns_what_follows_and_with_the_same_output_does_not(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``mmcore download --force`` after the pack's init code changed (same config, same plan):
+    the next run must not train on what was extracted from the old model."""
+    written = {"weights": "v1"}
+
+    class Redone:
+        PACK = PackSpec(name="redone")
+
+        @hookimpl
+        def mmcore_download(self, ctx):
+            (ctx.stage_dir / "model.txt").write_text(written["weights"])
+            return StageResult(outputs={"model": "model.txt"})
+
+        @hookimpl
+        def mmcore_extract(self, ctx, upstream):
+            (ctx.stage_dir / "features.txt").write_text(upstream["download"].output("model").read_text())
+            return StageResult(outputs={"features": "features.txt"})
+
+    runner = make_runner(plugins_with(Redone()), "redone", tmp_path / "run")
+    runner.run_pipeline()
+    runner.run_stage("download", force=True)  # the same bytes again
+    runner.run_pipeline()
+    assert "[extract] skipped: up to date" in capsys.readouterr().out
+    written["weights"] = "v2"
+    runner.run_stage("download", force=True)
+    runner.run_pipeline()
+    assert "[extract] skipped" not in capsys.readouterr().out
+    assert (tmp_path / "run/extract/features.txt").read_text() == "v2"
+
+
 def test_a_stage_returning_the_wrong_type_is_named(tmp_path: Path) -> None:
     class Wrong:
         PACK = PackSpec(name="wrong")

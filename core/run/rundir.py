@@ -39,7 +39,7 @@ class Manifest:
     stage: str
     status: str  # "finished" or "declined"
     plan: str  # hash of config slice + upstream fingerprints + versions, known before running
-    fingerprint: str  # plan + content hashes of the inputs the stage read; what later stages depend on
+    fingerprint: str  # plan + content hashes of the inputs the stage read and the files it wrote; what later stages depend on
     config: dict[str, Any] = field(default_factory=dict)
     upstream: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -2,7 +2,8 @@
 
 A stage's *plan* hashes what is known before it runs: the pack and its version, the core's
 version, the stage's config slice and the fingerprints of the finished stages before it.
-Its *fingerprint* adds the content hashes of the inputs it declared while running.
+Its *fingerprint* adds the content hashes of the inputs it declared while running and of the
+files it wrote into the run directory.
 A stage is up to date when its manifest has the same plan, its inputs are unchanged and its
 outputs exist. Work left by an interrupted stage is resumed only when its plan is the same.
 """
@@ -352,8 +353,12 @@ class Runner:
             dist.barrier()  # every rank finished its part before the stage counts as finished
         if self.world.is_main:  # several nodes share one run directory: one writer
             manifest.inputs = hash_inputs(ctx.inputs)
-            manifest.fingerprint = sha256_json({"plan": plan, "inputs": {p: r["sha256"] for p, r in manifest.inputs.items()}})
             manifest.output_files = hash_outputs(manifest)
+            # What it wrote counts too: a stage redone (--force, a new pack build) that writes other
+            # bytes under the same plan must not leave later stages "up to date" on the old ones
+            # (nor a feature cache keyed on this fingerprint); the same bytes change nothing.
+            outputs = {name: {rel: digest for rel, (_, digest) in files.items()} for name, files in manifest.output_files.items()}
+            manifest.fingerprint = sha256_json({"plan": plan, "inputs": {p: r["sha256"] for p, r in manifest.inputs.items()}, "outputs": outputs})
             manifest.finished_at = time.time()
             self.run_dir.write_manifest(manifest)
             self.run_dir.clear_started(stage)
