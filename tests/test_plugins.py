@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -136,3 +137,14 @@ def test_stage_hooks_reach_only_the_chosen_pack_plus_wrappers(tmp_path) -> None:
 
     make_runner(plugins, "b", tmp_path / "run").run_stage("download")
     assert calls == ["wrapper-before", "b", "wrapper-after"]
+
+
+def test_a_conformance_record_of_a_selection_says_it_is_partial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pytest -k`` on three rules must not read as the pack having passed conformance."""
+    from mmcore.framework.conformance_record import describe, read_record, write_record
+
+    monkeypatch.setenv("MMCORE_HOME", str(tmp_path))
+    write_record("ltx", "0.1.0", passed=1, failed=0, skipped=2, deselected=14)
+    assert describe(read_record("ltx"), "0.1.0").endswith("(a partial session: 14 rules deselected)")
+    write_record("ltx", "0.1.0", passed=15, failed=0, skipped=2)
+    assert "partial" not in describe(read_record("ltx"), "0.1.0")

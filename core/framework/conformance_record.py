@@ -19,11 +19,15 @@ def record_path(pack: str) -> Path:
     return home() / "conformance" / f"{pack}.json"
 
 
-def write_record(pack: str, version: str, passed: int, failed: int, skipped: int) -> None:
+def write_record(pack: str, version: str, passed: int, failed: int, skipped: int, deselected: int = 0) -> None:
+    """``deselected``: rules the session's ``-k``/``-m`` selection left out (:func:`describe`
+    calls such a record partial)."""
     from mmcore import __version__
     from mmcore.framework.files import atomic_write_text
 
     record = {"pack": pack, "pack_version": version, "mmcore_version": __version__, "passed": passed, "failed": failed, "skipped": skipped, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    if deselected:
+        record["deselected"] = deselected
     path = record_path(pack)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
@@ -41,4 +45,5 @@ def describe(record: dict[str, Any] | None, version: str) -> str:
         return "not recorded here (run the pack's conformance tests: pytest -k Conformance)"
     verdict = "PASSED" if record["failed"] == 0 else "FAILED"
     stale = "" if record["pack_version"] == version else f" (of pack version {record['pack_version']}, installed {version})"
-    return f"{verdict}: {record['passed']} passed, {record['failed']} failed, {record['skipped']} skipped with mmcore {record['mmcore_version']} at {record['when']}{stale}"
+    partial = f" (a partial session: {record['deselected']} rules deselected)" if record.get("deselected") else ""
+    return f"{verdict}: {record['passed']} passed, {record['failed']} failed, {record['skipped']} skipped with mmcore {record['mmcore_version']} at {record['when']}{stale}{partial}"

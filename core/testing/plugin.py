@@ -119,6 +119,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
         counts[report.outcome if report.outcome in counts else "failed"] += 1
 
 
+_DESELECTED: dict[str, int] = {}
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Count the conformance rules a ``-k`` or ``-m`` selection left out (the matrix's rules are
+    left out of make test by design, so they do not count): the record says it is partial."""
+    for item in items:
+        cls = getattr(item, "cls", None)
+        if cls is not None and _is_conformance(cls) and item.get_closest_marker("matrix") is None:
+            _DESELECTED[cls.pack_name] = _DESELECTED.get(cls.pack_name, 0) + 1
+
+
 def _is_conformance(cls: type) -> bool:
     from mmcore.testing.conformance import PackConformance
 
@@ -136,6 +148,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for pack, counts in _CONFORMANCE.items():
         if pack in versions:  # an installed pack, not a test's throwaway one
             try:
-                write_record(pack, versions[pack], **counts)
+                write_record(pack, versions[pack], **counts, deselected=_DESELECTED.get(pack, 0))
             except OSError:
                 pass  # a read-only home: the record is a convenience, the test outcome stands
