@@ -104,7 +104,7 @@ def new_pack_cmd(name: str, category: str, directory: Path, from_transformers: s
         try:
             import diffusers  # noqa: F401
         except ImportError:
-            raise UsageError("new-pack --from-diffusers needs diffusers installed") from None
+            raise UsageError("new-pack --from-diffusers needs diffusers installed: pip install 'diffusers>=0.35,<1'") from None
         root = write_pack(name, category, directory, from_diffusers, pipeline=from_diffusers)
         click.echo(f"created {root}")
         click.echo(f"  pip install -e {root}          # then: mmcore list")
