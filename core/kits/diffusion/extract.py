@@ -53,7 +53,9 @@ class FeatureExtraction:
         return StageResult(
             outputs={"features": "features"},
             metrics={"clips": len(data), "encoded": cache.encoded, "reused": cache.reused},
-            notes=[f"cached latents, text embeddings{''.join(', ' + c for c in self.family.conditions)} of {len(data)} clips ({cache.encoded} encoded, {cache.reused} reused)"],
+            notes=[
+                f"cached latents, text embeddings{''.join(', ' + c for c in self.family.conditions)} of {len(data)} clips: {cache.encoded} tensors encoded, {cache.reused} found already encoded (repeated captions, or a run before)"
+            ],
         )
 
     def cached_conditions(self, cache: Any, encoders: Any, frames: Any, bucket: Any, identity: str) -> dict[str, list[str]]:
