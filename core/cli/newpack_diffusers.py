@@ -85,8 +85,8 @@ SHAPES: dict[str, Shape] = {
         "video latents packed into tokens, text states with their mask, latent sizes and rope scale from the frame rate",
         frozenset({"hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "num_frames", "height", "width", "rope_interpolation_scale", "video_coords"}),
         frozenset({"encoder_attention_mask", "num_frames", "rope_interpolation_scale"}),
-        32,
-        8,
+        8,  # the tiny VAE's 8x / 4x (TINY_COMPONENTS); LTX-Video's own checkpoints are 32 / 8
+        4,
         "[[32, 32, 9]]",
         "FlowMatchingTraining",
         pipeline_options="{frame_rate: 8}",

@@ -72,12 +72,17 @@ TINY_COMPONENTS: dict[str, Callable[[Sizes], dict[str, Any]]] = {
         "sample_width": 32,
         "scaling_factor": 0.7,
     },
+    # 8x in space (2x2 pixel patches, two 2x stages), 4x in time: a 32x32x9 clip is [16, 3, 4, 4]
+    # latents, enough for a demo to draw a shape (LTX-Video's own 32x / 8x leaves one latent pixel)
     "AutoencoderKLLTXVideo": lambda s: {
         "latent_channels": 16,
         "block_out_channels": (8, 8, 16, 16),
         "decoder_block_out_channels": (8, 8, 16, 16),
         "layers_per_block": (1, 1, 1, 1, 1),
         "decoder_layers_per_block": (1, 1, 1, 1, 1),
+        "patch_size": 2,
+        "spatio_temporal_scaling": (True, True, False, False),
+        "decoder_spatio_temporal_scaling": (True, True, False, False),
     },
     # denoisers: sized to the VAE's latent channels and the text encoders' widths
     "WanTransformer3DModel": lambda s: {
