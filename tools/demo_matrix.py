@@ -50,7 +50,7 @@ PROMISES = {
     # FLUX: the pictures' colour is the caption's; their shape is not yet (35 % measured)
     "flux": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/colour_agreement", "max", 0.8)],
     "wan-i2v": ("eval_loss_ratio", "min", 0.6),
-    "cogvideox": ("eval_loss_ratio", "min", 0.6),
+    "cogvideox": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
     "hunyuanvideo": ("eval_loss_ratio", "min", 0.6),
     "hunyuanvideo1.5": ("eval_loss_ratio", "min", 0.6),
     # other presets, as "pack:preset"
