@@ -175,7 +175,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "shrink_config", "sigmas", "text_to_video_sample", "tiny_checkpoint", "use_cached_audio", "with_tail",
         # 1.19: a diffusion family on public diffusers API (mmcore new-pack --from-diffusers)
         "PipelineEncoders", "TINY_COMPONENTS", "latent_token_ids", "normalise_latents", "pack_latents",
-        "pipeline_components", "tiny_pipeline", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents",
+        "pipeline_components", "rotary_positions_3d", "tiny_pipeline", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents",
     }),
     # megatron-core (optional extra): a family's Megatron part, its tensor table, MindSpeed-MM checkpoints
     "mmcore.backends.megatron": frozenset({

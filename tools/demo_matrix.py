@@ -52,7 +52,7 @@ PROMISES = {
     # image-to-video: the first frame decides the clip (shape, colour, the edge it leaves), so the
     # caption adds little; what it must read is the frame
     "wan-i2v": [("eval_loss_ratio", "min", 0.6), ("eval/condition_sensitivity", "max", 2.0), ("evaluate/caption_agreement", "max", 0.8)],
-    "cogvideox": ("eval_loss_ratio", "min", 0.6),
+    "cogvideox": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
     "hunyuanvideo": ("eval_loss_ratio", "min", 0.6),
     "hunyuanvideo1.5": ("eval_loss_ratio", "min", 0.6),
     # other presets, as "pack:preset"

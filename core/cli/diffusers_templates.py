@@ -90,7 +90,7 @@ FAMILY = DiffusionFamily(
 '''
     + _TAIL,
     "cogvideox": _HEAD
-    + "from mmcore.kits import DiffusionFamily, NoiseSchedule, PipelineEncoders, denoiser_flops, text_to_video_sample, tiny_pipeline\n"
+    + "from mmcore.kits import DiffusionFamily, NoiseSchedule, PipelineEncoders, denoiser_flops, rotary_positions_3d, text_to_video_sample, tiny_pipeline\n"
     + _COMMON
     + '''
 
@@ -101,29 +101,11 @@ class Encoders(PipelineEncoders):
     pipeline_class = PIPELINE
 
 
-def rotary_embeddings(model: Any, frames: int, height: int, width: int, device: Any) -> Any:
-    """The 3-D rotary positions of latents of ``frames`` x ``height`` x ``width`` as the pipeline
-    makes them (None for a denoiser with learnt positions)."""
-    if not model.config.use_rotary_positional_embeddings:
-        return None
-    from diffusers.models.embeddings import get_3d_rotary_pos_embed
-    from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
-
-    p, p_t = model.config.patch_size, model.config.patch_size_t
-    grid, base = (height // p, width // p), (model.config.sample_height // p, model.config.sample_width // p)
-    if p_t is None:
-        crops = get_resize_crop_region_for_grid(grid, base[1], base[0])
-        return get_3d_rotary_pos_embed(embed_dim=model.config.attention_head_dim, crops_coords=crops, grid_size=grid, temporal_size=frames, device=device)
-    return get_3d_rotary_pos_embed(
-        embed_dim=model.config.attention_head_dim, crops_coords=None, grid_size=grid, temporal_size=(frames + p_t - 1) // p_t, grid_type="slice", max_size=base, device=device
-    )
-
-
 def denoiser_inputs(model: Any, noisy: Any, timesteps: Any, text: Any) -> dict[str, Any]:
     """The denoiser's keyword inputs for latents [B, C, F', H', W'] (it reads [B, F', C, H', W'])."""
     hidden = noisy.permute(0, 2, 1, 3, 4)
     _, frames, _, height, width = hidden.shape
-    return {{"hidden_states": hidden, "encoder_hidden_states": text, "timestep": timesteps, "image_rotary_emb": rotary_embeddings(model, frames, height, width, hidden.device)}}
+    return {{"hidden_states": hidden, "encoder_hidden_states": text, "timestep": timesteps, "image_rotary_emb": rotary_positions_3d(model, frames, height, width, hidden.device)}}
 
 
 def predict(model: Any, noisy: Any, timesteps: Any, text: Any) -> Any:

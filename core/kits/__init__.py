@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("VLMRecipe", "VLMDPORecipe", "VLMMegatronRecipe"), "mmcore.kits.vlm"),
     **dict.fromkeys(("DiffusionRecipe",), "mmcore.kits.diffusion.recipe"),
     **dict.fromkeys(
-        ("PipelineEncoders", "latent_token_ids", "normalise_latents", "pack_latents", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents"),
+        ("PipelineEncoders", "latent_token_ids", "normalise_latents", "pack_latents", "rotary_positions_3d", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents"),
         "mmcore.kits.diffusion.pipelines",
     ),
     **dict.fromkeys(("TINY_COMPONENTS", "pipeline_components", "tiny_pipeline"), "mmcore.kits.diffusion.tiny"),

@@ -44,7 +44,7 @@ What the kit does with it, one module a job:
 * the pipeline's frozen parts on public diffusers API (:mod:`~mmcore.kits.diffusion.pipelines`):
   :class:`PipelineEncoders` (VAE latents normalised as pipelines do, the pipeline's own
   ``encode_prompt``), token packing (:func:`pack_latents`, :func:`unpack_latents`,
-  :func:`latent_token_ids`), the VAE's compression; tiny random pipelines of any pipeline class
+  :func:`latent_token_ids`), CogVideoX's 3-D rotary positions (:func:`rotary_positions_3d`), the VAE's compression; tiny random pipelines of any pipeline class
   whose components have a tiny config (:mod:`~mmcore.kits.diffusion.tiny`), what ``mmcore
   new-pack --from-diffusers`` builds its packs on.
 
@@ -60,7 +60,7 @@ from mmcore.kits.diffusion.family import DiffusionFamily
 from mmcore.kits.diffusion.flops import denoiser_flops
 from mmcore.kits.diffusion.objectives import EVAL_SIGMAS, FLOW_MATCHING, FlowMatching, NoiseSchedule, diffusion_loss, flow_matching_loss, sigmas
 from mmcore.kits.diffusion.sampling import text_to_video_sample
-from mmcore.kits.diffusion.pipelines import PipelineEncoders, latent_token_ids, normalise_latents, pack_latents, unpack_latents, vae_compression, vae_compression_of, vae_latents
+from mmcore.kits.diffusion.pipelines import PipelineEncoders, latent_token_ids, normalise_latents, pack_latents, rotary_positions_3d, unpack_latents, vae_compression, vae_compression_of, vae_latents
 from mmcore.kits.diffusion.tiny import TINY_COMPONENTS, pipeline_components, tiny_pipeline
 from mmcore.kits.diffusion.sections import EXPERTS, DiffusionTraining, FlowMatchingTraining, GuidanceEmbeddingTraining, SampleExport, VideoData, guidance_option
 
@@ -94,6 +94,7 @@ __all__ = [
     "pack_latents",
     "unpack_latents",
     "latent_token_ids",
+    "rotary_positions_3d",
     "TINY_COMPONENTS",
     "pipeline_components",
     "tiny_pipeline",

@@ -1,8 +1,8 @@
 """What a diffusion family does with its pipeline's frozen parts, written once on public
 diffusers API: encoding clips and captions as the pipeline does (:class:`PipelineEncoders`),
 and the latent layouts denoisers read (:func:`pack_latents` / :func:`unpack_latents`: packed
-tokens as FLUX and LTX-Video take them; :func:`latent_token_ids`: their positions), so a pack
-never calls a pipeline's private methods.
+tokens as FLUX and LTX-Video take them; :func:`latent_token_ids`: their positions;
+:func:`rotary_positions_3d`: CogVideoX's), so a pack never calls a pipeline's private methods.
 """
 
 from __future__ import annotations
@@ -111,6 +111,28 @@ def latent_token_ids(frames: int, height: int, width: int, device: Any = None, d
     return grid.reshape(-1, 3).to(device=device, dtype=dtype or torch.float32)
 
 
+def rotary_positions_3d(model: Any, frames: int, height: int, width: int, device: Any = None) -> Any:
+    """The 3-D rotary positions ``(cos, sin)`` a CogVideoX-shaped pipeline gives its denoiser for
+    latents of ``frames`` x ``height`` x ``width`` (latent sizes, before the denoiser's patches),
+    made as ``CogVideoXPipeline._prepare_rotary_positional_embeddings`` makes them from pixel
+    sizes, on diffusers' public functions; None for a denoiser with learnt positions
+    (``use_rotary_positional_embeddings`` false: CogVideoX 1.0 2B). With ``patch_size_t``
+    (CogVideoX 1.5) the frames are patched in time and the grid is sliced from the largest."""
+    if not model.config.use_rotary_positional_embeddings:
+        return None
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+    from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
+
+    p, p_t = model.config.patch_size, model.config.patch_size_t
+    grid, base = (height // p, width // p), (model.config.sample_height // p, model.config.sample_width // p)
+    if p_t is None:
+        crops = get_resize_crop_region_for_grid(grid, base[1], base[0])
+        return get_3d_rotary_pos_embed(embed_dim=model.config.attention_head_dim, crops_coords=crops, grid_size=grid, temporal_size=frames, device=device)
+    return get_3d_rotary_pos_embed(
+        embed_dim=model.config.attention_head_dim, crops_coords=None, grid_size=grid, temporal_size=(frames + p_t - 1) // p_t, grid_type="slice", max_size=base, device=device
+    )
+
+
 class PipelineEncoders:
     """The frozen VAE and text encoder(s) of a pipeline folder, used as the pipeline uses them:
     the kit's ``DiffusionFamily.encoders`` (``(model dir, max text length) -> encoders``). A
@@ -149,4 +171,4 @@ class PipelineEncoders:
         return self.prompt(caption)[0][0]
 
 
-__all__ = ["PipelineEncoders", "is_video_vae", "normalise_latents", "vae_latents", "vae_compression", "vae_compression_of", "pack_latents", "unpack_latents", "latent_token_ids"]
+__all__ = ["PipelineEncoders", "is_video_vae", "normalise_latents", "vae_latents", "vae_compression", "vae_compression_of", "pack_latents", "unpack_latents", "latent_token_ids", "rotary_positions_3d"]

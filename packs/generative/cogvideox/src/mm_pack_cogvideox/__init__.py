@@ -2,6 +2,8 @@
 
 Model-specific code only: the family as the diffusion kit sees it (``family``: the frozen 3D
 VAE and T5 used as ``CogVideoXPipeline`` uses them, the denoiser's call with its rotary
-positions, v-prediction from the checkpoint's scheduler) and tiny presets (``tiny``); the demo's
-videos are the kit's moving squares (:func:`mmcore.data.synthetic.write_moving_squares`).
+positions, v-prediction from the checkpoint's scheduler) and tiny presets (``tiny``: the demo's
+VAE trained to reconstruct its clips); the demo's videos are the kit's moving shapes
+(:func:`mmcore.data.write_moving_shapes`), its samples checked against their captions
+(:func:`mmcore.data.caption_agreement`).
 """

@@ -19,9 +19,9 @@ from pydantic import Field
 from mmcore.config import RunConfig
 from mmcore import StageContext
 from mmcore.engines import RenameAdapter
-from mmcore.data import write_moving_squares
+from mmcore.data import caption_agreement, write_moving_shapes
 from mmcore import StageError
-from mmcore.kits import DiffusionFamily, DiffusionTraining, NoiseSchedule, SampleExport, VideoData, denoiser_flops, text_to_video_sample
+from mmcore.kits import DiffusionFamily, DiffusionTraining, NoiseSchedule, SampleExport, VideoData, denoiser_flops, rotary_positions_3d, text_to_video_sample
 
 
 class CogVideoXData(VideoData):
@@ -83,20 +83,6 @@ class Encoders:
             return embeds[0]
 
 
-def rotary_embeddings(model: Any, frames: int, height: int, width: int, device: Any) -> Any:
-    """The pipeline's 3D rotary positions for latents of ``frames`` x ``height`` x ``width``
-    (None for a model with positional embeddings, CogVideoX 1.0 2B). The pipeline's method
-    takes pixel sizes; with a VAE factor of 1 it reads latent ones, the same grid."""
-    if not model.config.use_rotary_positional_embeddings:
-        return None
-    from types import SimpleNamespace
-
-    from diffusers import CogVideoXPipeline
-
-    latent_sized = SimpleNamespace(vae_scale_factor_spatial=1, transformer=model)
-    return CogVideoXPipeline._prepare_rotary_positional_embeddings(latent_sized, height, width, frames, device)
-
-
 def predict(model: Any, noisy: Any, timesteps: Any, text: Any) -> Any:
     """The model's output for latents [B, C, F, H, W] (the kit's layout; CogVideoX reads
     [B, F, C, H, W]) at integer ``timesteps``."""
@@ -107,7 +93,7 @@ def predict(model: Any, noisy: Any, timesteps: Any, text: Any) -> Any:
         raise StageError(
             f"{frames} latent frames: this CogVideoX (1.5) patches {patch_t} latent frames together; choose bucket frames f with ((f - 1) / 4 + 1) a multiple of {patch_t} (e.g. 5, 13, 21)"
         )
-    out = model(hidden_states=hidden, encoder_hidden_states=text, timestep=timesteps, image_rotary_emb=rotary_embeddings(model, frames, height, width, hidden.device), return_dict=False)[0]
+    out = model(hidden_states=hidden, encoder_hidden_states=text, timestep=timesteps, image_rotary_emb=rotary_positions_3d(model, frames, height, width, hidden.device), return_dict=False)[0]
     return out.permute(0, 2, 1, 3, 4)
 
 
@@ -120,7 +106,7 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
         "hidden_states": torch.randn(1, frames, model.config.in_channels, 4, 4, generator=generator),
         "timestep": torch.tensor([500]),
         "encoder_hidden_states": torch.randn(1, ctx.config.data.max_sequence_length, model.config.text_embed_dim, generator=generator),
-        "image_rotary_emb": rotary_embeddings(model, frames, 4, 4, torch.device("cpu")),
+        "image_rotary_emb": rotary_positions_3d(model, frames, 4, 4, torch.device("cpu")),
     }
 
 
@@ -134,7 +120,8 @@ FAMILY = DiffusionFamily(
     sample=text_to_video_sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("transformer_blocks",),
-    demo=write_moving_squares,
+    demo=write_moving_shapes,
+    demo_checker=caption_agreement,
     objective=NoiseSchedule.of,
     flops=lambda: denoiser_flops(joint_text=True),  # text and video tokens attend as one sequence
 )

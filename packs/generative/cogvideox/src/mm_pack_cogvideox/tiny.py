@@ -4,7 +4,9 @@
 loads: ``transformer/`` (CogVideoX 1.0 5B's layout: 3D rotary positions, no positional
 embeddings), ``vae/`` (the 3D causal VAE: 8x space, 4x time, 16 channels), ``text_encoder/`` +
 ``tokenizer/`` (T5), ``scheduler/`` (``CogVideoXDDIMScheduler`` as the 5B ships it:
-v-prediction, zero terminal SNR, trailing timesteps).
+v-prediction, zero terminal SNR, trailing timesteps). ``init:demo``'s VAE is smaller in space
+(4x, so a 32 px clip is 8x8 latents) and trained to reconstruct the demo's moving shapes
+(:func:`mmcore.engines.train_demo_vae`; ``demo_vae.json`` states how well).
 """
 
 from __future__ import annotations
@@ -22,13 +24,19 @@ CORPUS = [
     "a blue square moves right",
     "a blue square moves up",
     "a blue square moves down",
+    "a green circle moves up",
     "a panda playing a guitar in a bamboo forest",
     "slow motion, bright light",
 ]
 
 PRESETS = {
-    "tiny": {"text_dim": 32, "heads": 2, "head_dim": 16, "layers": 2},
-    "demo": {"text_dim": 32, "heads": 4, "head_dim": 16, "layers": 3},
+    "tiny": {"text_dim": 32, "heads": 2, "head_dim": 16, "layers": 2, "vae_channels": (8, 8, 16, 16)},
+    # three VAE blocks: 4x in space (2 ** (blocks - 1), as the pipeline reads it), 4x in time (the
+    # first two compress time): a 32 px, 9-frame clip is 3 x 8 x 8 latents, 48 tokens of 2 x 2;
+    # its VAE trains 650 steps, the first 500 on single frames
+    "demo": {"text_dim": 32, "heads": 4, "head_dim": 16, "layers": 3, "vae_channels": (16, 16, 32), "demo_vae": (650, 500)},
+    # the demo's model with a VAE trained 12 steps (the demo path in a short test: it reconstructs little)
+    "demo-quick": {"text_dim": 32, "heads": 4, "head_dim": 16, "layers": 3, "vae_channels": (16, 16, 32), "demo_vae": (12, 10)},
 }
 
 
@@ -60,9 +68,21 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
             eos_token_id=tokenizer.eos_token_id,
         )
     ).eval()
+    channels = p["vae_channels"]
     vae = AutoencoderKLCogVideoX(
-        block_out_channels=(8, 8, 16, 16), layers_per_block=1, latent_channels=16, norm_num_groups=4, temporal_compression_ratio=4, sample_height=32, sample_width=32, scaling_factor=0.7
+        down_block_types=("CogVideoXDownBlock3D",) * len(channels),
+        up_block_types=("CogVideoXUpBlock3D",) * len(channels),
+        block_out_channels=channels,
+        layers_per_block=1,
+        latent_channels=16,
+        norm_num_groups=4,
+        temporal_compression_ratio=4,
+        sample_height=32,
+        sample_width=32,
+        scaling_factor=0.7,
     ).eval()
+    measured = train_vae(vae, seed, *p["demo_vae"]) if p.get("demo_vae") else None
+    latent_side = 32 // 2 ** (len(channels) - 1)  # the rotary grid's base: a 32 px clip's latents
     transformer = CogVideoXTransformer3DModel(
         num_attention_heads=p["heads"],
         attention_head_dim=p["head_dim"],
@@ -71,8 +91,8 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
         time_embed_dim=32,
         text_embed_dim=dim,
         num_layers=p["layers"],
-        sample_width=4,
-        sample_height=4,
+        sample_width=latent_side,
+        sample_height=latent_side,
         sample_frames=9,
         patch_size=2,
         max_text_seq_length=16,
@@ -82,3 +102,19 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
         beta_schedule="scaled_linear", clip_sample=False, prediction_type="v_prediction", rescale_betas_zero_snr=True, set_alpha_to_one=True, snr_shift_scale=1.0, timestep_spacing="trailing"
     )
     CogVideoXPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler).save_pretrained(out)
+    if measured is not None:  # beside the pipeline: evaluate reports its reconstruction PSNR
+        from mmcore.engines import write_demo_vae_report
+
+        write_demo_vae_report(out, measured)
+
+
+def train_vae(vae, seed: int, steps: int, frame_steps: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    """Train the demo's VAE on moving-shape clips (:func:`mmcore.engines.train_demo_vae`, which
+    then sets ``scaling_factor``, what ``CogVideoXPipeline`` scales latents by, from their
+    spread): ``frame_steps`` on single frames first (the causal VAE encodes a clip's first frame
+    alone), the rest of ``steps`` on 9-frame clips; held-out PSNR on 16 other clips."""
+    from mmcore.data import moving_shape_clips
+    from mmcore.engines import train_demo_vae
+
+    clips, held_out = moving_shape_clips(96, seed + 1_000), moving_shape_clips(16, seed + 2_000)
+    return train_demo_vae(vae, clips, held_out, steps=steps, frame_steps=frame_steps, lr=2e-3, batch=2, seed=seed)
