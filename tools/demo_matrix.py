@@ -53,7 +53,7 @@ PROMISES = {
     # caption adds little; what it must read is the frame
     "wan-i2v": [("eval_loss_ratio", "min", 0.6), ("eval/condition_sensitivity", "max", 2.0), ("evaluate/caption_agreement", "max", 0.8)],
     "cogvideox": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
-    "hunyuanvideo": ("eval_loss_ratio", "min", 0.6),
+    "hunyuanvideo": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
     "hunyuanvideo1.5": ("eval_loss_ratio", "min", 0.6),
     # other presets, as "pack:preset"
     "qwen2vl:lora": ("eval/accuracy", "max", 0.9),  # with --by 0.85: the slowest seed tried passes 0.9 near step 96 of 120

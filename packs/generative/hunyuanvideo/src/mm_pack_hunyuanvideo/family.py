@@ -21,7 +21,7 @@ from pydantic import Field
 from mmcore.config import RunConfig
 from mmcore import StageContext
 from mmcore.engines import RenameAdapter
-from mmcore.data import write_moving_squares
+from mmcore.data import caption_agreement, write_moving_shapes
 from mmcore import StageError
 from mmcore.kits import DiffusionFamily, GuidanceEmbeddingTraining, SampleExport, VideoData, denoiser_flops, guidance_option, text_to_video_sample
 
@@ -144,7 +144,8 @@ FAMILY = DiffusionFamily(
     sample=text_to_video_sample,
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("transformer_blocks", "single_transformer_blocks"),
-    demo=write_moving_squares,
+    demo=write_moving_shapes,
+    demo_checker=caption_agreement,
     predict_options=guidance_option,
     # the double-stream blocks keep caption and video apart, the single-stream ones join them:
     # each weight sees every token once either way, and attention runs over both
