@@ -37,6 +37,19 @@ def _generative(plugins, entry, name: str) -> None:  # type: ignore[no-untyped-d
         pytest.skip("not a generative pack with a train stage")
 
 
+def _depends(metrics: dict, other_key: str, rule: str, what: str, given: str, passed: str) -> None:  # type: ignore[type-arg]
+    """Fail ``rule`` unless ``eval/<other_key>`` (the held-out loss given ``given``) differs from
+    ``eval/loss`` by more than :data:`CAPTION_SENSITIVITY`, relative."""
+    loss, other = float(metrics["eval/loss"]), float(metrics[f"eval/{other_key}"])
+    if not abs(other - loss) > CAPTION_SENSITIVITY * abs(loss):
+        _fail(
+            rule,
+            "mmcore_train",
+            f"the held-out loss does not depend on {what}: eval/loss {loss:.8g}, with {given} eval/{other_key} {other:.8g} "
+            f"(relative difference {abs(other - loss) / abs(loss) if loss else 0.0:.2g}, at most {CAPTION_SENSITIVITY:g}): does predict pass {passed} to the denoiser?",
+        )
+
+
 class GenerativeRules(ConformanceBase):
     # ------------------------------------------------------------------ conditioning
     def test_held_out_loss_depends_on_the_caption(self, plugins, entry, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
@@ -53,14 +66,7 @@ class GenerativeRules(ConformanceBase):
                 "the tiny run reports no eval/loss and eval/loss_shuffled (held-out clips with their own and with other clips' captions): "
                 "set data.eval_fraction in the conformance class's overrides so clips are held out (the diffusion kit reports both)",
             )
-        loss, shuffled = float(metrics["eval/loss"]), float(metrics["eval/loss_shuffled"])
-        if not abs(shuffled - loss) > CAPTION_SENSITIVITY * abs(loss):
-            _fail(
-                "conditioning",
-                "mmcore_train",
-                f"the held-out loss does not depend on the caption: eval/loss {loss:.8g}, with other clips' captions eval/loss_shuffled {shuffled:.8g} "
-                f"(relative difference {abs(shuffled - loss) / abs(loss) if loss else 0.0:.2g}, at most {CAPTION_SENSITIVITY:g}): does predict pass the text to the denoiser?",
-            )
+        _depends(metrics, "loss_shuffled", "conditioning", "the caption", "other clips' captions", "the text")
 
     def test_held_out_loss_depends_on_the_conditions(self, plugins, entry, tiny_run: Path) -> None:  # type: ignore[no-untyped-def]
         """A family conditioned on more than its caption (``DiffusionFamily.conditions``: image-to-video's
@@ -71,14 +77,7 @@ class GenerativeRules(ConformanceBase):
         metrics = self._manifest(tiny_run, "train").get("metrics", {})
         if "eval/loss_other_condition" not in metrics:
             pytest.skip("the family is conditioned on its caption alone (no eval/loss_other_condition)")
-        loss, other = float(metrics["eval/loss"]), float(metrics["eval/loss_other_condition"])
-        if not abs(other - loss) > CAPTION_SENSITIVITY * abs(loss):
-            _fail(
-                "conditions",
-                "mmcore_train",
-                f"the held-out loss does not depend on the family's conditions: eval/loss {loss:.8g}, with other clips' conditions eval/loss_other_condition {other:.8g} "
-                f"(relative difference {abs(other - loss) / abs(loss) if loss else 0.0:.2g}, at most {CAPTION_SENSITIVITY:g}): does predict pass them to the denoiser?",
-            )
+        _depends(metrics, "loss_other_condition", "conditions", "the family's conditions", "other clips' conditions", "them")
 
     # ------------------------------------------------------------------ two processes
     @pytest.mark.compares_runs
