@@ -354,9 +354,7 @@ class Runner:
         if self.world.is_main:  # several nodes share one run directory: one writer
             manifest.inputs = hash_inputs(ctx.inputs)
             manifest.output_files = hash_outputs(manifest)
-            # What it wrote counts too: a stage redone (--force, a new pack build) that writes other
-            # bytes under the same plan must not leave later stages "up to date" on the old ones
-            # (nor a feature cache keyed on this fingerprint); the same bytes change nothing.
+            # what it wrote counts: a stage redone with other bytes reruns later stages (and caches)
             outputs = {name: {rel: digest for rel, (_, digest) in files.items()} for name, files in manifest.output_files.items()}
             manifest.fingerprint = sha256_json({"plan": plan, "inputs": {p: r["sha256"] for p, r in manifest.inputs.items()}, "outputs": outputs})
             manifest.finished_at = time.time()
