@@ -29,7 +29,7 @@ hookimpl = pluggy.HookimplMarker("mmcore")
 if TYPE_CHECKING:
     from mmcore.config import RunConfig
     from mmcore.framework.context import StageContext, WorldInfo
-    from mmcore.framework.registry import BackendSpec, KernelSpec
+    from mmcore.framework.registry import BackendSpec, KernelSpec, RewardSpec
     from mmcore.run.rundir import Manifest
 
 _LAZY = {
@@ -38,6 +38,7 @@ _LAZY = {
     "WorldInfo": "mmcore.framework.context",
     "KernelSpec": "mmcore.framework.registry",
     "BackendSpec": "mmcore.framework.registry",
+    "RewardSpec": "mmcore.framework.registry",
     "Manifest": "mmcore.run.rundir",
     # the stage outputs, file helpers and crash points every pack uses
     "CHECKPOINT": "mmcore.framework.pack",
@@ -76,6 +77,7 @@ __all__ = [
     "RunConfig",
     "KernelSpec",
     "BackendSpec",
+    "RewardSpec",
     "Manifest",
     "MmcoreError",
     "ConfigError",

@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.20"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.21"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -116,12 +116,14 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "MmcoreError", "ON_DEMAND", "PackError", "PackSpec", "RESULTS", "RunConfig", "STAGES", "STAGE_OUTPUTS",
         "Stage", "StageContext", "StageError", "StageResult", "UsageError", "WorldInfo", "__version__",
         "atomic_write_json", "crash_point", "hookimpl", "missing_dependency", "sha256_file", "sha256_json",
+        "RewardSpec",
     }),
     # the run configuration a pack extends
     "mmcore.config": frozenset({
         "ConvertSection", "DataSection", "DpoSection", "EvaluateSection", "ExportSection", "ExtractSection",
         "GenerationSection", "LoraSection", "MegatronConvertSection", "MegatronExportSection", "ModelSection",
         "RunConfig", "Section", "TrainingSection",
+        "GrpoSection",
     }),
     # the stage engines a pack binds: download, convert, export, evaluate, infer
     "mmcore.engines": frozenset({
@@ -147,6 +149,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "next_token_loss_sum", "packed_rows", "padded_rows", "parameter_counts", "read_pairs", "reference_mode",
         "refuse_fewer_than_a_step", "reward_sums", "run_training", "sample_seed", "segment_bounds", "sequence_logps",
         "train_stage", "use_packed_attention", "varlen_attention", "with_adapters", "write_peft_adapter",
+        "group_advantages", "grpo_terms", "token_logps",
     }),
     # data engines: MLLM JSON, chat templates, shards, feature cache, media, synthetic demo data
     "mmcore.data": frozenset({
@@ -166,7 +169,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
     }),
     # the kits: VLMFamily, DiffusionFamily and what they share
     "mmcore.kits": frozenset({
-        "VLMRecipe", "VLMDPORecipe", "VLMMegatronRecipe", "DiffusionRecipe", "DiffusionDPORecipe",
+        "VLMRecipe", "VLMDPORecipe", "VLMGRPORecipe", "VLMMegatronRecipe", "DiffusionRecipe", "DiffusionDPORecipe",
         "DiffusionFamily", "DiffusionTraining", "EVAL_SIGMAS", "EXPERTS", "FLOW_MATCHING", "FlowMatching",
         "FlowMatchingTraining", "GuidanceEmbeddingTraining", "MelClipExpander", "NoiseSchedule", "ProcessorImages",
         "SampleExport", "TINY_SIZES", "TransformersNames", "VLMFamily", "VideoData", "audio_clips", "auto_family",

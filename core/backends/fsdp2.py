@@ -12,9 +12,10 @@ reshardable; with ``training.lora`` they hold the adapters (and the modules save
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from mmcore.backends.protocol import Finished, Prepared, Resumed
 from mmcore.checkpoint.training import CHECKPOINTS, LATEST, load_checkpoint, save_average, save_checkpoint, seed_everything
@@ -317,3 +318,29 @@ def is_grad_view(value: Any) -> bool:
 
 
 __all__ = ["FSDP2Backend", "outputs_without_views", "root_output_without_views"]
+
+
+@contextmanager
+def local_forwards(model: Any) -> Iterator[None]:
+    """Inside the block every forward of ``model`` runs on this process alone: a sharded
+    (FSDP2) model's parameters are gathered once on entry (every process enters, in the same
+    order) and kept whole until the block ends, so that processes may run different numbers of
+    forwards, as sampling answers of different lengths does. A model that is not sharded is
+    left as it is."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if sharded and model is sharded[0]:
+        # FSDP decides which module is the root at its first forward; a block unsharded before
+        # that would take the role. torch has no public call for it (2.13): the root's own lazy init.
+        model._get_fsdp_state()._lazy_init()
+    for module in sharded:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module in sharded:
+            module.reshard()
+            # fully_shard's default: the root keeps its parameters after forward, every other module reshards
+            module.set_reshard_after_forward(module is not model, recurse=False)

@@ -16,20 +16,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-
-#: Step counts above this are a typo (1e12, 10^30), not a run: 1e8 steps at 10 ms each are 11 days.
-MAX_STEPS = 100_000_000
-
-#: A step count: a whole number (``1e3`` is refused rather than rounded), at most :data:`MAX_STEPS`.
-Steps = Annotated[int, Field(strict=True, le=MAX_STEPS)]
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, not silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from mmcore.config.base import MAX_STEPS, Section, Steps  # noqa: F401  (MAX_STEPS: its old place)
+from mmcore.config.methods import DpoSection, GrpoSection
 
 
 class RunSection(Section):
@@ -79,19 +69,11 @@ class LoraSection(Section):
     )
 
 
-class DpoSection(Section):
-    """Direct preference optimisation (``training.method: dpo``) on preference pairs."""
-
-    beta: float = Field(0.1, gt=0, description="Strength of the KL tie to the reference (DPO's beta; the diffusion kit scales it as Diffusion-DPO does, see its docs).")
-    sft_weight: float = Field(0.0, ge=0, description="Add this times the chosen answer's mean token NLL to each pair's loss (LLaMA-Factory's pref_ftx).")
-    reference: Literal["auto", "precomputed", "adapters_off"] = Field(
-        "auto",
-        description="The frozen starting weights, never a second copy: adapters_off = the base with the LoRA adapters switched off, precomputed = every pair's reference log-probabilities computed once before the first step; auto = adapters_off with LoRA, else precomputed.",
-    )
-
-
 class TrainingSection(Section):
-    method: Literal["sft", "dpo"] = Field("sft", description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking).")
+    method: Literal["sft", "dpo", "grpo"] = Field(
+        "sft",
+        description="sft: the pack's own loss on its samples; dpo: preference optimisation on pairs (data.ranking); grpo: online RL, rewards on the model's own sampled answers (training.grpo).",
+    )
     steps: Steps = Field(100, ge=0, description="Optimizer steps (at most 100,000,000); unused with training.epochs.")
     epochs: int | None = Field(
         None,
@@ -156,6 +138,7 @@ class TrainingSection(Section):
     )
     lora: LoraSection = Field(default_factory=LoraSection)
     dpo: DpoSection = Field(default_factory=DpoSection)
+    grpo: GrpoSection = Field(default_factory=GrpoSection)
 
 
 class ParallelSection(Section):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # imported for annotations only; keeps `import mmcore` light
     from mmcore.framework.context import StageContext
     from mmcore.engines.generation import ModelSource, Request
     from mmcore.framework.pack import StageResult
-    from mmcore.framework.registry import BackendSpec, KernelSpec
+    from mmcore.framework.registry import BackendSpec, KernelSpec, RewardSpec
     from mmcore.run.rundir import Manifest
 
 hookspec = pluggy.HookspecMarker("mmcore")
@@ -191,6 +191,20 @@ def mmcore_register_backends(register: Callable[[BackendSpec], None]) -> None:
 
     :param register: Call with a :class:`mmcore.framework.registry.BackendSpec`; its factory makes a
         :class:`mmcore.backends.protocol.Backend` (what the train loop calls, and when).
+    """
+
+
+@hookspec
+def mmcore_register_rewards(register: Callable[[RewardSpec], None]) -> None:
+    """Provide reward functions for online RL (``training.method: grpo``), used by name in
+    ``training.grpo.rewards: {name: weight}``: a team ships its verifier as a small package.
+
+    :param register: Call with a :class:`mmcore.framework.registry.RewardSpec`: a unique
+        ``name`` and ``impl``, the ``"module:attr"`` of
+        ``fn(completions: list[str], references: list[str | None], prompts: list[str]) -> list[float]``
+        (keyword arguments; one finite float per completion). It is imported only when a run
+        names it, and runs on every process for that process's answers; an exception it raises
+        stops the run with a one-line error naming the reward.
     """
 
 

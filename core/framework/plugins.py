@@ -270,6 +270,7 @@ class Plugins:
             "mmcore_register_accelerators": registry.add_accelerator,
             "mmcore_register_kernels": registry.add_kernel,
             "mmcore_register_backends": registry.add_backend,
+            "mmcore_register_rewards": registry.add_reward,
         }
         for hook_name, add in adders.items():
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():

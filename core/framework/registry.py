@@ -1,4 +1,4 @@
-"""Registries filled through the registration hooks: accelerators, kernels, backends.
+"""Registries filled through the registration hooks: accelerators, kernels, backends, rewards.
 
 Everything here is importable without torch; implementations are named ``"module:attr"``
 and imported on first use.
@@ -79,6 +79,28 @@ class BackendSpec:
     provider: str = ""
 
 
+@dataclass(frozen=True)
+class RewardSpec:
+    """A reward function for online RL (``training.grpo.rewards: {name: weight}``).
+
+    Attributes:
+        name: what a config calls it (``"accuracy"``, ``"my_team.verifier"``).
+        impl: ``"module:attr"`` of ``fn(completions, references, prompts) -> list[float]``:
+            one float per completion (the answers as decoded text), ``references[i]`` the
+            expected answer of completion ``i``'s prompt (None where the data gave none),
+            ``prompts[i]`` that prompt's last user turn. Imported when a run uses it.
+        summary: One line for ``mmcore info``.
+    """
+
+    name: str
+    impl: str
+    summary: str = ""
+    provider: str = ""
+
+    def load(self) -> Callable[..., Any]:
+        return import_object(self.impl)
+
+
 def _importable(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -94,6 +116,7 @@ class Registry:
     kernels: dict[tuple[str, str], KernelSpec] = field(default_factory=dict)
     kernel_providers: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     backends: dict[str, BackendSpec] = field(default_factory=dict)
+    rewards: dict[str, RewardSpec] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     # -- filling
@@ -124,6 +147,14 @@ class Registry:
             self.errors.append(f"backend {spec.name!r} is registered by both {old.provider} and {provider}")
             return
         self.backends[spec.name] = spec
+
+    def add_reward(self, spec: RewardSpec, provider: str) -> None:
+        spec = RewardSpec(**{**spec.__dict__, "provider": provider})
+        old = self.rewards.get(spec.name)
+        if old is not None and old.impl != spec.impl:
+            self.errors.append(f"reward {spec.name!r} is registered by both {old.provider} ({old.impl}) and {provider} ({spec.impl})")
+            return
+        self.rewards[spec.name] = spec
 
     # -- lookup
     def accelerator(self, name: str = "auto") -> Accelerator:
@@ -164,3 +195,10 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self.backends)) or "none installed"
             raise UsageError(f"unknown distributed backend {name!r}; known: {known}") from None
+
+    def reward(self, name: str) -> RewardSpec:
+        try:
+            return self.rewards[name]
+        except KeyError:
+            known = ", ".join(sorted(self.rewards)) or "none installed"
+            raise UsageError(f"training.grpo.rewards: unknown reward function {name!r}; known: {known} (a plugin adds more through mmcore_register_rewards)") from None

@@ -32,6 +32,7 @@ def blocks_at(model: Any, paths: Sequence[str]) -> list[Any]:
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("VLMRecipe", "VLMDPORecipe", "VLMMegatronRecipe"), "mmcore.kits.vlm"),
+    **dict.fromkeys(("VLMGRPORecipe",), "mmcore.kits.vlm.grpo"),
     **dict.fromkeys(("DiffusionRecipe",), "mmcore.kits.diffusion.recipe"),
     **dict.fromkeys(
         ("PipelineEncoders", "latent_token_ids", "normalise_latents", "pack_latents", "rotary_positions_3d", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents"),

@@ -6,7 +6,7 @@
 * :mod:`~mmcore.train.optim` — optimizer, freezing, learning-rate schedule.
 * :mod:`~mmcore.train.guards` — a non-finite loss or gradient stops the run.
 * :mod:`~mmcore.train.progress`, :mod:`~mmcore.train.plot` — the progress line and ``train.png``.
-* Methods on top of the loop: :mod:`~mmcore.train.lora`, :mod:`~mmcore.train.preference` (DPO),
+* Methods on top of the loop: :mod:`~mmcore.train.lora`, :mod:`~mmcore.train.preference` (DPO), :mod:`~mmcore.train.grpo` (GRPO),
   :mod:`~mmcore.train.ema`; what losses share: :mod:`~mmcore.train.causal_lm`,
   :mod:`~mmcore.train.attention` (packed attention), :mod:`~mmcore.train.recompute`,
   :mod:`~mmcore.train.flops`.
@@ -85,6 +85,7 @@ _EXPORTS: dict[str, str] = {
         ),
         "mmcore.train.preference",
     ),
+    **dict.fromkeys(("group_advantages", "grpo_terms", "token_logps"), "mmcore.train.grpo"),
     **dict.fromkeys(
         (
             "StepFlops",

@@ -40,6 +40,7 @@ from mmcore.run.rundir import Manifest
 from mmcore.train.sampler import EpochSampler, TokenBudgetSampler, planned_steps, sampler_notes
 from mmcore.train.progress import TrainProgress
 from mmcore.train.recipe import TrainRecipe
+from mmcore.train.rollouts import Rollouts, check_method
 
 if TYPE_CHECKING:
     import torch
@@ -71,6 +72,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     ckpt_root = ctx.stage_dir / CHECKPOINTS
 
     # ---- setup: this rank's model (the backend's), the optimizer, the data, the schedule
+    check_method(ctx, recipe)
     if backend is None:
         assert ctx.plugins is not None, "the train stage runs with the registry's backends"
         backend = import_object(ctx.plugins.registry.backend(ctx.config.parallel.backend).factory)()
@@ -104,10 +106,17 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     history: list[dict[str, float]] = []
     bar = TrainProgress(ctx, step, planned)  # absolute steps, the loss, elapsed and ETA
     rng_check = GlobalRngCheck.wanted(recipe, device)  # MMCORE_CHECK_GLOBAL_RNG=1 (conformance)
+    rollouts = Rollouts.of(ctx, recipe, model, device, ready)  # GRPO: the step's answers sampled by the model
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
-        micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device, ready)
+        if rollouts is None or rollouts.draws(step):
+            micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device, ready)
+            sampled = rollouts.sample(micro, step) if rollouts is not None else None
+            if sampled is not None:
+                micro, global_tokens = sampled
+        else:  # the rollout's later steps (training.grpo.epochs)
+            micro, global_tokens, data_time, spread = rollouts.reuse()
         before = rng_check.state() if rng_check else []
         loss_sum, flops = backend.forward_backward(micro, global_tokens)
         if rng_check:
@@ -136,8 +145,10 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             "data_time_s": data_time,
             "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
         }
-        metrics.update({name: value / global_tokens for name, value in extra.items()})
+        metrics.update({name: total / (global_tokens if count is None else count) for name, (total, count) in extra.items() if count != 0})
         metrics.update(spread)
+        if rollouts is not None and rollouts.seconds:
+            metrics["rollout_share"] = rollouts.seconds / elapsed  # sampling the answers, of the whole step
         if nonfinite.skipped:
             metrics["skipped_steps"] = nonfinite.skipped
         filled += int(spread.get("fillers", 0))
@@ -210,8 +221,9 @@ class HeldOutLog:
                 notes.insert(0, f"held-out {name}: {first[name]:.4g} at step {first_step} -> {last[name]:.4g} at step {last_step}")
 
 
-def _step_metrics(recipe: TrainRecipe, device: Any, world: Any) -> dict[str, float]:
-    """The recipe's sums of this step, summed over processes (one reduction for all)."""
+def _step_metrics(recipe: TrainRecipe, device: Any, world: Any) -> dict[str, tuple[float, float | None]]:
+    """The recipe's sums of this step and their counts (None: the step's loss units), summed
+    over processes (one reduction for all)."""
     if recipe.step_metrics is None:
         return {}
     import torch
@@ -221,10 +233,12 @@ def _step_metrics(recipe: TrainRecipe, device: Any, world: Any) -> dict[str, flo
     if not sums:
         return {}
     names = sorted(sums)
-    values = torch.stack([sums[n].detach().float().to(device) for n in names])
+    pairs = [sums[n] if isinstance(sums[n], tuple) else (sums[n], None) for n in names]  # (sum, count): a mean of its own
+    values = torch.stack([torch.as_tensor(part, dtype=torch.float32).detach().float().to(device) for pair in pairs for part in (pair[0], 0.0 if pair[1] is None else pair[1])])
     if world.distributed:
         dist.all_reduce(values)
-    return dict(zip(names, values.tolist()))
+    flat = values.tolist()
+    return {name: (flat[2 * i], flat[2 * i + 1] if pairs[i][1] is not None else None) for i, name in enumerate(names)}
 
 
 def sample_seed(seed: int, step: int, accum: int, index: int) -> int:

@@ -68,9 +68,24 @@ class TrainRecipe:
             ready (weights loaded, or resumed) and before the first step, without gradients, in
             eval mode: what a loss needs from the starting weights (DPO's reference
             log-probabilities, :mod:`mmcore.train.preference`).
-        step_metrics: optional ``() -> {name: tensor}``: sums over the step's loss units of
-            what the loss measured besides itself (DPO's rewards), read and reset after every
-            step; the engine sums them over processes and divides by the step's loss units.
+        step_metrics: optional ``() -> {name: tensor or (sum, count)}``: what the loss measured
+            besides itself (DPO's rewards, GRPO's), read and reset after every step. A tensor is
+            a sum over the step's loss units: the engine sums it over processes and divides by
+            the step's loss units. A ``(sum, count)`` pair is divided by its own count, both
+            summed over processes (a mean over answers or tokens of another kind).
+        rollout: optional ``(ctx, model, micro_batches, step) -> micro_batches or None``, for a
+            method that learns from the model's own samples (GRPO): called on every rank with
+            the step's collated micro-batches, the model in eval mode without gradients and its
+            forwards local to the process (a sharded model gathered whole: ranks may sample
+            answers of different lengths); it returns the batches the step trains on, each
+            with its ``num_loss_tokens`` (the engine counts them again), or None to train on
+            the collated ones (a warm-up step).
+        steps_per_rollout: with ``rollout``, the optimizer steps each rollout serves (GRPO's
+            epochs over a rollout batch): the data is drawn and sampled on the steps that are
+            multiples of it, the batches reused on the steps between.
+        method: the ``training.method`` the recipe trains (``sft``, ``dpo``, ``grpo``): the
+            engine refuses a run whose config asks for another, rather than train it silently
+            as this one.
         sample_seeds: the engine adds ``batch["sample_seeds"]`` (int64, one per sample): a seed
             from ``run.seed``, the step, the accumulation index and the sample's index, for a loss
             that draws random numbers (noise levels, noise, caption dropout) per sample. The draws
@@ -95,12 +110,15 @@ class TrainRecipe:
     prepare: Callable[[StageContext, "nn.Module"], None] | None = None
     step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
     fill: Any = None
+    rollout: Callable[[StageContext, "nn.Module", list[dict[str, Any]], int], list[dict[str, Any]] | None] | None = None
     work_of: Callable[[int], float] | None = None
     # settings
     freeze_groups: Mapping[str, Sequence[str]] = MappingProxyType({})
     loss_unit: str = "tokens"
     lora_targets: Sequence[str] = ()
     sample_seeds: bool = False
+    steps_per_rollout: int = 1
+    method: str = "sft"
 
     _REQUIRED = ("build_model", "dataset", "collate", "loss")
 

@@ -71,6 +71,7 @@ class DiffusionDPORecipe(TrainRecipe):
     ``data.ranking``)."""
 
     loss_unit = "pairs"
+    method = "dpo"
     sample_seeds = True  # 2 ranks draw what 1 does
 
     def __init__(self, family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[str, Manifest], data: Any) -> None:

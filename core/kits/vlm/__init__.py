@@ -26,6 +26,7 @@ The kit's modules, one job each:
 * :mod:`.recipe`: :class:`VLMRecipe`, the train engine's SFT recipe (and
   :class:`VLMMegatronRecipe` for a family that runs on megatron-core).
 * :mod:`.dpo` and :mod:`.pairs`: :class:`VLMDPORecipe`, DPO on preference pairs.
+* :mod:`.grpo`: :class:`~mmcore.kits.vlm.grpo.VLMGRPORecipe`, GRPO on prompts with references.
 * :mod:`.generation`: evaluate (greedy answers to the held-out prompts) and ``mmcore infer``.
 """
 

@@ -31,6 +31,7 @@ class VLMDPORecipe(VLMRecipe):
     model's log-probabilities computed once (``training.dpo.reference``)."""
 
     loss_unit = "pairs"
+    method = "dpo"
 
     def __init__(self, family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
         from mmcore.train.preference import reference_mode

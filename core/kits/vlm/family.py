@@ -173,8 +173,13 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
     # -- training ----------------------------------------------------------------------------
 
     def recipe(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> "TrainRecipe":
-        """The train engine's recipe for ``training.method``: SFT (:meth:`sft_recipe`) or DPO on
-        preference pairs (:class:`~mmcore.kits.vlm.dpo.VLMDPORecipe`)."""
+        """The train engine's recipe for ``training.method``: SFT (:meth:`sft_recipe`), DPO on
+        preference pairs (:class:`~mmcore.kits.vlm.dpo.VLMDPORecipe`) or GRPO on prompts with
+        references (:class:`~mmcore.kits.vlm.grpo.VLMGRPORecipe`)."""
+        if ctx.config.training.method == "grpo":
+            from mmcore.kits.vlm.grpo import VLMGRPORecipe
+
+            return VLMGRPORecipe(self, ctx, upstream)
         if ctx.config.training.method == "dpo":
             from mmcore.kits.vlm.dpo import VLMDPORecipe
 

@@ -169,4 +169,5 @@ def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> TrainRecipe:
         shard_modules=shard_modules,
         freeze_groups=FREEZE_GROUPS,
         evaluate=lambda ctx, model, step: evaluate_wer(ctx, model, load("eval"), tokenizer, eos_id),
+        method="sft",  # training.method dpo / grpo: refused by the engine, not trained as SFT
     )

@@ -40,7 +40,12 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
 
 
 qwen2vl = QwenKernelsPack(
-    _spec("qwen2vl", "Qwen2-VL (2B/7B/72B) vision-language models", {"demo": "presets/demo.yaml", "lora": "presets/lora.yaml", "dpo": "presets/dpo.yaml", "tiny": "presets/tiny.yaml"}, "demo"),
+    _spec(
+        "qwen2vl",
+        "Qwen2-VL (2B/7B/72B) vision-language models",
+        {"demo": "presets/demo.yaml", "lora": "presets/lora.yaml", "dpo": "presets/dpo.yaml", "grpo": "presets/grpo.yaml", "tiny": "presets/tiny.yaml"},
+        "demo",
+    ),
     "qwen2vl",
 )
 qwen25vl = QwenKernelsPack(_spec("qwen2.5vl", "Qwen2.5-VL (3B/7B/32B/72B) vision-language models", {"tiny": "presets/tiny-2.5.yaml"}, "tiny"), "qwen2vl")

@@ -1,0 +1,103 @@
+"""Reward functions for online RL (``training.grpo.rewards: {name: weight}``).
+
+A reward function is ``fn(completions, references, prompts, **settings) -> list[float]``,
+called with keyword arguments: the sampled answers as text, each answer's reference (None where
+its prompt has none) and its prompt's last user turn, plus ``settings`` (the ``training.grpo``
+section); it accepts ``**kwargs`` so that later mmcore versions may pass more. Built in (this
+module, registered by ``mmcore_plugins.rewards``): ``accuracy``, ``exact``, ``format`` and
+``length``; a plugin adds its own through the ``mmcore_register_rewards`` hook
+(:class:`mmcore.framework.registry.RewardSpec`).
+
+:class:`RewardSet` resolves the configured names once, before training, and scores a batch of
+answers: the weighted sum per answer plus each function's own scores, for the metrics. A
+function that raises, returns the wrong count or a non-finite value stops the run with a
+one-line error naming it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping, Sequence
+
+from mmcore.engines.generation import normalize_answer
+from mmcore.errors import StageError
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def answer_text(completion: str) -> str:
+    """What an answer answers: the text inside its last ``<answer>…</answer>`` where it has
+    one (an R1-style answer with its reasoning before), else the whole answer."""
+    found = _ANSWER.findall(completion)
+    return found[-1] if found else completion
+
+
+def accuracy(completions: Sequence[str], references: Sequence[str | None], prompts: Sequence[str], **_: Any) -> list[float]:
+    """1.0 where the answer (inside ``<answer>`` tags, if any) equals the reference after
+    normalising case, punctuation, articles and spaces (SQuAD's normalisation), else 0.0."""
+    return [float(ref is not None and normalize_answer(answer_text(c)) == normalize_answer(ref)) for c, ref in zip(completions, references)]
+
+
+def exact(completions: Sequence[str], references: Sequence[str | None], prompts: Sequence[str], **_: Any) -> list[float]:
+    """1.0 where the answer equals the reference exactly (outer spaces aside), else 0.0."""
+    return [float(ref is not None and c.strip() == ref.strip()) for c, ref in zip(completions, references)]
+
+
+def format_match(completions: Sequence[str], references: Sequence[str | None], prompts: Sequence[str], *, settings: Any = None, **_: Any) -> list[float]:
+    """1.0 where the whole answer matches ``training.grpo.format_pattern`` (default
+    ``<think>…</think> <answer>…</answer>``), else 0.0."""
+    pattern = re.compile(settings.format_pattern if settings is not None else r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+    return [float(pattern.fullmatch(c.strip()) is not None) for c in completions]
+
+
+def length(completions: Sequence[str], references: Sequence[str | None], prompts: Sequence[str], **_: Any) -> list[float]:
+    """A length penalty: 0.0 for an answer no longer than its reference (in characters),
+    falling linearly to -1.0 at twice its length and beyond; 0.0 where there is no reference."""
+    out = []
+    for c, ref in zip(completions, references):
+        if ref is None:
+            out.append(0.0)
+            continue
+        over = len(c.strip()) - len(ref.strip())
+        out.append(-min(1.0, max(0, over) / max(1, len(ref.strip()))))
+    return out
+
+
+class RewardSet:
+    """The configured reward functions, by name with their weights, loaded from ``registry``."""
+
+    def __init__(self, registry: Any, weights: Mapping[str, float], settings: Any = None) -> None:
+        specs = {name: registry.reward(name) for name in weights}  # an unknown name fails here, before training
+        self.weights = dict(weights)
+        self.settings = settings
+        self.functions = {}
+        for name, spec in specs.items():
+            try:
+                self.functions[name] = spec.load()
+            except Exception as exc:  # noqa: BLE001  (any import problem of a plugin's function is its one-line error)
+                raise StageError(f"training.grpo.rewards: reward {name!r} ({spec.impl}, from {spec.provider or 'unknown'}) cannot be imported: {type(exc).__name__}: {exc}") from exc
+
+    def score(self, completions: Sequence[str], references: Sequence[str | None], prompts: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
+        """(weighted total per answer, each function's scores per answer)."""
+        each: dict[str, list[float]] = {}
+        for name, fn in self.functions.items():
+            try:
+                values = fn(completions=list(completions), references=list(references), prompts=list(prompts), settings=self.settings)
+            except Exception as exc:  # noqa: BLE001  (a user's verifier failing is a one-line error naming it)
+                raise StageError(f"training.grpo.rewards: reward {name!r} raised {type(exc).__name__}: {exc}") from exc
+            try:
+                values = [float(v) for v in values]
+            except (TypeError, ValueError) as exc:
+                raise StageError(f"training.grpo.rewards: reward {name!r} returned something other than a list of numbers: {exc}") from exc
+            if len(values) != len(completions):
+                raise StageError(f"training.grpo.rewards: reward {name!r} returned {len(values)} value(s) for {len(completions)} answer(s)")
+            bad = next((v for v in values if not math.isfinite(v)), None)
+            if bad is not None:
+                raise StageError(f"training.grpo.rewards: reward {name!r} returned {bad} (rewards must be finite)")
+            each[name] = values
+        totals = [sum(self.weights[name] * each[name][i] for name in each) for i in range(len(completions))]
+        return totals, each
+
+
+__all__ = ["RewardSet", "accuracy", "answer_text", "exact", "format_match", "length"]

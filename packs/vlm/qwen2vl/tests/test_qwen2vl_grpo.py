@@ -1,0 +1,105 @@
+"""GRPO on Qwen2-VL, the whole user path: a LLaMA-Factory file of image questions with reference
+answers runs convert -> train (rollouts, rewards, LoRA with the adapters-off reference, two
+steps per rollout) -> export -> evaluate; killed with SIGKILL while sampling and while updating,
+the resumed run's rewards and losses equal an uninterrupted one's; 2 processes equal 1. (The
+loss against the formula: tests/test_grpo.py; a plugin's reward: tests/test_grpo_plugin.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmcore.testing.media import write_image
+
+COLOURS = {"red": (220, 30, 30), "blue": (40, 60, 220), "green": (30, 170, 60)}
+
+
+def write_questions(folder: Path) -> Path:
+    """Image questions with the reference as the assistant's turn, LLaMA-Factory's MLLM format."""
+    records = []
+    for i in range(12):
+        colour = sorted(COLOURS)[i % 3]
+        write_image(folder / "images" / f"{i}.png", COLOURS[colour])
+        records.append({"messages": [{"role": "user", "content": "<image>What colour is it?"}, {"role": "assistant", "content": colour}], "images": [f"images/{i}.png"]})
+    path = folder / "questions.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+def rows(run: Path) -> dict[int, dict]:  # type: ignore[type-arg]
+    out: dict[int, dict] = {}  # type: ignore[type-arg]
+    for line in (run / "train/metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "loss" in row:
+            out[row["step"]] = row
+    return out
+
+
+GRPO = [
+    "training.method=grpo",
+    "training.steps=6",
+    "training.checkpoint_every=2",
+    "training.micro_batch_size=2",
+    "training.lora.r=4",
+    "training.grpo.group_size=4",
+    "training.grpo.max_new_tokens=5",
+    "training.grpo.epochs=2",
+    "training.grpo.beta=0.04",
+    "training.grpo.eval_prompts=4",
+    "training.lr=0.01",
+    "training.grpo.rewards={accuracy: 1.0, length: 0.5}",  # the random tiny model is never right: its answers' lengths differ
+]
+
+
+@pytest.mark.compares_runs
+def test_grpo_runs_the_pipeline_and_resumes_identically_after_kills(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data = write_questions(tmp_path / "data")
+    args = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "data.eval_fraction=0.25", *GRPO]
+    mm(*args, "--run-dir", "straight")
+    straight = rows(tmp_path / "straight")
+    assert sorted(straight) == [1, 2, 3, 4, 5, 6]
+    for step, row in straight.items():
+        assert {"kl", "clip_fraction"} <= set(row), row
+        # answers are sampled on steps 1, 3, 5 and trained on for two steps each (training.grpo.epochs)
+        assert ({"reward", "rewards/accuracy", "rewards/length", "answer_tokens", "rollout_share"} <= set(row)) == (step % 2 == 1), row
+    assert all(r["grad_norm"] > 0 for r in straight.values())  # every step learns (step 1's loss is 0: ratio 1, advantages sum to 0)
+    assert any(r["kl"] > 0 for r in straight.values())  # the adapters moved the policy from the base
+    train = json.loads((tmp_path / "straight/train/manifest.json").read_text())["metrics"]
+    assert "eval/reward" in train and "eval/rewards/accuracy@0" in train
+    assert json.loads((tmp_path / "straight/export/manifest.json").read_text())["metrics"]["logits_max_abs_diff"] == 0.0
+    assert (tmp_path / "straight/evaluate/results.jsonl").is_file()
+
+    for kill in ("grpo-rollout:5", "grpo-update:4"):  # sampling step 5's answers; step 4, the second on step 3's rollout
+        run = f"killed-{kill.split(':')[0]}"
+        assert mm(*args, "--run-dir", run, check=False, MMCORE_TEST_KILL=kill).returncode != 0
+        mm(*args, "--run-dir", run)
+        resumed = rows(tmp_path / run)
+        for step in (5, 6):
+            for key in ("loss", "reward", "kl", "clip_fraction"):
+                assert resumed[step].get(key) == straight[step].get(key), (kill, step, key)
+
+
+def test_grpo_refuses_what_it_cannot_train(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data = write_questions(tmp_path / "data")
+    base = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "training.method=grpo"]
+    proc = mm(*base, "training.grpo.beta=0.1", "--run-dir", "run", check=False)
+    assert proc.returncode != 0 and "training.grpo.beta > 0 needs a reference model" in proc.stderr + proc.stdout
+    proc = mm(*base, "training.grpo.rewards={no_such: 1.0}", "--run-dir", "run", check=False)  # the stages before train are reused
+    assert proc.returncode != 0 and "unknown reward function 'no_such'; known: accuracy, exact, format, length" in proc.stderr + proc.stdout
+
+
+@pytest.mark.matrix
+@pytest.mark.compares_runs
+def test_grpo_two_processes_equal_one(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same global batch (2 prompts x 4 answers) on 1 process and on 2: rollouts seeded by
+    (seed, step, prompt), so the same answers and rewards; losses equal to float rounding."""
+    data = write_questions(tmp_path / "data")
+    args = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), *GRPO, "evaluate.enabled=false"]
+    mm(*args, "--run-dir", "one")
+    mm(*args, "--run-dir", "two", "--nproc-per-node", "2", "training.micro_batch_size=1")
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    for step in one:
+        assert two[step].get("reward") == one[step].get("reward")
+        assert two[step]["loss"] == pytest.approx(one[step]["loss"], rel=1e-5, abs=1e-7)
