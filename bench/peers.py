@@ -1,29 +1,34 @@
-"""Peers: the same tiny Qwen2-VL SFT job through mmcore, LLaMA-Factory and a plain transformers
-``Trainer`` script, on the same machine in the same run, each a fresh command.
+"""Peers: the same tiny training job through mmcore and the frameworks a user would pick instead,
+on the same machine in the same run, each side a fresh command.
 
-The job: the qwen2vl pack's ``demo`` model (random weights, written once with
-``save_pretrained``: config, weights, tokenizer, image processor) in one folder every side loads;
-one data file in LLaMA-Factory's format (``messages`` + ``images``, with ``dataset_info.json``)
-of coloured shapes on 112 x 112 images ("What colour is the shape?" -> "The shape is red."), a
-held-out file beside it; the same steps, micro-batch, cut-off length, image pixels, learning rate
-(constant, no warm-up), AdamW (no weight decay, clip 1.0), fp32, seed, threads; every parameter
-trained (vision tower included) on every side.
+* ``qwen2vl``: SFT of the qwen2vl pack's ``demo`` model (random weights, written once with
+  ``save_pretrained``: config, weights, tokenizer, image processor; one folder every side loads)
+  on one data file in LLaMA-Factory's MLLM format (``messages`` + ``images``, with
+  ``dataset_info.json``): coloured shapes on 112 x 112 images ("What colour is the shape?" ->
+  "The shape is red."), a held-out file beside it. Peers: LLaMA-Factory and a transformers
+  ``Trainer`` script.
+* ``whisper``: fine-tuning the whisper pack's ``demo`` model on its demo data (synthetic spoken
+  digits, wav + transcript JSONL). Peer: a transformers ``Seq2SeqTrainer`` script.
 
-* mmcore: ``mmcore train --pack qwen2vl --model DIR --data train.json ...`` (the stages before
-  train run first: model link, preprocess), the held-out file as ``data.eval_datasets``.
+The same steps, micro-batch, cut-off length, image pixels, learning rate (constant, no warm-up),
+AdamW (no weight decay, clip 1.0), fp32, seed and threads on every side; every parameter trained.
+
+* mmcore: ``mmcore run --pack <case> --preset demo --model DIR --data FILE ...`` (download,
+  convert, preprocess, train, export; evaluate off: the held-out loss is measured below).
 * llamafactory: LLaMA-Factory from the package registry (pinned) in its own uv environment the
-  bench creates beside a cache (torch pinned to the same local CPU wheel first), run through
-  ``bench/peers_llamafactory.py`` (its ``run_exp``, as ``llamafactory-cli train`` does, plus a
-  step log); skipped with the reason where it does not install.
-* trainer: ``bench/peers_trainer.py``, a plain ``transformers.Trainer`` script, in mmcore's env.
+  bench creates once under ``--env-cache`` (torch pinned to the same local CPU wheel first),
+  run through ``bench/peers_llamafactory.py`` (its ``run_exp``, as ``llamafactory-cli train``
+  does, plus a step log); a row saying why where it does not install.
+* trainer: ``bench/peers_trainer.py`` / ``bench/peers_whisper.py``, plain transformers
+  scripts in mmcore's environment.
 
 Per side and repetition (the sides' order rotating): **time to first step** (launch to the end of
-optimizer step 1), **steady tokens/s** (non-pad input tokens of the steps after the warm-up over
-their wall time), **peak RSS** (largest process of the command's tree, ``wait4``) and the
-**held-out loss** after the last step (mean token loss on the held-out file). Ratios are
-mmcore/peer per repetition, their median and IQR.
+optimizer step 1, wall clock), **steady throughput** (qwen2vl: non-pad input tokens/s; whisper:
+samples/s; over the steps after the warm-up, step end to step end), **peak RSS** (the command's
+largest process, ``wait4``) and the **held-out loss** of the saved model after the last step (one
+evaluation code path for every side). Ratios are mmcore/peer per repetition, their median and IQR.
 
-    python bench/peers.py [--quick] [--reps 3] [--peers llamafactory,trainer] [--env-cache DIR]
+    python bench/peers.py [--quick] [--reps 5] [--cases qwen2vl,whisper] [--peers llamafactory,trainer]
 """
 
 from __future__ import annotations
@@ -34,11 +39,10 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from common import emit, figure, parser, reps_of
+from common import emit, figure, parser
 
 HERE = Path(__file__).resolve().parent
 LLAMAFACTORY = "llamafactory==0.9.5"
@@ -83,13 +87,6 @@ def dataset_info() -> dict:
     return {f"peers_{split}": {"file_name": f"{split}.json", "formatting": "sharegpt", "columns": columns, "tags": tags} for split in ("train", "eval")}
 
 
-def write_model(out: Path) -> None:
-    """The qwen2vl pack's ``demo`` model with random weights: the folder all three sides load."""
-    from mm_pack_qwen2vl.tiny import build_init_checkpoint
-
-    build_init_checkpoint("demo", out, seed=0)
-
-
 def llamafactory_env(cache: Path) -> tuple[Path | None, str]:
     """A uv environment with torch (the local CPU wheel) and LLaMA-Factory, made once per cache:
     (its python, what it holds) or (None, why not). Its torchvision and torchaudio requirements
@@ -130,38 +127,25 @@ def llamafactory_env(cache: Path) -> tuple[Path | None, str]:
     return python, versions
 
 
-def launch(cmd: list[str], log: Path, env: dict[str, str], watch: Path | None = None) -> tuple[float, int, float | None]:
-    """Run ``cmd``: (start time, peak RSS in KiB of its largest process, when ``watch`` first
-    held a line: mmcore's metrics file, polled every 5 ms)."""
-    seen: list[float] = []
-    done = threading.Event()
-
-    def poll() -> None:
-        while not done.is_set() and not seen:
-            if watch is not None and watch.exists() and any('"loss"' in line and '"eval/' not in line for line in watch.read_text().splitlines()):
-                seen.append(time.time())
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=poll, daemon=True)
+def launch(cmd: list[str], log: Path, env: dict[str, str]) -> tuple[float, int]:
+    """Run ``cmd``: (its start, wall clock; the peak RSS in KiB of its largest process, from
+    ``wait4``: the command and every process it waited for)."""
     with open(log, "w") as out:
         start = time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=HERE)
-        if watch is not None:
-            thread.start()
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
-    done.set()
     if proc.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
-        raise RuntimeError(f"{cmd[:4]} exit {proc.returncode}; last lines of {log}:\n{tail}")
-    return start, usage.ru_maxrss, (seen[0] if seen else None)
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... exit {proc.returncode}; last lines of {log}:\n{tail}")
+    return start, usage.ru_maxrss
 
 
 class Job:
-    """The one job every side runs, and where its files lie."""
+    """One case's job every side runs, and where its files lie."""
 
-    def __init__(self, root: Path, quick: bool, threads: int) -> None:
-        self.root, self.threads = root, threads
+    def __init__(self, root: Path, case: str, quick: bool, threads: int) -> None:
+        self.root, self.case, self.threads = root, case, threads
         self.steps, self.warm, self.samples = (30, 5, 240) if quick else (100, 10, 800)
         self.batch, self.lr, self.cutoff, self.pixels, self.seed, self.held_out = 8, 1e-3, 128, SIZE * SIZE, 0, 64
         self.model, self.data = root / "model", root / "data"
@@ -174,8 +158,20 @@ class Job:
             "PYTHONUNBUFFERED": "1",
         }
 
+    def write(self) -> None:
+        if self.case == "qwen2vl":
+            from mm_pack_qwen2vl.tiny import build_init_checkpoint
+
+            write_data(self.data, self.samples, self.held_out)
+        else:
+            from mm_pack_whisper.demo import write_demo_dataset
+            from mm_pack_whisper.tiny import build_init_checkpoint
+
+            write_demo_dataset(self.data, self.samples + self.held_out, seed=0, eval_fraction=self.held_out / (self.samples + self.held_out))
+        build_init_checkpoint("demo", self.model, seed=0)  # the pack's demo model, random weights
+
     def args(self) -> list[str]:
-        """The shared options of the two transformers-based peers' scripts."""
+        """The options of the peers' scripts."""
         return [
             "--model",
             str(self.model),
@@ -193,10 +189,20 @@ class Job:
             str(self.seed),
         ]
 
+    def held_out_loss(self, saved: str) -> float:
+        """Mean token loss of a side's saved model on the held-out file: one code path for every side."""
+        if self.case == "qwen2vl":
+            from peers_trainer import held_out_loss
 
-def steady(times: dict[int, float], tokens: dict[int, float], warm: int, last: int) -> float:
-    """Tokens per second over the steps after ``warm``, their wall time (step ends)."""
-    return (tokens[last] - tokens[warm]) / (times[last] - times[warm])
+            return held_out_loss(self.model, saved, self.data / "eval.json", self.cutoff, self.batch)
+        from peers_whisper import held_out_loss
+
+        return held_out_loss(self.model, saved, self.data / "eval.jsonl", self.batch)
+
+
+def steady(times: dict[int, float], amount: dict[int, float], warm: int, last: int) -> float:
+    """Tokens (or samples) per second over the steps after ``warm``: their wall time, step end to step end."""
+    return (amount[last] - amount[warm]) / (times[last] - times[warm])
 
 
 def run_mmcore(job: Job, out: Path) -> dict[str, float]:
@@ -212,130 +218,99 @@ def run_mmcore(job: Job, out: Path) -> dict[str, float]:
         "training.precision=fp32",
         "training.checkpoint_every=0",
         "training.eval_every=0",
-        f"data.cutoff_len={job.cutoff}",
-        f"data.image_max_pixels={job.pixels}",
         f"run.seed={job.seed}",
         "convert.verify=false",
         "evaluate.enabled=false",
+        *([f"data.cutoff_len={job.cutoff}", f"data.image_max_pixels={job.pixels}"] if job.case == "qwen2vl" else []),
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "mmcore",
-        "run",
-        "--pack",
-        "qwen2vl",
-        "--preset",
-        "demo",
-        "--model",
-        str(job.model),
-        "--data",
-        str(job.data / "train.json"),
-        "--run-dir",
-        str(run),
-        "--offline",
-        *overrides,
-    ]
-    start, rss, _ = launch(cmd, out / "log.txt", job.env)
+    train = job.data / ("train.json" if job.case == "qwen2vl" else "train.jsonl")
+    cmd = [sys.executable, "-m", "mmcore", "run", "--pack", job.case, "--preset", "demo", "--model", str(job.model), "--data", str(train), "--run-dir", str(run), "--offline", *overrides]
+    start, rss = launch(cmd, out / "log.txt", job.env)
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
-    times = {r["step"]: r["time"] for r in rows if "loss" in r}
-    index = json.loads((run / "preprocess/dataset/index.json").read_text())
-    lengths = [s["length"] for s in index["samples"] if s["split"] == "train"]
-    per_step = job.batch * sum(lengths) / len(lengths)  # micro-batches drawn evenly from samples of 60-61 tokens
-    tokens = {step: step * per_step for step in times}
-    return {"first": times[1] - start, "tps": steady(times, tokens, job.warm, job.steps), "rss": rss / 1024, "saved": str(run / "export/hf")}
+    times = {r["step"]: r["time"] for r in rows if "loss" in r}  # written at each step's end
+    per_step = float(job.batch)
+    if job.case == "qwen2vl":  # the preprocessed samples' lengths (60-61 tokens): micro-batches drawn evenly from them
+        lengths = [s["length"] for s in json.loads((run / "preprocess/dataset/index.json").read_text())["samples"] if s["split"] == "train"]
+        per_step *= sum(lengths) / len(lengths)
+    amount = {step: step * per_step for step in times}
+    return {"first": times[1] - start, "speed": steady(times, amount, job.warm, job.steps), "rss": rss / 1024, "saved": str(run / "export/hf")}
 
 
 def run_peer(job: Job, out: Path, python: Path, script: str) -> dict[str, float]:
     steplog, saved = out / "steps.jsonl", out / "model"
-    cmd = [str(python), str(HERE / script), *job.args(), "--out", str(saved), "--steplog", str(steplog)]
-    start, rss, _ = launch(cmd, out / "log.txt", job.env)
+    start, rss = launch([str(python), str(HERE / script), *job.args(), "--out", str(saved), "--steplog", str(steplog)], out / "log.txt", job.env)
     rows = [json.loads(line) for line in steplog.read_text().splitlines()]
     times = {r["step"]: r["t"] for r in rows if "t" in r}
-    tokens = {r["step"]: r["tokens"] for r in rows if "t" in r}
+    amount = {r["step"]: (r["tokens"] if job.case == "qwen2vl" else r["step"] * job.batch) for r in rows if "t" in r}
     own = [r["eval_loss"] for r in rows if "eval_loss" in r]
-    return {"first": times[1] - start, "tps": steady(times, tokens, job.warm, job.steps), "rss": rss / 1024, "saved": str(saved), "own_eval_loss": own[-1] if own else float("nan")}
+    return {"first": times[1] - start, "speed": steady(times, amount, job.warm, job.steps), "rss": rss / 1024, "saved": str(saved), "own_eval_loss": own[-1] if own else float("nan")}
 
 
-def held_out_loss(job: Job, saved: str) -> float:
-    """Mean token loss on ``eval.json`` of a side's saved model: one code path for every side
-    (peers_trainer.Encoding with the shared tokenizer and image processor), over the tokens every
-    side trains on: the answer and its ``<|im_end|>`` (LLaMA-Factory's template also trains on the
-    ``\n`` after it, mmcore's chat-template encoder does not: a token one side never learns)."""
-    import torch
-    from transformers import Qwen2VLForConditionalGeneration
-
-    from peers_trainer import Encoding
-
-    encoding = Encoding(job.model, job.cutoff, newline_label=False)
-    items = encoding.file(job.data / "eval.json")
-    model = Qwen2VLForConditionalGeneration.from_pretrained(saved, dtype=torch.float32).eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(items), job.batch):
-            batch = encoding.collate(items[i : i + job.batch])
-            labels = batch.pop("labels")
-            logits = model(**batch).logits[:, :-1]
-            target = labels[:, 1:]
-            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100, reduction="sum"))
-            count += int((target != -100).sum())
-    return total / count
-
-
-SCRIPTS = {"llamafactory": "peers_llamafactory.py", "trainer": "peers_trainer.py"}
-FIGURES = (  # (key, name, what, unit, goal)
+CASES = {  # case: {peer: its script}, what the job is, the unit of its speed
+    "qwen2vl": ({"llamafactory": "peers_llamafactory.py", "trainer": "peers_trainer.py"}, "qwen2vl SFT", "tokens/s"),
+    "whisper": ({"trainer": "peers_whisper.py"}, "whisper fine-tuning", "samples/s"),
+}
+FIGURES = (  # (key, id part, what, unit (None: the case's speed unit), goal)
     ("first", "first-step", "time to first step (launch to the end of step 1)", "s", None),
-    ("tps", "tokens-per-s", "steady tokens/s (non-pad input tokens)", "tokens/s", (">=", 1.0)),
+    ("speed", "speed", "steady throughput", None, (">=", 1.0)),
     ("rss", "peak-rss", "peak RSS of the command's largest process", "MiB", ("<=", 1.0)),
-    ("loss", "held-out-loss", "held-out loss after the last step (the same evaluation for every side)", "loss", None),
+    ("loss", "held-out-loss", "held-out loss after the last step (one evaluation for every side)", "loss", None),
 )
+
+
+def measure(job: Job, reps: int, pythons: dict[str, Path], names: dict[str, str]) -> None:
+    scripts, job_name, speed_unit = CASES[job.case]
+    sides = ["mmcore", *[peer for peer in scripts if peer in pythons]]
+    results: dict[str, list[dict]] = {side: [] for side in sides}
+    for rep in range(reps):
+        for side in sides[rep % len(sides) :] + sides[: rep % len(sides)]:  # the order rotates
+            out = job.root / f"{side}-{rep}"
+            out.mkdir()
+            got = run_mmcore(job, out) if side == "mmcore" else run_peer(job, out, pythons[side], scripts[side])
+            got["loss"] = job.held_out_loss(got["saved"])
+            results[side].append(got)
+            print(
+                f"# {job.case} rep {rep} {side}: first step {got['first']:.2f} s, {got['speed']:.0f} {speed_unit}, {got['rss']:.0f} MiB, held-out loss {got['loss']:.4f}", file=sys.stderr, flush=True
+            )
+    data = "112x112 coloured shapes, LLaMA-Factory MLLM JSON" if job.case == "qwen2vl" else "the whisper demo's synthetic spoken digits (wav + transcript JSONL)"
+    how = (
+        f"{job.case} pack's demo model (random weights), {job.samples} samples of {data}, {job.steps} steps of {job.batch}"
+        + (f", cut-off {job.cutoff}" if job.case == "qwen2vl" else "")
+        + f", lr {job.lr} constant, AdamW, clip 1.0, fp32, all parameters trained, {job.threads} thread(s); each side a fresh command, {reps} repetitions, "
+        f"order rotating; throughput over steps {job.warm + 1}-{job.steps}; held-out loss on {job.held_out} samples"
+    )
+    for peer in sides[1:]:
+        for key, name, what, unit, goal in FIGURES:
+            mm, them = [r[key] for r in results["mmcore"]], [r[key] for r in results[peer]]
+            extra = {"own_eval_loss": round(results[peer][-1]["own_eval_loss"], 4)} if key == "loss" else {}
+            emit(figure(f"peers/{job.case}-{name}-vs-{peer}", f"{job_name}: {what}", unit or speed_unit, mm, them, baseline_name=names[peer], goal=goal, how=how, **extra))
 
 
 def main() -> None:
     p = parser(__doc__)
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated: qwen2vl, whisper")
     p.add_argument("--peers", default="llamafactory,trainer", help="comma-separated: llamafactory, trainer")
     p.add_argument("--env-cache", default=str(Path.home() / ".cache/mmcore-bench"), help="where LLaMA-Factory's environment is made once and kept")
     args = p.parse_args()
-    reps = reps_of(args)
+    reps = args.reps or (2 if args.quick else 5)
     wanted = [name for name in args.peers.split(",") if name]
     import transformers
 
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        job = Job(Path(tmp), args.quick, args.threads)
-        write_data(job.data, job.samples, job.held_out)
-        write_model(job.model)
-        pythons = {"trainer": Path(sys.executable)}
-        names = {"trainer": f"transformers {transformers.__version__} Trainer script", "llamafactory": "LLaMA-Factory"}
-        skipped = {}
-        if "llamafactory" in wanted:
-            python, said = llamafactory_env(Path(args.env_cache))
-            if python is None:
-                skipped["llamafactory"] = said
-            else:
-                pythons["llamafactory"], names["llamafactory"] = python, f"LLaMA-Factory run_exp; {said}"
-        sides = ["mmcore", *[name for name in wanted if name in pythons]]
-        results: dict[str, list[dict]] = {side: [] for side in sides}
-        for rep in range(reps):
-            for side in sides[rep % len(sides) :] + sides[: rep % len(sides)]:  # the order rotates
-                out = job.root / f"{side}-{rep}"
-                out.mkdir()
-                got = run_mmcore(job, out) if side == "mmcore" else run_peer(job, out, pythons[side], SCRIPTS[side])
-                got["loss"] = held_out_loss(job, got["saved"])
-                results[side].append(got)
-                print(f"# rep {rep} {side}: first step {got['first']:.2f} s, {got['tps']:.0f} tokens/s, {got['rss']:.0f} MiB, held-out loss {got['loss']:.4f}", file=sys.stderr, flush=True)
-        how = (
-            f"tiny Qwen2-VL (qwen2vl demo model, random weights), {job.samples} samples of 112x112 shapes, {job.steps} steps of {job.batch}, cut-off {job.cutoff}, "
-            f"lr {job.lr} constant, AdamW, clip 1.0, fp32, all parameters trained, {args.threads} thread(s); each side a fresh command, {reps} repetitions, "
-            f"order rotating; steady = steps {job.warm + 1}-{job.steps}; held-out loss on {job.held_out} samples"
-        )
-        for peer in sides[1:]:
-            for key, name, what, unit, goal in FIGURES:
-                mm, them = [r[key] for r in results["mmcore"]], [r[key] for r in results[peer]]
-                extra = {"own_eval_loss": round(results[peer][-1]["own_eval_loss"], 4)} if key == "loss" else {}
-                emit(figure(f"peers/qwen2vl-{name}-vs-{peer}", f"qwen2vl SFT: {what}", unit, mm, them, baseline_name=names[peer], goal=goal, how=how, **extra))
-        for peer, why in skipped.items():
-            mm = [r["tps"] for r in results["mmcore"]]
-            emit(figure(f"peers/qwen2vl-tokens-per-s-vs-{peer}", f"qwen2vl SFT vs {names[peer]}: not run ({why})", "tokens/s", mm, None, baseline_name=names[peer], how=how))
+    pythons = {"trainer": Path(sys.executable)}
+    names = {"trainer": f"transformers {transformers.__version__} Trainer script", "llamafactory": "LLaMA-Factory"}
+    if "llamafactory" in wanted and "qwen2vl" in args.cases:
+        python, said = llamafactory_env(Path(args.env_cache))
+        if python is None:  # the row says why, with mmcore's own figure beside it
+            print(f"# peers/qwen2vl-speed-vs-llamafactory: not run, {said}", file=sys.stderr)
+            emit(figure("peers/qwen2vl-speed-vs-llamafactory", f"qwen2vl SFT vs LLaMA-Factory: not run ({said})", "tokens/s", [float("nan")], None, baseline_name="LLaMA-Factory", how=said))
+        else:
+            pythons["llamafactory"], names["llamafactory"] = python, f"LLaMA-Factory run_exp; {said}"
+    pythons = {name: path for name, path in pythons.items() if name in wanted}
+    for case in args.cases.split(","):
+        with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+            job = Job(Path(tmp), case, args.quick, args.threads)
+            job.write()
+            measure(job, reps, pythons, names)
 
 
 if __name__ == "__main__":

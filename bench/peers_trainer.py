@@ -88,6 +88,28 @@ class Encoding:
         return batch
 
 
+def held_out_loss(model_dir: Path, saved: str, held_out: Path, cutoff: int, batch: int) -> float:
+    """Mean token loss of ``saved`` on ``held_out`` (the bench's one evaluation for every side;
+    the shared tokenizer and image processor of ``model_dir``), over the tokens every side trains
+    on: the answer and its ``<|im_end|>`` (LLaMA-Factory's template, and this script, also train
+    on the ``\n`` after it; mmcore's chat-template encoder does not: a token one side never learns)."""
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+
+    encoding = Encoding(model_dir, cutoff, newline_label=False)
+    items = encoding.file(held_out)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(saved, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(items), batch):
+            inputs = encoding.collate(items[i : i + batch])
+            labels = inputs.pop("labels")[:, 1:]
+            logits = model(**inputs).logits[:, :-1]
+            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"))
+            count += int((labels != -100).sum())
+    return total / count
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
