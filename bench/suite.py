@@ -89,7 +89,12 @@ def markdown(results: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} dispatching to **{m['torch_isa']}**, {results['threads']} threads on both sides, Python {m['python']}"
         + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
         + ".",
-        *[f"Rerun since: {', '.join(r['benchmarks'])} on {r['date']} at `{r['commit']}`." for r in results.get("reruns", [])],
+        *[
+            f"Rerun since: {', '.join(r['benchmarks'])} on {r['date']} at `{r['commit']}`"
+            + (f", {r['threads']} thread(s) on both sides" if r.get("threads", results["threads"]) != results["threads"] else "")
+            + "."
+            for r in results.get("reruns", [])
+        ],
         "",
         "Each figure is a ratio against a baseline measured in the same run: each repetition measures both sides (alternating, after warm-up);",
         "**ratio** is the median of the repetitions' ratios, with their interquartile range. mmcore and baseline columns are medians.",
@@ -153,7 +158,7 @@ def main() -> None:
             results["figures"] = [f for f in results["figures"] if f.get("benchmark") not in only]
             results["failures"] = [f for f in results["failures"] if f["benchmark"] not in only]
             results["skipped"] = [f for f in results["skipped"] if f["benchmark"] not in only and f["benchmark"] not in ("gpu_step", "gpu_megatron")]
-            results["reruns"] = [*results.get("reruns", []), {"benchmarks": only, "date": now, "commit": commit()}]
+            results["reruns"] = [*results.get("reruns", []), {"benchmarks": only, "date": now, "commit": commit(), "threads": args.threads}]
             results["previous_duration_s"] = old.get("duration_s", 0)
     for script, covers, quick_args in BENCHMARKS:
         if only and script not in only:
