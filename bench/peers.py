@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def llamafactory_env(cache: Path) -> tuple[Path | None, str]:
     python = env / "bin/python"
     if (env / ".ready").exists():
         return python, (env / ".ready").read_text()
+    shutil.rmtree(env, ignore_errors=True)  # an attempt cut short
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
         return None, "uv is not installed in mmcore's environment"

@@ -154,7 +154,8 @@ def main() -> None:
         if old.get("quick") == args.quick and (old.get("machine", {}).get("cpu") == results["machine"]["cpu"] or set(only) <= EXACT):
             if set(only) <= EXACT:
                 results["machine"] = old["machine"]  # the table's timings stay the other machine's
-            results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns") if k in old})
+            results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns", "threads") if k in old})
+            results["machine"]["threads"] = results["threads"]  # the table's header is the first run's; a rerun's own count goes on its line
             results["figures"] = [f for f in results["figures"] if f.get("benchmark") not in only]
             results["failures"] = [f for f in results["failures"] if f["benchmark"] not in only]
             results["skipped"] = [f for f in results["skipped"] if f["benchmark"] not in only and f["benchmark"] not in ("gpu_step", "gpu_megatron")]
