@@ -78,9 +78,9 @@ def test_peers_write_llamafactory_data_as_its_dataset_info_names_it(tmp_path: Pa
             assert (tmp_path / record["images"][0]).is_file()
 
 
-def test_a_rerun_at_another_thread_count_says_so() -> None:
+def test_a_rerun_at_another_thread_count_or_on_another_machine_says_so() -> None:
     results = {"quick": False, "date": "d", "commit": "c", "duration_s": 60.0, "threads": 2, "figures": [], "failures": [], "skipped": []}
     results["machine"] = {"cpu": "Xeon", "cores": 2, "torch": "2.13", "torch_isa": "AVX512", "python": "3.11", "cuda": None}
-    results["reruns"] = [{"benchmarks": ["peers"], "date": "d2", "commit": "c2", "threads": 1}, {"benchmarks": ["caches"], "date": "d3", "commit": "c3"}]
+    results["reruns"] = [{"benchmarks": ["peers"], "date": "d2", "commit": "c2", "threads": 1, "machine": "AMD EPYC"}, {"benchmarks": ["caches"], "date": "d3", "commit": "c3"}]
     text = suite.markdown(results)
-    assert "Rerun since: peers on d2 at `c2`, 1 thread(s) on both sides." in text and "Rerun since: caches on d3 at `c3`." in text
+    assert "Rerun since: peers on d2 at `c2`, 1 thread(s) on both sides, on another machine: AMD EPYC." in text and "Rerun since: caches on d3 at `c3`." in text
