@@ -39,7 +39,7 @@ BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
     ("megatron_memory", "7. megatron backend memory: loading, and writing the trained weights, TP=2 and PP=2 vs one process", None),
     ("batched_generation", "issue 16: batched generation vs one request at a time", []),
     ("tower_balance", "issue 40: tower work across data-parallel ranks, balanced vs plain shuffling", []),
-    ("peers", "issue 47: the same qwen2vl SFT job through mmcore, LLaMA-Factory and a transformers Trainer script", []),
+    ("peers", "issue 47: the same small training jobs through mmcore, LLaMA-Factory and transformers Trainer scripts", ["--cases", "qwen2vl"]),
 ]
 #: benchmarks whose figures are exact counts of a plan (no timing): the same on any machine, so a
 #: partial rerun of these alone merges into results taken on another CPU
