@@ -39,10 +39,14 @@ BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
     ("megatron_memory", "7. megatron backend memory: loading, and writing the trained weights, TP=2 and PP=2 vs one process", None),
     ("batched_generation", "issue 16: batched generation vs one request at a time", []),
     ("tower_balance", "issue 40: tower work across data-parallel ranks, balanced vs plain shuffling", []),
+    ("peers", "issue 47: the same small training jobs through mmcore, LLaMA-Factory and transformers Trainer scripts", ["--cases", "qwen2vl"]),
 ]
 #: benchmarks whose figures are exact counts of a plan (no timing): the same on any machine, so a
 #: partial rerun of these alone merges into results taken on another CPU
 EXACT = {"tower_balance"}
+#: benchmarks that measure every side of each figure themselves, in the same run on one machine
+#: (bench/peers.py): a partial rerun of these on another CPU merges too, its line naming that machine
+SAME_RUN = {"peers"}
 
 
 def run_one(script: str, extra: list[str], threads: int, quick: bool, timeout: float) -> tuple[list[dict[str, Any]], str | None, float]:
@@ -88,7 +92,13 @@ def markdown(results: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} dispatching to **{m['torch_isa']}**, {results['threads']} threads on both sides, Python {m['python']}"
         + (f", GPU {m['cuda']}" if m.get("cuda") else ", no GPU")
         + ".",
-        *[f"Rerun since: {', '.join(r['benchmarks'])} on {r['date']} at `{r['commit']}`." for r in results.get("reruns", [])],
+        *[
+            f"Rerun since: {', '.join(r['benchmarks'])} on {r['date']} at `{r['commit']}`"
+            + (f", {r['threads']} thread(s) on both sides" if r.get("threads", results["threads"]) != results["threads"] else "")
+            + (f", on another machine: {r['machine']}" if r.get("machine") else "")
+            + "."
+            for r in results.get("reruns", [])
+        ],
         "",
         "Each figure is a ratio against a baseline measured in the same run: each repetition measures both sides (alternating, after warm-up);",
         "**ratio** is the median of the repetitions' ratios, with their interquartile range. mmcore and baseline columns are medians.",
@@ -112,6 +122,10 @@ def markdown(results: dict[str, Any]) -> str:
     for f in results["figures"]:
         extra = "; ".join(f"{k} = {v}" for k, v in f.get("extra", {}).items())
         lines.append(f"- `{f['id']}`: {f['how']}" + (f" ({extra})" if extra else "") + ".")
+    if any(f["id"].startswith("peers/") for f in results["figures"]):
+        from peers import NOTES
+
+        lines += ["", "## Peers: what each side was", "", NOTES.strip()]
     lines += ["", "The scripts' docstrings say what each side runs; `python bench/<name>.py --help` runs one alone.", ""]
     return "\n".join(lines)
 
@@ -145,14 +159,19 @@ def main() -> None:
     if only and previous.exists():
         # a partial rerun replaces those benchmarks' rows in the last results and says so
         old = json.loads(previous.read_text())
-        if old.get("quick") == args.quick and (old.get("machine", {}).get("cpu") == results["machine"]["cpu"] or set(only) <= EXACT):
-            if set(only) <= EXACT:
+        here = results["machine"]
+        if old.get("quick") == args.quick and (old.get("machine", {}).get("cpu") == here["cpu"] or set(only) <= EXACT | SAME_RUN):
+            if set(only) <= EXACT | SAME_RUN:
                 results["machine"] = old["machine"]  # the table's timings stay the other machine's
-            results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns") if k in old})
+            results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns", "threads") if k in old})
+            results["machine"]["threads"] = results["threads"]  # the table's header is the first run's; a rerun's own count goes on its line
             results["figures"] = [f for f in results["figures"] if f.get("benchmark") not in only]
             results["failures"] = [f for f in results["failures"] if f["benchmark"] not in only]
             results["skipped"] = [f for f in results["skipped"] if f["benchmark"] not in only and f["benchmark"] not in ("gpu_step", "gpu_megatron")]
-            results["reruns"] = [*results.get("reruns", []), {"benchmarks": only, "date": now, "commit": commit()}]
+            rerun = {"benchmarks": only, "date": now, "commit": commit(), "threads": args.threads}
+            if here["cpu"] != results["machine"]["cpu"] and not set(only) <= EXACT:
+                rerun["machine"] = f"{here['cpu']}, {here['cores']} cores, torch dispatching to {here['torch_isa']}"
+            results["reruns"] = [*results.get("reruns", []), rerun]
             results["previous_duration_s"] = old.get("duration_s", 0)
     for script, covers, quick_args in BENCHMARKS:
         if only and script not in only:

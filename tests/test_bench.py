@@ -56,3 +56,31 @@ def test_every_benchmark_script_starts(script: str) -> None:
     proc = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--help"], cwd=BENCH, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout
+
+
+def test_peers_write_llamafactory_data_as_its_dataset_info_names_it(tmp_path: Path) -> None:
+    """bench/peers.py's data: LLaMA-Factory's MLLM layout (its mllm_demo entry), every image there."""
+    import json
+
+    import peers
+
+    peers.write_data(tmp_path, 3, 2)
+    info = json.loads((tmp_path / "dataset_info.json").read_text())
+    assert set(info) == {"peers_train", "peers_eval"}
+    for name, entry in info.items():
+        assert entry["formatting"] == "sharegpt" and entry["columns"] == {"messages": "messages", "images": "images"}
+        assert entry["tags"] == {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+        records = json.loads((tmp_path / entry["file_name"]).read_text())
+        assert len(records) == (3 if name == "peers_train" else 2)
+        for record in records:
+            assert [t["role"] for t in record["messages"]] == ["user", "assistant"]
+            assert record["messages"][0]["content"].count("<image>") == len(record["images"]) == 1
+            assert (tmp_path / record["images"][0]).is_file()
+
+
+def test_a_rerun_at_another_thread_count_or_on_another_machine_says_so() -> None:
+    results = {"quick": False, "date": "d", "commit": "c", "duration_s": 60.0, "threads": 2, "figures": [], "failures": [], "skipped": []}
+    results["machine"] = {"cpu": "Xeon", "cores": 2, "torch": "2.13", "torch_isa": "AVX512", "python": "3.11", "cuda": None}
+    results["reruns"] = [{"benchmarks": ["peers"], "date": "d2", "commit": "c2", "threads": 1, "machine": "AMD EPYC"}, {"benchmarks": ["caches"], "date": "d3", "commit": "c3"}]
+    text = suite.markdown(results)
+    assert "Rerun since: peers on d2 at `c2`, 1 thread(s) on both sides, on another machine: AMD EPYC." in text and "Rerun since: caches on d3 at `c3`." in text
