@@ -35,7 +35,7 @@ class GrpoSection(Section):
     )
     rewards: dict[str, float] = Field(
         default_factory=lambda: {"accuracy": 1.0},
-        description="Reward function name -> weight; an answer's reward is the weighted sum. Built in: accuracy, exact, format, length; more from plugins (mmcore_register_rewards; `mmcore info` lists them).",
+        description="Reward function name -> weight; an answer's reward is the weighted sum. Built in: accuracy, exact, format, length; more from plugins (mmcore_register_rewards; `mmcore list` lists them).",
     )
     epsilon: float = Field(0.2, gt=0, lt=1, description="Clip range of the policy ratio: 1 - epsilon .. 1 + epsilon (it matters from a rollout's second step, training.grpo.epochs > 1).")
     beta: float = Field(
