@@ -17,11 +17,16 @@ COLOURS = {"red": (220, 30, 30), "blue": (40, 60, 220), "green": (30, 170, 60)}
 
 
 def write_questions(folder: Path) -> Path:
-    """Image questions with the reference as the assistant's turn, LLaMA-Factory's MLLM format."""
+    """Questions with the reference as the assistant's turn, LLaMA-Factory's MLLM format, shaped
+    like users' files: images of uneven sizes and text-only questions in one file (FACTS.md, real
+    data across ranks), so that two processes' micro-batches hold different media."""
     records = []
     for i in range(12):
         colour = sorted(COLOURS)[i % 3]
-        write_image(folder / "images" / f"{i}.png", COLOURS[colour])
+        if i % 4 == 3:
+            records.append({"messages": [{"role": "user", "content": f"Say {colour}."}, {"role": "assistant", "content": colour}]})
+            continue
+        write_image(folder / "images" / f"{i}.png", COLOURS[colour], size=(48 + 16 * (i % 3), 48))
         records.append({"messages": [{"role": "user", "content": "<image>What colour is it?"}, {"role": "assistant", "content": colour}], "images": [f"images/{i}.png"]})
     path = folder / "questions.json"
     path.write_text(json.dumps(records))
@@ -94,12 +99,15 @@ def test_grpo_refuses_what_it_cannot_train(mm, tmp_path: Path) -> None:  # type:
 @pytest.mark.compares_runs
 def test_grpo_two_processes_equal_one(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The same global batch (2 prompts x 4 answers) on 1 process and on 2: rollouts seeded by
-    (seed, step, prompt), so the same answers and rewards; losses equal to float rounding."""
+    (seed, step, prompt), so the same answers and rewards; losses equal to float rounding. The
+    ranks' prompts differ in media (a text-only one beside an image one): fillers keep their
+    tower calls alike."""
     data = write_questions(tmp_path / "data")
     args = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), *GRPO, "evaluate.enabled=false"]
-    mm(*args, "--run-dir", "one")
-    mm(*args, "--run-dir", "two", "--nproc-per-node", "2", "training.micro_batch_size=1")
+    mm(*args, "--run-dir", "one", "training.balance_towers=false")
+    mm(*args, "--run-dir", "two", "--nproc-per-node", "2", "training.micro_batch_size=1", "training.balance_towers=false")
     one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert sum(r.get("fillers", 0) for r in two.values()) > 0  # some step paired a text-only prompt with an image one
     for step in one:
         assert two[step].get("reward") == one[step].get("reward")
         assert two[step]["loss"] == pytest.approx(one[step]["loss"], rel=1e-5, abs=1e-7)
