@@ -167,3 +167,18 @@ def test_a_method_the_recipe_does_not_train_is_refused() -> None:
     check_method(ctx("dpo"), legacy)  # an SDK 1.x recipe built from parts keeps training what it trained
     with pytest.raises(StageError):
         check_method(ctx("grpo"), legacy)
+
+
+def test_an_rl_prompt_file_with_answer_or_solution_fields_reads_as_a_conversation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """verl / ms-swift GRPO files give the reference beside the prompt: the last user turn plus an
+    ``answer`` or ``solution`` field reads as that conversation with the reference as the
+    assistant's turn (what GRPO takes as its reference, and SFT as its target)."""
+    from mmcore.data.mllm import Columns, _parse
+
+    roles = {"user": "user", "assistant": "assistant", "system": "system"}
+    sample = _parse(tmp_path / "f.json", 0, {"messages": [{"role": "user", "content": "2 + 2?"}], "solution": "4"}, Columns(), roles, tmp_path)
+    assert [(t.role, t.content) for t in sample.turns] == [("user", "2 + 2?"), ("assistant", "4")]
+    from mmcore.data.mllm import BadRecord
+
+    with pytest.raises(BadRecord, match="or give the reference answer as 'answer' or 'solution'"):
+        _parse(tmp_path / "f.json", 0, {"messages": [{"role": "user", "content": "2 + 2?"}]}, Columns(), roles, tmp_path)

@@ -227,8 +227,12 @@ def _parse(path: Path, index: int, record: object, columns: Columns, roles: dict
         expected = "user" if number % 2 == 0 else "assistant"
         if turn.role != expected:
             raise BadRecord(f"turn {number} is from {turn.role}, expected {expected} (turns alternate, user first)")
+    reference = next((record[key] for key in ("answer", "solution") if isinstance(record.get(key), str) and record[key].strip()), None)
+    if dialogue[-1].role == "user" and reference is not None:  # an RL prompt's reference (verl / ms-swift GRPO files)
+        turns.append(Turn("assistant", reference))
+        dialogue = [*dialogue, turns[-1]]
     if dialogue[-1].role != "assistant":
-        raise BadRecord("the last turn must be the assistant's")
+        raise BadRecord("the last turn must be the assistant's (or give the reference answer as 'answer' or 'solution')")
     media: dict[str, list[Path]] = {}
     text = "".join(t.content for t in turns)
     for kind, placeholder in PLACEHOLDERS.items():
