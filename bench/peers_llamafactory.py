@@ -14,7 +14,6 @@ processor either way; the data here has no audio or video.
 
 from __future__ import annotations
 
-import argparse
 import importlib.machinery
 import sys
 import types
@@ -56,17 +55,10 @@ def processor_without_video() -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True, help="folder with dataset_info.json (peers_train, peers_eval)")
-    p.add_argument("--out", required=True)
-    p.add_argument("--steplog", required=True)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--cutoff", type=int, default=128)
+    from peers_steplog import peer_arguments
+
+    p = peer_arguments(__doc__, "folder with dataset_info.json (peers_train, peers_eval)")
     p.add_argument("--image-max-pixels", type=int, default=112 * 112)
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     no_torchaudio()
     processor_without_video()

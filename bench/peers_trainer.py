@@ -11,7 +11,6 @@ held-out file, the model saved. Step times and tokens go to ``--steplog`` (peers
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -111,43 +110,21 @@ def held_out_loss(model_dir: Path, saved: str, held_out: Path, cutoff: int, batc
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True, help="folder with train.json, eval.json and the images")
-    p.add_argument("--out", required=True)
-    p.add_argument("--steplog", required=True)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--cutoff", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    from peers_steplog import peer_arguments
+
+    p = peer_arguments(__doc__, "folder with train.json, eval.json and the images")
     args = p.parse_args()
 
     import torch
     from transformers import Qwen2VLForConditionalGeneration, Trainer, TrainingArguments
 
-    from peers_steplog import StepLog
+    from peers_steplog import StepLog, trainer_options
 
     encoding = Encoding(args.model, args.cutoff)
     train, held_out = encoding.file(Path(args.data) / "train.json"), encoding.file(Path(args.data) / "eval.json")
     model = Qwen2VLForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32)
     training = TrainingArguments(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=args.batch,
-        per_device_eval_batch_size=args.batch,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=args.seed,
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=True,
+        **trainer_options(args),
         include_num_input_tokens_seen="non_padding",
     )
     trainer = Trainer(model=model, args=training, train_dataset=train, eval_dataset=held_out, data_collator=encoding.collate, callbacks=[StepLog(args.steplog)])

@@ -13,7 +13,6 @@ evaluation on the held-out file, the model saved; step times to ``--steplog``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import wave
 from pathlib import Path
@@ -71,43 +70,21 @@ def held_out_loss(model_dir: Path, saved: str, held_out: Path, batch: int) -> fl
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True, help="folder with train.jsonl, eval.jsonl and the clips")
-    p.add_argument("--out", required=True)
-    p.add_argument("--steplog", required=True)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--cutoff", type=int, default=0, help="unused (the qwen2vl peers' option)")
-    p.add_argument("--seed", type=int, default=0)
+    from peers_steplog import peer_arguments
+
+    p = peer_arguments(__doc__, "folder with train.jsonl, eval.jsonl and the clips", cutoff=0)
     args = p.parse_args()
 
     import torch
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, WhisperForConditionalGeneration
 
-    from peers_steplog import StepLog
+    from peers_steplog import StepLog, trainer_options
 
     encoding = Encoding(args.model)
     train, held_out = encoding.file(Path(args.data) / "train.jsonl"), encoding.file(Path(args.data) / "eval.jsonl")
     model = WhisperForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32)
     training = Seq2SeqTrainingArguments(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=args.batch,
-        per_device_eval_batch_size=args.batch,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=args.seed,
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-        disable_tqdm=True,
+        **trainer_options(args),
         predict_with_generate=False,
     )
     trainer = Seq2SeqTrainer(model=model, args=training, train_dataset=train, eval_dataset=held_out, data_collator=encoding.collate, callbacks=[StepLog(args.steplog)])
