@@ -11,7 +11,6 @@ outputs exist. Work left by an interrupted stage is resumed only when its plan i
 from __future__ import annotations
 
 import contextlib
-
 import time
 import traceback
 from datetime import datetime
@@ -28,6 +27,7 @@ from mmcore.framework.files import sha256_json
 from mmcore.framework.pack import STAGES, StageResult
 from mmcore.framework.plugins import Plugins
 from mmcore.run.status import unfinished
+from mmcore.run.memory import return_freed_memory
 from mmcore.framework.stages import ContractError, check_result
 from mmcore.run.rundir import Manifest, RunDir, changed_inputs, hash_inputs, hash_outputs, missing_outputs, output_problems
 from mmcore.framework.versions import version_record
@@ -137,8 +137,8 @@ class Runner:
                 self._skipped(stage, f"disabled by {stage}.enabled=false")
                 continue
             manifest = self.run_stage(stage, resume=resume, force=force)
-            if manifest is not None:
-                done.append(manifest)
+            return_freed_memory()  # the next stage's peak starts from what this one still holds
+            done.extend([manifest] if manifest is not None else [])
         return done
 
     def _disabled(self, stage: str) -> bool:
