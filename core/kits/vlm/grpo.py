@@ -37,10 +37,10 @@ INDEX = "grpo_index"  # a sample's dataset index, for its rollout seed
 
 
 class IndexedSamples:
-    """A split's samples, each with its index (``grpo_index``) and its prompt and reference cut."""
+    """A split's samples, each with its dataset index (``grpo_index``): the seed of its answers."""
 
-    def __init__(self, data: Any, cut: Any) -> None:
-        self.data, self.cut = data, cut
+    def __init__(self, data: Any) -> None:
+        self.data = data
 
     def __len__(self) -> int:
         return len(self.data)
@@ -77,7 +77,6 @@ class VLMGRPORecipe(VLMRecipe):
         # media placeholders and padding are never an answer's: a sampled image token would ask the tower for an image
         self.suppressed = sorted({int(v) for v in self.ids.values()} - set(self.end_ids))
         self.device = ctx.accelerator.device(ctx.world.local_rank)
-        self.world = ctx.world
         self.generation_batch = ctx.config.generation.batch_size
         self.sums: dict[str, Any] = {}
         self.shown: dict[str, Any] = {}  # the rollout's first group, for rollouts.jsonl
@@ -106,7 +105,7 @@ class VLMGRPORecipe(VLMRecipe):
             raise StageError("training.method=grpo learns from prompts with reference answers, not preference pairs (data.ranking): preprocess the prompts without data.ranking")
 
     def samples(self, split: str) -> Any:
-        return IndexedSamples(super().samples(split), None)
+        return IndexedSamples(super().samples(split))
 
     # -- collation: the SFT batch, and the prompts the rollout answers ---------------------------
 
