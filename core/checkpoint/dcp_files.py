@@ -318,6 +318,13 @@ def whole_tensors(ckpt_dir: Path, prefix: str) -> dict[str, tuple[str, tuple[int
     its own (convert's layout, or a one-process checkpoint's); None where any is not (sharded,
     transformed, another dtype): the torch path reads those."""
     metadata = read_metadata(ckpt_dir)
+    try:
+        return _whole_tensors(ckpt_dir, metadata, prefix)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError, struct.error, pickle.UnpicklingError, EOFError, UnicodeDecodeError, OSError):
+        return None  # a layout this reader does not know: the torch path reads it (and says what is wrong)
+
+
+def _whole_tensors(ckpt_dir: Path, metadata: Any, prefix: str) -> dict[str, tuple[str, tuple[int, ...], Path, int, int]] | None:
     stored: dict[str, list[Any]] = {}
     for index, info in metadata.storage_data.items():
         stored.setdefault(index.fqn, []).append(info)
