@@ -25,6 +25,7 @@ wider model (hidden 768, 6 layers) whose step takes about a second here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import statistics
 import tempfile
@@ -98,7 +99,9 @@ class Case:
             timed.append(TimedBatches(self.batches))
             training = ctx.config.training.model_copy(update={"micro_batch_size": 1, "grad_accum_steps": 1, "max_tokens": None})
             ctx = dataclasses.replace(ctx, config=ctx.config.model_copy(update={"training": training}))
-            swapped = dataclasses.replace(recipe, dataset=lambda c, u: timed[-1], collate=lambda items: items[0], group_of=None, length_of=None, evaluate=None)
+            swapped = copy.copy(recipe)  # the pack's recipe object, its data parts replaced on this copy
+            for name, part in {"dataset": lambda c, u: timed[-1], "collate": lambda items: items[0], "group_of": None, "length_of": None, "evaluate": None, "work_of": None}.items():
+                setattr(swapped, name, part)
             return original(ctx, upstream, swapped)
 
         engine.run_training = precollated

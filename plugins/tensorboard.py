@@ -28,10 +28,13 @@ def _writer(ctx: Any) -> Any:
 def mmcore_log_metrics(ctx, step, metrics):
     if not active(ctx, "tensorboard"):
         return
-    writer = _writer(ctx)
-    for name, value in metrics.items():
-        if isinstance(value, (int, float)):
-            writer.add_scalar(f"{ctx.stage}/{name}", value, step)
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    # one event holding the step's scalars, as add_scalar writes each (simple_value, the same
+    # tags): a summary per scalar cost the train loop ~0.1 ms each, every step
+    values = [Summary.Value(tag=f"{ctx.stage}/{name}", simple_value=float(value)) for name, value in metrics.items() if isinstance(value, (int, float))]
+    if values:
+        _writer(ctx)._get_file_writer().add_summary(Summary(value=values), step)
 
 
 @hookimpl

@@ -55,3 +55,39 @@ def test_a_cache_of_another_format_is_a_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "index.json").write_text('{"by_key": {}, "samples_media": []}')
     with pytest.raises(StageError, match="written by an older mmcore; rerun extract with --force"):
         FeatureCache(tmp_path)
+
+
+def test_shard_reads_are_safetensors_tensors_and_rows_pad_as_one_at_a_time(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from mmcore.train.causal_lm import IGNORE, padded_rows
+
+    writer = ShardWriter(tmp_path / "data", max_shard_bytes=1 << 10)  # several shards
+    gen = torch.Generator().manual_seed(0)
+    for n in range(12):
+        ids = torch.randint(0, 99, (3 + n % 5,), generator=gen)
+        fields = {
+            "input_ids": ids,
+            "labels": ids.clone(),
+            "pixels": torch.randn(n % 3, 4, generator=gen).to(torch.bfloat16),
+            "grid": torch.tensor([[1, 2, n]], dtype=torch.int32),
+            "keep": torch.tensor([n % 2 == 0]),
+        }
+        writer.add(fields, length=len(ids))
+    writer.close()
+    data = ShardDataset(tmp_path / "data")
+    for i in range(len(data)):
+        record = data.meta(i)
+        with safe_open(str(tmp_path / "data" / f"shard-{record['shard']:05d}.safetensors"), framework="pt") as handle:
+            expected = {name: handle.get_tensor(f"{data.indices[i]}/{name}") for name in record["fields"]}
+        got = data[i]
+        assert list(got) == list(expected)
+        for name in got:
+            assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape and torch.equal(got[name], expected[name]), name
+    samples = [data[i] for i in range(5)]
+    batch = padded_rows(samples, pad_id=7)
+    for row, sample in enumerate(samples):
+        n = len(sample["input_ids"])
+        assert torch.equal(batch["input_ids"][row, :n], sample["input_ids"]) and (batch["input_ids"][row, n:] == 7).all()
+        assert torch.equal(batch["labels"][row, :n], sample["labels"]) and (batch["labels"][row, n:] == IGNORE).all()
+        assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (batch["input_ids"].shape[1] - n)

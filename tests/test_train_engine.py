@@ -34,6 +34,16 @@ def test_sampler_resumes_at_any_position_and_reshuffles_each_epoch() -> None:
     assert [b for b, e in seen if e == 1] != [b for b, e in seen if e == 0]
 
 
+def test_sampler_plans_each_epoch_once() -> None:
+    sampler = EpochSampler(20, seed=1, rank=0, world=1, batch=4)
+    planned = []
+    steps = sampler.steps
+    sampler.steps = lambda epoch: planned.append(epoch) or steps(epoch)  # type: ignore[method-assign]
+    for _ in range(15):  # three epochs of five micro-batches
+        sampler.next_batch()
+    assert planned == [1, 2]  # epoch 0 was planned at construction; none planned again
+
+
 def test_sampler_refuses_a_dataset_smaller_than_a_global_batch() -> None:
     with pytest.raises(StageError, match="fewer than one global micro-batch"):
         EpochSampler(3, seed=0, rank=0, world=2, batch=2)

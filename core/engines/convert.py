@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+from mmcore.engines import convert_bytes
 from mmcore.engines.state_dict import FusedExpertsAdapter, Recipe, RenameAdapter, StateDictAdapter, TensorInfo, materialize
 from mmcore.engines.coverage import build_on_meta, coverage_problems, expected_tensors, model_from_config
 from mmcore.checkpoint.dcp_tensors import MODEL_PREFIX, dcp_index, load_dcp_tensors, read_whole_tensor, whole_tensor_files
@@ -69,7 +70,11 @@ def fsync_tree(folder: Path) -> None:
 
 
 def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> dict[str, Any]:
-    """Convert a folder of HF safetensors into a DCP checkpoint at ``out_dir``; returns stats."""
+    """Convert a folder of HF safetensors into a DCP checkpoint at ``out_dir``; returns stats.
+    A renaming adapter copies bytes without torch (:mod:`mmcore.engines.convert_bytes`)."""
+    copied = convert_bytes.hf_to_dcp(hf_dir, out_dir, adapter, progress=progress)
+    if copied is not None:
+        return copied
     import threading
 
     import torch
@@ -143,8 +148,12 @@ def dcp_to_hf(
     """Write the model tensors of a DCP checkpoint as HF safetensors shards (+ index if several).
 
     Tensors are read ``read_bytes`` at a time, built by the adapter and written one by one:
-    memory holds about ``max(read_bytes, largest tensor)``, whatever the shard size.
+    memory holds about ``max(read_bytes, largest tensor)``, whatever the shard size. A renaming
+    adapter on whole tensors copies bytes without torch (:mod:`mmcore.engines.convert_bytes`).
     """
+    copied = convert_bytes.dcp_to_hf(ckpt_dir, out_dir, adapter, max_shard_bytes=max_shard_bytes, dtype=dtype, progress=progress)
+    if copied is not None:
+        return copied
     mm_index = dcp_index(ckpt_dir)
     plan = adapter.to_hf(mm_index)
     if dtype is not None:

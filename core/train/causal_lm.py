@@ -17,16 +17,16 @@ IGNORE = -100
 def padded_rows(samples: list[dict[str, Any]], pad_id: int) -> dict[str, Any]:
     import torch
 
-    longest = max(len(s["input_ids"]) for s in samples)
+    lengths = torch.tensor([len(s["input_ids"]) for s in samples])
+    longest = int(lengths.max())
+    # the rows' tokens in one assignment each (row-major, as the samples come): a row at a time
+    # cost ~30 us a row, a demo's batch of 16 half a millisecond
+    real = torch.arange(longest)[None] < lengths[:, None]
     ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
     labels = torch.full((len(samples), longest), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(samples), longest), dtype=torch.long)
-    for row, sample in enumerate(samples):
-        n = len(sample["input_ids"])
-        ids[row, :n] = sample["input_ids"]
-        labels[row, :n] = sample["labels"]
-        mask[row, :n] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    ids[real] = torch.cat([s["input_ids"] for s in samples]).long()
+    labels[real] = torch.cat([s["labels"] for s in samples]).long()
+    return {"input_ids": ids, "labels": labels, "attention_mask": real.long()}
 
 
 def packed_rows(samples: list[dict[str, Any]], counts: dict[str, str] | None = None) -> dict[str, Any]:

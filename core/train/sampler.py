@@ -15,6 +15,7 @@ class PlannedSampler:
     rank: int
     position: int = 0
     _epoch_cache: tuple[int, list[list[list[int]]]] | None = None
+    _length: int | None = None
 
     def steps(self, epoch: int) -> list[list[list[int]]]:
         raise NotImplementedError
@@ -26,7 +27,9 @@ class PlannedSampler:
 
     def epoch_length(self) -> int:
         """Global micro-batches per epoch: :meth:`next_batch` moves to the next epoch after this many."""
-        return len(self._plan(0))
+        if self._length is None:  # kept apart from the plan cache: from epoch 1 on, asking epoch 0 each step re-planned both
+            self._length = len(self._plan(0))
+        return self._length
 
     def next_batch(self) -> tuple[list[int], int]:
         """This rank's sample indices of the next micro-batch, and its epoch."""

@@ -1,0 +1,154 @@
+"""Conversions that only rename, done by copying bytes, without torch.
+
+With a plain :class:`~mmcore.engines.state_dict.RenameAdapter` every output tensor is one input
+tensor under another name, with its dtype, shape and bytes: HF -> DCP writes each into a
+``torch.save`` archive of its own and DCP -> HF each into a safetensors shard, the bytes copied
+file to file (``copy_file_range``) and the formats written by :mod:`mmcore.checkpoint.dcp_files`.
+The files are those torch's path writes (the same layout, names and headers), so either path
+reads what the other wrote. Anything else (fused or split tensors, a dtype cast, a sharded or
+transformed checkpoint, a dtype or size the archive writer does not cover) returns None here
+and takes the torch path in :mod:`mmcore.engines.convert`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from mmcore.checkpoint.dcp_files import DTYPES, MAX_RECORD, copy_bytes, metadata_pickle, whole_tensors, write_tensor_file
+from mmcore.engines.state_dict import RenameAdapter, StateDictAdapter, TensorInfo
+from mmcore.errors import StageError
+from mmcore.framework.faults import crash_point
+from mmcore.framework.files import ensure_free_space, fsync_dir
+
+MODEL_PREFIX = "model."  # as mmcore.checkpoint.dcp_tensors (which imports torch to read)
+
+
+def _renames(adapter: StateDictAdapter) -> bool:
+    return type(adapter) is RenameAdapter
+
+
+def _size(code: str, shape: tuple[int, ...]) -> int:
+    n = DTYPES[code][2]
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in [*sorted(p for p in folder.rglob("*") if p.is_file()), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> dict[str, Any] | None:
+    """:func:`mmcore.engines.convert.hf_to_dcp` for a renaming adapter; None where it does not apply."""
+    from mmcore.checkpoint.safetensors_files import _read_raw_header, safetensors_files
+
+    if not _renames(adapter):
+        return None
+    where: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+    for path in safetensors_files(hf_dir):
+        header, start = _read_raw_header(path)
+        for key, entry in header.items():
+            if key in where:
+                raise StageError(f"{hf_dir}: tensor {key!r} is in both {where[key][0].name} and {path.name}")
+            begin, end = entry["data_offsets"]
+            if entry["dtype"] not in DTYPES or end - begin > MAX_RECORD:
+                return None
+            where[key] = (path, entry["dtype"], tuple(entry["shape"]), start + begin, end - begin)
+    plan = adapter.to_mm({key: TensorInfo(shape, code) for key, (_, code, shape, _, _) in where.items()})  # type: ignore[arg-type]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    total = sum(where[r.sources[0]][4] for r in plan.values())
+    ensure_free_space(out_dir, total, "the converted checkpoint")
+    files: dict[Path, Any] = {}
+    tensors = {}
+    try:
+        for i, (key, recipe) in enumerate(progress(list(plan.items())) if progress else plan.items()):
+            crash_point("convert-tensor", i + 1)
+            path, code, shape, offset, nbytes = where[recipe.sources[0]]
+            if path not in files:
+                files[path] = open(path, "rb")
+            name = f"__0_{i}.distcp"
+            tensors[MODEL_PREFIX + key] = (code, shape, name, write_tensor_file(out_dir / name, code, shape, files[path], offset, nbytes))
+    finally:
+        for handle in files.values():
+            handle.close()
+    tmp = out_dir / ".metadata.tmp"
+    tmp.write_bytes(metadata_pickle(tensors, str(out_dir)))
+    tmp.replace(out_dir / ".metadata")
+    _fsync_tree(out_dir)
+    return {"tensors": len(plan), "bytes": total}
+
+
+def dcp_to_hf(
+    ckpt_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, max_shard_bytes: int, dtype: Any = None, progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None
+) -> dict[str, Any] | None:
+    """:func:`mmcore.engines.convert.dcp_to_hf` for a renaming adapter, no dtype cast and a
+    checkpoint of whole tensors; None where it does not apply."""
+    from mmcore.checkpoint.safetensors_files import SAFE_INDEX
+
+    if not _renames(adapter) or dtype is not None:
+        return None
+    stored = whole_tensors(ckpt_dir, MODEL_PREFIX)
+    if stored is None:
+        return None
+    plan = adapter.to_hf({key: TensorInfo(shape, code) for key, (code, shape, *_) in stored.items()})  # type: ignore[arg-type]
+    groups: list[list[str]] = [[]]  # as convert._shard_groups
+    size = 0
+    for key, recipe in plan.items():
+        nbytes = stored[recipe.sources[0]][4]
+        if groups[-1] and size + nbytes > max_shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += nbytes
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_free_space(out_dir, sum(stored[r.sources[0]][4] for r in plan.values()), "the exported model")
+    names = ["model.safetensors"] if len(groups) == 1 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    total = 0
+    for name, group in zip(names, progress(groups) if progress else groups):
+        total += _write_shard(out_dir / name, [(key, stored[plan[key].sources[0]]) for key in group])
+    if len(names) > 1:
+        weight_map = {key: name for name, group in zip(names, groups) for key in group}
+        (out_dir / SAFE_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return {"tensors": len(plan), "bytes": total, "shards": len(names)}
+
+
+def _write_shard(path: Path, tensors: list[tuple[str, tuple[str, tuple[int, ...], Path, int, int]]]) -> int:
+    """A safetensors file as :func:`~mmcore.checkpoint.safetensors_files.write_safetensors_streaming`
+    writes it (the same header bytes), each tensor's bytes copied from its archive."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, (code, shape, _, _, nbytes) in tensors:
+        header[key] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    tmp = path.with_name(f".{path.name}.tmp")
+    sources: dict[Path, Any] = {}
+    try:
+        with open(tmp, "wb") as out:
+            out.write(len(blob).to_bytes(8, "little"))
+            out.write(blob)
+            for _, (_, _, file, start, nbytes) in tensors:
+                if file not in sources:
+                    sources[file] = open(file, "rb")
+                copy_bytes(sources[file], start, out, nbytes)
+                crash_point("safetensors-tensor")
+            out.flush()
+            os.fsync(out.fileno())
+    finally:
+        for handle in sources.values():
+            handle.close()
+    tmp.replace(path)
+    fsync_dir(path.parent)
+    return offset
+
+
+__all__ = ["hf_to_dcp", "dcp_to_hf"]
