@@ -127,18 +127,21 @@ def dumps(obj: Any, protocol: int) -> bytes:
 # --------------------------------------------------------------------------- torch.save archives
 
 
+def contiguous(shape: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    """(elements, row-major strides) of a contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return step, tuple(reversed(strides))
+
+
 def tensor_pickle(code: str, shape: tuple[int, ...]) -> bytes:
     """``data.pkl`` of a ``torch.save``'d contiguous tensor of ``shape`` (safetensors dtype
     ``code``) whose storage is record ``0``: the bytes torch's pickler writes."""
-    numel = 1
-    for dim in shape:
-        numel *= dim
-    stride, step = [], 1
-    for dim in reversed(shape):
-        stride.append(step)
-        step *= dim
+    numel, stride = contiguous(shape)
     storage = Storage(Ref("torch", DTYPES[code][1]), "0", numel)
-    rebuild = Call(Ref("torch._utils", "_rebuild_tensor_v2"), (storage, 0, tuple(shape), tuple(reversed(stride)), False, Call(Ref("collections", "OrderedDict"), ())))
+    rebuild = Call(Ref("torch._utils", "_rebuild_tensor_v2"), (storage, 0, tuple(shape), stride, False, Call(Ref("collections", "OrderedDict"), ())))
     return dumps(rebuild, 2)
 
 
@@ -380,14 +383,8 @@ def _tensor_bytes(path: Path, base: int, length: int, code: str, shape: tuple[in
         rebuilt = _Reader(io.BytesIO(handle.read(size)), path).load()
         storage = rebuilt["storage"]
         item = DTYPES[code][2]
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        stride, step = [], 1
-        for dim in reversed(shape):
-            stride.append(step)
-            step *= dim
-        if storage[1] != DTYPES[code][1] or rebuilt["size"] != shape or (numel > 1 and rebuilt["stride"] != tuple(reversed(stride))):
+        numel, stride = contiguous(shape)
+        if storage[1] != DTYPES[code][1] or rebuilt["size"] != shape or (numel > 1 and rebuilt["stride"] != stride):
             return None
         start, size = data_of(f"data/{storage[2]}")
         if (rebuilt["offset"] + numel) * item > size:

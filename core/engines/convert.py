@@ -35,7 +35,7 @@ from mmcore.engines.coverage import build_on_meta, coverage_problems, expected_t
 from mmcore.checkpoint.dcp_tensors import MODEL_PREFIX, dcp_index, load_dcp_tensors, read_whole_tensor, whole_tensor_files
 from mmcore.errors import StageError
 from mmcore.framework.faults import crash_point
-from mmcore.framework.files import ensure_free_space
+from mmcore.framework.files import ensure_free_space, fsync_tree
 from mmcore.checkpoint.safetensors_files import SAFE_INDEX, SafetensorsFolder, compare_hf, iter_pairs, nbytes, read_header, safetensors_files, write_safetensors_streaming
 
 if TYPE_CHECKING:
@@ -54,19 +54,6 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 #: Threads that read, build and write tensors at once: each holds about one tensor in memory.
 WRITER_THREADS = 2
-
-
-def fsync_tree(folder: Path) -> None:
-    """Flush every file under ``folder`` and the folder itself to disk: one pass at the end,
-    while the kernel has written most pages back in the background already."""
-    import os
-
-    for path in [*sorted(p for p in folder.rglob("*") if p.is_file()), folder]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from mmcore.checkpoint.dcp_files import DTYPES, MAX_RECORD, copy_bytes, metadata
 from mmcore.engines.state_dict import RenameAdapter, StateDictAdapter, TensorInfo
 from mmcore.errors import StageError
 from mmcore.framework.faults import crash_point
-from mmcore.framework.files import ensure_free_space, fsync_dir
+from mmcore.framework.files import ensure_free_space, fsync_dir, fsync_tree
 
 MODEL_PREFIX = "model."  # as mmcore.checkpoint.dcp_tensors (which imports torch to read)
 
@@ -35,15 +35,6 @@ def _size(code: str, shape: tuple[int, ...]) -> int:
     for dim in shape:
         n *= dim
     return n
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in [*sorted(p for p in folder.rglob("*") if p.is_file()), folder]:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> dict[str, Any] | None:
@@ -82,7 +73,7 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
     tmp = out_dir / ".metadata.tmp"
     tmp.write_bytes(metadata_pickle(tensors, str(out_dir)))
     tmp.replace(out_dir / ".metadata")
-    _fsync_tree(out_dir)
+    fsync_tree(out_dir)
     return {"tensors": len(plan), "bytes": total}
 
 

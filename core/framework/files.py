@@ -140,3 +140,14 @@ def sha256_tree(path: Path) -> str:
 
 def sha256_json(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder`` and the folder itself to disk: one pass at the end,
+    while the kernel has written most pages back in the background already."""
+    for path in [*sorted(p for p in folder.rglob("*") if p.is_file()), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
