@@ -10,6 +10,7 @@ BUILT_IN = {
     "accuracy": ("accuracy", "1 where the answer (inside <answer> tags, if any) equals the reference, normalised as SQuAD does; else 0"),
     "exact": ("exact", "1 where the answer equals the reference exactly; else 0"),
     "format": ("format_match", "1 where the whole answer matches training.grpo.format_pattern; else 0"),
+    "similarity": ("similarity", "partial credit: 1 - the edit distance to the reference over the longer length (normalised as accuracy)"),
     "length": ("length", "0 up to the reference's length, down to -1 at twice it"),
 }
 

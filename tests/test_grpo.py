@@ -12,11 +12,24 @@ torch = pytest.importorskip("torch")
 
 from mmcore.errors import StageError, UsageError  # noqa: E402
 from mmcore.framework.registry import Registry, RewardSpec  # noqa: E402
-from mmcore.train.grpo import IGNORE, answer_span, group_advantages, grpo_terms, token_logps  # noqa: E402
-from mmcore.train.rewards import RewardSet, accuracy, exact, format_match, length  # noqa: E402
+from mmcore.train.grpo import IGNORE, answer_span, group_advantages, grpo_terms, token_entropy, token_logps  # noqa: E402
+from mmcore.train.rewards import RewardSet, accuracy, edit_distance, exact, format_match, length, similarity  # noqa: E402
 
 
-def direct_loss(logps, old, ref, adv, mask, eps, beta, averaging):  # type: ignore[no-untyped-def]
+def direct_entropy(logits):  # type: ignore[no-untyped-def]
+    """Each position's next-token entropy [rows][T-1], in float64 Python from the logits' lists."""
+    out = []
+    for row in logits:
+        out.append([])
+        for scores in row[:-1]:
+            top = max(scores)
+            z = sum(math.exp(s - top) for s in scores)
+            probs = [math.exp(s - top) / z for s in scores]
+            out[-1].append(-sum(p * math.log(p) for p in probs))
+    return out
+
+
+def direct_loss(logps, old, ref, adv, mask, eps, beta, averaging, entropy=None, coef=0.0):  # type: ignore[no-untyped-def]
     """The formula written out token by token in float64 Python (no torch ops)."""
     per_answer, total, units = [], 0.0, 0
     for i in range(len(logps)):
@@ -30,6 +43,8 @@ def direct_loss(logps, old, ref, adv, mask, eps, beta, averaging):  # type: igno
             if beta:
                 d = ref[i][t] - logps[i][t]
                 value += beta * (math.exp(d) - d - 1)
+            if coef:
+                value -= coef * entropy[i][t]
             row_sum += value
             row_count += 1
         per_answer.append(row_sum / max(row_count, 1))
@@ -40,7 +55,8 @@ def direct_loss(logps, old, ref, adv, mask, eps, beta, averaging):  # type: igno
 
 @pytest.mark.parametrize("averaging", ["token", "sequence"])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_grpo_loss_and_gradients_equal_the_formula_in_float64(averaging: str, beta: float) -> None:
+@pytest.mark.parametrize("coef", [0.0, 0.05])
+def test_grpo_loss_and_gradients_equal_the_formula_in_float64(averaging: str, beta: float, coef: float) -> None:
     gen = torch.Generator().manual_seed(3)
     rows, length_ = 6, 5
     logits = torch.randn(rows, length_ + 1, 11, generator=gen, dtype=torch.float64)
@@ -54,8 +70,9 @@ def test_grpo_loss_and_gradients_equal_the_formula_in_float64(averaging: str, be
     old = (logps.detach() + 0.3 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)).detach()
     ref = (logps.detach() + 0.2 * torch.randn(logps.shape, generator=gen, dtype=torch.float64)).detach()
     adv = torch.tensor([1.0, -0.5, 0.25, -1.5, 0.0, 2.0], dtype=torch.float64)
-    terms = grpo_terms(logps, mask.double(), adv, old_logps=old, ref_logps=ref, epsilon=0.2, beta=beta, averaging=averaging)
-    expected, units = direct_loss(logps.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), 0.2, beta, averaging)
+    entropy = token_entropy(policy)
+    terms = grpo_terms(logps, mask.double(), adv, old_logps=old, ref_logps=ref, epsilon=0.2, beta=beta, averaging=averaging, entropy=entropy, entropy_coef=coef)
+    expected, units = direct_loss(logps.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), 0.2, beta, averaging, direct_entropy(logits.tolist()), coef)
     assert terms.units == units
     assert float(terms.loss_sum.detach()) == pytest.approx(expected, rel=1e-12)  # the same float64 sums: rounding only
     assert 0 < float(terms.clipped_sum) < float(terms.tokens)  # both branches are exercised
@@ -65,7 +82,7 @@ def test_grpo_loss_and_gradients_equal_the_formula_in_float64(averaging: str, be
 
     def loss_at(values):  # type: ignore[no-untyped-def]
         lp, m = token_logps(values, labels)
-        return direct_loss(lp.double().tolist(), old.tolist(), ref.tolist(), adv.tolist(), m.tolist(), 0.2, beta, averaging)[0]
+        return direct_loss(lp.double().tolist(), old.tolist(), ref.tolist(), adv.tolist(), m.tolist(), 0.2, beta, averaging, direct_entropy(values.tolist()), coef)[0]
 
     for index in [(0, 2, 3), (1, 3, 0), (3, 4, 7), (5, 1, 10)]:
         h = 1e-6
@@ -109,6 +126,9 @@ def test_built_in_rewards() -> None:
     assert exact(["Red ", "Blue", "x"], refs, ["", "", ""]) == [1.0, 0.0, 0.0]
     assert format_match(["<think>a</think> <answer>b</answer>", "b"], [None, None], ["", ""]) == [1.0, 0.0]
     assert length(["Red", "blue blue", "long answer"], refs, ["", "", ""]) == [0.0, -1.0, 0.0]
+    # partial credit on the way to the answer: "yel" is half of "yellow"; normalised as accuracy is
+    assert similarity(["yel", "Yellow.", "<answer>the yellowish</answer>", "red", "x"], ["yellow"] * 4 + [None], [""] * 5) == pytest.approx([0.5, 1.0, 1 - 3 / 9, 1 - 5 / 6, 0.0])
+    assert edit_distance("kitten", "sitting") == 3 and edit_distance("", "abc") == 3
 
 
 def registry_with(**impls: str) -> Registry:

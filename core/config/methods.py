@@ -28,8 +28,18 @@ class GrpoSection(Section):
 
     group_size: int = Field(8, ge=2, le=1024, description="Answers sampled per prompt; each answer's advantage is its reward against its group's mean (and std).")
     max_new_tokens: int = Field(64, ge=1, description="Longest sampled answer, in tokens.")
-    temperature: float = Field(1.0, gt=0, allow_inf_nan=False, description="Sampling temperature of the rollouts (the held-out answers are greedy).")
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Sampling temperature of the rollouts (the held-out answers are greedy); the loss scores the answers under the same temperature (logits / temperature), as TRL and verl do.",
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts: keep the smallest set of tokens whose probability reaches top_p.")
+    top_k: int = Field(
+        0,
+        ge=0,
+        description="Top-k sampling of the rollouts: only the k likeliest tokens are drawn from (0: all); with a large vocabulary and a young model, what keeps temperature 1 from answering junk.",
+    )
     min_p: float = Field(
         0.0, ge=0, lt=1, description="Min-p sampling of the rollouts: drop the tokens less likely than min_p x the likeliest one (0: keep all); cuts a barely-trained model's flat tail."
     )
@@ -42,7 +52,17 @@ class GrpoSection(Section):
         0.0,
         ge=0,
         allow_inf_nan=False,
-        description="Weight of the KL penalty to the reference (the k3 estimator per token); 0: no penalty and no reference pass. > 0 needs training.lora: the reference is the base with the adapters off.",
+        description="Weight of the KL penalty to the reference (the k3 estimator per token); 0: no penalty and no reference pass. The reference: with training.lora the base with the adapters off; fully fine-tuned, the weights of the first rollout (after warmup_sft_steps), a frozen copy of each process's shards (saved in the stage's grpo-reference/ for a resume).",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Entropy bonus: each answer token's loss minus this times the policy's next-token entropy there (0: none); keeps a policy from growing so sure that a group's answers are all alike and nothing is learnt (exploration collapse).",
+    )
+    skip_uniform_groups: bool = Field(
+        False,
+        description="Leave a group whose answers all got the same reward (advantages 0) out of the update: it teaches nothing and would dilute the token average of the groups that do (DAPO's dynamic sampling, without its resampling). The informative_groups metric is the share kept.",
     )
     epochs: int = Field(1, ge=1, le=64, description="Optimizer steps on each rollout batch: answers are sampled once, then trained on this many steps (the ratio to the sampling policy clipped).")
     loss_averaging: Literal["token", "sequence"] = Field(

@@ -9,7 +9,10 @@ token's log-probability under the policy, the policy that sampled it and the ref
     ratio = exp(pi - old)
     loss_t = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A) + beta * (exp(ref - pi) - (ref - pi) - 1)
 
-(the KL term is Schulman's k3 estimator, >= 0). ``token`` averaging sums ``loss_t`` over every
+(the KL term is Schulman's k3 estimator, >= 0). With an entropy bonus ``c`` (``entropy_coef``)
+each token's loss also has ``- c * H_t``, ``H_t`` the entropy of the policy's whole next-token
+distribution at that position: a push against a policy so sure of itself that a group's answers
+are all alike (all rewarded alike, so advantages 0 and nothing learnt). ``token`` averaging sums ``loss_t`` over every
 answer token of the global batch and divides by their count (the engine's loss unit is the
 token); ``sequence`` averaging takes each answer's mean over its tokens, summed over answers
 and divided by the answers of the global batch (the unit is the answer).
@@ -52,6 +55,17 @@ def token_logps(logits: "torch.Tensor", labels: "torch.Tensor") -> tuple["torch.
     return logps, (target != IGNORE).to(logps.dtype)
 
 
+def token_entropy(logits: "torch.Tensor") -> "torch.Tensor":
+    """The entropy of each position's next-token distribution [rows, T-1] (aligned with
+    :func:`token_logps`), in float32 or float64 where the logits are."""
+    import torch
+
+    scores = logits[:, :-1]
+    scores = scores if scores.dtype == torch.float64 else scores.float()
+    logp = torch.log_softmax(scores, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
 @dataclass
 class GRPOTerms:
     """One micro-batch's GRPO loss and what it measured (sums, and the counts they are over)."""
@@ -61,6 +75,7 @@ class GRPOTerms:
     kl_sum: "torch.Tensor"  # the k3 estimate, summed over answer tokens
     clipped_sum: "torch.Tensor"  # answer tokens whose clipped branch was taken
     tokens: "torch.Tensor"  # answer tokens
+    entropy_sum: "torch.Tensor | None" = None  # the policy's entropy, summed over answer tokens (with an entropy bonus)
 
 
 def grpo_terms(
@@ -73,11 +88,14 @@ def grpo_terms(
     epsilon: float = 0.2,
     beta: float = 0.0,
     averaging: str = "token",
+    entropy: "torch.Tensor | None" = None,
+    entropy_coef: float = 0.0,
 ) -> GRPOTerms:
     """The GRPO loss of rows with per-token ``logps`` [rows, T] (the policy's, with gradients),
     ``mask`` [rows, T] (1 on answer tokens) and one advantage per row. ``old_logps``: the
     sampling policy's (None: the policy's own, detached: the first step on a rollout);
-    ``ref_logps``: the reference's (needed where ``beta`` > 0)."""
+    ``ref_logps``: the reference's (needed where ``beta`` > 0); ``entropy``: the policy's per
+    position [rows, T] (:func:`token_entropy`, with gradients; needed where ``entropy_coef`` > 0)."""
     import torch
 
     old = logps.detach() if old_logps is None else old_logps
@@ -92,6 +110,10 @@ def grpo_terms(
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + beta * kl
+    if entropy_coef:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the policy's entropy per position")
+        per_token = per_token - entropy_coef * entropy
     if averaging == "token":
         loss_sum, units = (per_token * mask).sum(), int(mask.sum().item())
     elif averaging == "sequence":
@@ -99,7 +121,8 @@ def grpo_terms(
     else:
         raise ValueError(f"unknown averaging {averaging!r}: token or sequence")
     took_clip = ((ratio < 1 - epsilon) & (adv < 0)) | ((ratio > 1 + epsilon) & (adv > 0))
-    return GRPOTerms(loss_sum, units, (kl.detach() * mask).sum(), (took_clip.to(mask.dtype) * mask).sum(), mask.sum())
+    entropy_sum = (entropy.detach() * mask).sum() if entropy is not None else None
+    return GRPOTerms(loss_sum, units, (kl.detach() * mask).sum(), (took_clip.to(mask.dtype) * mask).sum(), mask.sum(), entropy_sum)
 
 
 def answer_span(labels: "torch.Tensor") -> tuple[int, int] | None:
@@ -115,4 +138,4 @@ def answer_span(labels: "torch.Tensor") -> tuple[int, int] | None:
     return start, end
 
 
-__all__ = ["GRPOTerms", "group_advantages", "grpo_terms", "token_logps", "answer_span", "STD_EPS"]
+__all__ = ["GRPOTerms", "group_advantages", "grpo_terms", "token_entropy", "token_logps", "answer_span", "STD_EPS"]

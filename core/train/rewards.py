@@ -64,6 +64,32 @@ def length(completions: Sequence[str], references: Sequence[str | None], prompts
     return out
 
 
+def similarity(completions: Sequence[str], references: Sequence[str | None], prompts: Sequence[str], **_: Any) -> list[float]:
+    """Partial credit: 1 - the Levenshtein distance between the normalised answer (inside
+    ``<answer>`` tags, if any) and the normalised reference, over the longer one's length
+    (1.0 equal, 0.0 nothing in common); 0.0 where there is no reference. Beside ``accuracy``
+    it rewards an answer on its way to the right one ("yel" for "yellow"), which a young
+    policy may need to find it at all."""
+    out = []
+    for c, ref in zip(completions, references):
+        if ref is None:
+            out.append(0.0)
+            continue
+        a, b = normalize_answer(answer_text(c)), normalize_answer(ref)
+        out.append(1.0 - edit_distance(a, b) / max(len(a), len(b), 1))
+    return out
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: the fewest single-character insertions, deletions and substitutions from ``a`` to ``b``."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
+    return row[-1]
+
+
 class RewardSet:
     """The configured reward functions, by name with their weights, loaded from ``registry``."""
 
@@ -100,4 +126,4 @@ class RewardSet:
         return totals, each
 
 
-__all__ = ["RewardSet", "accuracy", "answer_text", "exact", "format_match", "length"]
+__all__ = ["RewardSet", "accuracy", "answer_text", "edit_distance", "exact", "format_match", "length", "similarity"]

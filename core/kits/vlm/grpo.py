@@ -11,7 +11,8 @@ prompts of an SFT dataset with their references.
   into micro-batches and ranks, and after a resume. Rewards (:mod:`mmcore.train.rewards`) score
   the decoded answers; advantages are normalised in each prompt's group.
 * **Loss** (:mod:`mmcore.train.grpo`): clipped policy ratio and the k3 KL to the reference (the
-  base with the LoRA adapters off), token or sequence averaging; each answer a padded row
+  base with the LoRA adapters off; fully fine-tuned, the weights of the first rollout, kept
+  frozen beside the model), an optional entropy bonus, token or sequence averaging; each answer a padded row
   with the prompt's media. ``training.grpo.epochs`` > 1 trains on a rollout for that many steps
   (the sampling policy's log-probabilities kept from the rollout).
 * **Metrics**: reward mean and std (``reward``, ``reward_std``), each function's mean
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from mmcore.kits.vlm.family import VLMFamily
 
 INDEX = "grpo_index"  # a sample's dataset index, for its rollout seed
+REFERENCE = "grpo-reference"  # the stage folder's copy of full fine-tuning's reference weights
 
 
 class IndexedSamples:
@@ -80,6 +82,9 @@ class VLMGRPORecipe(VLMRecipe):
         self.generation_batch = ctx.config.generation.batch_size
         self.sums: dict[str, Any] = {}
         self.shown: dict[str, Any] = {}  # the rollout's first group, for rollouts.jsonl
+        self.lora, self.stage_dir, self.world = bool(cfg.lora.r), ctx.stage_dir, ctx.world
+        self.frozen: Any = None  # the reference of full fine-tuning, from the first rollout
+        self.first_rollout = False
         self.updates = 1  # micro-batch updates by this process, counted for the crash tests' kill point
 
     def _check(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
@@ -88,8 +93,6 @@ class VLMGRPORecipe(VLMRecipe):
             raise StageError(f"training.method=grpo runs on parallel.backend: fsdp2 (not {ctx.config.parallel.backend} yet)")
         if "extract" in upstream:
             raise StageError("training.method=grpo reads the towers live: the feature cache holds single samples (set extract.enabled: false)")
-        if self.settings.beta > 0 and not cfg.lora.r:
-            raise StageError("training.grpo.beta > 0 needs a reference model: with training.lora it is the base with the adapters off; full fine-tuning keeps none yet (set training.grpo.beta: 0)")
         window = self.settings.epochs
         if window > 1:
             if cfg.checkpoint_every % window or self.settings.warmup_sft_steps % window:
@@ -128,6 +131,7 @@ class VLMGRPORecipe(VLMRecipe):
         from mmcore.framework.faults import crash_point
         from mmcore.train.loop import sample_seed
 
+        self.first_rollout = step == self.settings.warmup_sft_steps
         out = []
         for batch in micro:
             prompts = batch["grpo_prompts"]
@@ -160,7 +164,7 @@ class VLMGRPORecipe(VLMRecipe):
                 do_sample=True,
                 temperature=settings.temperature,
                 top_p=settings.top_p,
-                top_k=0,
+                top_k=settings.top_k,
                 **({"min_p": settings.min_p} if settings.min_p else {}),
                 max_new_tokens=settings.max_new_tokens,
                 eos_token_id=self.end_ids,
@@ -204,12 +208,18 @@ class VLMGRPORecipe(VLMRecipe):
             g = settings.group_size
             self.shown = {"prompt": questions[0], "reference": references[0], "answers": texts[:g], "rewards": totals[:g]}
         rewards = torch.tensor(totals, dtype=torch.float32)
-        batch = self.family.collate(with_tail(samples, fillers), self.ids, pack=False)
-        batch["advantages"] = group_advantages(rewards, settings.group_size, scale=settings.scale_rewards)
-        answer_tokens = sum(len(a) for group in answers for a in group)
-        batch["num_loss_tokens"] = answer_tokens if settings.loss_averaging == "token" else len(samples)
-        n = float(len(samples))
         grouped = rewards.view(-1, settings.group_size)
+        advantages = group_advantages(rewards, settings.group_size, scale=settings.scale_rewards)
+        informative = grouped.amax(dim=1) > grouped.amin(dim=1)  # a group whose rewards differ: advantages not all 0
+        keep = [i for i in range(len(samples)) if informative[i // settings.group_size] or not settings.skip_uniform_groups]
+        if not keep:  # nothing to learn here: one answer with no label, so this rank's forward still runs as the others' do
+            keep, samples[0] = [0], {**samples[0], "labels": torch.full_like(samples[0]["labels"], IGNORE)}
+        batch = self.family.collate(with_tail([samples[i] for i in keep], fillers), self.ids, pack=False)
+        batch["advantages"] = advantages[keep]
+        batch["num_loss_tokens"] = int((batch["labels"] != IGNORE).sum()) if settings.loss_averaging == "token" else sum(int((samples[i]["labels"] != IGNORE).any()) for i in keep)
+        answer_tokens = sum(len(a) for group in answers for a in group)
+        n = float(len(samples))
+        self.add("informative_groups", informative.sum(), float(len(informative)))
         self.add("reward", rewards.sum(), n)
         self.add("reward_std", grouped.std(dim=1).sum(), float(grouped.shape[0]))
         for name, values in each.items():
@@ -219,18 +229,41 @@ class VLMGRPORecipe(VLMRecipe):
         if settings.epochs > 1:
             batch["old_logps"] = self.logps(model, on_device)[0].cpu()
         if settings.beta > 0:
-            from mmcore.train.lora import adapters_disabled
-
-            with adapters_disabled(model):
+            with self.reference(model):
                 batch["ref_logps"] = self.logps(model, on_device)[0].cpu()
         return batch
 
+    def reference(self, model: Any) -> Any:
+        """The block in which ``model`` computes as the reference: with LoRA the base (adapters
+        off); fully fine-tuned, the weights of the first rollout (after the warm-up), a frozen
+        copy of each process's shards (:class:`~mmcore.backends.frozen.FrozenWeights`), taken
+        then and read back from ``grpo-reference/`` in the stage folder by a resumed run."""
+        if self.lora:
+            from mmcore.train.lora import adapters_disabled
+
+            return adapters_disabled(model)
+        if self.frozen is None:
+            from mmcore.backends.frozen import FrozenWeights
+
+            folder = self.stage_dir / REFERENCE
+            if self.first_rollout:
+                self.frozen = FrozenWeights.take(model, folder, self.world)
+            elif not (folder / ".metadata").is_file():
+                raise StageError(f"{folder}: the GRPO reference (the weights of the first rollout) is missing, so this run cannot resume with training.grpo.beta > 0; train again from the start")
+            else:
+                self.frozen = FrozenWeights.load(model, folder, self.world)
+        return self.frozen.swapped_in(model)
+
     # -- the loss ------------------------------------------------------------------------------
 
-    def logps(self, model: Any, batch: Batch) -> tuple[Any, Any]:
-        from mmcore.train.grpo import token_logps
+    def logps(self, model: Any, batch: Batch, entropy: bool = False) -> tuple[Any, Any, Any]:
+        """Each answer token's log-probability, the answer mask and (where asked) the policy's entropy per position."""
+        from mmcore.train.grpo import token_entropy, token_logps
 
-        return token_logps(self.family.forward_logits(model, batch), batch["labels"])
+        # the distribution the answers were sampled from, as TRL and verl score them: a temperature
+        # of 0.3 samples from softmax(logits / 0.3), and that is the policy whose ratio and KL count
+        logits = self.family.forward_logits(model, batch) / self.settings.temperature
+        return (*token_logps(logits, batch["labels"]), token_entropy(logits) if entropy else None)
 
     def loss(self, model: Any, batch: Batch) -> Any:
         if "advantages" not in batch:  # a warm-up step: the supervised loss on the references
@@ -239,7 +272,7 @@ class VLMGRPORecipe(VLMRecipe):
         from mmcore.train.grpo import grpo_terms
 
         settings = self.settings
-        logps, mask = self.logps(model, batch)
+        logps, mask, entropy = self.logps(model, batch, entropy=settings.entropy_coef > 0)
         terms = grpo_terms(
             logps,
             mask,
@@ -249,11 +282,15 @@ class VLMGRPORecipe(VLMRecipe):
             epsilon=settings.epsilon,
             beta=settings.beta,
             averaging=settings.loss_averaging,
+            entropy=entropy,
+            entropy_coef=settings.entropy_coef,
         )
         crash_point("grpo-update", self.updates)  # the crash tests' kill point: in an update's forward
         self.updates += 1
         self.add("kl", terms.kl_sum, terms.tokens)
         self.add("clip_fraction", terms.clipped_sum, terms.tokens)
+        if terms.entropy_sum is not None:
+            self.add("entropy", terms.entropy_sum, terms.tokens)
         return terms.loss_sum
 
     def add(self, name: str, total: Any, count: Any) -> None:

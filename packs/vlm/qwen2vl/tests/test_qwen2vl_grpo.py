@@ -86,13 +86,51 @@ def test_grpo_runs_the_pipeline_and_resumes_identically_after_kills(mm, tmp_path
                 assert resumed[step].get(key) == straight[step].get(key), (kill, step, key)
 
 
+FULL = [  # full fine-tuning with a KL to the weights of the first rollout, after two supervised steps
+    "training.method=grpo",
+    "training.steps=6",
+    "training.checkpoint_every=2",
+    "training.micro_batch_size=2",
+    "training.grpo.group_size=4",
+    "training.grpo.max_new_tokens=5",
+    "training.grpo.warmup_sft_steps=2",
+    "training.grpo.beta=0.04",
+    "training.grpo.entropy_coef=0.01",
+    "training.grpo.skip_uniform_groups=true",
+    "training.grpo.eval_prompts=4",
+    "training.lr=0.01",
+    "training.grpo.rewards={accuracy: 1.0, length: 0.5}",
+    "evaluate.enabled=false",
+]
+
+
+@pytest.mark.compares_runs
+def test_full_fine_tuning_keeps_the_first_rollouts_weights_as_its_reference(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Without LoRA the reference is a frozen copy of the weights at the first rollout: the KL is
+    0 on that step (the policy is the reference) and grows after; killed in a later update, the
+    resumed run reads the copy back from grpo-reference/ and continues identically."""
+    data = write_questions(tmp_path / "data")
+    args = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "data.eval_fraction=0.25", *FULL]
+    mm(*args, "--run-dir", "straight")
+    straight = rows(tmp_path / "straight")
+    assert "kl" not in straight[2] and "reward" in straight[3]  # two supervised steps, then rollouts
+    assert straight[3]["kl"] < 1e-9 < straight[6]["kl"]  # the policy starts as the reference, then leaves it
+    assert straight[4]["entropy"] > 0 and all(0 <= straight[s]["informative_groups"] <= 1 for s in (3, 4, 5, 6))
+    assert (tmp_path / "straight/train/grpo-reference/.metadata").is_file()
+    run = "killed"
+    assert mm(*args, "--run-dir", run, check=False, MMCORE_TEST_KILL="grpo-update:3").returncode != 0  # in step 5's update
+    mm(*args, "--run-dir", run)
+    resumed = rows(tmp_path / run)
+    for step in (5, 6):
+        for key in ("loss", "reward", "kl", "entropy"):
+            assert resumed[step].get(key) == straight[step].get(key), (step, key)
+
+
 def test_grpo_refuses_what_it_cannot_train(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = write_questions(tmp_path / "data")
     base = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "training.method=grpo"]
-    proc = mm(*base, "training.grpo.beta=0.1", "--run-dir", "run", check=False)
-    assert proc.returncode != 0 and "training.grpo.beta > 0 needs a reference model" in proc.stderr + proc.stdout
-    proc = mm(*base, "training.grpo.rewards={no_such: 1.0}", "--run-dir", "run", check=False)  # the stages before train are reused
-    assert proc.returncode != 0 and "unknown reward function 'no_such'; known: accuracy, exact, format, length" in proc.stderr + proc.stdout
+    proc = mm(*base, "training.grpo.rewards={no_such: 1.0}", "--run-dir", "run", check=False)
+    assert proc.returncode != 0 and "unknown reward function 'no_such'; known: accuracy, exact, format, length, similarity" in proc.stderr + proc.stdout
 
 
 @pytest.mark.matrix
@@ -111,3 +149,20 @@ def test_grpo_two_processes_equal_one(mm, tmp_path: Path) -> None:  # type: igno
     for step in one:
         assert two[step].get("reward") == one[step].get("reward")
         assert two[step]["loss"] == pytest.approx(one[step]["loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.matrix
+@pytest.mark.compares_runs
+def test_full_fine_tuning_reference_on_two_processes_equals_one(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The frozen reference kept as each process's shards (FSDP2) and swapped in for the
+    reference pass: 2 processes' KL and losses equal 1 process's."""
+    data = write_questions(tmp_path / "data")
+    args = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), *FULL]
+    mm(*args, "--run-dir", "one", "training.balance_towers=false")
+    mm(*args, "--run-dir", "two", "--nproc-per-node", "2", "training.micro_batch_size=1", "training.balance_towers=false")
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert two[6]["kl"] > 1e-9  # the swapped-in shards are the reference's, not the policy's
+    for step in one:
+        assert two[step].get("reward") == one[step].get("reward")
+        for key in ("loss", "kl"):
+            assert two[step].get(key, 0.0) == pytest.approx(one[step].get(key, 0.0), rel=1e-5, abs=1e-7), (step, key)
