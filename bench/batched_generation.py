@@ -20,6 +20,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from caches import run
 from common import emit, figure, parser, pin_threads, reps_of
@@ -37,24 +38,10 @@ def main() -> None:
     reps = reps_of(args)
 
     from mm_pack_qwen2vl.family import FAMILY
-    from mmcore.train.causal_lm import answer_span
-    from mmcore.data.shards import ShardDataset
     from mmcore.engines.generation import generate_tokens
 
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        # a short training, so that answers are short and sure, as a trained model's are
-        folder = run(Path(tmp), "qwen2vl", "demo", 40, [], until="export")
-        data = ShardDataset(folder / "preprocess/dataset")
-        held_out, ids = data.split("eval"), FAMILY.token_ids(data)
-        model = FAMILY.load_exported(folder / "export/hf").eval()
-        prompts = []
-        for i in range(args.requests):
-            sample = held_out[i % len(held_out)]
-            start, _ = answer_span(sample)
-            prompts.append({k: v for k, v in sample.items() if k != "labels"} | {"input_ids": sample["input_ids"][:start]})
-        from transformers import AutoTokenizer
-
-        end = AutoTokenizer.from_pretrained(folder / "export/hf").convert_tokens_to_ids(FAMILY.end_token)
+        model, prompts, ids, end = demo_export_prompts(Path(tmp), args.requests)
 
         def decode(batch_size: int) -> tuple[float, list[list[int]]]:
             t0 = time.perf_counter()
@@ -95,6 +82,29 @@ def main() -> None:
             )
         )
     whisper_cache(args, min(reps, 3))  # the uncached side is slow (quadratic), and its spread small
+
+
+def demo_export_prompts(folder: Path, count: int) -> tuple[Any, list[dict[str, Any]], dict[str, Any], int]:
+    """The qwen2vl demo trained 40 steps and exported under ``folder`` (short, sure answers, as a
+    trained model's are): (the export's model, ``count`` held-out prompts cut before their
+    answers, the data's token ids, the end-of-turn token's id)."""
+    from transformers import AutoTokenizer
+
+    from mm_pack_qwen2vl.family import FAMILY
+    from mmcore.data.shards import ShardDataset
+    from mmcore.train.causal_lm import answer_span
+
+    trained = run(folder, "qwen2vl", "demo", 40, [], until="export")
+    data = ShardDataset(trained / "preprocess/dataset")
+    held_out, ids = data.split("eval"), FAMILY.token_ids(data)
+    model = FAMILY.load_exported(trained / "export/hf").eval()
+    prompts = []
+    for i in range(count):
+        sample = held_out[i % len(held_out)]
+        start, _ = answer_span(sample)
+        prompts.append({k: v for k, v in sample.items() if k != "labels"} | {"input_ids": sample["input_ids"][:start]})
+    end = AutoTokenizer.from_pretrained(trained / "export/hf").convert_tokens_to_ids(FAMILY.end_token)
+    return model, prompts, ids, end
 
 
 def whisper_cache(args, reps: int) -> None:  # type: ignore[no-untyped-def]

@@ -39,6 +39,7 @@ BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
     ("megatron_memory", "7. megatron backend memory: loading, and writing the trained weights, TP=2 and PP=2 vs one process", None),
     ("batched_generation", "issue 16: batched generation vs one request at a time", []),
     ("tower_balance", "issue 40: tower work across data-parallel ranks, balanced vs plain shuffling", []),
+    ("grpo_rollouts", "issue 44: GRPO rollouts, a group per generate() call vs one answer at a time; sampling's share of a step", []),
     ("peers", "issue 47: the same small training jobs through mmcore, LLaMA-Factory and transformers Trainer scripts", ["--cases", "qwen2vl"]),
 ]
 #: benchmarks whose figures are exact counts of a plan (no timing): the same on any machine, so a
@@ -46,7 +47,7 @@ BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
 EXACT = {"tower_balance"}
 #: benchmarks that measure every side of each figure themselves, in the same run on one machine
 #: (bench/peers.py): a partial rerun of these on another CPU merges too, its line naming that machine
-SAME_RUN = {"peers"}
+SAME_RUN = {"peers", "grpo_rollouts"}
 
 
 def run_one(script: str, extra: list[str], threads: int, quick: bool, timeout: float) -> tuple[list[dict[str, Any]], str | None, float]:
