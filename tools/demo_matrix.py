@@ -58,6 +58,7 @@ PROMISES = {
     # other presets, as "pack:preset"
     "qwen2vl:lora": ("eval/accuracy", "max", 0.9),  # with --by 0.85: the slowest seed tried passes 0.9 near step 96 of 120
     "qwen2vl:dpo": ("eval/rewards/accuracy", "max", 0.9),
+    "qwen2vl:grpo": ("eval/rewards/accuracy", "max", 0.9),
     "wan:dpo": ("eval/implicit_accuracy", "max", 0.75),
 }
 

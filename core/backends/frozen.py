@@ -1,7 +1,8 @@
 """A frozen copy of a model's weights kept beside it: GRPO's reference for full fine-tuning.
 
 With LoRA the reference costs nothing (the base with the adapters off); a fully fine-tuned model
-has no such base left, so :class:`FrozenWeights` keeps the parameters as they were at one step:
+has no such base left, so :class:`FrozenWeights` keeps the trained parameters as they were at
+one step (a frozen one is the reference's already):
 each process only its own shards (a sharded model's, so the copy costs what the model's
 parameters cost per process, not a whole model). For a forward of the reference the copy is
 swapped into the model's own parameter storage and swapped back after
@@ -56,7 +57,7 @@ class FrozenWeights:
 
         with own_shards(model), torch.no_grad():
             save_average(folder, model, {}, world)  # no average: the model's own weights
-            return cls({name: _local(p).detach().clone() for name, p in model.named_parameters()})
+            return cls({name: _local(p).detach().clone() for name, p in model.named_parameters() if p.requires_grad})
 
     @classmethod
     def load(cls, model: Any, folder: Path, world: Any) -> "FrozenWeights":
@@ -67,7 +68,7 @@ class FrozenWeights:
         from mmcore.checkpoint import safe_dcp
 
         with own_shards(model), torch.no_grad():
-            names = [name for name, _ in model.named_parameters()]
+            names = [name for name, p in model.named_parameters() if p.requires_grad]
             state = {name: value.detach().clone() for name, value in get_model_state_dict(model).items() if name in set(names)}
             safe_dcp.load({"model": state}, folder, distributed=world.distributed)
             return cls({name: _local(state[name]) for name in names})
@@ -89,6 +90,8 @@ class FrozenWeights:
 
         with torch.no_grad():
             for name, param in model.named_parameters():
+                if name not in self.tensors:  # frozen: the reference's already
+                    continue
                 mine, kept = _local(param), self.tensors[name]
                 held = mine.clone()
                 mine.copy_(kept)
