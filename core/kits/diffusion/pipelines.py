@@ -52,6 +52,31 @@ def vae_latents(vae: Any, frames: Any) -> Any:
         return normalise_latents(vae, z)[0]
 
 
+def vae_frames(vae: Any, latents: Any) -> Any:
+    """The inverse of :func:`vae_latents` for a batch: normalised latents [B, C, (F,) H, W] ->
+    decoded frames, float32 [B, F, H, W, 3] in [0, 1] (an image VAE's pictures: F = 1), as the
+    pipelines decode them (:func:`normalise_latents` undone, then ``vae.decode``)."""
+    import torch
+
+    cfg = vae.config
+    scale = cfg.get("scaling_factor", None) or 1.0
+    mean, std = cfg.get("latents_mean", None), cfg.get("latents_std", None)
+    if mean is None and isinstance(getattr(vae, "latents_mean", None), torch.Tensor):
+        mean, std = vae.latents_mean, vae.latents_std
+    z = latents.float()
+    if mean is None:
+        z = z / scale + (cfg.get("shift_factor", None) or 0.0)
+    else:
+        view = (1, -1) + (1,) * (z.ndim - 2)
+        z = z * torch.as_tensor(std, dtype=z.dtype).view(view) / scale + torch.as_tensor(mean, dtype=z.dtype).view(view)
+    with torch.no_grad():
+        pixels = vae.decode(z.to(vae.dtype)).sample.float()
+    pixels = ((pixels + 1) / 2).clamp(0, 1)
+    if pixels.ndim == 4:  # an image VAE: [B, 3, H, W]
+        pixels = pixels[:, :, None]
+    return pixels.permute(0, 2, 3, 4, 1).cpu()
+
+
 def vae_compression(vae: Any) -> tuple[int, int]:
     """(temporal, spatial) compression of a VAE: a latent frame per ``temporal`` frames (after
     the first), a latent per ``spatial`` x ``spatial`` pixels; temporal is 0 for an image VAE."""
@@ -171,4 +196,16 @@ class PipelineEncoders:
         return self.prompt(caption)[0][0]
 
 
-__all__ = ["PipelineEncoders", "is_video_vae", "normalise_latents", "vae_latents", "vae_compression", "vae_compression_of", "pack_latents", "unpack_latents", "latent_token_ids", "rotary_positions_3d"]
+__all__ = [
+    "PipelineEncoders",
+    "is_video_vae",
+    "normalise_latents",
+    "vae_latents",
+    "vae_frames",
+    "vae_compression",
+    "vae_compression_of",
+    "pack_latents",
+    "unpack_latents",
+    "latent_token_ids",
+    "rotary_positions_3d",
+]

@@ -92,7 +92,7 @@ def test_grpo_refuses_what_it_cannot_train(mm, tmp_path: Path) -> None:  # type:
     proc = mm(*base, "training.grpo.beta=0.1", "--run-dir", "run", check=False)
     assert proc.returncode != 0 and "training.grpo.beta > 0 needs a reference model" in proc.stderr + proc.stdout
     proc = mm(*base, "training.grpo.rewards={no_such: 1.0}", "--run-dir", "run", check=False)  # the stages before train are reused
-    assert proc.returncode != 0 and "unknown reward function 'no_such'; known: accuracy, exact, format, length" in proc.stderr + proc.stdout
+    assert proc.returncode != 0 and "unknown reward function 'no_such'; known: accuracy, brightness, colour, exact, format, length" in proc.stderr + proc.stdout
 
 
 @pytest.mark.matrix
