@@ -177,3 +177,21 @@ def test_a_reward_of_the_other_kind_is_refused_by_name() -> None:
         RewardSet(reg, {"colour": 1.0})
     totals, each = RewardSet(reg, {"colour": 2.0}, takes="image").score_images([np.ones((1, 4, 4, 3), dtype=np.float32)], ["a red circle"])
     assert totals == [0.0] and each == {"colour": [0.0]}
+
+
+@pytest.mark.parametrize("statistics", ["shift", "per_channel"])
+def test_vae_frames_undoes_the_pipelines_normalisation(statistics: str) -> None:
+    """What the rollouts decode: normalised latents -> the VAE's decode of the raw ones, in [0, 1]
+    (FLUX's shift and scale; Wan-style per-channel statistics in the config)."""
+    from diffusers import AutoencoderKL
+
+    from mmcore.kits.diffusion.pipelines import normalise_latents, vae_frames
+
+    torch.manual_seed(0)
+    extra = {"shift_factor": 0.1, "scaling_factor": 0.4} if statistics == "shift" else {"latents_mean": [0.1, -0.2, 0.3, 0.0], "latents_std": [0.5, 1.5, 1.0, 2.0], "scaling_factor": 1.0}
+    vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4, **extra).eval()
+    raw = torch.randn(2, 4, 4, 4)
+    frames = vae_frames(vae, normalise_latents(vae, raw))
+    with torch.no_grad():
+        expected = ((vae.decode(raw).sample + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1)[:, None]
+    assert frames.shape == (2, 1, 4, 4, 3) and torch.allclose(frames, expected, atol=1e-5)

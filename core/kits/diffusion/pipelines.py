@@ -19,6 +19,16 @@ def is_video_vae(vae: Any) -> bool:
     return any(isinstance(m, torch.nn.Conv3d) for m in vae.modules())
 
 
+def latent_statistics(vae: Any) -> tuple[Any, Any]:
+    """(per-channel mean, std) of a VAE's latents: Wan's ``latents_mean``/``latents_std`` in its
+    config, LTX-Video's as buffers; (None, None) where it has none."""
+    cfg = vae.config
+    if cfg.get("latents_mean", None) is not None:
+        return cfg["latents_mean"], cfg["latents_std"]
+    buffers = dict(vae.named_buffers())
+    return buffers.get("latents_mean"), buffers.get("latents_std")
+
+
 def normalise_latents(vae: Any, z: Any) -> Any:
     """The VAE's raw latents ``z`` [B, C, (F,) H, W] as its pipelines hand them to the denoiser:
     ``(z - mean) * scaling_factor / std`` where the VAE has per-channel statistics (Wan's
@@ -28,9 +38,7 @@ def normalise_latents(vae: Any, z: Any) -> Any:
 
     cfg = vae.config
     scale = cfg.get("scaling_factor", None) or 1.0
-    mean, std = cfg.get("latents_mean", None), cfg.get("latents_std", None)
-    if mean is None and isinstance(getattr(vae, "latents_mean", None), torch.Tensor):
-        mean, std = vae.latents_mean, vae.latents_std
+    mean, std = latent_statistics(vae)
     if mean is None:
         return (z - (cfg.get("shift_factor", None) or 0.0)) * scale
     view = (1, -1) + (1,) * (z.ndim - 2)
@@ -60,9 +68,7 @@ def vae_frames(vae: Any, latents: Any) -> Any:
 
     cfg = vae.config
     scale = cfg.get("scaling_factor", None) or 1.0
-    mean, std = cfg.get("latents_mean", None), cfg.get("latents_std", None)
-    if mean is None and isinstance(getattr(vae, "latents_mean", None), torch.Tensor):
-        mean, std = vae.latents_mean, vae.latents_std
+    mean, std = latent_statistics(vae)
     z = latents.float()
     if mean is None:
         z = z / scale + (cfg.get("shift_factor", None) or 0.0)
