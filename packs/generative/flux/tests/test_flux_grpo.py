@@ -80,3 +80,22 @@ def test_flow_grpo_refuses_what_it_cannot_train(flux, tmp_path: Path) -> None:  
     proc = flux(*base, "training.grpo.rewards={accuracy: 1.0}", check=False)  # the stages before train are reused
     said = proc.stderr + proc.stdout
     assert proc.returncode != 0 and "reward 'accuracy' scores texts, and this run's samples are images (rewards on images: brightness, colour)" in said, said
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+@pytest.mark.compares_runs
+def test_flow_grpo_two_processes_equal_one(flux, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same global batch (2 captions x 4 samples) on 1 process and on 2: rollouts seeded by
+    (seed, step, caption), so the same samples and rewards; rewards and gradients equal to float rounding
+    (the loss of a rollout's first step is 0 up to rounding: its advantages sum to 0)."""
+    args = [*TINY, "training.method=grpo", "training.steps=3", "training.grpo.group_size=4", "training.grpo.sample_steps=4", "training.grpo.train_timesteps=2"]
+    args += ["training.grpo.rewards={brightness: 1.0}", "evaluate.enabled=false"]
+    flux(*args, "--run-dir", "one", "training.micro_batch_size=2")
+    flux(*args, "--run-dir", "two", "training.micro_batch_size=1", "--nproc-per-node", "2")
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    for step in one:
+        for key in ("reward", "rewards/brightness"):  # the same samples: sums over processes differ in rounding only
+            assert two[step][key] == pytest.approx(one[step][key], rel=1e-6), (step, key)
+        assert two[step]["grad_norm"] == pytest.approx(one[step]["grad_norm"], rel=1e-4)
