@@ -280,20 +280,24 @@ class DiffusionGRPORecipe(DiffusionRecipe):
 
     def evaluate(self, ctx: StageContext, model: Any, step: int) -> dict[str, float]:
         """The SFT recipe's held-out errors, and the mean reward (``reward``, ``rewards/<name>``)
-        of deterministic samples (the ODE, noise fixed per caption) of the first ``eval_prompts``
-        held-out captions: comparable across steps and runs."""
+        of ``eval_prompts`` deterministic samples (the ODE, noise fixed per sample) of the held-out
+        captions, cycling over them with new noise where there are fewer: comparable across
+        steps and runs."""
         import torch
 
         metrics = super().evaluate(ctx, model, step)
-        count = min(self.settings.eval_prompts, len(self.held))
+        held = len(self.held)
+        count = self.settings.eval_prompts if held else 0
         if not count:
             return metrics
         by_shape: dict[tuple[int, ...], list[int]] = {}
-        for i in range(count):
-            item = self.held_samples[i]
-            shape = tuple(item["latents"].shape) if "latents" in item else self.latent_shape(item["frames"])
-            by_shape.setdefault(shape, []).append(i)
-        captions = [self.held.meta(i)["caption"] for i in range(count)]
+        shapes = {}
+        for k in range(min(count, held)):
+            item = self.held_samples[k]
+            shapes[k] = tuple(item["latents"].shape) if "latents" in item else self.latent_shape(item["frames"])
+        for i in range(count):  # sample i: held-out caption i % held, its own noise
+            by_shape.setdefault(shapes[i % held], []).append(i)
+        captions = [self.held.meta(i % held)["caption"] for i in range(count)]
         totals: list[float] = []
         each: dict[str, list[float]] = {}
         for shape, chosen in by_shape.items():

@@ -74,7 +74,11 @@ class FlowGrpoSection(GrpoSection):
         ge=0,
         description="Denoising steps each sample is trained on (DanceGRPO's timestep subsampling: a seeded draw per sample and rollout); 0: all sample_steps of them.",
     )
-    eval_prompts: int = Field(16, ge=0, description="Held-out captions sampled (deterministic ODE, fixed noise) at every evaluation for eval/reward and eval/rewards/<name>.")
+    eval_prompts: int = Field(
+        16,
+        ge=0,
+        description="Samples of held-out captions (deterministic ODE, fixed noise per sample) at every evaluation for eval/reward and eval/rewards/<name>; cycles over the held-out captions with new noise where they are fewer.",
+    )
 
 
 class FlowMatchingTraining(DiffusionTraining):

@@ -26,7 +26,7 @@ GRPO = [
     "training.grpo.train_timesteps=2",
     "training.grpo.epochs=2",
     "training.grpo.beta=0.04",
-    "training.grpo.eval_prompts=2",
+    "training.grpo.eval_prompts=3",  # 2 held-out captions: the first again with other noise
     # the random tiny model draws no colour: brightness differs between its samples, so the advantages are not all 0
     "training.grpo.rewards={brightness: 1.0, colour: 0.5}",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 def test_flow_grpo_trains_a_video_family(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     args = ["run", "--pack", "wan", "--preset", "tiny", "data.eval_fraction=0.25", "training.method=grpo", "training.steps=2", "training.lora.r=4"]
-    args += ["training.grpo.beta=0.04", "training.grpo.group_size=2", "training.grpo.sample_steps=3", "training.grpo.rewards={brightness: 1.0, colour: 1.0}"]
+    args += ["training.grpo.beta=0.04", "training.grpo.group_size=2", "training.grpo.sample_steps=3", "training.grpo.rewards={brightness: 1.0, colour: 1.0}", "training.grpo.eval_prompts=3"]
     wan(*args, "--run-dir", "run")
     rows = [json.loads(line) for line in (tmp_path / "run/train/metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]
