@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.21"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.22"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -179,6 +179,8 @@ SURFACE: Mapping[str, frozenset[str]] = {
         # 1.19: a diffusion family on public diffusers API (mmcore new-pack --from-diffusers)
         "PipelineEncoders", "TINY_COMPONENTS", "latent_token_ids", "normalise_latents", "pack_latents",
         "pipeline_components", "rotary_positions_3d", "tiny_pipeline", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents",
+        # 1.22: Flow-GRPO in the diffusion kit
+        "DiffusionGRPORecipe", "FlowGrpoSection", "vae_frames",
     }),
     # megatron-core (optional extra): a family's Megatron part, its tensor table, MindSpeed-MM checkpoints
     "mmcore.backends.megatron": frozenset({

@@ -14,8 +14,16 @@ BUILT_IN = {
     "length": ("length", "0 up to the reference's length, down to -1 at twice it"),
 }
 
+#: scores of generated pictures and videos (the diffusion kit's GRPO), in mmcore.train.image_rewards
+BUILT_IN_IMAGE = {
+    "colour": ("colour", "the share of the picture's coloured pixels in the colour its caption names (red, green, blue, yellow)"),
+    "brightness": ("brightness", "the mean pixel value, 0 (black) to 1 (white)"),
+}
+
 
 @hookimpl
 def mmcore_register_rewards(register):
     for name, (attr, summary) in BUILT_IN.items():
         register(RewardSpec(name, f"mmcore.train.rewards:{attr}", summary=summary))
+    for name, (attr, summary) in BUILT_IN_IMAGE.items():
+        register(RewardSpec(name, f"mmcore.train.image_rewards:{attr}", summary=summary, takes="image"))

@@ -48,3 +48,36 @@ def test_a_plugin_reward_is_used_by_name(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "runs/qwen2vl-tiny/train/metrics.jsonl").read_text().splitlines()]
     sampled = [r for r in rows if "rewards/team.short" in r]
     assert len(sampled) == 2 and all(0 < r["rewards/team.short"] <= 1 for r in sampled), proc.stdout
+
+
+PICTURE_SCORE = """
+import numpy as np
+
+from mmcore import hookimpl
+from mmcore.framework.registry import RewardSpec
+
+
+def redness(images, prompts, **_):
+    return [float(np.asarray(frames)[..., 0].mean() - np.asarray(frames)[..., 1:].mean()) for frames in images]
+
+
+@hookimpl
+def mmcore_register_rewards(register):
+    register(RewardSpec("team.redness", "mm_team_pictures:redness", summary="red minus the other channels", takes="image"))
+"""
+
+
+@pytest.mark.slow
+def test_a_plugin_reward_on_images_is_used_by_name_in_a_diffusion_run(tmp_path: Path) -> None:
+    project = write_pack_project(tmp_path / "projects", "mm-team-pictures", "mm_team_pictures", PICTURE_SCORE, {"team_pictures": "mm_team_pictures"}, group="mmcore.plugins")
+    site = tmp_path / "site"
+    pip_install_target([project], site)
+    cli = CLI(tmp_path, [site])
+    assert "; on images: brightness, colour, team.redness" in cli("list").stdout
+    args = ["run", "--pack", "flux", "--preset", "tiny", "training.method=grpo", "training.steps=2", "training.grpo.group_size=2", "training.grpo.sample_steps=2"]
+    proc = cli(*args, "training.grpo.rewards={team.redness: 1.0}", "evaluate.enabled=false")
+    rows = [json.loads(line) for line in (tmp_path / "runs/flux-tiny/train/metrics.jsonl").read_text().splitlines()]
+    sampled = [r for r in rows if "rewards/team.redness" in r]
+    assert len(sampled) == 2 and all(-1 <= r["rewards/team.redness"] <= 1 for r in sampled), proc.stdout
+    refused = cli(*args, "training.grpo.rewards={team.redness: 1.0, accuracy: 1.0}", check=False)
+    assert refused.returncode != 0 and "reward 'accuracy' scores texts" in refused.stdout + refused.stderr

@@ -30,7 +30,7 @@ def list_cmd(as_json: bool) -> None:
     for record in envs.load_records().values():
         for found in envs.packs_in(record):
             packs.append({**found, "ok": True, "error": None, "category": "", "summary": f"in env {record.path}", "stages": [], "presets": []})
-    rewards = [{"name": r.name, "provider": r.provider, "summary": r.summary} for _, r in sorted(plugins.registry.rewards.items())]
+    rewards = [{"name": r.name, "provider": r.provider, "summary": r.summary, "takes": r.takes} for _, r in sorted(plugins.registry.rewards.items())]
     if as_json:
         click.echo(json.dumps({"mmcore": __version__, "packs": packs, "plugins": infra, "rewards": rewards}, indent=2))
         return
@@ -46,7 +46,8 @@ def list_cmd(as_json: bool) -> None:
         else:
             click.echo(f"{p['name']:<14} BROKEN    ({p['distribution']}) {p['error']}")
     click.echo(f"plugins: {', '.join(p['name'] + ('' if p['ok'] else ' (BROKEN: ' + str(p['error']) + ')') for p in infra) or 'none'}")
-    click.echo(f"rewards (training.grpo.rewards): {', '.join(r['name'] for r in rewards) or 'none'}")
+    on_text, on_images = ([r["name"] for r in rewards if r["takes"] == kind] for kind in ("text", "image"))
+    click.echo(f"rewards (training.grpo.rewards): {', '.join(on_text) or 'none'}; on images: {', '.join(on_images) or 'none'}")
 
 
 def _megatron_line(spec: Any) -> str | None:

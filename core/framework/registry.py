@@ -79,23 +79,34 @@ class BackendSpec:
     provider: str = ""
 
 
+#: what a reward function may score (``RewardSpec.takes``)
+REWARD_KINDS = ("text", "image")
+
+
 @dataclass(frozen=True)
 class RewardSpec:
     """A reward function for online RL (``training.grpo.rewards: {name: weight}``).
 
     Attributes:
         name: what a config calls it (``"accuracy"``, ``"my_team.verifier"``).
-        impl: ``"module:attr"`` of ``fn(completions, references, prompts) -> list[float]``:
-            one float per completion (the answers as decoded text), ``references[i]`` the
-            expected answer of completion ``i``'s prompt (None where the data gave none),
-            ``prompts[i]`` that prompt's last user turn. Imported when a run uses it.
+        impl: ``"module:attr"`` of the function, imported when a run uses it. A ``text``
+            reward is ``fn(completions, references, prompts) -> list[float]``: one float per
+            completion (the answers as decoded text), ``references[i]`` the expected answer of
+            completion ``i``'s prompt (None where the data gave none), ``prompts[i]`` that
+            prompt's last user turn. An ``image`` reward is ``fn(images, prompts) ->
+            list[float]``: one float per generated sample, ``images[i]`` its decoded frames as
+            a numpy float32 array [F, H, W, 3] in [0, 1] (a picture is one frame), ``prompts[i]``
+            its caption. Both are called with keyword arguments and more may come (``**kwargs``).
         summary: One line for ``mmcore info``.
+        takes: what it scores: ``"text"`` (a VLM's answers, the default) or ``"image"`` (a
+            diffusion model's pictures and videos); a run refuses a reward of the other kind.
     """
 
     name: str
     impl: str
     summary: str = ""
     provider: str = ""
+    takes: str = "text"
 
     def load(self) -> Callable[..., Any]:
         return import_object(self.impl)
@@ -150,6 +161,9 @@ class Registry:
 
     def add_reward(self, spec: RewardSpec, provider: str) -> None:
         spec = RewardSpec(**{**spec.__dict__, "provider": provider})
+        if spec.takes not in REWARD_KINDS:
+            self.errors.append(f"{provider}: reward {spec.name!r} takes={spec.takes!r}; a reward takes one of {', '.join(REWARD_KINDS)}")
+            return
         old = self.rewards.get(spec.name)
         if old is not None and old.impl != spec.impl:
             self.errors.append(f"reward {spec.name!r} is registered by both {old.provider} ({old.impl}) and {provider} ({spec.impl})")

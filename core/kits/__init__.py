@@ -35,11 +35,12 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("VLMGRPORecipe",), "mmcore.kits.vlm.grpo"),
     **dict.fromkeys(("DiffusionRecipe",), "mmcore.kits.diffusion.recipe"),
     **dict.fromkeys(
-        ("PipelineEncoders", "latent_token_ids", "normalise_latents", "pack_latents", "rotary_positions_3d", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents"),
+        ("PipelineEncoders", "latent_token_ids", "normalise_latents", "pack_latents", "rotary_positions_3d", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents", "vae_frames"),
         "mmcore.kits.diffusion.pipelines",
     ),
     **dict.fromkeys(("TINY_COMPONENTS", "pipeline_components", "tiny_pipeline"), "mmcore.kits.diffusion.tiny"),
     **dict.fromkeys(("DiffusionDPORecipe",), "mmcore.kits.diffusion.dpo"),
+    **dict.fromkeys(("DiffusionGRPORecipe",), "mmcore.kits.diffusion.grpo"),
     **dict.fromkeys(
         (
             "DiffusionFamily",
@@ -47,6 +48,7 @@ _EXPORTS: dict[str, str] = {
             "EVAL_SIGMAS",
             "EXPERTS",
             "FLOW_MATCHING",
+            "FlowGrpoSection",
             "FlowMatching",
             "FlowMatchingTraining",
             "GuidanceEmbeddingTraining",

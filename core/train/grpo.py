@@ -72,7 +72,7 @@ class GRPOTerms:
 
     loss_sum: "torch.Tensor"  # summed over the loss units (tokens, or answers with sequence averaging)
     units: int
-    kl_sum: "torch.Tensor"  # the k3 estimate, summed over answer tokens
+    kl_sum: "torch.Tensor"  # the k3 estimate (or the given KL), summed over answer tokens
     clipped_sum: "torch.Tensor"  # answer tokens whose clipped branch was taken
     tokens: "torch.Tensor"  # answer tokens
     entropy_sum: "torch.Tensor | None" = None  # the policy's entropy, summed over answer tokens (with an entropy bonus)
@@ -85,6 +85,7 @@ def grpo_terms(
     *,
     old_logps: "torch.Tensor | None" = None,
     ref_logps: "torch.Tensor | None" = None,
+    kl: "torch.Tensor | None" = None,
     epsilon: float = 0.2,
     beta: float = 0.0,
     averaging: str = "token",
@@ -94,8 +95,11 @@ def grpo_terms(
     """The GRPO loss of rows with per-token ``logps`` [rows, T] (the policy's, with gradients),
     ``mask`` [rows, T] (1 on answer tokens) and one advantage per row. ``old_logps``: the
     sampling policy's (None: the policy's own, detached: the first step on a rollout);
-    ``ref_logps``: the reference's (needed where ``beta`` > 0); ``entropy``: the policy's per
-    position [rows, T] (:func:`token_entropy`, with gradients; needed where ``entropy_coef`` > 0)."""
+    ``ref_logps``: the reference's (needed where ``beta`` > 0), or instead ``kl`` [rows, T]: each
+    unit's KL to the reference where the caller has it exactly (the diffusion kit's Gaussian
+    steps, :mod:`mmcore.kits.diffusion.flow_grpo`), in place of the k3 estimate. A row's units
+    are its answer tokens, or a generated picture's denoising steps. ``entropy``: the policy's
+    per position [rows, T] (:func:`token_entropy`, with gradients; needed where ``entropy_coef`` > 0)."""
     import torch
 
     old = logps.detach() if old_logps is None else old_logps
@@ -103,13 +107,15 @@ def grpo_terms(
     adv = advantages.to(logps.dtype).unsqueeze(1)
     unclipped, clipped = ratio * adv, torch.clamp(ratio, 1 - epsilon, 1 + epsilon) * adv
     per_token = -torch.min(unclipped, clipped)
-    kl = torch.zeros_like(logps)
     if beta:
-        if ref_logps is None:
-            raise ValueError("beta > 0 needs the reference's log-probabilities")
-        delta = ref_logps - logps
-        kl = torch.exp(delta) - delta - 1
+        if kl is None:
+            if ref_logps is None:
+                raise ValueError("beta > 0 needs the reference's log-probabilities")
+            delta = ref_logps - logps
+            kl = torch.exp(delta) - delta - 1
         per_token = per_token + beta * kl
+    else:
+        kl = torch.zeros_like(logps)
     if entropy_coef:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs the policy's entropy per position")

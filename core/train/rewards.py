@@ -6,7 +6,8 @@ its prompt has none) and its prompt's last user turn, plus ``settings`` (the ``t
 section); it accepts ``**kwargs`` so that later mmcore versions may pass more. Built in (this
 module, registered by ``mmcore_plugins.rewards``): ``accuracy``, ``exact``, ``format`` and
 ``length``; a plugin adds its own through the ``mmcore_register_rewards`` hook
-(:class:`mmcore.framework.registry.RewardSpec`).
+(:class:`mmcore.framework.registry.RewardSpec`). Functions that score generated pictures
+(``RewardSpec(takes="image")``, the diffusion kit's GRPO) are in :mod:`mmcore.train.image_rewards`.
 
 :class:`RewardSet` resolves the configured names once, before training, and scores a batch of
 answers: the weighted sum per answer plus each function's own scores, for the metrics. A
@@ -91,12 +92,19 @@ def edit_distance(a: str, b: str) -> int:
 
 
 class RewardSet:
-    """The configured reward functions, by name with their weights, loaded from ``registry``."""
+    """The configured reward functions, by name with their weights, loaded from ``registry``;
+    ``takes``: what the run's samples are (``text`` answers, or ``image`` pictures and videos):
+    a function of the other kind is refused by name before training."""
 
-    def __init__(self, registry: Any, weights: Mapping[str, float], settings: Any = None) -> None:
+    def __init__(self, registry: Any, weights: Mapping[str, float], settings: Any = None, takes: str = "text") -> None:
         specs = {name: registry.reward(name) for name in weights}  # an unknown name fails here, before training
+        for name, spec in specs.items():
+            if spec.takes != takes:
+                fitting = ", ".join(sorted(n for n, s in registry.rewards.items() if s.takes == takes)) or "none installed"
+                raise StageError(f"training.grpo.rewards: reward {name!r} scores {spec.takes}s, and this run's samples are {takes}s (rewards on {takes}s: {fitting})")
         self.weights = dict(weights)
         self.settings = settings
+        self.takes = takes
         self.functions = {}
         for name, spec in specs.items():
             try:
@@ -106,23 +114,31 @@ class RewardSet:
 
     def score(self, completions: Sequence[str], references: Sequence[str | None], prompts: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
         """(weighted total per answer, each function's scores per answer)."""
+        return self._score(len(completions), "answer", completions=list(completions), references=list(references), prompts=list(prompts))
+
+    def score_images(self, images: Sequence[Any], prompts: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
+        """(weighted total per sample, each function's scores per sample) of generated samples:
+        ``images[i]`` float [F, H, W, 3] in [0, 1], ``prompts[i]`` its caption."""
+        return self._score(len(images), "sample", images=list(images), prompts=list(prompts))
+
+    def _score(self, count: int, what: str, **arguments: Any) -> tuple[list[float], dict[str, list[float]]]:
         each: dict[str, list[float]] = {}
         for name, fn in self.functions.items():
             try:
-                values = fn(completions=list(completions), references=list(references), prompts=list(prompts), settings=self.settings)
+                values = fn(**arguments, settings=self.settings)
             except Exception as exc:  # noqa: BLE001  (a user's verifier failing is a one-line error naming it)
                 raise StageError(f"training.grpo.rewards: reward {name!r} raised {type(exc).__name__}: {exc}") from exc
             try:
                 values = [float(v) for v in values]
             except (TypeError, ValueError) as exc:
                 raise StageError(f"training.grpo.rewards: reward {name!r} returned something other than a list of numbers: {exc}") from exc
-            if len(values) != len(completions):
-                raise StageError(f"training.grpo.rewards: reward {name!r} returned {len(values)} value(s) for {len(completions)} answer(s)")
+            if len(values) != count:
+                raise StageError(f"training.grpo.rewards: reward {name!r} returned {len(values)} value(s) for {count} {what}(s)")
             bad = next((v for v in values if not math.isfinite(v)), None)
             if bad is not None:
                 raise StageError(f"training.grpo.rewards: reward {name!r} returned {bad} (rewards must be finite)")
             each[name] = values
-        totals = [sum(self.weights[name] * each[name][i] for name in each) for i in range(len(completions))]
+        totals = [sum(self.weights[name] * each[name][i] for name in each) for i in range(count)]
         return totals, each
 
 

@@ -31,6 +31,21 @@ def check_method(ctx: "StageContext", recipe: "TrainRecipe") -> None:
         raise StageError(f"training.method={wanted}: the {ctx.pack} pack's recipe trains with training.method={recipe.method}; it has no {wanted} recipe")
 
 
+def check_rollout_window(cfg: Any) -> None:
+    """Refuse a GRPO config whose rollouts a resumed run could not sample from the same weights
+    (``cfg``: the ``training`` section): with ``training.grpo.epochs`` > 1 (steps per rollout)
+    checkpoints and the warm-up's end must fall on rollout steps, and the run is counted in steps."""
+    window = cfg.grpo.epochs
+    if window > 1:
+        if cfg.checkpoint_every % window or cfg.grpo.warmup_sft_steps % window:
+            raise StageError(
+                f"training.grpo.epochs={window}: training.checkpoint_every ({cfg.checkpoint_every}) and training.grpo.warmup_sft_steps "
+                f"({cfg.grpo.warmup_sft_steps}) must be multiples of it, so that a resumed run samples its rollout from the same weights"
+            )
+        if cfg.epochs is not None:
+            raise StageError(f"training.grpo.epochs={window} trains each rollout several steps: give training.steps rather than training.epochs")
+
+
 class Rollouts:
     """The rollout batches of the current window and the time the last sampling took."""
 
@@ -79,4 +94,4 @@ class Rollouts:
         return sampled, global_tokens
 
 
-__all__ = ["Rollouts", "check_method"]
+__all__ = ["Rollouts", "check_method", "check_rollout_window"]

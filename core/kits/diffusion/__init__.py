@@ -34,7 +34,9 @@ What the kit does with it, one module a job:
   (:class:`~mmcore.kits.diffusion.recipe.DiffusionRecipe`), with the samples and batches of
   :mod:`~mmcore.kits.diffusion.batches` and the step's FLOPs of
   :mod:`~mmcore.kits.diffusion.flops`; Diffusion-DPO on preference pairs
-  (:class:`~mmcore.kits.diffusion.dpo.DiffusionDPORecipe`).
+  (:class:`~mmcore.kits.diffusion.dpo.DiffusionDPORecipe`); Flow-GRPO / DanceGRPO, online RL on
+  image rewards (:class:`~mmcore.kits.diffusion.grpo.DiffusionGRPORecipe`, the SDE sampler and
+  its log-probabilities in :mod:`~mmcore.kits.diffusion.flow_grpo`).
 * **export** (:mod:`~mmcore.kits.diffusion.export`): the trained denoiser into a copy of the
   downloaded pipeline folder under diffusers' names; reloaded, every weight must be
   bit-identical and its output equal. After LoRA training, the adapter.
@@ -60,15 +62,27 @@ from mmcore.kits.diffusion.family import DiffusionFamily
 from mmcore.kits.diffusion.flops import denoiser_flops
 from mmcore.kits.diffusion.objectives import EVAL_SIGMAS, FLOW_MATCHING, FlowMatching, NoiseSchedule, diffusion_loss, flow_matching_loss, sigmas
 from mmcore.kits.diffusion.sampling import text_to_video_sample
-from mmcore.kits.diffusion.pipelines import PipelineEncoders, latent_token_ids, normalise_latents, pack_latents, rotary_positions_3d, unpack_latents, vae_compression, vae_compression_of, vae_latents
+from mmcore.kits.diffusion.pipelines import (
+    PipelineEncoders,
+    latent_token_ids,
+    normalise_latents,
+    pack_latents,
+    rotary_positions_3d,
+    unpack_latents,
+    vae_compression,
+    vae_compression_of,
+    vae_frames,
+    vae_latents,
+)
 from mmcore.kits.diffusion.tiny import TINY_COMPONENTS, pipeline_components, tiny_pipeline
-from mmcore.kits.diffusion.sections import EXPERTS, DiffusionTraining, FlowMatchingTraining, GuidanceEmbeddingTraining, SampleExport, VideoData, guidance_option
+from mmcore.kits.diffusion.sections import EXPERTS, DiffusionTraining, FlowGrpoSection, FlowMatchingTraining, GuidanceEmbeddingTraining, SampleExport, VideoData, guidance_option
 
 __all__ = [
     "DiffusionFamily",
     "VideoData",
     "DiffusionTraining",
     "FlowMatchingTraining",
+    "FlowGrpoSection",
     "GuidanceEmbeddingTraining",
     "guidance_option",
     "EXPERTS",
@@ -88,6 +102,7 @@ __all__ = [
     "LORA_WEIGHTS",
     "PipelineEncoders",
     "vae_latents",
+    "vae_frames",
     "normalise_latents",
     "vae_compression",
     "vae_compression_of",

@@ -184,11 +184,16 @@ class DiffusionFamily:
     def recipe(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
         """The train stage's recipe: :class:`~mmcore.kits.diffusion.recipe.DiffusionRecipe`, or
         with ``training.method: dpo`` Diffusion-DPO on preference pairs
-        (:class:`~mmcore.kits.diffusion.dpo.DiffusionDPORecipe`). With a finished extract stage
+        (:class:`~mmcore.kits.diffusion.dpo.DiffusionDPORecipe`), with ``training.method: grpo``
+        Flow-GRPO on the captions (:class:`~mmcore.kits.diffusion.grpo.DiffusionGRPORecipe`). With a finished extract stage
         it trains from its cache; without, it encodes every batch afresh."""
         from mmcore.data.shards import ShardDataset
 
         data = ShardDataset(upstream["preprocess"].output("dataset"))
+        if ctx.config.training.method == "grpo":
+            from mmcore.kits.diffusion.grpo import DiffusionGRPORecipe
+
+            return DiffusionGRPORecipe(self, ctx, upstream, data)
         if ctx.config.training.method != "dpo":
             from mmcore.kits.diffusion.recipe import DiffusionRecipe
 

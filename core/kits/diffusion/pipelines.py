@@ -19,6 +19,16 @@ def is_video_vae(vae: Any) -> bool:
     return any(isinstance(m, torch.nn.Conv3d) for m in vae.modules())
 
 
+def latent_statistics(vae: Any) -> tuple[Any, Any]:
+    """(per-channel mean, std) of a VAE's latents: Wan's ``latents_mean``/``latents_std`` in its
+    config, LTX-Video's as buffers; (None, None) where it has none."""
+    cfg = vae.config
+    if cfg.get("latents_mean", None) is not None:
+        return cfg["latents_mean"], cfg["latents_std"]
+    buffers = dict(vae.named_buffers())
+    return buffers.get("latents_mean"), buffers.get("latents_std")
+
+
 def normalise_latents(vae: Any, z: Any) -> Any:
     """The VAE's raw latents ``z`` [B, C, (F,) H, W] as its pipelines hand them to the denoiser:
     ``(z - mean) * scaling_factor / std`` where the VAE has per-channel statistics (Wan's
@@ -28,9 +38,7 @@ def normalise_latents(vae: Any, z: Any) -> Any:
 
     cfg = vae.config
     scale = cfg.get("scaling_factor", None) or 1.0
-    mean, std = cfg.get("latents_mean", None), cfg.get("latents_std", None)
-    if mean is None and isinstance(getattr(vae, "latents_mean", None), torch.Tensor):
-        mean, std = vae.latents_mean, vae.latents_std
+    mean, std = latent_statistics(vae)
     if mean is None:
         return (z - (cfg.get("shift_factor", None) or 0.0)) * scale
     view = (1, -1) + (1,) * (z.ndim - 2)
@@ -50,6 +58,29 @@ def vae_latents(vae: Any, frames: Any) -> Any:
             pixels = pixels[:, :, 0]
         z = vae.encode(pixels.to(vae.dtype)).latent_dist.mode()
         return normalise_latents(vae, z)[0]
+
+
+def vae_frames(vae: Any, latents: Any) -> Any:
+    """The inverse of :func:`vae_latents` for a batch: normalised latents [B, C, (F,) H, W] ->
+    decoded frames, float32 [B, F, H, W, 3] in [0, 1] (an image VAE's pictures: F = 1), as the
+    pipelines decode them (:func:`normalise_latents` undone, then ``vae.decode``)."""
+    import torch
+
+    cfg = vae.config
+    scale = cfg.get("scaling_factor", None) or 1.0
+    mean, std = latent_statistics(vae)
+    z = latents.float()
+    if mean is None:
+        z = z / scale + (cfg.get("shift_factor", None) or 0.0)
+    else:
+        view = (1, -1) + (1,) * (z.ndim - 2)
+        z = z * torch.as_tensor(std, dtype=z.dtype).view(view) / scale + torch.as_tensor(mean, dtype=z.dtype).view(view)
+    with torch.no_grad():
+        pixels = vae.decode(z.to(vae.dtype)).sample.float()
+    pixels = ((pixels + 1) / 2).clamp(0, 1)
+    if pixels.ndim == 4:  # an image VAE: [B, 3, H, W]
+        pixels = pixels[:, :, None]
+    return pixels.permute(0, 2, 3, 4, 1).cpu()
 
 
 def vae_compression(vae: Any) -> tuple[int, int]:
@@ -171,4 +202,16 @@ class PipelineEncoders:
         return self.prompt(caption)[0][0]
 
 
-__all__ = ["PipelineEncoders", "is_video_vae", "normalise_latents", "vae_latents", "vae_compression", "vae_compression_of", "pack_latents", "unpack_latents", "latent_token_ids", "rotary_positions_3d"]
+__all__ = [
+    "PipelineEncoders",
+    "is_video_vae",
+    "normalise_latents",
+    "vae_latents",
+    "vae_frames",
+    "vae_compression",
+    "vae_compression_of",
+    "pack_latents",
+    "unpack_latents",
+    "latent_token_ids",
+    "rotary_positions_3d",
+]

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from pydantic import Field, field_validator
 
-from mmcore.config import DataSection, ExportSection, TrainingSection
+from mmcore.config import DataSection, ExportSection, GrpoSection, TrainingSection
 from mmcore.framework.context import StageContext
 
 
@@ -49,11 +49,44 @@ class DiffusionTraining(TrainingSection):
     caption_dropout: float = Field(0.1, ge=0, le=1, description="Probability of training on the empty caption (for classifier-free guidance).")
 
 
+class FlowGrpoSection(GrpoSection):
+    """GRPO for a flow-matching denoiser (Flow-GRPO / DanceGRPO, ``training.method: grpo`` in the
+    diffusion kit): each step generates ``group_size`` samples per caption by the flow's ODE run as
+    an SDE (every denoising step a Gaussian with a log-probability), scores the decoded pictures
+    with image rewards and trains on ``train_timesteps`` of the steps. The answer-sampling keys
+    (max_new_tokens, temperature, top_p, min_p, format_pattern, loss_averaging) are the VLM kit's
+    and unused here; top_k, entropy_coef and skip_uniform_groups are refused."""
+
+    rewards: dict[str, float] = Field(
+        default_factory=lambda: {"colour": 1.0},
+        description="Reward function name -> weight; a sample's reward is the weighted sum. Rewards that score images (built in: colour, brightness; more from plugins); a text reward is refused.",
+    )
+    sample_steps: int = Field(10, ge=2, le=1000, description="Denoising steps of each rollout sample and of the held-out samples (levels 1 to 0, shifted by training.flow_shift).")
+    sde_noise_level: float = Field(
+        0.7,
+        ge=0,
+        le=10,
+        allow_inf_nan=False,
+        description="a in the SDE's noise sigma_t = a * sqrt(t / (1 - t)) (Flow-GRPO's noise level): how far the rollouts explore around the ODE's path; must be > 0.",
+    )
+    train_timesteps: int = Field(
+        0,
+        ge=0,
+        description="Denoising steps each sample is trained on (DanceGRPO's timestep subsampling: a seeded draw per sample and rollout); 0: all sample_steps of them.",
+    )
+    eval_prompts: int = Field(
+        16,
+        ge=0,
+        description="Samples of held-out captions (deterministic ODE, fixed noise per sample) at every evaluation for eval/reward and eval/rewards/<name>; cycles over the held-out captions with new noise where they are fewer.",
+    )
+
+
 class FlowMatchingTraining(DiffusionTraining):
     flow_shift: float = Field(3.0, gt=0, description="Timestep shift of the flow-matching schedule.")
     timestep_sampling: Literal["uniform", "logit_normal"] = Field(
         "logit_normal", description="How training draws noise levels before the shift: logit_normal (sigmoid of a standard normal: more weight on middle levels, as SD3) or uniform."
     )
+    grpo: FlowGrpoSection = Field(default_factory=FlowGrpoSection)
     expert: Literal["none", "high_noise", "low_noise"] = Field(
         "none",
         description="A pipeline of two denoisers split at a noise level (Wan2.2: model_index.json boundary_ratio): which one this run trains, on its own noise levels (high_noise: transformer, levels >= the boundary; low_noise: transformer_2, below). Export writes it beside the other, as downloaded.",
@@ -106,4 +139,4 @@ class SampleExport(ExportSection):
         return dict(self.pipeline_options)
 
 
-__all__ = ["VideoData", "DiffusionTraining", "FlowMatchingTraining", "GuidanceEmbeddingTraining", "guidance_option", "EXPERTS", "SampleExport"]
+__all__ = ["VideoData", "DiffusionTraining", "FlowGrpoSection", "FlowMatchingTraining", "GuidanceEmbeddingTraining", "guidance_option", "EXPERTS", "SampleExport"]

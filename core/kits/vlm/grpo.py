@@ -88,20 +88,14 @@ class VLMGRPORecipe(VLMRecipe):
         self.updates = 1  # micro-batch updates by this process, counted for the crash tests' kill point
 
     def _check(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
+        from mmcore.train.rollouts import check_rollout_window
+
         cfg = ctx.config.training
         if ctx.config.parallel.backend != "fsdp2":
             raise StageError(f"training.method=grpo runs on parallel.backend: fsdp2 (not {ctx.config.parallel.backend} yet)")
         if "extract" in upstream:
             raise StageError("training.method=grpo reads the towers live: the feature cache holds single samples (set extract.enabled: false)")
-        window = self.settings.epochs
-        if window > 1:
-            if cfg.checkpoint_every % window or self.settings.warmup_sft_steps % window:
-                raise StageError(
-                    f"training.grpo.epochs={window}: training.checkpoint_every ({cfg.checkpoint_every}) and training.grpo.warmup_sft_steps "
-                    f"({self.settings.warmup_sft_steps}) must be multiples of it, so that a resumed run samples its rollout from the same weights"
-                )
-            if cfg.epochs is not None:
-                raise StageError(f"training.grpo.epochs={window} trains each rollout several steps: give training.steps rather than training.epochs")
+        check_rollout_window(cfg)
 
     def check(self, index: Mapping[str, Any], ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
         if index.get("ranking"):

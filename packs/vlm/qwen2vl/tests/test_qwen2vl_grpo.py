@@ -129,8 +129,8 @@ def test_full_fine_tuning_keeps_the_first_rollouts_weights_as_its_reference(mm, 
 def test_grpo_refuses_what_it_cannot_train(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     data = write_questions(tmp_path / "data")
     base = ["run", "--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "training.method=grpo"]
-    proc = mm(*base, "training.grpo.rewards={no_such: 1.0}", "--run-dir", "run", check=False)
-    assert proc.returncode != 0 and "unknown reward function 'no_such'; known: accuracy, exact, format, length, similarity" in proc.stderr + proc.stdout
+    proc = mm(*base, "training.grpo.rewards={no_such: 1.0}", "--run-dir", "run", check=False)  # the stages before train are reused
+    assert proc.returncode != 0 and "unknown reward function 'no_such'; known: accuracy, brightness, colour, exact, format, length, similarity" in proc.stderr + proc.stdout
 
 
 @pytest.mark.matrix

@@ -13,7 +13,7 @@ flux = PackSpec(
     summary="FLUX.1 text-to-image (diffusers), cached VAE, CLIP and T5 features, guidance embedding",
     sdk="1.19",  # imports the SDK 1.18 façade; takes part in 1.19's generative rules
     config_class="mm_pack_flux.family:FluxConfig",
-    presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
+    presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml", "grpo": "presets/grpo.yaml"},
     default_preset="demo",
     distributed_stages=("train",),
     # extract reads the image sampling and text length (data) as well as its own options.
