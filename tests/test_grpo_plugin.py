@@ -31,7 +31,7 @@ def test_a_plugin_reward_is_used_by_name(tmp_path: Path) -> None:
     site = tmp_path / "site"
     pip_install_target([project], site)
     cli = CLI(tmp_path, [site])
-    assert "rewards (training.grpo.rewards): accuracy, exact, format, length, team.short" in cli("list").stdout
+    assert "rewards (training.grpo.rewards): accuracy, exact, format, length, similarity, team.short" in cli("list").stdout
     proc = cli(
         "run",
         "--pack",
