@@ -46,6 +46,26 @@ def check_rollout_window(cfg: Any) -> None:
             raise StageError(f"training.grpo.epochs={window} trains each rollout several steps: give training.steps rather than training.epochs")
 
 
+INDEX = "grpo_index"  # a sample's dataset index, for its rollout seed
+
+
+class IndexedSamples:
+    """A split's samples, each with its dataset index (``grpo_index``): the seed of its rollout
+    (answers, or generated samples), whichever micro-batch and rank it lands in."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.data[i], INDEX: i}
+
+    def __getattr__(self, name: str) -> Any:  # meta, length, index, split: the dataset's
+        return getattr(self.data, name)
+
+
 class Rollouts:
     """The rollout batches of the current window and the time the last sampling took."""
 
@@ -94,4 +114,4 @@ class Rollouts:
         return sampled, global_tokens
 
 
-__all__ = ["Rollouts", "check_method", "check_rollout_window"]
+__all__ = ["INDEX", "IndexedSamples", "Rollouts", "check_method", "check_rollout_window"]

@@ -32,24 +32,10 @@ from mmcore.kits.diffusion.batches import collate
 from mmcore.kits.diffusion.objectives import FlowMatching
 from mmcore.kits.diffusion.recipe import DiffusionRecipe
 from mmcore.run.rundir import Manifest
+from mmcore.train.rollouts import INDEX, IndexedSamples
 
 if TYPE_CHECKING:
     from mmcore.kits.diffusion.family import DiffusionFamily
-
-INDEX = "grpo_index"  # a sample's dataset index, for its rollout seed
-
-
-class IndexedClips:
-    """A split's samples, each with its dataset index (``grpo_index``): the seed of its rollout."""
-
-    def __init__(self, data: Any) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {**self.data[i], INDEX: i}
 
 
 class DiffusionGRPORecipe(DiffusionRecipe):
@@ -104,7 +90,7 @@ class DiffusionGRPORecipe(DiffusionRecipe):
     # -- the data: the SFT batch (for warm-up steps), with each caption's index ---------------
 
     def dataset(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
-        return IndexedClips(self.train_samples)
+        return IndexedSamples(self.train_samples)
 
     def collate(self, samples: list[Any]) -> dict[str, Any]:
         batch = collate([{k: v for k, v in s.items() if k != INDEX} for s in samples])
@@ -321,4 +307,4 @@ def grpo_recipe(family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[
     return DiffusionGRPORecipe(family, ctx, upstream, data)
 
 
-__all__ = ["DiffusionGRPORecipe", "IndexedClips", "grpo_recipe"]
+__all__ = ["DiffusionGRPORecipe", "grpo_recipe"]

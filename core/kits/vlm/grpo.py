@@ -30,28 +30,12 @@ from mmcore.framework.context import StageContext
 from mmcore.kits.vlm.batches import Batch, with_tail
 from mmcore.kits.vlm.recipe import VLMRecipe
 from mmcore.run.rundir import Manifest
+from mmcore.train.rollouts import INDEX, IndexedSamples
 
 if TYPE_CHECKING:
     from mmcore.kits.vlm.family import VLMFamily
 
-INDEX = "grpo_index"  # a sample's dataset index, for its rollout seed
 REFERENCE = "grpo-reference"  # the stage folder's copy of full fine-tuning's reference weights
-
-
-class IndexedSamples:
-    """A split's samples, each with its dataset index (``grpo_index``): the seed of its answers."""
-
-    def __init__(self, data: Any) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {**self.data[i], INDEX: i}
-
-    def __getattr__(self, name: str) -> Any:  # meta, length, index, split: the dataset's
-        return getattr(self.data, name)
 
 
 class VLMGRPORecipe(VLMRecipe):
