@@ -98,4 +98,38 @@ class FrozenWeights:
                 kept.copy_(held)
 
 
-__all__ = ["FrozenWeights", "own_shards"]
+#: the stage folder's copy of full fine-tuning's GRPO reference weights
+REFERENCE = "grpo-reference"
+
+
+class GrpoReference:
+    """GRPO's reference policy, for the KL penalty (``training.grpo.beta`` > 0), computed in the
+    rollout (inside :func:`mmcore.backends.fsdp2.local_forwards`): with LoRA the base with the
+    adapters off; fully fine-tuned, the weights of the first rollout (after the warm-up), a
+    :class:`FrozenWeights` copy of each process's shards taken then and read back from
+    ``grpo-reference/`` in the stage folder by a resumed run."""
+
+    def __init__(self, lora: bool, stage_dir: Path, world: Any) -> None:
+        self.lora, self.folder, self.world = lora, stage_dir / REFERENCE, world
+        self.frozen: FrozenWeights | None = None
+
+    def of(self, model: Any, first_rollout: bool) -> Any:
+        """The block in which ``model`` computes as the reference (``first_rollout``: this is
+        the step whose weights become it)."""
+        if self.lora:
+            from mmcore.train.lora import adapters_disabled
+
+            return adapters_disabled(model)
+        if self.frozen is None:
+            from mmcore.errors import StageError
+
+            if first_rollout:
+                self.frozen = FrozenWeights.take(model, self.folder, self.world)
+            elif not (self.folder / ".metadata").is_file():
+                raise StageError(f"{self.folder}: the GRPO reference (the weights of the first rollout) is missing, so this run cannot resume with training.grpo.beta > 0; train again from the start")
+            else:
+                self.frozen = FrozenWeights.load(model, self.folder, self.world)
+        return self.frozen.swapped_in(model)
+
+
+__all__ = ["FrozenWeights", "GrpoReference", "REFERENCE", "own_shards"]

@@ -74,6 +74,10 @@ class GrpoSection(Section):
     warmup_sft_steps: Steps = Field(
         0, ge=0, description="Supervised steps on the references before the first rollout: a warm start for a base that does not yet answer in the expected form (0: RL from the first step)."
     )
+    fresh_optimizer: bool = Field(
+        True,
+        description="With warmup_sft_steps: the optimizer's state (Adam's moments and step count) starts afresh at the first rollout. The warm-up's moments are of the supervised loss, whose gradients can be far larger than the policy loss's: carried over, they first push on in the warm-up's direction and then shrink the policy's steps (the FLUX demo: held-out reward 0.82 -> 0.54, where it stayed).",
+    )
     eval_prompts: int = Field(64, ge=0, description="Held-out prompts answered (greedily) at every evaluation for the eval/reward and eval/accuracy metrics.")
 
     @field_validator("rewards")

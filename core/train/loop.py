@@ -117,6 +117,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
                 micro, global_tokens = sampled
         else:  # the rollout's later steps (training.grpo.epochs)
             micro, global_tokens, data_time, spread = rollouts.reuse()
+        if rollouts is not None and rollouts.fresh_optimizer(step):
+            optimizer.state.clear()  # the warm-up's moments are of another loss (training.grpo.fresh_optimizer)
         before = rng_check.state() if rng_check else []
         loss_sum, flops = backend.forward_backward(micro, global_tokens)
         if rng_check:

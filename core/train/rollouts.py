@@ -78,6 +78,13 @@ class Rollouts:
     def of(cls, ctx: "StageContext", recipe: "TrainRecipe", model: Any, device: Any, ready: Any) -> "Rollouts | None":
         return cls(ctx, recipe, model, device, ready.data_group) if recipe.rollout is not None else None
 
+    def fresh_optimizer(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) is the first rollout after a supervised warm-up and the
+        optimizer's state starts afresh there (``training.grpo.fresh_optimizer``). A step number,
+        not an event: a run resumed from the warm-up's last checkpoint clears it at the same step."""
+        settings = self.ctx.config.training.grpo
+        return bool(settings.fresh_optimizer and settings.warmup_sft_steps and step == settings.warmup_sft_steps)
+
     def draws(self, step: int) -> bool:
         """Whether step ``step`` (0-based) draws and collates its own data."""
         return self.held is None or step % max(1, self.recipe.steps_per_rollout) == 0

@@ -14,8 +14,11 @@ online RL of a flow-matching denoiser on the captions of a captioned-image (or v
 * **Update** (:meth:`DiffusionGRPORecipe.loss`): each sample trains on ``train_timesteps`` of
   its steps (a seeded draw: DanceGRPO's subsampling): the log-probability of the stored next
   latent under the current policy, the clipped ratio against the rollout's (with
-  ``epochs`` > 1) and ``beta`` times the exact Gaussian KL to the reference, the base with the
-  LoRA adapters off (:func:`mmcore.train.grpo.grpo_terms`; a loss unit is one sample's step).
+  ``epochs`` > 1) and ``beta`` times the exact Gaussian KL to the reference's step
+  (:func:`mmcore.train.grpo.grpo_terms`; a loss unit is one sample's step). The reference
+  (:class:`~mmcore.backends.frozen.GrpoReference`: the base with the LoRA adapters off, or,
+  fully fine-tuned, the weights of the first rollout) predicts its step's mean in the rollout,
+  once for every update on it.
 * **Metrics**: ``reward``, ``reward_std`` (within groups), ``rewards/<name>``, ``kl``,
   ``clip_fraction`` and the engine's ``rollout_share``; held out: the SFT recipe's error at fixed
   noise, plus deterministic ODE samples (fixed noise) of the first ``eval_prompts`` held-out
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from mmcore.backends.frozen import GrpoReference
 from mmcore.errors import StageError
 from mmcore.framework.context import StageContext
 from mmcore.kits.diffusion.batches import collate
@@ -65,6 +69,7 @@ class DiffusionGRPORecipe(DiffusionRecipe):
         self.sums: dict[str, tuple[float, float]] = {}
         self.shown: dict[str, Any] = {}  # the rollout's first group, for rollouts.jsonl
         self.updates = 1  # loss calls by this process, counted for the crash tests' kill point
+        self.reference = GrpoReference(bool(cfg.lora.r), ctx.stage_dir, ctx.world)
 
     def _check(self, ctx: StageContext) -> None:
         from mmcore.train.rollouts import check_rollout_window
@@ -76,8 +81,6 @@ class DiffusionGRPORecipe(DiffusionRecipe):
             raise StageError("training.method=grpo in the diffusion kit samples a flow-matching denoiser over all noise levels: not a DDPM-schedule family, nor one expert of two (training.expert)")
         if self.family.conditions:
             raise StageError(f"training.method=grpo: Flow-GRPO of a family conditioned on {', '.join(self.family.conditions)} is not supported yet")
-        if settings.beta > 0 and not cfg.lora.r:
-            raise StageError("training.grpo.beta > 0 needs a reference model: with training.lora it is the base with the adapters off; full fine-tuning keeps none yet (set training.grpo.beta: 0)")
         if settings.sde_noise_level <= 0:
             raise StageError("training.grpo.sde_noise_level must be > 0: the ODE's steps are not random and have no log-probability to learn from")
         if settings.train_timesteps > settings.sample_steps:
@@ -155,7 +158,7 @@ class DiffusionGRPORecipe(DiffusionRecipe):
                 chosen = torch.stack([torch.randperm(self.settings.sample_steps, generator=generator)[: self.timesteps].sort().values for _ in range(group)])
                 groups.append((latents.cpu(), logps.cpu(), chosen, text))
             crash_point("grpo-rollout", step + 1)  # the crash tests' kill point: samples drawn, the step not trained
-            out.append(self.rows(groups, captions))
+            out.append(self.rows(model, groups, captions, first=step == self.settings.warmup_sft_steps))
         if ctx.world.is_main and self.shown:
             import json
 
@@ -164,9 +167,10 @@ class DiffusionGRPORecipe(DiffusionRecipe):
             self.shown = {}
         return out
 
-    def rows(self, groups: list[tuple[Any, Any, Any, Any]], captions: list[str]) -> dict[str, Any]:
+    def rows(self, model: Any, groups: list[tuple[Any, Any, Any, Any]], captions: list[str], first: bool) -> dict[str, Any]:
         """One row per sample: its chosen steps' latents and levels, the rollout's log-probabilities,
-        its caption's features and its advantage; the rewards measured."""
+        its caption's features and its advantage (and, with ``beta``, the reference's step means);
+        the rewards measured. ``first``: the first rollout (full fine-tuning's reference)."""
         import torch
 
         from mmcore.train.grpo import group_advantages
@@ -193,6 +197,10 @@ class DiffusionGRPORecipe(DiffusionRecipe):
         }
         if settings.epochs > 1:  # later steps on this rollout clip the ratio to the sampling policy
             batch["old_logps"] = logps.gather(1, chosen)
+        if settings.beta > 0:  # the reference's step from each chosen latent: fixed by the rollout
+            with self.reference.of(model, first):
+                ref_mean, _ = self.step_mean_std(model, batch)
+            batch["ref_mean"] = ref_mean.view(batch["x"].shape).cpu()
         n = float(len(rewards))
         grouped = rewards.view(-1, size)
         self.add("reward", float(rewards.sum()), n)
@@ -211,29 +219,16 @@ class DiffusionGRPORecipe(DiffusionRecipe):
         import torch
 
         from mmcore.framework.faults import crash_point
-        from mmcore.kits.diffusion.flow_grpo import gaussian_kl, log_prob, sde_step
-        from mmcore.kits.diffusion.objectives import _generated
+        from mmcore.kits.diffusion.flow_grpo import gaussian_kl, log_prob
         from mmcore.train.grpo import grpo_terms
 
         settings, device = self.settings, self.device
         rows, steps = batch["t"].shape
-        x, x_next = batch["x"].flatten(0, 1).to(device), batch["x_next"].flatten(0, 1).to(device)
-        t, t_next = batch["t"].flatten().to(device), batch["t_next"].flatten().to(device)
-        text = batch["text"].to(device).repeat_interleave(steps, dim=0)
-
-        def mean_std() -> tuple[Any, Any]:
-            v = _generated(self.predict(model, x, t, text))[0]
-            return sde_step(x.float(), v.float(), t, t_next, settings.sde_noise_level, self.cap)
-
-        mean, std = mean_std()
-        logps = log_prob(x_next, mean, std).view(rows, steps)
+        mean, std = self.step_mean_std(model, batch)
+        logps = log_prob(batch["x_next"].flatten(0, 1).to(device), mean, std).view(rows, steps)
         kl = None
         if settings.beta > 0:
-            from mmcore.train.lora import adapters_disabled
-
-            with torch.no_grad(), adapters_disabled(model):
-                ref_mean, _ = mean_std()
-            kl = gaussian_kl(mean, ref_mean, std).view(rows, steps)
+            kl = gaussian_kl(mean, batch["ref_mean"].flatten(0, 1).to(device), std).view(rows, steps)
         old = batch.get("old_logps")
         terms = grpo_terms(
             logps,
@@ -249,6 +244,17 @@ class DiffusionGRPORecipe(DiffusionRecipe):
         self.add("kl", float(terms.kl_sum), float(terms.tokens))
         self.add("clip_fraction", float(terms.clipped_sum), float(terms.tokens))
         return terms.loss_sum
+
+    def step_mean_std(self, model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+        """The SDE step's mean and std from each of the rows' chosen latents under ``model``
+        (flattened: [rows * steps, ...])."""
+        from mmcore.kits.diffusion.flow_grpo import sde_step
+        from mmcore.kits.diffusion.objectives import _generated
+
+        device, steps = self.device, batch["t"].shape[1]
+        x, t, t_next = batch["x"].flatten(0, 1).to(device), batch["t"].flatten().to(device), batch["t_next"].flatten().to(device)
+        v = _generated(self.predict(model, x, t, batch["text"].to(device).repeat_interleave(steps, dim=0)))[0]
+        return sde_step(x.float(), v.float(), t, t_next, self.settings.sde_noise_level, self.cap)
 
     def flops(self, model: Any, batch: dict[str, Any]) -> float:
         """The denoiser's forward and backward on the rows' chosen steps (the rollout's and the

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from mmcore.errors import StageError
 from mmcore.framework.context import StageContext
+from mmcore.backends.frozen import GrpoReference
 from mmcore.kits.vlm.batches import Batch, with_tail
 from mmcore.kits.vlm.recipe import VLMRecipe
 from mmcore.run.rundir import Manifest
@@ -34,8 +35,6 @@ from mmcore.train.rollouts import INDEX, IndexedSamples
 
 if TYPE_CHECKING:
     from mmcore.kits.vlm.family import VLMFamily
-
-REFERENCE = "grpo-reference"  # the stage folder's copy of full fine-tuning's reference weights
 
 
 class VLMGRPORecipe(VLMRecipe):
@@ -66,8 +65,7 @@ class VLMGRPORecipe(VLMRecipe):
         self.generation_batch = ctx.config.generation.batch_size
         self.sums: dict[str, Any] = {}
         self.shown: dict[str, Any] = {}  # the rollout's first group, for rollouts.jsonl
-        self.lora, self.stage_dir, self.world = bool(cfg.lora.r), ctx.stage_dir, ctx.world
-        self.frozen: Any = None  # the reference of full fine-tuning, from the first rollout
+        self.reference = GrpoReference(bool(cfg.lora.r), ctx.stage_dir, ctx.world)
         self.first_rollout = False
         self.updates = 1  # micro-batch updates by this process, counted for the crash tests' kill point
 
@@ -207,30 +205,9 @@ class VLMGRPORecipe(VLMRecipe):
         if settings.epochs > 1:
             batch["old_logps"] = self.logps(model, on_device)[0].cpu()
         if settings.beta > 0:
-            with self.reference(model):
+            with self.reference.of(model, self.first_rollout):
                 batch["ref_logps"] = self.logps(model, on_device)[0].cpu()
         return batch
-
-    def reference(self, model: Any) -> Any:
-        """The block in which ``model`` computes as the reference: with LoRA the base (adapters
-        off); fully fine-tuned, the weights of the first rollout (after the warm-up), a frozen
-        copy of each process's shards (:class:`~mmcore.backends.frozen.FrozenWeights`), taken
-        then and read back from ``grpo-reference/`` in the stage folder by a resumed run."""
-        if self.lora:
-            from mmcore.train.lora import adapters_disabled
-
-            return adapters_disabled(model)
-        if self.frozen is None:
-            from mmcore.backends.frozen import FrozenWeights
-
-            folder = self.stage_dir / REFERENCE
-            if self.first_rollout:
-                self.frozen = FrozenWeights.take(model, folder, self.world)
-            elif not (folder / ".metadata").is_file():
-                raise StageError(f"{folder}: the GRPO reference (the weights of the first rollout) is missing, so this run cannot resume with training.grpo.beta > 0; train again from the start")
-            else:
-                self.frozen = FrozenWeights.load(model, folder, self.world)
-        return self.frozen.swapped_in(model)
 
     # -- the loss ------------------------------------------------------------------------------
 

@@ -61,6 +61,14 @@ def test_flow_grpo_runs_the_pipeline_and_resumes_identically_after_kills(flux, t
     assert [r["step"] for r in logged] == [3, 5] and len(logged[0]["rewards"]) == 4
     assert json.loads((tmp_path / "straight/export/manifest.json").read_text())["metrics"]["lora_r"] == 4  # the adapter, as after LoRA SFT
     assert (tmp_path / "straight/evaluate/samples/sample-0.png").is_file()
+    # training.grpo.fresh_optimizer: Adam's state restarted at the first rollout (step 3), so the
+    # checkpoint of step 4 holds two of its steps, not four
+    from mmcore.checkpoint.dcp_tensors import dcp_index, load_dcp_tensors
+
+    ckpt = tmp_path / "straight/train/checkpoints/step-00000004"
+    index = dcp_index(ckpt, prefix="optim.state.")
+    counts = load_dcp_tensors(ckpt, [k for k in index if k.endswith(".step")], index, prefix="optim.state.")
+    assert counts and {float(v) for v in counts.values()} == {2.0}, counts
 
     # sampling step 5's rollout; the second update (step 4, the second step on step 3's rollout)
     for kill in ("grpo-rollout:5", "grpo-update:2"):
@@ -75,8 +83,8 @@ def test_flow_grpo_runs_the_pipeline_and_resumes_identically_after_kills(flux, t
 
 def test_flow_grpo_refuses_what_it_cannot_train(flux, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     base = [*TINY, "training.method=grpo", "--run-dir", "run"]
-    proc = flux(*base, "training.grpo.beta=0.1", check=False)
-    assert proc.returncode != 0 and "training.grpo.beta > 0 needs a reference model" in proc.stderr + proc.stdout
+    proc = flux(*base, "training.grpo.sde_noise_level=0", check=False)
+    assert proc.returncode != 0 and "training.grpo.sde_noise_level must be > 0" in proc.stderr + proc.stdout
     proc = flux(*base, "training.grpo.rewards={accuracy: 1.0}", check=False)  # the stages before train are reused
     said = proc.stderr + proc.stdout
     assert proc.returncode != 0 and "reward 'accuracy' scores texts, and this run's samples are images (rewards on images: brightness, colour)" in said, said
