@@ -52,6 +52,16 @@ FREEZE_GROUPS = {
     "llm": ["model.language_model.*", "lm_head.*"],
 }
 
+# LoRA's default layers: the attention projections of both layer kinds and the MLPs; not the
+# Gated DeltaNet's per-head gate inputs (in_proj_a / in_proj_b: one output per value head).
+LORA_TARGETS = (
+    "model.language_model.layers.*.self_attn.*",
+    "model.language_model.layers.*.linear_attn.in_proj_qkv",
+    "model.language_model.layers.*.linear_attn.in_proj_z",
+    "model.language_model.layers.*.linear_attn.out_proj",
+    "model.language_model.layers.*.mlp.*",
+)
+
 
 def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
     from transformers import AutoConfig
@@ -96,4 +106,5 @@ FAMILY = VLMFamily(
     demo=write_shape_questions,
     preference_demo=write_shape_preferences,
     end_token="<|im_end|>",
+    lora_targets=LORA_TARGETS,
 )

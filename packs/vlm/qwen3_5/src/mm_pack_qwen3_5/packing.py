@@ -23,7 +23,7 @@ from typing import Any
 def isolate_linear_attention(model: Any) -> None:
     """Make ``model``'s (``Qwen3_5ForConditionalGeneration``) Gated DeltaNet layers run a packed
     row sample by sample."""
-    from mmcore.train.attention import segment_bounds
+    from mmcore.attention import segment_bounds
 
     text = model.model.language_model
     seen: dict[str, Any] = {"bounds": None}
