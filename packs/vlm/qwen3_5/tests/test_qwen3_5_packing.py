@@ -101,17 +101,21 @@ def test_each_sample_of_a_packed_row_equals_it_alone_and_transformers_alone_leak
 
 
 @pytest.mark.compares_runs
-def test_packed_training_runs_the_losses_of_padded_training(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The whole stage with ``training.packing``: the same steps' losses as the padded run
-    (rel 1e-5, fp32): the pack switches its linear-attention layers to per-sample runs itself."""
+def test_packed_training_runs_the_losses_of_padded_training(tmp_path: Path) -> None:
+    """The whole stage with ``training.packing`` (in process): the same steps' losses as the
+    padded run (rel 1e-5, fp32): the pack switches its linear-attention layers to per-sample runs itself."""
     import json
 
-    args = ["--pack", "qwen3_5", "--preset", "tiny", "data.demo_samples=12", "convert.verify=false", "training.steps=3", "evaluate.enabled=false"]
+    from mmcore.framework.plugins import Plugins
+    from mmcore.testing import make_runner
 
-    def losses(run: str) -> list[float]:
+    plugins = Plugins.load()
+    common = ["data.demo_samples=12", "convert.verify=false", "training.steps=3", "evaluate.enabled=false"]
+
+    def losses(run: str, *extra: str) -> list[float]:
+        make_runner(plugins, "qwen3_5", tmp_path / run, preset="tiny", overrides=[*common, *extra]).run_pipeline(resume="no")
         rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
         return [r["loss"] for r in rows if "loss" in r]
 
-    mm("run", *args, "--run-dir", "padded")
-    mm("run", *args, "--run-dir", "packed", "training.packing=true")
-    assert len(losses("packed")) == 3 and losses("packed") == pytest.approx(losses("padded"), rel=1e-5)
+    padded, packed = losses("padded"), losses("packed", "training.packing=true")
+    assert len(packed) == 3 and packed == pytest.approx(padded, rel=1e-5)
