@@ -1,4 +1,4 @@
-"""Qwen3.5 as the VLM kit sees it: the model class, the state-dict adapter, the data options,
+"""Qwen3.5 (dense and MoE) as the VLM kit sees it: the model classes, the state-dict adapter, the data options,
 the frozen-vision cache and packing. The kit (:mod:`mmcore.kits.vlm`) does preprocessing,
 collation, loss, training and export.
 
@@ -8,7 +8,9 @@ DeepStack; the text model is hybrid, three Gated DeltaNet (linear attention) lay
 gated full-attention layer, with a partial M-RoPE (a quarter of each head rotates) and
 zero-centred RMSNorms (``1 + weight``). The linear-attention layers carry a recurrent state
 and a causal convolution along the row, so packed rows run them per sample
-(:mod:`mm_pack_qwen3_5.packing`).
+(:mod:`mm_pack_qwen3_5.packing`). The MoE text model puts a shared expert (with its own sigmoid
+gate) beside the routed experts, which transformers 5 keeps fused (``gate_up_proj`` / ``down_proj``) and its checkpoints store per expert;
+the router's load-balancing loss is the kit's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pydantic import Field
 from mmcore import Manifest, StageContext
 from mmcore.config import RunConfig
 from mmcore.data import write_shape_preferences, write_shape_questions
-from mmcore.engines import RenameAdapter, remote_code
+from mmcore.engines import FusedExpertsAdapter, remote_code
 from mmcore.kits import VLMFamily, rows_of
 from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, QwenVisionData, mm_token_types, rope_index_positions
 
@@ -42,8 +44,10 @@ class Qwen3_5Config(RunConfig):
 
 
 # Hub names are the model's; the released checkpoints also hold a multi-token-prediction head
-# (`mtp.*`), which transformers' model does not have and does not load: left out here too.
-ADAPTER = RenameAdapter(ignore=[r"^mtp\."])
+# (`mtp.*`), which transformers' model does not have and does not load: left out here too. MoE
+# checkpoints store one tensor per expert (as transformers' save_pretrained writes them and
+# from_pretrained fuses them): stacked on the way in, split again on the way out.
+ADAPTER = FusedExpertsAdapter(ignore=[r"^mtp\."], per_expert=True)
 
 # training.freeze accepts these names as well as parameter globs.
 FREEZE_GROUPS = {
@@ -52,15 +56,22 @@ FREEZE_GROUPS = {
     "llm": ["model.language_model.*", "lm_head.*"],
 }
 
-# LoRA's default layers: the attention projections of both layer kinds and the MLPs; not the
-# Gated DeltaNet's per-head gate inputs (in_proj_a / in_proj_b: one output per value head).
+# LoRA's default layers: the attention projections of both layer kinds and the MLPs' (the MoE
+# shared expert's); not the Gated DeltaNet's per-head gate inputs (in_proj_a / in_proj_b: one
+# output per value head), nor the router and the shared expert's gate.
 LORA_TARGETS = (
     "model.language_model.layers.*.self_attn.*",
     "model.language_model.layers.*.linear_attn.in_proj_qkv",
     "model.language_model.layers.*.linear_attn.in_proj_z",
     "model.language_model.layers.*.linear_attn.out_proj",
-    "model.language_model.layers.*.mlp.*",
+    "model.language_model.layers.*.mlp.*_proj",
 )
+
+
+def model_class(config: Any) -> Any:
+    import transformers
+
+    return transformers.Qwen3_5MoeForConditionalGeneration if config.model_type == "qwen3_5_moe" else transformers.Qwen3_5ForConditionalGeneration
 
 
 def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
@@ -90,7 +101,7 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
 
 
 FAMILY = VLMFamily(
-    model_class="Qwen3_5ForConditionalGeneration",
+    model_class=model_class,
     encoder=encoder,
     adapter=ADAPTER,
     media_fields=QWEN_MEDIA_FIELDS,

@@ -1,6 +1,6 @@
 """Tiny random-weight checkpoints built from config: how tests and the demo run offline.
 
-``init:tiny`` and ``init:demo`` write a folder that ``from_pretrained`` loads: config (the real
+``init:tiny`` (dense), ``init:tiny-moe`` (4 experts, 2 per token, a shared expert) and ``init:demo`` write a folder that ``from_pretrained`` loads: config (the real
 config's fields, hybrid layers included: Gated DeltaNet then full attention), safetensors
 weights, a tiny ``Qwen3_5Tokenizer`` (:mod:`mm_qwen_vision.tiny`), the image processor and the
 chat template.
@@ -15,15 +15,14 @@ from mm_qwen_vision.tiny import build_tokenizer
 
 # layers: with full_attention_interval 2, layer 0 is linear attention (Gated DeltaNet), layer 1 full attention
 PRESETS = {
-    "tiny": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 32},
-    "demo": {"hidden": 96, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 48},
+    "tiny": {"moe": False, "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 32},
+    "tiny-moe": {"moe": True, "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 32},
+    "demo": {"moe": False, "hidden": 96, "layers": 2, "heads": 4, "kv_heads": 2, "vision_depth": 2, "vision_dim": 48},
 }
 
 
 def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     """The transformers config of a tiny preset, its token ids taken from ``tokenizer``."""
-    from transformers import Qwen3_5Config
-
     p = pick_preset(PRESETS, preset)
     ids = {
         name: tokenizer.convert_tokens_to_ids(tok)
@@ -73,24 +72,31 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
         temporal_patch_size=2,
         num_position_embeddings=64,  # 8 x 8 learned positions, resampled per image
     )
+    if p["moe"]:
+        from transformers import Qwen3_5MoeConfig
+
+        text.pop("intermediate_size")
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=p["hidden"] // 4, shared_expert_intermediate_size=p["hidden"] // 2, router_aux_loss_coef=0.01)
+        return Qwen3_5MoeConfig(text_config=text, vision_config=vision, **ids)
+    from transformers import Qwen3_5Config
+
     return Qwen3_5Config(text_config=text, vision_config=vision, **ids)
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     """Write a random-weight checkpoint of ``preset`` (model, tokenizer, image processor) into ``out``."""
     import torch
-    from transformers import Qwen3_5ForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
     from mm_qwen_vision import image_processor
     from mm_qwen_vision.qwen3vl_processor import CHAT_TEMPLATE
-    from mm_pack_qwen3_5.family import MEAN_STD, PATCH
+    from mm_pack_qwen3_5.family import MEAN_STD, PATCH, model_class
 
     hf_logging.disable_progress_bar()  # a bar for a one-shard save of a tiny model is noise
     tokenizer = build_tokenizer(tokenizer_class="Qwen3_5Tokenizer")
     config = model_config(preset, tokenizer)
     torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration(config)
+    model = model_class(config)(config)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.chat_template = CHAT_TEMPLATE
