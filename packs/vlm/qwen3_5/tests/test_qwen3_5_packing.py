@@ -122,3 +122,28 @@ def test_packed_training_runs_the_losses_of_padded_training(tmp_path: Path) -> N
 
     padded, packed = losses("padded"), losses("packed", "training.packing=true")
     assert len(packed) == 3 and packed == pytest.approx(padded, rel=1e-5)
+
+
+@pytest.mark.compares_runs
+@pytest.mark.isa_sample
+def test_loss_from_cached_vision_features_equals_loss_from_pixels(tiny_dir: Path, batches) -> None:  # type: ignore[no-untyped-def]
+    """The frozen-vision cache (extract: the last block's output; the merger still runs) changes
+    no loss, images and video alike."""
+    from mm_qwen_vision import split_items, use_cached_vision
+    from mm_qwen_vision.extract import tower_output
+
+    data, ids = batches
+    model = FAMILY.build_model(tiny_dir).eval()
+    with torch.no_grad():
+        want = FAMILY.loss_sum(model, FAMILY.collate(data, ids))
+        cached = []
+        for sample in data:
+            sample = dict(sample)
+            for pixels, grid in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
+                if pixels in sample:
+                    sample[pixels] = torch.cat([tower_output(model.model.visual, p, g) for p, g in split_items(sample[pixels], sample[grid])])
+            cached.append(sample)
+        cached_model = copy.deepcopy(model)
+        use_cached_vision(cached_model.model.visual)
+        got = FAMILY.loss_sum(cached_model, FAMILY.collate(cached, ids))
+    assert "pixel_values_videos" in FAMILY.collate(cached, ids) and got.item() == pytest.approx(want.item(), rel=1e-6)
