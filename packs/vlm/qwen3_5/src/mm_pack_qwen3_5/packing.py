@@ -2,10 +2,11 @@
 
 A Gated DeltaNet layer carries a recurrent state along the row and, before it, a causal
 depthwise convolution (kernel 4) over the last tokens. transformers' torch path
-(``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``) takes no sample boundaries: the
-``cu_seq_lens_q`` it forwards is read only by the fla / causal-conv1d CUDA kernels, and the
-text model hands the linear-attention layers no positions at all. A packed row would carry each
-sample's state and convolution window into the next sample.
+(``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``) takes no sample boundaries: a
+``cu_seq_lens_q`` keyword, which the layer hands on when a caller passes one, is read only by the
+fla kernels (the torch functions drop it, the convolution never sees it), and the text model
+hands the linear-attention layers no positions at all. A packed row would carry each sample's
+state and convolution window into the next sample (the tests' control shows it).
 
 :func:`isolate_linear_attention` keeps them apart: a pre-hook on the text model reads the
 sample boundaries from the restarting text positions of the packed row (row 0 of the
