@@ -4,7 +4,7 @@ A Gated DeltaNet layer carries a recurrent state along the row and, before it, a
 depthwise convolution (kernel 4) over the last tokens. transformers' torch path
 (``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``) takes no sample boundaries: a
 ``cu_seq_lens_q`` keyword, which the layer hands on when a caller passes one, is read only by the
-fla kernels (the torch functions drop it, the convolution never sees it), and the text model
+fla kernels (the torch functions, the convolution's included, drop it), and the text model
 hands the linear-attention layers no positions at all. A packed row would carry each sample's
 state and convolution window into the next sample (the tests' control shows it).
 
