@@ -1,67 +1,21 @@
-"""Qwen3-VL's side of preprocessing: its chat template and the vision expanders.
-
-A sample becomes ``input_ids``, ``labels`` (-100 outside assistant turns), and for its media
-``pixel_values``/``image_grid_thw`` and ``pixel_values_videos``/``video_grid_thw`` as
-``Qwen3VLProcessor`` makes them: transformers' PIL image processor with 16-pixel patches and
-mean/std 0.5 (no torchvision), video frames sampled with PyAV and paired into temporal patches,
-and before each temporal patch the ``<t seconds>`` text of its frames' mean time, inside the
-template's ``<|vision_start|> … <|vision_end|>`` (the processor replaces only the video pad).
-"""
+"""Qwen3-VL's side of preprocessing: ``Qwen3VLProcessor``'s, shared with Qwen3.5 in
+:mod:`mm_qwen_vision.qwen3vl_processor` (chat template, 16-pixel patches with mean/std 0.5, the
+``<t seconds>`` text before each temporal patch of a video)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mmcore.data import ChatTemplateEncoder
-from mm_qwen_vision import QwenVisionExpanders, SampledVideo, frame_timestamps
+from mm_qwen_vision.qwen3vl_processor import CHAT_TEMPLATE, IMAGE, VIDEO, Qwen3VLEncoder
 
 from mm_pack_qwen3vl.family import MEAN_STD
 
-IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
-VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 
-# The chat template saved with tokenizers this pack writes (Qwen3-VL Instruct's layout: no
-# default system prompt), so exported models format conversations as training did.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}"
-    + IMAGE
-    + "{% elif content['type'] == 'video' %}"
-    + VIDEO
-    + "{% elif content['type'] == 'text' %}{{ content['text'] }}"
-    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-class Encoder(ChatTemplateEncoder):
-    """Turns :class:`~mmcore.data.mllm.Sample` into token ids, labels and pixel patches through
-    the tokenizer's chat template (this pack's where the tokenizer has none)."""
+class Encoder(Qwen3VLEncoder):
+    """Qwen3-VL's encoder: :class:`~mm_qwen_vision.qwen3vl_processor.Qwen3VLEncoder` with its mean/std."""
 
     def __init__(self, tokenizer: Any, data_cfg: Any, merge_size: int = 2, patch_size: int = 16) -> None:
-        ids = tokenizer.convert_tokens_to_ids
-        start, pad, end = ids("<|vision_start|>"), ids("<|video_pad|>"), ids("<|vision_end|>")
+        super().__init__(tokenizer, data_cfg, MEAN_STD, merge_size=merge_size, patch_size=patch_size)
 
-        def video_ids(grid: list[int], video: SampledVideo, per_patch: int) -> list[int]:
-            out = [start]
-            for seconds in frame_timestamps(video.indices, video.source_fps):
-                out += tokenizer(f"<{seconds:.1f} seconds>", add_special_tokens=False)["input_ids"] + [start, *[pad] * per_patch, end]
-            return out + [end]
 
-        vision = QwenVisionExpanders(
-            data_cfg,
-            merge_size,
-            image_tokens=(start, ids("<|image_pad|>"), end),
-            video_tokens=(start, pad, end),
-            patch_size=patch_size,
-            mean_std=MEAN_STD,
-            video_ids=video_ids,
-        )
-        super().__init__(
-            tokenizer,
-            {"<image>": vision.image, "<video>": vision.video},
-            markers={"<image>": IMAGE, "<video>": VIDEO},
-            chat_template=getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE,
-            train_on_prompt=data_cfg.train_on_prompt,
-            media_token_ids=[ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")],
-        )
+__all__ = ["Encoder", "CHAT_TEMPLATE", "IMAGE", "VIDEO"]

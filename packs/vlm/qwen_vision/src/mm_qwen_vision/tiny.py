@@ -31,7 +31,7 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(vocab_size: int = 384, corpus: tuple[str, ...] = (), special_tokens: tuple[str, ...] = (), named: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def build_tokenizer(vocab_size: int = 384, corpus: tuple[str, ...] = (), special_tokens: tuple[str, ...] = (), named: dict[str, str] | None = None, tokenizer_class: str = "Qwen2Tokenizer"):  # type: ignore[no-untyped-def]
     """A Qwen2 tokenizer over a small byte-level BPE, with the Qwen special tokens.
 
     Args:
@@ -39,13 +39,15 @@ def build_tokenizer(vocab_size: int = 384, corpus: tuple[str, ...] = (), special
         special_tokens: more special tokens (the omni thinkers' audio tokens).
         named: tokenizer attributes naming special tokens (``{"audio_token": "<|audio_pad|>"}``),
             which the omni processors read.
+        tokenizer_class: the transformers tokenizer class over the BPE (``Qwen3_5Tokenizer``
+            for Qwen3.5, whose pre-tokenizer differs).
     """
-    from transformers import Qwen2Tokenizer
+    import transformers
 
     from mmcore.engines import train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe([*CORPUS, *corpus], vocab_size)
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", **(named or {}))
+    tokenizer = getattr(transformers, tokenizer_class)(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", **(named or {}))
     tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS[1:], *special_tokens]})
     tokenizer.add_tokens(["<|endoftext|>"], special_tokens=True)
     return tokenizer
