@@ -100,7 +100,7 @@ def held_out_sources(ctx: Any, upstream: Mapping[str, Any], read: Callable[[Path
     found: dict[str, Any] = {}
     for path in files:
         try:
-            found.update({f"{Path(item.file).name}:{item.index}": item for item in read(path) if hasattr(item, "index")})
+            found.update({f"{Path(item.file).name}:{item.index}": item for item in read(path) if hasattr(item, "index") and not hasattr(item, "reason")})  # not a BadSample
         except (OSError, ValueError):  # moved or changed since: the report still has every number
             continue
     return found

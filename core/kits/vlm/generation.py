@@ -121,7 +121,6 @@ class VLMGeneration:
         ``accuracy`` (normalised exact match), ``token_f1``, and ``token_accuracy`` (the answer's
         tokens reproduced exactly, what teacher-forced accuracy measures without teacher forcing)."""
         from mmcore.train.causal_lm import answer_span
-        from mmcore.data.mllm import read_samples
         from mmcore.engines.generation import ModelSource, answer_scores, write_results
         from mmcore.engines.report import held_out_sources, keep_media, user_text
 
@@ -137,7 +136,7 @@ class VLMGeneration:
             references.append(answer)
         tokens, tokenizer, _ = self.generate(ctx, network, folder, prompts, what="evaluate")
         ends = set(tokenizer.convert_tokens_to_ids([self.end_token]) if self.end_token else []) | {tokenizer.eos_token_id}
-        sources, rows = held_out_sources(ctx, upstream, lambda path: read_samples(path, ctx.config.data)), []
+        sources, rows = held_out_sources(ctx, upstream, lambda path: held_out_records(path, ctx.config.data)), []
         for (name, _), prompt, answer, generated in zip(items, prompts, references, tokens):
             while answer and answer[-1] in ends:
                 answer = answer[:-1]
@@ -185,7 +184,6 @@ class VLMGeneration:
         from transformers import AutoTokenizer
 
         from mmcore.data.media import MediaError
-        from mmcore.data.mllm import read_samples
         from mmcore.data.shards import ShardDataset
         from mmcore.engines.generation import read_held_out
 
@@ -200,7 +198,19 @@ class VLMGeneration:
             encoded = encoder.encode(sample)
             return {"input_ids": torch.tensor(encoded.input_ids), "labels": torch.tensor(encoded.labels), **encoded.tensors}
 
-        return read_held_out(ctx, lambda path: read_samples(path, ctx.config.data), encode, (MediaError, ValueError))
+        return read_held_out(ctx, lambda path: held_out_records(path, ctx.config.data), encode, (MediaError, ValueError))
+
+
+def held_out_records(path: Path, section: Any) -> Any:
+    """The raw items of one dataset file as the run read them: samples, or with ``data.ranking``
+    each preference pair's prompt and chosen answer (what evaluate scores of a DPO run)."""
+    if not getattr(section, "ranking", False):
+        from mmcore.data.mllm import read_samples
+
+        return read_samples(path, section)
+    from mmcore.train.preference import Pair, read_pairs
+
+    return (item.chosen if isinstance(item, Pair) else item for item in read_pairs(path, section))
 
 
 def torch_tensor(values: list[int]) -> Any:
@@ -209,4 +219,4 @@ def torch_tensor(values: list[int]) -> Any:
     return torch.tensor(values, dtype=torch.long)
 
 
-__all__ = ["VLMGeneration", "torch_tensor"]
+__all__ = ["VLMGeneration", "held_out_records", "torch_tensor"]

@@ -85,17 +85,20 @@ def test_llama_factory_ranking_files_preprocess_and_packed_pairs_train_like_padd
         "training.steps=2",
         "training.micro_batch_size=4",
         "training.lr=1e-3",
-        "evaluate.enabled=false",
         "convert.verify=false",
     ]
-    mm("run", *common, "--run-dir", "padded")
+    mm("run", *common, "--run-dir", "padded", f"evaluate.datasets=[{data / 'dpo_mllm.json'}]")
     pre = manifest(tmp_path / "padded", "preprocess")["metrics"]
     assert pre["train_samples"] == 12 and pre["skipped"] == 3, pre
     bad = [json.loads(line) for line in (tmp_path / "padded/preprocess/bad_samples.jsonl").read_text().splitlines()]
     assert bad[0]["reason"] == "chosen and rejected are the same answer" and bad[0]["file"].endswith("dpo_mllm.json")
     train = manifest(tmp_path / "padded", "train")["metrics"]
     assert "lora" not in train and (tmp_path / "padded/train/reference_logps.safetensors").is_file()  # full fine-tuning: precomputed reference
-    mm("run", *common, "--run-dir", "packed", "training.packing=true")
+    # evaluate scores the export's answers against each held-out pair's chosen answer, in the user's words
+    results = [json.loads(line) for line in (tmp_path / "padded/evaluate/results.jsonl").read_text().splitlines()]
+    assert [r["reference"] for r in results] == ["It is red.", "It is blue."] * 3, results  # the pair with equal answers: a counted bad sample
+    assert all(r["prompt"] == "What colour is it?" and r["media"] for r in results), results
+    mm("run", *common, "--run-dir", "packed", "training.packing=true", "evaluate.enabled=false")
     padded, packed = losses(tmp_path / "padded"), losses(tmp_path / "packed")
     # the same pairs in one packed row instead of padded rows: the same sums to fp32 rounding
     assert list(padded) == list(packed) == [1, 2]
