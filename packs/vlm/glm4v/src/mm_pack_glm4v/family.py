@@ -19,11 +19,11 @@ from pydantic import Field
 
 from mmcore.config import RunConfig
 from mmcore import StageContext
-from mmcore.data import write_shape_preferences, write_shape_questions
 from mmcore.engines import FusedExpertsAdapter
-from mmcore.kits import VLMFamily, rows_of
+from mmcore.kits import VLMFamily
 from mmcore import StageResult, Manifest
-from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, QwenVisionData, rope_index_positions, use_cached_vision
+from mm_qwen_vision import QwenVisionData, use_cached_vision
+from mm_qwen_vision.family import qwen_vision_fields
 
 
 class Glm4vRunConfig(RunConfig):
@@ -79,24 +79,18 @@ def extract(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult 
 
 
 FAMILY = VLMFamily(
-    model_class=model_class,
-    encoder=encoder,
-    adapter=ADAPTER,
-    media_fields=QWEN_MEDIA_FIELDS,
-    tokens={"image_token_id": "<|image|>", "video_start_id": "<|begin_of_video|>", "video_end_id": "<|end_of_video|>"},
-    freeze_groups=FREEZE_GROUPS,
-    shard_layers=("model.visual.blocks", "model.language_model.layers"),
-    model_inputs=("mm_token_type_ids",),
-    packed_counts=QWEN_PACKED_COUNTS,
-    packed_positions=rope_index_positions,
-    collate_extra=token_types,
-    prepare_model=prepare_model,
-    towers={"model.visual": rows_of("pixel_values", "pixel_values_videos")},
-    demo=write_shape_questions,
-    preference_demo=write_shape_preferences,
-    end_token="<|endoftext|>",
-    batch_apart=("pixel_values_videos",),
-    # peft (0.21) maps targets named gate/up/down_proj of GLM-4.5V onto its fused experts (its
-    # transformers-4 adapter conversion), so LoRA adapts the attention by default
-    lora_targets=("model.language_model.layers.*.self_attn.*",),
+    **qwen_vision_fields(
+        model_class=model_class,
+        encoder=encoder,
+        adapter=ADAPTER,
+        tokens={"image_token_id": "<|image|>", "video_start_id": "<|begin_of_video|>", "video_end_id": "<|end_of_video|>"},
+        freeze_groups=FREEZE_GROUPS,
+        collate_extra=token_types,
+        prepare_model=prepare_model,
+        end_token="<|endoftext|>",
+        batch_apart=("pixel_values_videos",),
+        # peft (0.21) maps targets named gate/up/down_proj of GLM-4.5V onto its fused experts (its
+        # transformers-4 adapter conversion), so LoRA adapts the attention by default
+        lora_targets=("model.language_model.layers.*.self_attn.*",),
+    )
 )

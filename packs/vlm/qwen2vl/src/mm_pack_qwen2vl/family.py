@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from mmcore import StageContext
 from mmcore.engines import remote_code
-from mmcore.data import write_shape_preferences, write_shape_questions
-from mmcore.kits import VLMFamily, rows_of
+from mmcore.kits import VLMFamily
 from mmcore import Manifest
-from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, mm_token_types, rope_index_positions
+from mm_qwen_vision.family import qwen_vision_fields
 
 from mm_pack_qwen2vl.adapter import ADAPTER
 from mm_pack_qwen2vl.megatron import megatron_family, of_checkpoint
@@ -79,20 +78,11 @@ class Qwen2VLFamily(VLMFamily):
 
 
 FAMILY = Qwen2VLFamily(
-    model_class=model_class,
-    encoder=encoder,
-    adapter=ADAPTER,
-    media_fields=QWEN_MEDIA_FIELDS,
-    tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"},
-    freeze_groups=FREEZE_GROUPS,
-    shard_layers=("model.visual.blocks", "model.language_model.layers"),
-    model_inputs=("mm_token_type_ids",),
-    packed_counts=QWEN_PACKED_COUNTS,
-    packed_positions=rope_index_positions,
-    collate_extra=mm_token_types,
-    prepare_model=prepare_model,
-    towers={"model.visual": rows_of("pixel_values", "pixel_values_videos")},
-    demo=write_shape_questions,
-    preference_demo=write_shape_preferences,
-    end_token="<|im_end|>",
+    **qwen_vision_fields(
+        model_class=model_class,
+        encoder=encoder,
+        adapter=ADAPTER,
+        freeze_groups=FREEZE_GROUPS,
+        prepare_model=prepare_model,
+    )
 )

@@ -18,11 +18,11 @@ from pydantic import Field
 from mmcore.engines import FusedExpertsAdapter
 from mmcore.config import RunConfig
 from mmcore import StageContext
-from mmcore.data import write_shape_preferences, write_shape_questions
 from mmcore.engines import remote_code
-from mmcore.kits import VLMFamily, rows_of
+from mmcore.kits import VLMFamily
 from mmcore import Manifest
-from mm_qwen_vision import QWEN_MEDIA_FIELDS, QWEN_PACKED_COUNTS, QwenVisionData, mm_token_types, rope_index_positions
+from mm_qwen_vision import QwenVisionData
+from mm_qwen_vision.family import qwen_vision_fields
 
 PATCH = 16
 MEAN_STD = (0.5, 0.5)  # Qwen3-VL's image_mean / image_std, every channel
@@ -78,20 +78,11 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
 
 
 FAMILY = VLMFamily(
-    model_class=model_class,
-    encoder=encoder,
-    adapter=ADAPTER,
-    media_fields=QWEN_MEDIA_FIELDS,
-    tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"},
-    freeze_groups=FREEZE_GROUPS,
-    shard_layers=("model.visual.blocks", "model.language_model.layers"),
-    model_inputs=("mm_token_type_ids",),
-    packed_counts=QWEN_PACKED_COUNTS,
-    packed_positions=rope_index_positions,
-    collate_extra=mm_token_types,
-    prepare_model=prepare_model,
-    towers={"model.visual": rows_of("pixel_values", "pixel_values_videos")},
-    demo=write_shape_questions,
-    preference_demo=write_shape_preferences,
-    end_token="<|im_end|>",
+    **qwen_vision_fields(
+        model_class=model_class,
+        encoder=encoder,
+        adapter=ADAPTER,
+        freeze_groups=FREEZE_GROUPS,
+        prepare_model=prepare_model,
+    )
 )
