@@ -11,20 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.testing.media import write_image
+from mmcore.testing.media import write_image, write_video
 
 COLOURS = {"red": (220, 30, 30), "blue": (40, 60, 220), "green": (30, 170, 60)}
 
 
 def write_questions(folder: Path) -> Path:
     """Questions with the reference as the assistant's turn, LLaMA-Factory's MLLM format, shaped
-    like users' files: images of uneven sizes and text-only questions in one file (FACTS.md, real
-    data across ranks), so that two processes' micro-batches hold different media."""
+    like users' files: images of uneven sizes, clips and text-only questions in one file (FACTS.md,
+    real data across ranks), so that two processes' micro-batches hold different media."""
     records = []
     for i in range(12):
         colour = sorted(COLOURS)[i % 3]
         if i % 4 == 3:
             records.append({"messages": [{"role": "user", "content": f"Say {colour}."}, {"role": "assistant", "content": colour}]})
+            continue
+        if i % 6 == 4:
+            write_video(folder / "clips" / f"{i}.mp4", frames=4 + 4 * (i % 2))
+            records.append({"messages": [{"role": "user", "content": "<video>What colour is it?"}, {"role": "assistant", "content": colour}], "videos": [f"clips/{i}.mp4"]})
             continue
         write_image(folder / "images" / f"{i}.png", COLOURS[colour], size=(48 + 16 * (i % 3), 48))
         records.append({"messages": [{"role": "user", "content": "<image>What colour is it?"}, {"role": "assistant", "content": colour}], "images": [f"images/{i}.png"]})
