@@ -45,7 +45,7 @@ class GrpoSection(Section):
     )
     rewards: dict[str, float] = Field(
         default_factory=lambda: {"accuracy": 1.0},
-        description="Reward function name -> weight; an answer's reward is the weighted sum. Built in: accuracy, exact, format, length; more from plugins (mmcore_register_rewards; `mmcore list` lists them).",
+        description="Reward function name -> weight; an answer's reward is the weighted sum. Built in: accuracy, exact, format, length, similarity; more from plugins (mmcore_register_rewards; `mmcore list` lists them). A mapping given in a file or on the command line merges into the preset's: weight 0 takes a preset's reward out of the sum (it is still scored and logged).",
     )
     epsilon: float = Field(0.2, gt=0, lt=1, description="Clip range of the policy ratio: 1 - epsilon .. 1 + epsilon (it matters from a rollout's second step, training.grpo.epochs > 1).")
     beta: float = Field(

@@ -59,7 +59,7 @@ class FlowGrpoSection(GrpoSection):
 
     rewards: dict[str, float] = Field(
         default_factory=lambda: {"colour": 1.0},
-        description="Reward function name -> weight; a sample's reward is the weighted sum. Rewards that score images (built in: colour, brightness; more from plugins); a text reward is refused.",
+        description="Reward function name -> weight; a sample's reward is the weighted sum. Rewards that score images (built in: colour, brightness; more from plugins); a text reward is refused. A mapping given in a file or on the command line merges into the preset's: weight 0 takes a preset's reward out of the sum (it is still scored and logged).",
     )
     sample_steps: int = Field(10, ge=2, le=1000, description="Denoising steps of each rollout sample and of the held-out samples (levels 1 to 0, shifted by training.flow_shift).")
     sde_noise_level: float = Field(
