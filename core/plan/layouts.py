@@ -10,9 +10,11 @@ Memory per rank follows what mmcore's backends hold (their docstrings say so):
   compute dtype) and that block's full-size fp32 gradient before its reduce-scatter; none on a
   single fp32 process (the engine does not shard it). With CPU offload the sharded weights,
   gradients and moments live in host memory.
-* megatron (``parallel.backend: megatron``; tensor x pipeline parallel): the same fp32 state over
-  ``tp x pp`` (mmcore's megatron backend keeps fp32 weights, no distributed optimizer), plus a
-  bf16 compute copy of the local weights. Activations: a pipeline's first stage holds ``pp``
+* megatron (``parallel.backend: megatron``; tensor x pipeline parallel): the same fp32 state
+  (mmcore's megatron backend keeps fp32 weights, no distributed optimizer), the decoder layers
+  over ``tp x pp``, embeddings and head over ``tp``, the towers whole (the first stage holds the
+  vision tower as transformers builds it): the first stage's share; plus a bf16 compute copy of
+  the local weights. Activations: a pipeline's first stage holds ``pp``
   micro-batches of its ``layers / pp`` layers (1F1B), so all layers' worth; tensor parallel with
   sequence parallel divides them by ``tp``.
 * Ulysses sequence parallel (issue 46 part 1, not yet runnable): activations divided by ``sp``.
@@ -109,7 +111,7 @@ def shard_elements(model: Any, shards: int, trained_only: bool = False) -> int:
 def state_bytes(plan: Planned, layout: Layout) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes of one rank."""
     if layout.backend == "megatron":
-        local, trained = plan.parameters / (layout.tp * layout.pp), plan.trained / (layout.tp * layout.pp)
+        local, trained = (whole + layers / (layout.tp * layout.pp) + rest / layout.tp for whole, layers, rest in (plan.megatron_split(), plan.megatron_split(True)))
     else:
         local, trained = shard_elements(plan.model, layout.shard), shard_elements(plan.model, layout.shard, True)
     return 4.0 * local, 4.0 * trained, float(ADAM_BYTES * trained)
@@ -178,10 +180,11 @@ def candidates(plan: Planned, nodes: int, per_node: int) -> Iterator[Layout]:
 
 def ranked(plan: Planned, device: Device, nodes: int, per_node: int, *, micro_batch: int = 1, global_batch: int = 0, bf16: bool = True) -> list[Estimate]:
     """Every candidate's estimate for the same global batch (default: a micro-batch per rank),
-    best first: fitting, runnable in mmcore, fastest, fewest model-parallel splits, smallest."""
+    best first: fitting, runnable in mmcore, fastest, then the simplest (fewest model-parallel
+    splits, no recompute, no offload), smallest."""
     rows = global_batch or nodes * per_node * micro_batch
     found = [estimate(plan, layout, device, micro_batch=micro_batch, global_batch=rows, bf16=bf16) for layout in candidates(plan, nodes, per_node)]
-    return sorted(found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp, e.total))
+    return sorted(found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp, e.layout.recompute, e.layout.offload, e.total))
 
 
 __all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "candidates", "ranked"]

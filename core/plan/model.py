@@ -40,6 +40,7 @@ class Planned:
     megatron: bool
     groups: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    towers: tuple[str, ...] = ()  # module paths the megatron backend keeps whole (the VLM's encoders)
 
     @property
     def parameters(self) -> int:
@@ -48,6 +49,21 @@ class Planned:
     @property
     def trained(self) -> int:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    def megatron_split(self, trained_only: bool = False) -> tuple[int, int, int]:
+        """(kept whole: the towers, in the split layers, the rest: embeddings, norms, head) parameters."""
+        blocks = {id(p) for b in self.shard_modules for p in b.parameters()}
+        whole = layers = rest = 0
+        for name, p in self.model.named_parameters():
+            if trained_only and not p.requires_grad:
+                continue
+            if any(name.startswith(t + ".") for t in self.towers):
+                whole += p.numel()
+            elif id(p) in blocks:
+                layers += p.numel()
+            else:
+                rest += p.numel()
+        return whole, layers, rest
 
     def largest_block(self) -> int:
         return max((sum(p.numel() for p in b.parameters()) for b in self.shard_modules), default=0)
@@ -69,6 +85,16 @@ def family_of(pack: str) -> tuple[str, Any, Any]:
     return pack, spec, import_object(owner)
 
 
+def _scratch() -> Path:
+    """A folder removed when the process exits."""
+    import atexit
+    import shutil
+
+    out = Path(tempfile.mkdtemp(prefix="mmcore-plan-"))
+    atexit.register(shutil.rmtree, out, True)
+    return out
+
+
 def model_folder(spec: Any, source: str, diffusion: bool) -> Path:
     """A folder holding ``source``'s config: ``source`` itself, a tiny preset written by the
     pack's ``build_init`` (``init:tiny`` or ``tiny``), or a hub id's config files."""
@@ -80,12 +106,12 @@ def model_folder(spec: Any, source: str, diffusion: bool) -> Path:
     preset = source.removeprefix("init:")
     build_init = spec.declared("download").parts.get("build_init") if "download" in spec.stages else None
     if build_init and (source.startswith("init:") or "/" not in source):
-        out = Path(tempfile.mkdtemp(prefix="mmcore-plan-"))
+        out = _scratch()
         import_object(build_init)(preset, out, 0)
         return out
     from huggingface_hub import hf_hub_download
 
-    out = Path(tempfile.mkdtemp(prefix="mmcore-plan-"))
+    out = _scratch()
     for name in ("transformer/config.json", "vae/config.json") if diffusion else ("config.json",):
         try:
             hf_hub_download(source, name, local_dir=out)
@@ -164,7 +190,7 @@ def _vlm(family: Any, folder: Path, seq: int, freeze: Sequence[str]) -> Planned:
 
     notes = [f"{seq} decoder tokens per row; the vision tower's activations are not in the figures (towers frozen, cached or small beside the decoder)"]
     blocks = family.shard_modules(model)
-    return Planned("vlm", model, blocks, shape, flops, activations, megatron_part_of(family) is not None, _groups(model, family.shard_layers), notes)
+    return Planned("vlm", model, blocks, shape, flops, activations, megatron_part_of(family) is not None, _groups(model, family.shard_layers), notes, tuple(family.towers))
 
 
 def latent_grid(folder: Path, frames: int, height: int, width: int) -> tuple[tuple[int, int, int], str]:
