@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plan"
+SCALE_OUT = Path(__file__).parents[1] / "docs" / "scale-out.md"
 
 
 def plan(*args: str) -> str:
@@ -32,6 +33,8 @@ def fitting_row(output: str) -> tuple[str, list[str]]:
     assert best, output
     rows = [line for line in output.splitlines() if line.startswith(best.group(1) + " ")]
     assert rows, f"{best.group(1)!r} is not in the table:\n{output}"
+    line = next(line for line in output.splitlines() if line.startswith("best fitting layout: "))
+    assert line in SCALE_OUT.read_text(), f"docs/scale-out.md shows another plan than mmcore plan prints now: {line}"
     return best.group(1), rows[0].split()
 
 

@@ -1,7 +1,8 @@
 """``mmcore plan``'s predictions against a real training step at CPU scale (mmcore.plan.measure):
 parameter, gradient and optimizer-state bytes of a rank's tensors after one step, and the bytes
 autograd saves for backward, each within 15 % of the plan's figure for the same layout, on one
-process and on two (FSDP2 through torchrun), with and without recompute; the plan's FLOPs equal
+process and on two (FSDP2 through torchrun), with and without recompute, fp32 (the engine on the
+CPU) and bf16 mixed precision; the plan's FLOPs equal
 the engine's MFU accounting on the same batch. A VLM pack (qwen2vl, text rows: its vision tower
 and projector frozen, as a text-only batch leaves them without gradients) and a diffusion pack
 (wan)."""
@@ -47,6 +48,16 @@ def check(result: dict) -> None:
     assert result["plan_flops"] == result["engine_flops"]
 
 
+def objects(text: str) -> list[dict]:
+    """The JSON objects the ranks printed (two ranks' lines may share a line of the pipe)."""
+    decoder, found, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        obj, end = decoder.raw_decode(text, at)
+        found.append(obj)
+        at = text.find("{", end)
+    return found
+
+
 def torchrun(pack: str, folder: Path, recompute: str) -> list[dict]:
     from mmcore.run.launch import free_port
 
@@ -56,8 +67,8 @@ def torchrun(pack: str, folder: Path, recompute: str) -> list[dict]:
     cmd += ["-m", "mmcore.plan.measure", "--pack", pack, "--model", str(folder), "--recompute", recompute, *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert sorted(r["rank"] for r in results) == [0, 1]
+    results = objects(proc.stdout)
+    assert sorted(r["rank"] for r in results) == [0, 1], proc.stdout
     return results
 
 
@@ -70,6 +81,22 @@ def test_one_process_matches_the_plan(folders: dict[str, Path], pack: str, recom
     check(result)
     if recompute == "full":  # recompute is measured, not assumed: the saved bytes shrink
         assert result["measured"]["activations"] < 0.5 * measure(pack, str(folders[pack]), **CASES[pack][1])["measured"]["activations"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", sorted(CASES))
+def test_bf16_mixed_precision_matches_the_plan(folders: dict[str, Path], pack: str) -> None:
+    """training.precision: bf16 (FSDP2's mixed-precision policy over a one-process group, as the
+    engine shards a bf16 run): fp32 state, bf16 activations but for what stays fp32."""
+    code = (
+        "import json, sys; from mmcore.plan.measure import measure; [print(json.dumps(measure(sys.argv[1], sys.argv[2], recompute=r, bf16=True, **json.loads(sys.argv[3])))) for r in ('none', 'full')]"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, pack, str(folders[pack]), json.dumps(CASES[pack][1])], capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = objects(proc.stdout)
+    assert [(r["recompute"], r["bf16"]) for r in results] == [("none", True), ("full", True)]
+    for result in results:
+        check(result)
 
 
 @pytest.mark.slow

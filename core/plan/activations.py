@@ -21,15 +21,19 @@ re-derived without dropout and with fused attention (SDPA keeps no s x s scores)
 Outside the layers: the final RMSNorm as above, the fp32 log-softmax of the logits
 (``4 vocab`` per supervised position: the kit's loss upcasts logits), token ids and labels (8 each).
 
-Diffusion transformer block (Wan2.1: affine-free LayerNorm with adaLN modulation, RMSNorm on
-queries and keys, self-attention with 3-D rotary, cross-attention to the caption, GELU MLP), per
-video token: norm + modulation ``3h + 2`` elements (input, mean, rstd, normed, modulated) twice
-(attention, MLP); self-attention ``9h + 2 + heads`` (raw and normalised q and k with their rstd,
-SDPA's q, k, v, output and lse, the gated output); the cross-attention's norm ``2h + 2`` and its
-query side ``5h + 1 + heads``; the MLP ``2 ffn + h`` (first linear's output, GELU's output, the
-gated output): ``23h + 9 + 2 heads + 2 ffn``; per caption token and block ``4h + 1`` (key raw,
-normalised, rstd, SDPA's key and value); per clip and block ``8h`` (the adaLN modulation, fp32
-in diffusers). Norm statistics stay fp32 under bf16 compute.
+Diffusion transformer block (Wan2.1 as diffusers runs it: affine-free LayerNorm with adaLN
+modulation, RMSNorm on queries and keys, self-attention with 3-D rotary, cross-attention to the
+caption, GELU MLP). Its residual stream, norms and query/key norms run in fp32 whatever the
+compute dtype, so per video token: each of the three norms saves its fp32 input, mean and rstd
+and (two with modulation) the fp32 normalised tensor, ``8h + 8`` bytes, plus the next linear's
+``a``-typed input; self-attention the raw and normalised q and k in fp32 (``16h + 8``), SDPA's q,
+k, v and output (``4ah``) and fp32 lse (``4 heads``), the gated output (``ah``); the
+cross-attention's query side likewise (``8h + 4 + 2ah + 4 heads``); the MLP its two ``a``-typed
+``ffn``-wide activations and its fp32 gated output. Per caption token and block: the key raw and
+normalised (fp32) with its rstd, SDPA's key and value. Per clip and block: the fp32 adaLN
+modulation (``8h``). At fp32 every ``a`` is 4 and the totals are ``4 (23h + 9 + 2 heads +
+2 ffn)`` per video token and ``4 (4h + 1)`` per caption token. Counted tensor by tensor from the
+saved-tensor hooks of one tiny block, fp32 and bf16, then written per op.
 
 With ``training.recompute: full`` a block keeps only its inputs: ``a h`` per token (the hidden
 states; shared arguments such as rotary tables, caption and time embedding are counted once; the
@@ -88,26 +92,34 @@ class DiT:
     freq_dim: int = 256  # the timestep's sinusoidal embedding
 
     def layer_bytes(self, tokens: float, caption: float, a: int, recompute: bool = False) -> float:
-        h = self.hidden
+        h, heads = self.hidden, self.heads
         if recompute:
             return tokens * a * h
-        # the elements counted above, their norm statistics in fp32
-        video = a * (23 * h + 2 * self.heads + 2 * self.ffn) + 4 * 9
-        text = a * 4 * h + 4
+        # bytes per video token: diffusers keeps Wan's residual stream and norms in fp32 (4) whatever
+        # the compute dtype (a): norm1 + modulation, self-attention, norm2, cross-attention's query
+        # side, norm3 + modulation, MLP
+        norms = 2 * (8 * h + 8) + 4 * h + 8  # two with modulation (the normalised tensor kept), one affine
+        attention = 16 * h + 8 + 4 * heads + 8 * h + 4 + 4 * heads
+        computed = a * (h + 5 * h + h + 2 * h + h) + 2 * a * self.ffn + 4 * h  # a-typed outputs; the gated MLP output in fp32
+        copy = 4 * h if a == 4 else 0  # fp32: the cross-attention output's contiguous copy (measured on CPU SDPA)
+        video = norms + attention + computed + copy
+        # per caption token: key raw, normalised (fp32) and its rstd, SDPA's key and value; with bf16
+        # each block's copy of the caption cast to bf16 (FSDP2 casts a sharded block's inputs)
+        text = 8 * h + 4 + 2 * a * h + (a * h if a != 4 else 0)
         return tokens * video + caption * text
 
     def step_bytes(self, rows: int, tokens: int, caption: int, text_dim: int, a: int, recompute: bool = False, layers: int | None = None) -> float:
         """Saved bytes of ``rows`` clips of ``tokens`` patch tokens and ``caption`` caption rows."""
         n, c, h = float(rows * tokens), float(rows * caption), self.hidden
         blocks = (self.layers if layers is None else layers) * self.layer_bytes(n, c, a, recompute)
-        latents = 2 * n * self.patch_elements * 4  # the patch embedding's input and the loss's difference, fp32
+        latents = n * self.patch_elements * (a + 4)  # the patch embedding's input, the loss's fp32 difference
         caption_embed = c * (text_dim + 2 * h) * a  # the text embedder's input and its two activations
-        rotary = n * 2 * 4 * self.head_dim  # cos and sin tables
-        head = n * (3 * h + 2) * a
-        # per clip, fp32: the timestep's embedding (sinusoid, its MLP, the projection's input);
-        # each block's modulation (6h, its gates saved) and two (1 + scale) terms, or with
-        # recompute the projected modulation every block takes; the head's (1 + scale)
-        timestep = rows * 4 * (self.freq_dim + 4 * h + h)
+        rotary = n * 2 * a * self.head_dim  # cos and sin tables
+        head = n * (8 * h + 8 + a * h)  # the output norm (fp32) and the projection's input
+        # per clip: the timestep's embedding (sinusoid, its MLP, the projection's input, the head's
+        # 1 + scale); fp32: each block's modulation (6h, its gates saved) and two (1 + scale), or
+        # with recompute the projected modulation every block takes
+        timestep = rows * a * (self.freq_dim + 5 * h)
         modulation = rows * 4 * (6 * h if recompute else (self.layers if layers is None else layers) * 8 * h)
         return blocks + latents + caption_embed + rotary + head + timestep + modulation
 

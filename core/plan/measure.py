@@ -115,7 +115,18 @@ def _batch(plan: Any, family: Any, rows: int, seq: int, generator: Any, clip: tu
 
 
 def measure(
-    pack: str, model_dir: str, *, seq: int = 0, frames: int = 0, height: int = 0, width: int = 0, caption: int = 8, rows: int = 1, recompute: str = "none", freeze: Sequence[str] = ()
+    pack: str,
+    model_dir: str,
+    *,
+    seq: int = 0,
+    frames: int = 0,
+    height: int = 0,
+    width: int = 0,
+    caption: int = 8,
+    rows: int = 1,
+    recompute: str = "none",
+    freeze: Sequence[str] = (),
+    bf16: bool = False,
 ) -> dict[str, Any]:
     """One training step of ``pack``'s model on this process (of a torchrun world or alone):
     the measured figures beside the plan's for the same layout, fp32 as the engine runs on CPU."""
@@ -133,6 +144,8 @@ def measure(
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")
+    elif bf16 and not dist.is_initialized():  # the engine's own group for a sharded single process
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     rank = dist.get_rank() if dist.is_initialized() else 0
     plan = planned(pack, model_dir, seq=seq, frames=frames, height=height, width=width, caption=caption, freeze=freeze)
     _, _, family = family_of(pack)
@@ -147,8 +160,8 @@ def measure(
     blocks = blocks_at(model, family.shard_layers)
     apply_recompute(blocks, recompute)
     backend = FSDP2Backend()
-    backend.world, backend.sharding, backend.device = SimpleNamespace(world_size=world), world > 1, torch.device("cpu")
-    model = backend._shard(model, blocks, bf16=False, offload=False, replicate=1)  # the engine's sharding
+    backend.world, backend.sharding, backend.device = SimpleNamespace(world_size=world), world > 1 or bf16, torch.device("cpu")
+    model = backend._shard(model, blocks, bf16=bf16, offload=False, replicate=1)  # the engine's sharding
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], TrainingSection())
     batch, loss_of = _batch(plan, family, rows, seq, torch.Generator().manual_seed(rank), (model_dir, frames, height, width, caption))
     loss, activations = saved_activation_bytes(model, lambda: loss_of(model, batch), blocks if recompute != "none" else ())
@@ -158,11 +171,12 @@ def measure(
     from mmcore.kits.diffusion.flops import denoiser_flops
 
     engine_flops = (family.step_flops() if plan.kind == "vlm" else (family.flops or denoiser_flops)())(model, batch)  # as the recipes count
-    predicted = estimate(plan, Layout(shard=world, recompute=recompute != "none"), DEVICES["h100"], micro_batch=rows, global_batch=rows * world, bf16=False, runtime=0)
+    predicted = estimate(plan, Layout(shard=world, recompute=recompute != "none"), DEVICES["h100"], micro_batch=rows, global_batch=rows * world, bf16=bf16, runtime=0)
     return {
         "rank": rank,
         "world": world,
         "recompute": recompute,
+        "bf16": bf16,
         "measured": {"weights": params, "grads": grads, "optimizer": opt, "activations": activations},
         "predicted": {"weights": predicted.weights, "grads": predicted.grads, "optimizer": predicted.optimizer, "activations": predicted.activations},
         "engine_flops": engine_flops,
@@ -179,9 +193,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--caption", type=int, default=8)
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--recompute", default="none", choices=["none", "full"])
+    p.add_argument("--bf16", action="store_true", help="training.precision: bf16 (FSDP2 mixed precision)")
     p.add_argument("--freeze", action="append", default=[], help="training.freeze: a pack group or a glob (repeatable)")
     args = p.parse_args(argv)
-    result = measure(args.pack, args.model, seq=args.seq, frames=args.frames, height=args.height, width=args.width, caption=args.caption, rows=args.rows, recompute=args.recompute, freeze=args.freeze)
+    result = measure(
+        args.pack,
+        args.model,
+        seq=args.seq,
+        frames=args.frames,
+        height=args.height,
+        width=args.width,
+        caption=args.caption,
+        rows=args.rows,
+        recompute=args.recompute,
+        freeze=args.freeze,
+        bf16=args.bf16,
+    )
     print(json.dumps(result), flush=True)
     import torch.distributed as dist
 
