@@ -129,7 +129,9 @@ def measure(
     bf16: bool = False,
 ) -> dict[str, Any]:
     """One training step of ``pack``'s model on this process (of a torchrun world or alone):
-    the measured figures beside the plan's for the same layout, fp32 as the engine runs on CPU."""
+    the measured figures beside the plan's for the same layout; fp32 as the engine runs on the
+    CPU, or ``bf16`` (``training.precision: bf16``: FSDP2's mixed precision, one process sharding
+    over a group of its own, as the engine does)."""
     import torch
     import torch.distributed as dist
 
