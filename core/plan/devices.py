@@ -3,11 +3,11 @@
 Peaks come from the accelerator table the engine's MFU metric reads
 (:data:`mmcore.framework.accelerator.PEAK_BF16_FLOPS`), so a planned MFU and a measured one
 divide by the same number. Memory is the total the device reports (``nvidia-smi`` /
-``npu-smi``, GiB), not the marketing figure: H100 SXM 80GB 81,559 MiB (79.6 GiB), H200 141GB
-143,771 MiB (139.8 GiB... 140.4 GiB less the driver's reservation as torch reports it), A100 SXM4
-80GB 81,251 MiB (79.2 GiB), Ascend 910B3/B4 64 GB HBM2e (65,536 MB). Peak bf16 dense: NVIDIA's
-H100/H200 (989 TFLOPS) and A100 (312 TFLOPS) data sheets; Ascend 910B3/B4 313 TFLOPS (Huawei
-Atlas 800T A2 specifications; 910B2: 376), as the accelerator table holds them.
+``npu-smi``), not the marketing figure: H100 SXM 80GB 81,559 MiB (79.6 GiB), H200 141GB
+143,771 MiB (140.4 GiB; about 139.8 GiB as torch reports it, the figure used), A100 SXM4 80GB 81,920
+MiB (about 79.2 GiB as torch reports it), Ascend 910B3/B4 64 GB HBM2e (65,536 MB). Peak bf16 dense: NVIDIA's H100/H200
+(989 TFLOPS) and A100 (312 TFLOPS) data sheets; Ascend 910B3/B4 313 TFLOPS (Huawei Atlas 800T A2
+specifications; 910B2: 376), as the accelerator table holds them.
 """
 
 from __future__ import annotations
