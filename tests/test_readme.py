@@ -92,6 +92,7 @@ def test_every_command_of_using_it_runs_as_written(qwen2vl, tmp_path: Path) -> N
         outputs[command] = result.stdout
     assert re.search(r"^qwen2vl\s", outputs["list"], flags=re.M)
     assert "presets:" in outputs["info"] and "freeze:" in outputs["info"]
+    assert "best fitting layout: fsdp8" in outputs["plan"]
     assert outputs["config"].startswith("# pack qwen2vl, preset demo") and "training.steps: int = 100  [4, command line]" in outputs["config"]
     assert "held-out accuracy" in outputs["run"]
     run = tmp_path / "runs/qwen2vl-demo"

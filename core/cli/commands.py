@@ -19,6 +19,7 @@ from mmcore import __version__
 from mmcore.config.reference import config_cmd
 from mmcore.cli.inspect_commands import doctor_cmd, info_cmd, list_cmd, load_plugins as _plugins
 from mmcore.cli.newpack import new_pack_cmd
+from mmcore.cli.plan import plan_cmd
 from mmcore.cli.verify import verify_cmd
 from mmcore.errors import MmcoreError, UsageError, file_system_error
 from mmcore.framework.pack import STAGES
@@ -73,6 +74,7 @@ cli.add_command(info_cmd)
 cli.add_command(doctor_cmd)
 cli.add_command(config_cmd)
 cli.add_command(new_pack_cmd)
+cli.add_command(plan_cmd)
 
 
 # ------------------------------------------------------------------------- stages

@@ -1,0 +1,190 @@
+"""Candidate layouts of a cluster and each one's per-rank memory and step time.
+
+Memory per rank follows what mmcore's backends hold (their docstrings say so):
+
+* FSDP2 (``parallel.backend: fsdp2``; HSDP with ``parallel.replicate``): fp32 weights (they are
+  the master copy: bf16 exists only as compute copies), fp32 gradients and AdamW's two fp32
+  moments, each parameter split along its first dimension over the shard group (the first rank
+  holds ``ceil(dim0 / shards)`` rows: counted per parameter, exactly). Buffers: the unsharded
+  compute copies of the block being run and the one prefetched (``2 x largest block`` at the
+  compute dtype) and that block's full-size fp32 gradient before its reduce-scatter; none on a
+  single fp32 process (the engine does not shard it). With CPU offload the sharded weights,
+  gradients and moments live in host memory.
+* megatron (``parallel.backend: megatron``; tensor x pipeline parallel): the same fp32 state
+  (mmcore's megatron backend keeps fp32 weights, no distributed optimizer), the decoder layers
+  over ``tp x pp``, embeddings and head over ``tp``, the towers whole (the first stage holds the
+  vision tower as transformers builds it): the first stage's share; plus a bf16 compute copy of
+  the local weights. Activations: a pipeline's first stage holds ``pp``
+  micro-batches of its ``layers / pp`` layers (1F1B), so all layers' worth; tensor parallel with
+  sequence parallel divides them by ``tp``.
+* Ulysses sequence parallel (issue 46 part 1, not yet runnable): activations divided by ``sp``.
+
+Every rank adds a fixed :data:`RUNTIME_BYTES` (CUDA/CANN context, NCCL/HCCL buffers, allocator
+fragmentation), an assumption, not a measurement.
+
+Step time: the step's model FLOPs (the engine's MFU count) on one rank, plus one more forward
+(a third of a step) with full recompute, over the device's peak times :data:`EFFICIENCY`; a
+pipeline's bubble ``(pp - 1) / micro-batches``; offload adds its transfers over the host link
+and the optimizer step in host memory. Communication is assumed overlapped with compute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from mmcore.plan.devices import GIB, Device
+from mmcore.plan.model import Planned
+
+#: the fraction of peak FLOP/s a step's matmuls and attention reach: dense 7B-70B training with
+#: FSDP or Megatron reports 38-55 % MFU (torchtitan's Llama 3 tables, Megatron-LM's papers)
+EFFICIENCY = 0.40
+#: per rank: device runtime context, collective buffers, allocator fragmentation (assumed)
+RUNTIME_BYTES = 3 * GIB
+#: host memory bandwidth for an offloaded optimizer step (reads and writes 16 bytes a parameter)
+HOST_BANDWIDTH = 40e9
+#: AdamW's state: two fp32 moments per trained parameter
+ADAM_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay the model over the cluster."""
+
+    shard: int  # FSDP shard group size (the data-parallel ranks that split the model state)
+    replicate: int = 1  # HSDP replicas
+    tp: int = 1
+    pp: int = 1
+    sp: int = 1  # Ulysses sequence parallel
+    recompute: bool = False
+    offload: bool = False
+
+    @property
+    def backend(self) -> str:
+        return "megatron" if self.tp * self.pp > 1 else "fsdp2"
+
+    def name(self) -> str:
+        parts = [f"fsdp{self.shard}" if self.replicate == 1 else f"hsdp{self.replicate}x{self.shard}"] if self.backend == "fsdp2" else [f"dp{self.shard * self.replicate}"]
+        parts += [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("sp", self.sp)) if v > 1]
+        parts += ["recompute"] if self.recompute else []
+        parts += ["offload"] if self.offload else []
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A layout's per-rank memory (bytes), step time and whether it runs in mmcore and fits."""
+
+    layout: Layout
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    activations_other: float  # the same layout's activations with recompute the other way
+    buffers: float
+    host: float  # offloaded state, in host memory
+    step_s: float
+    mfu: float
+    runnable: str  # "" or why mmcore cannot run it yet
+    fits: bool
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.buffers
+
+
+def shard_elements(model: Any, shards: int, trained_only: bool = False) -> int:
+    """Elements the first rank holds when every parameter is split along dim 0 over ``shards``."""
+    total = 0
+    for p in model.parameters():
+        if trained_only and not p.requires_grad:
+            continue
+        if p.dim() == 0:
+            total += 1
+            continue
+        total += math.ceil(p.shape[0] / shards) * (p.numel() // p.shape[0])
+    return total
+
+
+def state_bytes(plan: Planned, layout: Layout) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes of one rank."""
+    if layout.backend == "megatron":
+        local, trained = (whole + layers / (layout.tp * layout.pp) + rest / layout.tp for whole, layers, rest in (plan.megatron_split(), plan.megatron_split(True)))
+    else:
+        local, trained = shard_elements(plan.model, layout.shard), shard_elements(plan.model, layout.shard, True)
+    return 4.0 * local, 4.0 * trained, float(ADAM_BYTES * trained)
+
+
+def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int, global_batch: int, bf16: bool = True, runtime: float = RUNTIME_BYTES) -> Estimate:
+    """The memory and time of one step of ``global_batch`` rows, ``micro_batch`` rows at a time
+    per data-parallel rank (gradient accumulation, or a pipeline's micro-batches, makes up the rest)."""
+    a = 2 if bf16 else 4
+    data_parallel = layout.shard * layout.replicate
+    accum = max(1, math.ceil(global_batch / (data_parallel * micro_batch)))
+    weights, grads, optimizer = state_bytes(plan, layout)
+    layers = plan.shape.layers
+    divide = layout.tp * layout.sp
+
+    def acts(recompute: bool) -> float:
+        return plan.activations(micro_batch, a, recompute, layers) / divide
+
+    activations, other = acts(layout.recompute), acts(not layout.recompute)
+    if layout.backend == "megatron":
+        buffers = (a * weights / 4 if bf16 else 0.0) + runtime
+    else:
+        block = plan.largest_block()
+        sharded = layout.shard * layout.replicate > 1 or bf16 or layout.offload
+        buffers = (2 * a * block + 4 * block if sharded else 0.0) + runtime
+    host = 0.0
+    seconds_extra = 0.0
+    if layout.offload:
+        host = weights + grads + optimizer
+        seconds_extra = (2 * weights + grads) / device.host_link + 16 * grads / 4 / HOST_BANDWIDTH
+        weights = grads = optimizer = 0.0
+    flops = plan.flops(micro_batch) * accum / (layout.tp * layout.pp * layout.sp)
+    compute = flops * (4 / 3 if layout.recompute else 1.0) / (device.peak * EFFICIENCY)
+    bubble = 1 + (layout.pp - 1) / accum if layout.pp > 1 else 1.0
+    step = compute * bubble + seconds_extra
+    runnable = runnable_in_mmcore(plan, layout)
+    est = Estimate(layout, weights, grads, optimizer, activations, other, buffers, host, step, flops / (step * device.peak), runnable, False)
+    return Estimate(**{**est.__dict__, "fits": est.total <= device.memory})
+
+
+def runnable_in_mmcore(plan: Planned, layout: Layout) -> str:
+    if layout.sp > 1:
+        return "not yet runnable in mmcore (Ulysses SP: issue 46 part 1)"
+    if layout.backend == "megatron" and not plan.megatron:
+        return "not yet runnable in mmcore (this pack has no megatron part for tensor / pipeline parallel)"
+    if layout.backend == "megatron" and layout.offload:
+        return "not runnable in mmcore (offload is FSDP2's)"
+    return ""
+
+
+def candidates(plan: Planned, nodes: int, per_node: int) -> Iterator[Layout]:
+    """FSDP / HSDP x TP x PP x SP x recompute x offload, the sizes that divide the model and the cluster."""
+    world = nodes * per_node
+    heads = plan.shape.heads
+    for tp, pp, sp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)):
+        inner = tp * pp * sp
+        if world % inner or tp * sp > per_node or heads % (tp * sp) or plan.shape.layers % pp or (sp > 1 and tp * pp > 1):
+            continue
+        data = world // inner
+        splits = [(1, data)] if tp * pp > 1 else [(1, data)] + ([(nodes, data // nodes)] if nodes > 1 and data % nodes == 0 else [])
+        for (replicate, shard), recompute, offload in itertools.product(splits, (False, True), (False, True)):
+            if offload and tp * pp > 1:
+                continue
+            yield Layout(shard=shard, replicate=replicate, tp=tp, pp=pp, sp=sp, recompute=recompute, offload=offload)
+
+
+def ranked(plan: Planned, device: Device, nodes: int, per_node: int, *, micro_batch: int = 1, global_batch: int = 0, bf16: bool = True) -> list[Estimate]:
+    """Every candidate's estimate for the same global batch (default: a micro-batch per rank),
+    best first: fitting, runnable in mmcore, fastest, then the simplest (fewest model-parallel
+    splits, no recompute, no offload), smallest."""
+    rows = global_batch or nodes * per_node * micro_batch
+    found = [estimate(plan, layout, device, micro_batch=micro_batch, global_batch=rows, bf16=bf16) for layout in candidates(plan, nodes, per_node)]
+    return sorted(found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp, e.layout.recompute, e.layout.offload, e.total))
+
+
+__all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "candidates", "ranked"]

@@ -1,0 +1,70 @@
+"""``mmcore plan`` on the clusters issue 46 names, offline, from hand-written public configs
+(tests/fixtures/plan, built on meta: no weights, no network): Qwen2.5-VL-72B on 64 Ascend 910B
+and Wan2.1-14B at 81 x 720p on 8 H100 each print a fitting layout, named in the table. (How
+close its figures come to a real step is tests/test_plan_measured.py.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("diffusers")
+
+FIXTURES = Path(__file__).parent / "fixtures" / "plan"
+SCALE_OUT = Path(__file__).parents[1] / "docs" / "scale-out.md"
+
+
+def plan(*args: str) -> str:
+    from click.testing import CliRunner
+
+    from mmcore.cli import cli
+
+    result = CliRunner().invoke(cli, ["plan", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def fitting_row(output: str) -> tuple[str, list[str]]:
+    best = re.search(r"^best fitting layout: (.+?) \(", output, re.M)
+    assert best, output
+    rows = [line for line in output.splitlines() if line.startswith(best.group(1) + " ")]
+    assert rows, f"{best.group(1)!r} is not in the table:\n{output}"
+    line = next(line for line in output.splitlines() if line.startswith("best fitting layout: "))
+    assert line in SCALE_OUT.read_text(), f"docs/scale-out.md shows another plan than mmcore plan prints now: {line}"
+    return best.group(1), rows[0].split()
+
+
+def test_qwen2_5_vl_72b_fits_64_ascend_910b() -> None:
+    out = plan("--pack", "qwen2.5vl", "--model", str(FIXTURES / "qwen2_5_vl_72b"), "--seq", "8192", "--device", "910b", "--nodes", "8", "--gpus-per-node", "8")
+    assert "73.41B parameters" in out  # Qwen2.5-VL-72B: 72B decoder + 0.67B vision tower
+    assert "8 x 8 Ascend 910B 64GB (64.0 GiB, 313 TFLOP/s bf16 peak)" in out
+    name, row = fitting_row(out)
+    assert "yes" in row and float(row[len(name.split()) + 6]) <= 64.0  # its total fits the device
+
+
+def test_wan2_1_14b_720p_fits_8_h100() -> None:
+    out = plan("--pack", "wan", "--model", str(FIXTURES / "wan2_1_t2v_14b"), "--frames", "81", "--height", "720", "--width", "1280", "--device", "h100", "--gpus-per-node", "8")
+    assert "14.29B parameters" in out
+    assert "latents 21x90x160 (VAE 4x8x8) -> 75600 tokens" in out  # an 81-frame 720p clip is ~75k tokens (issue 46)
+    name, row = fitting_row(out)
+    assert "recompute" in name  # 75k tokens do not fit without it
+    assert "yes" in row
+
+
+def test_layouts_not_yet_in_mmcore_are_marked() -> None:
+    out = plan("--pack", "wan", "--model", str(FIXTURES / "wan2_1_t2v_14b"), "--frames", "81", "--height", "720", "--width", "1280", "--top", "40")
+    assert "not yet runnable in mmcore (Ulysses SP: issue 46 part 1)" in out
+    assert "not yet runnable in mmcore (this pack has no megatron part" in out
+
+
+def test_device_peaks_are_the_accelerator_table() -> None:
+    from mmcore.framework.accelerator import peak_of
+    from mmcore.plan.devices import DEVICES, device_of
+
+    assert DEVICES["910b"].peak == peak_of("Ascend910B3") == 313e12
+    assert DEVICES["h100"].peak == peak_of("NVIDIA H100 80GB HBM3") == 989e12
+    assert device_of("Ascend-910B") is DEVICES["910b"] and device_of("H200") is DEVICES["h200"] and device_of("a100") is DEVICES["a100"]
