@@ -110,6 +110,13 @@ def sam_patches(batch: dict[str, Any]) -> float:
     return float(sum(v.shape[0] * (v.shape[-1] // 16) * (v.shape[-2] // 16) for v in views))
 
 
+def tile_counts(batch: dict[str, Any], samples: list[dict[str, Any]], ids: Any) -> None:
+    """``num_local_patches`` as integers (stored samples hold arrays as floats): the model splits
+    the tiles' features by them."""
+    if "num_local_patches" in batch:
+        batch["num_local_patches"] = batch["num_local_patches"].long()
+
+
 FAMILY = VLMFamily(
     model_class="DeepseekOcr2ForConditionalGeneration",
     encoder=encoder,
@@ -118,6 +125,7 @@ FAMILY = VLMFamily(
     tokens={"image_token_id": "<image>"},
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("model.vision_tower.sam_encoder.layers", "model.vision_tower.vision_encoder.layers", "model.language_model.layers"),
+    collate_extra=tile_counts,
     towers={"model.vision_tower": sam_patches},
     demo=write_shape_questions,
     preference_demo=write_shape_preferences,
