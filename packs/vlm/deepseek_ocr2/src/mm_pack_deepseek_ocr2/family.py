@@ -64,7 +64,20 @@ RULES = [
     (r"^model\.view_seperator$", "model.view_separator", r"^model\.view_separator$", "model.view_seperator"),
     (r"^model\.(embed_tokens|layers|norm)\.", r"model.language_model.\1.", r"^model\.language_model\.", "model."),
 ]
-ADAPTER = FusedExpertsAdapter(rules=RULES, per_expert=True)
+
+
+class DeepseekOcr2Names(FusedExpertsAdapter):
+    """The rules above, and LoRA adapter keys under the hub's names: peft (with transformers 5)
+    renames adapter keys by the family's conversion mapping on load, and transformers'
+    ``(^|model\.)layers\.`` rule also matches inside ``model.language_model.layers.`` (it would
+    load as ``language_model.language_model``): written as the released checkpoint names the
+    decoder (``model.layers.``), they load where they belong."""
+
+    def peft_name(self, model_key: str) -> str:
+        return self._rename(model_key, False)
+
+
+ADAPTER = DeepseekOcr2Names(rules=RULES, per_expert=True)
 
 # training.freeze accepts these names as well as parameter globs.
 FREEZE_GROUPS = {

@@ -83,6 +83,7 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
         global_attn_indexes=p["global_layers"],
         downsample_channels=[p["sam_dim"], p["encoder_dim"]],
         mlp_ratio=2.0,
+        initializer_range=0.02,  # the config's default (1e-10, for loading trained weights) leaves a random SAM near zero: no signal
     )
     encoder = dict(hidden_size=p["encoder_dim"], intermediate_size=2 * p["encoder_dim"], num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, vocab_size=16, max_position_embeddings=1024)
     text = dict(
