@@ -83,3 +83,19 @@ def test_packed_row_equals_the_padded_batch_and_each_sample_alone(tiny_dir: Path
         assert torch.allclose(got[start:end], want, atol=1e-5), i
         start = end
     assert start == got.shape[0]
+
+
+@pytest.mark.compares_runs
+@pytest.mark.isa_sample
+def test_loss_from_cached_vision_features_equals_loss_from_pixels(tiny_dir: Path, batches) -> None:  # type: ignore[no-untyped-def]
+    """The frozen-vision cache (extract: the tower's query features per view; projector and
+    separator still run) changes no loss, global views and tiles alike."""
+    from mm_pack_deepseek_ocr2.extract import VIEWS, use_cached_vision, vision_features
+
+    data, ids = batches
+    model = FAMILY.build_model(tiny_dir).eval()
+    with torch.no_grad():
+        want = FAMILY.loss_sum(model, FAMILY.collate(data, ids))
+        cached = [dict(s, **{f: torch.cat([vision_features(model, v) for v in s[f]]) for f in VIEWS if f in s}) for s in data]
+        got = FAMILY.loss_sum(use_cached_vision(copy.deepcopy(model)), FAMILY.collate(cached, ids))
+    assert "pixel_values_local" in FAMILY.collate(cached, ids) and got.item() == pytest.approx(want.item(), rel=1e-6)

@@ -21,3 +21,11 @@ def test_demo_learns_and_the_export_answers_the_same(mm, tmp_path: Path) -> None
     assert manifest(run, "export")["metrics"]["logits_max_abs_diff"] == 0.0
     evaluate = manifest(run, "evaluate")["metrics"]  # the export's greedy answers with plain transformers
     assert evaluate["accuracy"] == 1.0, evaluate
+
+
+@pytest.mark.slow
+def test_a_frozen_vision_tower_trains_from_the_cache(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    mm("run", "--pack", "deepseek-ocr2", "--preset", "tiny", "data.demo_samples=8", "training.steps=2", "training.freeze=[vision]", "evaluate.enabled=false", "--run-dir", "r")
+    extract = manifest(tmp_path / "r", "extract")
+    assert extract["status"] == "finished" and extract["metrics"]["unique_media"] == 8, extract
+    assert manifest(tmp_path / "r", "train")["status"] == "finished"

@@ -67,7 +67,7 @@ RULES = [
 
 
 class DeepseekOcr2Names(FusedExpertsAdapter):
-    """The rules above, and LoRA adapter keys under the hub's names: peft (with transformers 5)
+    r"""The rules above, and LoRA adapter keys under the hub's names: peft (with transformers 5)
     renames adapter keys by the family's conversion mapping on load, and transformers'
     ``(^|model\.)layers\.`` rule also matches inside ``model.language_model.layers.`` (it would
     load as ``language_model.language_model``): written as the released checkpoint names the
@@ -130,6 +130,13 @@ def tile_counts(batch: dict[str, Any], samples: list[dict[str, Any]], ids: Any) 
         batch["num_local_patches"] = batch["num_local_patches"].long()
 
 
+def prepare_model(ctx: StageContext, model: Any, upstream: Any) -> None:
+    if "extract" in upstream:
+        from mm_pack_deepseek_ocr2.extract import use_cached_vision
+
+        use_cached_vision(model)
+
+
 FAMILY = VLMFamily(
     model_class="DeepseekOcr2ForConditionalGeneration",
     encoder=encoder,
@@ -139,6 +146,7 @@ FAMILY = VLMFamily(
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("model.vision_tower.sam_encoder.layers", "model.vision_tower.vision_encoder.layers", "model.language_model.layers"),
     collate_extra=tile_counts,
+    prepare_model=prepare_model,
     towers={"model.vision_tower": sam_patches},
     demo=write_shape_questions,
     preference_demo=write_shape_preferences,

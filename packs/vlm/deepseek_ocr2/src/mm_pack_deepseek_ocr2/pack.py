@@ -8,6 +8,7 @@ STAGES = {
     "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_deepseek_ocr2.tiny:build_init_checkpoint"}),
     "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_deepseek_ocr2.family:ADAPTER", "build_model": "mm_pack_deepseek_ocr2.family:FAMILY.build_model"}),
     "preprocess": "mm_pack_deepseek_ocr2.family:FAMILY.preprocess",
+    "extract": "mm_pack_deepseek_ocr2.extract:extract",
     "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_deepseek_ocr2.family:FAMILY.recipe"}),
     "export": "mm_pack_deepseek_ocr2.family:FAMILY.export",
     "evaluate": "mm_pack_deepseek_ocr2.family:FAMILY.evaluate",
@@ -27,6 +28,8 @@ class DeepseekOcr2Pack:
         presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
         default_preset="demo",
         distributed_stages=("train",),
+        # Whether extract caches anything depends on whether the vision tower is frozen.
+        stage_sections={"extract": ("extract", "training.freeze")},
         stages=STAGES,
     )
 
