@@ -100,7 +100,7 @@ def processor(model_dir: Path) -> Any:
 
 def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
     from mmcore.data import ChatTemplateEncoder
-    from mmcore.kits.auto import ProcessorImages
+    from mmcore.kits import ProcessorImages
 
     from mm_pack_deepseek_ocr2.tiny import CHAT_TEMPLATE
 

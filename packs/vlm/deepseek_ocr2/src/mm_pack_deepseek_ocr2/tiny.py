@@ -60,7 +60,7 @@ PRESETS = {
 
 def build_tokenizer():  # type: ignore[no-untyped-def]
     """A byte-level BPE tokenizer with DeepSeek-OCR-2's special tokens (bos, eos, pad) and ``<image>``."""
-    from mmcore.engines.tiny import byte_level_tokenizer
+    from mmcore.engines import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer(CORPUS, [IMAGE], vocab_size=384, eos=EOS, pad=PAD, bos=BOS, chat_template=CHAT_TEMPLATE)
     tokenizer.add_bos_token = False  # the template writes it
