@@ -99,3 +99,23 @@ def test_loss_from_cached_vision_features_equals_loss_from_pixels(tiny_dir: Path
         cached = [dict(s, **{f: torch.cat([vision_features(model, v) for v in s[f]]) for f in VIEWS if f in s}) for s in data]
         got = FAMILY.loss_sum(use_cached_vision(copy.deepcopy(model)), FAMILY.collate(cached, ids))
     assert "pixel_values_local" in FAMILY.collate(cached, ids) and got.item() == pytest.approx(want.item(), rel=1e-6)
+
+
+@pytest.mark.compares_runs
+def test_packed_training_runs_the_losses_of_padded_training(tmp_path: Path) -> None:
+    """The whole stage with ``training.packing`` (in process): the same steps' losses as the padded run (rel 1e-5, fp32)."""
+    import json
+
+    from mmcore.framework.plugins import Plugins
+    from mmcore.testing import make_runner
+
+    plugins = Plugins.load()
+    common = ["data.demo_samples=8", "convert.verify=false", "training.steps=2", "evaluate.enabled=false"]
+
+    def losses(run: str, *extra: str) -> list[float]:
+        make_runner(plugins, "deepseek-ocr2", tmp_path / run, preset="tiny", overrides=[*common, *extra]).run_pipeline(resume="no")
+        rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    padded, packed = losses("padded"), losses("packed", "training.packing=true")
+    assert len(packed) == 2 and packed == pytest.approx(padded, rel=1e-5)
