@@ -207,7 +207,7 @@ def _export_adapter(
     out = ctx.stage_dir / "adapter"
     shutil.rmtree(out, ignore_errors=True)
     trained = build_trained(model_dir, checkpoint).eval()
-    stats = write_peft_adapter(trained, plan, out, base_model=model_dir, dtype=dtype)
+    stats = write_peft_adapter(trained, plan, out, base_model=model_dir, dtype=dtype, rename=getattr(adapter, "peft_name", None))
     side_files(model_dir, out)  # tokenizer and processor beside the adapter, as peft's hub repos have them
     loaded = load_adapter_folder(load_exported, out, base=model_dir).eval()
     diff = _compare(trained, loaded, probe, logits)

@@ -107,16 +107,18 @@ def _unique(out: dict[str, Recipe], given: Mapping[str, Any]) -> dict[str, Recip
 
 
 class ProcessorImages:
-    """``<image>`` -> what the family's processor makes of one image: its tokens and arrays."""
+    """``<image>`` -> what the family's processor makes of one image: its tokens and arrays
+    (``options``: the processor's image keywords, e.g. a tiling mode)."""
 
-    def __init__(self, processor: Any) -> None:
+    def __init__(self, processor: Any, **options: Any) -> None:
         self.processor = processor
         self.token = processor.image_token
+        self.options = options
 
     def __call__(self, path: Path) -> Piece:
         from mmcore.data.video import load_image
 
-        out = self.processor(text=self.token, images=[load_image(path)], add_special_tokens=False, return_tensors="np")
+        out = self.processor(text=self.token, images=[load_image(path)], add_special_tokens=False, return_tensors="np", **self.options)
         ids = [int(t) for t in out["input_ids"][0]]
         return Piece(ids, {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "token_type_ids")})
 

@@ -42,12 +42,17 @@ def save_peft_config(config: Any, folder: Path) -> None:
     path.write_text(json.dumps(written, indent=2, sort_keys=True))  # peft's own layout
 
 
-def write_peft_adapter(model: "nn.Module", plan: LoraPlan, folder: Path, *, base_model: Path, dtype: Any = None) -> dict[str, Any]:
-    """``folder/adapter_config.json`` + ``adapter_model.safetensors`` as peft saves them."""
+def write_peft_adapter(model: "nn.Module", plan: LoraPlan, folder: Path, *, base_model: Path, dtype: Any = None, rename: Any = None) -> dict[str, Any]:
+    """``folder/adapter_config.json`` + ``adapter_model.safetensors`` as peft saves them.
+
+    ``rename``: model name -> the name peft reads, for a family whose transformers conversion
+    mapping peft also applies to adapter keys on load (so they are written under the hub's names).
+    """
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {f"base_model.model.{k}": (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in adapter_tensors(model, plan).items()}
+    named = rename or (lambda key: key)
+    tensors = {f"base_model.model.{named(k)}": (v.to(dtype) if dtype is not None and v.is_floating_point() else v) for k, v in adapter_tensors(model, plan).items()}
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     save_peft_config(plan.peft_config(str(Path(base_model).resolve())), folder)
     return {"adapter_tensors": len(tensors), "adapter_parameters": int(sum(t.numel() for t in tensors.values()))}

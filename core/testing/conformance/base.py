@@ -182,7 +182,7 @@ def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
     if (adapter / "adapter_config.json").is_file():
         model = PeftModel.from_pretrained(base_class.from_pretrained(base), str(adapter))
         held = get_peft_model_state_dict(model)
-        saved = load_file(str(adapter / "adapter_model.safetensors"))
+        saved = _as_peft_reads(model, load_file(str(adapter / "adapter_model.safetensors")))
     else:
         pipe = base_class.from_pretrained(base)
         if hasattr(pipe, "load_lora_weights"):
@@ -197,6 +197,16 @@ def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
     if differing:
         _fail("lora", "mmcore_export", f"the library holds {differing[0]} other than the export wrote")
     return saved
+
+
+def _as_peft_reads(model: Any, saved: dict[str, Any]) -> dict[str, Any]:
+    """The file's adapter tensors under the names peft loads them as: with transformers 5 it
+    applies the family's conversion mapping to adapter keys too (hub names -> model names)."""
+    try:
+        from peft.utils.transformers_weight_conversion import convert_peft_adapter_state_dict_for_transformers
+    except ImportError:  # a peft without transformers 5 conversions reads the names as written
+        return saved
+    return convert_peft_adapter_state_dict_for_transformers(model=model, peft_config=model.peft_config["default"], adapter_state_dict=dict(saved))
 
 
 def _named_class(folder: Path) -> str:

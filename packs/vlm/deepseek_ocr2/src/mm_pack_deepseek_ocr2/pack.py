@@ -1,0 +1,37 @@
+"""The deepseek-ocr2 pack. Importing this module must stay light (no torch, no transformers): ``mmcore list`` imports it."""
+
+from __future__ import annotations
+
+from mmcore import PackSpec, Stage
+
+STAGES = {
+    "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_deepseek_ocr2.tiny:build_init_checkpoint"}),
+    "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_deepseek_ocr2.family:ADAPTER", "build_model": "mm_pack_deepseek_ocr2.family:FAMILY.build_model"}),
+    "preprocess": "mm_pack_deepseek_ocr2.family:FAMILY.preprocess",
+    "extract": "mm_pack_deepseek_ocr2.extract:extract",
+    "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_deepseek_ocr2.family:FAMILY.recipe"}),
+    "export": "mm_pack_deepseek_ocr2.family:FAMILY.export",
+    "evaluate": "mm_pack_deepseek_ocr2.family:FAMILY.evaluate",
+    "infer": "mm_pack_deepseek_ocr2.family:FAMILY.infer",
+}
+
+
+class DeepseekOcr2Pack:
+    """No kernels of its own; packed rows use the core's ``varlen_attention`` for the decoder."""
+
+    PACK = PackSpec(
+        name="deepseek-ocr2",
+        category="vlm",
+        summary="DeepSeek-OCR-2 (SAM + causal-flow query encoder + DeepSeek-MoE decoder) document OCR models",
+        sdk="1.18",  # imports the SDK 1.18 façade
+        config_class="mm_pack_deepseek_ocr2.family:DeepseekOcr2Config",
+        presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
+        default_preset="demo",
+        distributed_stages=("train",),
+        # Whether extract caches anything depends on whether the vision tower is frozen.
+        stage_sections={"extract": ("extract", "training.freeze")},
+        stages=STAGES,
+    )
+
+
+deepseek_ocr2 = DeepseekOcr2Pack()
