@@ -202,3 +202,19 @@ def test_an_rl_prompt_file_with_answer_or_solution_fields_reads_as_a_conversatio
 
     with pytest.raises(BadRecord, match="or give the reference answer as 'answer' or 'solution'"):
         _parse(tmp_path / "f.json", 0, {"messages": [{"role": "user", "content": "2 + 2?"}]}, Columns(), roles, tmp_path)
+
+
+def test_training_grpo_lr_holds_from_the_first_rollout_and_the_schedule_runs_before() -> None:
+    """``training.grpo.lr``: the warm-up's steps follow ``training.lr_schedule``; from the first
+    rollout on, the learning rate is ``grpo.lr``, constant; without it the schedule goes on."""
+    from mmcore.testing import make_config, plugins_with
+    from mmcore.train.optim import lr_lambda, run_schedule
+
+    plugins = plugins_with(installed_packs=True)
+    cfg = make_config(plugins, "flux", preset="grpo", overrides=["training.grpo.lr=5e-4"]).training
+    planned, switch = cfg.steps, cfg.grpo.warmup_sft_steps
+    scheduled, base = run_schedule(cfg, planned), lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio)
+    assert [scheduled(s) for s in range(switch)] == [base(s) for s in range(switch)]
+    assert [scheduled(s) * cfg.lr for s in range(switch, planned)] == [pytest.approx(5e-4)] * (planned - switch)
+    unset = make_config(plugins, "flux", preset="grpo").training
+    assert [run_schedule(unset, planned)(s) for s in range(planned)] == [base(s) for s in range(planned)]

@@ -33,7 +33,7 @@ from mmcore.framework.faults import crash_point
 from mmcore.train.flops import utilisation
 from mmcore.backends.fsdp2 import _check_same_adapters  # noqa: F401  (its old place: tests and callers import it here)
 from mmcore.train.guards import GlobalRngCheck, NonFinite, refuse_nonfinite_checkpoint
-from mmcore.train.optim import build_optimizer, freeze, lr_lambda
+from mmcore.train.optim import build_optimizer, freeze, lr_lambda, run_schedule
 from mmcore.framework.pack import StageResult
 from mmcore.train.plot import plot_training
 from mmcore.run.rundir import Manifest
@@ -83,7 +83,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     data = recipe.dataset(ctx, upstream)
     sampler = _sampler(ctx, recipe, data, ready.data_rank, ready.data_ranks)
     planned = planned_steps(cfg, sampler, ctx.say)  # training.steps, or training.epochs of this data
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, run_schedule(cfg, planned))
     # training.ema: this rank's part of the average, each tensor as its parameter
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
     step = filled = 0

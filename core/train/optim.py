@@ -90,6 +90,18 @@ def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float) -> Calla
     return factor
 
 
+def run_schedule(cfg: Any, planned: int) -> Callable[[int], float]:
+    """The factor of ``training.lr`` at each step (``cfg``: the training section): its
+    ``lr_schedule`` over ``planned`` steps; with ``method: grpo`` and ``grpo.lr``, that learning
+    rate, constant, from the first rollout after the supervised warm-up on."""
+    factor = lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio)
+    grpo = getattr(cfg, "grpo", None)
+    if cfg.method != "grpo" or grpo is None or grpo.lr is None:
+        return factor
+    switch, ratio = grpo.warmup_sft_steps, grpo.lr / cfg.lr
+    return lambda step: factor(step) if step < switch else ratio
+
+
 def clip_grad_norm(params: "Sequence[nn.Parameter]", max_norm: float | None) -> float:
     """Clip the gradients of ``params`` (the trained ones, listed once: walking the model's
     parameters every step costs about a millisecond) to ``max_norm``; returns their norm."""
@@ -104,4 +116,4 @@ def clip_grad_norm(params: "Sequence[nn.Parameter]", max_norm: float | None) -> 
     return float(norm)
 
 
-__all__ = ["build_optimizer", "empty_state", "STATE_COPIES", "freeze", "frozen_names", "lr_lambda", "clip_grad_norm"]
+__all__ = ["build_optimizer", "empty_state", "STATE_COPIES", "freeze", "frozen_names", "lr_lambda", "run_schedule", "clip_grad_norm"]

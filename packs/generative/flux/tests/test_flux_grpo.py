@@ -20,6 +20,7 @@ GRPO = [
     "training.micro_batch_size=2",
     "training.lora.r=4",
     "training.lr=0.01",
+    "training.grpo.lr=0.005",  # from the first rollout (step 3) on, constant
     "training.grpo.warmup_sft_steps=2",
     "training.grpo.group_size=4",
     "training.grpo.sample_steps=4",
@@ -55,6 +56,7 @@ def test_flow_grpo_runs_the_pipeline_and_resumes_identically_after_kills(flux, t
     assert all(0 < straight[s]["reward"] < 1 and straight[s]["reward_std"] > 0 for s in (3, 5))
     assert any(straight[s]["kl"] > 0 for s in (4, 5, 6))  # the adapters moved the policy from the base
     assert "timesteps_per_s" in straight[3]  # the loss unit: one sample's denoising step
+    assert [straight[s]["lr"] for s in (3, 4, 5, 6)] == [pytest.approx(0.005)] * 4  # training.grpo.lr
     train = json.loads((tmp_path / "straight/train/manifest.json").read_text())["metrics"]
     assert {"eval/reward@0", "eval/reward", "eval/rewards/brightness", "eval/loss"} <= set(train), train
     logged = [json.loads(line) for line in (tmp_path / "straight/train/rollouts.jsonl").read_text().splitlines()]
