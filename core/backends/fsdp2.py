@@ -49,7 +49,9 @@ class FSDP2Backend:
         self.ctx, self.recipe, self.world, cfg = ctx, recipe, ctx.world, ctx.config.training
         world, accelerator = ctx.world, ctx.accelerator
         self.device = device = accelerator.device(world.local_rank)
-        seed_everything(ctx.seed + world.rank)
+        sequence = ctx.config.parallel.ulysses
+        data_rank, data_ranks = world.rank // sequence, world.world_size // sequence  # a sequence group shares its rows
+        seed_everything(ctx.seed + data_rank)
         # build (without memory where the recipe loads through the engine), freeze, recompute,
         # shard, then materialise and load each rank's shards
         bf16 = computes_in_bf16(cfg.precision, accelerator)
@@ -60,6 +62,8 @@ class FSDP2Backend:
             raise StageError(
                 f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on parallel.backend: megatron; this run's backend is {split.backend}"
             )
+        if sequence > 1:
+            _check_ulysses(ctx, recipe, sequence)
         # bf16 and offload are FSDP2 policies: a single process shards too, over a group of its own
         self.sharding = bool(world.distributed or bf16 or cfg.cpu_offload)
         self.own_group = self.sharding and not world.distributed and not dist.is_initialized()
@@ -93,7 +97,7 @@ class FSDP2Backend:
         if world.is_local_main:
             self._check_disk_space(cfg)
         self.keep, self.files = _lora_checkpoint(model, plan)
-        return Prepared(model=model, trained=self.params, optimizer_params=self.params, frozen=len(frozen), bf16=bf16, data_rank=world.rank, data_ranks=world.world_size)
+        return Prepared(model=model, trained=self.params, optimizer_params=self.params, frozen=len(frozen), bf16=bf16, data_rank=data_rank, data_ranks=data_ranks)
 
     def _shard(self, model: Any, shard_modules: list[Any], *, bf16: bool, offload: bool, replicate: int) -> Any:
         import torch
@@ -210,6 +214,17 @@ class FSDP2Backend:
 
         if self.own_group:
             dist.destroy_process_group()
+
+
+def _check_ulysses(ctx: "StageContext", recipe: "TrainRecipe", sequence: int) -> None:
+    """``parallel.ulysses`` > 1: what the split needs, refused in one line where it is missing."""
+    world, cfg = ctx.world, ctx.config.training
+    if world.world_size % sequence:
+        raise StageError(f"parallel.ulysses={sequence} does not divide the {world.world_size} processes")
+    if not recipe.ulysses:
+        raise StageError(f"parallel.ulysses: pack {ctx.pack!r} with training.method {cfg.method} does not split its sequences (the VLM kit's supervised fine-tuning does)")
+    if not cfg.packing:
+        raise StageError("parallel.ulysses splits packed rows: set training.packing: true")
 
 
 def _average(ema: "MovingAverage | None") -> dict[str, Any] | None:

@@ -162,6 +162,11 @@ class ParallelSection(Section):
         ge=1,
         description="HSDP: replicas of the model, each sharded over world / replicate processes (e.g. the number of nodes: shard within a node, replicate across); 1: shard over every process.",
     )
+    ulysses: int = Field(
+        1,
+        ge=1,
+        description="backend fsdp2, VLM-kit packs, training.packing: Ulysses sequence parallelism: groups of this many processes share each packed row, each running the text decoder on 1/ulysses of its tokens (an all-to-all over attention heads around attention); data-parallel replicas = processes / ulysses; the same losses.",
+    )
     tensor_parallel: int = Field(1, ge=1, description="backend megatron: tensor-parallel ranks each layer is split over (attention heads, MLP columns, the vocabulary).")
     pipeline_parallel: int = Field(
         1, ge=1, description="backend megatron: pipeline stages the layers are placed on (the vision tower on the first); data-parallel replicas = processes / (tensor_parallel x pipeline_parallel)."
@@ -304,6 +309,7 @@ class RunConfig(Section):
             "pipeline_parallel",
             "sequence_parallel",
             "virtual_pipeline",
+            "ulysses",
         ):
             # how the processes are started and meet, which node reads the slice, how the model is
             # split over them: not what the stage computes (a run resumes at another tensor/pipeline

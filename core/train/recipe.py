@@ -99,6 +99,9 @@ class TrainRecipe:
             frames): the samplers give the data-parallel ranks of a step alike tower work, and
             the ``tower_balance`` metric (the busiest rank's tower tokens over the ranks' mean)
             says how alike.
+        ulysses: the recipe splits its packed rows over ``parallel.ulysses`` ranks
+            (:mod:`mmcore.backends.ulysses`: its build_model, collate and loss do, as the VLM
+            kit's); the FSDP2 backend refuses ``parallel.ulysses`` > 1 for a recipe without.
     """
 
     # optional parts: None means the recipe does not use it
@@ -119,6 +122,7 @@ class TrainRecipe:
     sample_seeds: bool = False
     steps_per_rollout: int = 1
     method: str = "sft"
+    ulysses: bool = False
 
     _REQUIRED = ("build_model", "dataset", "collate", "loss")
 

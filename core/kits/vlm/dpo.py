@@ -32,6 +32,7 @@ class VLMDPORecipe(VLMRecipe):
 
     loss_unit = "pairs"
     method = "dpo"
+    ulysses = False  # pairs are padded rows, not split (parallel.ulysses: supervised fine-tuning)
 
     def __init__(self, family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
         from mmcore.train.preference import reference_mode

@@ -41,6 +41,7 @@ class VLMGRPORecipe(VLMRecipe):
     """The train engine's GRPO recipe of ``family`` on the prompts and references preprocess wrote."""
 
     method = "grpo"
+    ulysses = False  # rollouts are padded rows, not split (parallel.ulysses: supervised fine-tuning)
 
     def __init__(self, family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
         from transformers import AutoTokenizer

@@ -40,6 +40,8 @@ class VLMRecipe(TrainRecipe):
     """The train engine's SFT recipe of ``family``, for the run of ``ctx`` after ``upstream``
     (preprocess's dataset, convert's checkpoint, the extract stage's cache where it ran)."""
 
+    ulysses = True  # packed rows split over parallel.ulysses ranks (build_model, collate, loss)
+
     def __init__(self, family: "VLMFamily", ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
         from mmcore.data.shards import ShardDataset
 
@@ -49,6 +51,8 @@ class VLMRecipe(TrainRecipe):
         self.check(ShardDataset(self.dataset_dir).index, ctx, upstream)
         self.ids = family.token_ids(ShardDataset(self.dataset_dir))
         self.packing = ctx.config.training.packing
+        self.sequence = ctx.config.parallel.ulysses  # ranks sharing each packed row (parallel.ulysses)
+        self.sequence_rank = ctx.world.rank % self.sequence
         self.aux_coef = ctx.config.training.moe_aux_loss_coef
         self.freeze_groups = family.freeze_groups
         self.lora_targets = family.lora_targets
@@ -86,10 +90,26 @@ class VLMRecipe(TrainRecipe):
         if family.prepare_model is not None:
             family.prepare_model(ctx, model, upstream)
         if self.packing and family.packed_attention:
-            from mmcore.train.attention import use_packed_attention, varlen_attention
+            from mmcore.train.attention import packed_attention_forward, use_packed_attention, varlen_attention
 
-            use_packed_attention(model, ctx.kernel("varlen_attention") if ctx.plugins is not None else varlen_attention)
+            kernel = ctx.kernel("varlen_attention") if ctx.plugins is not None else varlen_attention
+            use_packed_attention(model, kernel)
+            if self.sequence > 1:
+                self.split_sequences(ctx, model, functools.partial(packed_attention_forward, kernel=kernel))
+        elif self.sequence > 1:
+            raise StageError(f"parallel.ulysses: pack {ctx.pack!r}'s decoder does not run packed attention (its mask is not causal), which the split needs")
         return model
+
+    def split_sequences(self, ctx: StageContext, model: Any, attention: Callable[..., Any]) -> None:
+        """``parallel.ulysses``: the text decoder runs on this rank's slice of each packed row,
+        ``attention`` on the whole row (:mod:`mmcore.backends.ulysses`)."""
+        from mmcore.backends.ulysses import SequenceGroup, use_ulysses
+
+        routed = self.family.router_aux_loss and getattr(model.config.get_text_config(), "router_aux_loss_coef", None)
+        if routed and self.aux_coef != 0:
+            raise StageError("parallel.ulysses does not yet split the routers' load-balancing loss: set training.moe_aux_loss_coef: 0")
+        self.sequence_group = SequenceGroup.create(ctx.world.rank, ctx.world.world_size, self.sequence)
+        use_ulysses(model, attention)
 
     def weights(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path:
         return upstream["convert"].output("checkpoint")
@@ -98,7 +118,7 @@ class VLMRecipe(TrainRecipe):
         return self.family.shard_modules(model)
 
     def flops(self, model: Any, batch: Batch) -> float:
-        return self.count_flops(model, batch)
+        return self.count_flops(model, batch) / self.sequence  # a sequence group shares the row's work
 
     # -- the data ------------------------------------------------------------------------------
 
@@ -116,15 +136,26 @@ class VLMRecipe(TrainRecipe):
         return self.kind(i)
 
     def collate(self, samples: list[dict[str, Any]]) -> Batch:
-        return self.family.collate(samples, self.ids, pack=self.packing)
+        if self.sequence == 1:
+            return self.family.collate(samples, self.ids, pack=self.packing)
+        from mmcore.backends.ulysses import pad_sample, shard_labels
+
+        pad = pad_sample(sum(len(s["input_ids"]) for s in samples), self.sequence, self.ids["pad_id"])
+        batch = self.family.collate([*samples, pad] if pad is not None else samples, self.ids, pack=True)
+        return shard_labels(batch, self.sequence_rank, self.sequence)
 
     def collate_filled(self, samples: list[dict[str, Any]], fillers: list[dict[str, Any]]) -> Batch:
         """A micro-batch with ``fillers`` appended to its last sample (:func:`with_tail`)."""
-        return self.family.collate(with_tail(samples, fillers), self.ids, pack=self.packing)
+        return self.collate(with_tail(samples, fillers))
 
     # -- the step and the held-out split -------------------------------------------------------
 
     def loss(self, model: Any, batch: Batch) -> Any:
+        if "shard_labels" in batch:  # parallel.ulysses: this rank's slice of the row
+            from mmcore.backends.ulysses import shard_loss_sum, sharded
+
+            with sharded(self.sequence_group):
+                return shard_loss_sum(self.family.forward_logits(model, batch), batch)
         return self.family.loss_sum(model, batch, self.aux_coef)
 
     def evaluate(self, ctx: StageContext, model: Any, step: int) -> dict[str, float]:

@@ -81,16 +81,23 @@ def test_without_isolation_the_samples_would_see_each_other(batch_parts) -> None
 
 @pytest.mark.compares_runs
 def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """training.max_tokens: rows filled to 512 tokens by the length-aware sampler, through the
-    varlen attention path; killed after step 2 and resumed, the losses equal the straight run's."""
+    """training.max_tokens: rows of mixed samples filled to 512 tokens by the length-aware
+    sampler, through the varlen attention path; killed after step 2 and resumed, the losses equal
+    the straight run's.
+    Ulysses sequence parallelism (parallel.ulysses=2 on 2 processes: one row, each rank's decoder
+    on half its tokens, samples crossing the halves' boundary) computes the same losses, and its
+    checkpoint, killed with kill -9, resumes on one process unsplit to the straight run's losses."""
     import json
+
+    from mmcore.testing.media import write_mixed_mllm
 
     args = [
         "--pack",
         "qwen2vl",
         "--preset",
         "tiny",
-        "data.demo_samples=40",
+        "--data",
+        str(write_mixed_mllm(tmp_path / "mixed", ("image", "video"))),  # text-only, image, two-image and video samples
         "convert.verify=false",
         "training.steps=4",
         "training.packing=true",
@@ -103,12 +110,26 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
         return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
     mm("run", *args, "--run-dir", "straight")
-    assert list(losses("straight")) == [1, 2, 3, 4]
+    straight = losses("straight")
+    assert list(straight) == [1, 2, 3, 4]
     assert mm("run", *args, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
     mm("run", *args, "--run-dir", "killed")
-    assert losses("killed") == losses("straight")
+    assert losses("killed") == straight
     refused = mm("train", *args[:-3], "training.max_tokens=512", "--run-dir", "straight", check=False)
     assert refused.returncode == 1 and "error: training.max_tokens fills packed rows to a token budget: set training.packing: true" in refused.stderr
+
+    split = ["--nproc-per-node", "2", "parallel.ulysses=2"]
+    assert mm("run", *args, "--run-dir", "ulysses", *split, check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
+    assert sorted(p.name for p in (tmp_path / "ulysses/train/checkpoints").glob("step-*"))[-1] == "step-00000002"
+    mm("run", *args, "--run-dir", "ulysses")  # one process, unsplit: the same FSDP checkpoint, the same sampler
+    ulysses = losses("ulysses")
+    assert list(ulysses) == [1, 2, 3, 4]
+    for step in straight:  # fp32; the split only changes the order of sums (measured ~1e-7 relative)
+        assert ulysses[step] == pytest.approx(straight[step], rel=1e-5), (step, straight, ulysses)
+    odd = mm("train", *args, "--run-dir", "ulysses", "--force", "parallel.ulysses=2", check=False)
+    assert odd.returncode == 1 and "error: parallel.ulysses=2 does not divide the 1 processes" in odd.stderr, odd.stderr[-800:]
+    unpacked = mm("train", *args[:-3], "--run-dir", "ulysses", "--force", "parallel.ulysses=2", "--nproc-per-node", "2", check=False)
+    assert unpacked.returncode == 1 and "error: parallel.ulysses splits packed rows: set training.packing: true" in unpacked.stderr, unpacked.stderr[-800:]
 
 
 @pytest.mark.compares_runs
