@@ -28,12 +28,15 @@ class Device:
     peak: float
     #: host <-> device bandwidth in bytes/s, for CPU offload's transfers (PCIe 5 x16 / HCCS host link)
     host_link: float = 50e9
+    #: device <-> device bandwidth within a node, bytes/s each way, for Ulysses' all-to-alls
+    #: (NVLink 4: 450 GB/s; NVLink 3: 300 GB/s; the 910B's HCCS: 196 GB/s, 7 links of 28, an assumption)
+    peer_link: float = 450e9
 
 
-def _device(name: str, reported: str, memory_gib: float, host_link: float = 50e9) -> Device:
+def _device(name: str, reported: str, memory_gib: float, host_link: float = 50e9, peer_link: float = 450e9) -> Device:
     peak = peak_of(reported)
     assert peak is not None, f"{reported} is not in mmcore.framework.accelerator.PEAK_BF16_FLOPS"
-    return Device(name, memory_gib * GIB, peak, host_link)
+    return Device(name, memory_gib * GIB, peak, host_link, peer_link)
 
 
 #: ``--device`` names -> devices; the second argument is the name torch reports, looked up in
@@ -41,8 +44,8 @@ def _device(name: str, reported: str, memory_gib: float, host_link: float = 50e9
 DEVICES: dict[str, Device] = {
     "h100": _device("H100 80GB", "NVIDIA H100 80GB HBM3", 79.6),
     "h200": _device("H200 141GB", "NVIDIA H200", 139.8),
-    "a100": _device("A100 80GB", "NVIDIA A100-SXM4-80GB", 79.2, host_link=25e9),
-    "910b": _device("Ascend 910B 64GB", "Ascend910B3", 64.0, host_link=25e9),
+    "a100": _device("A100 80GB", "NVIDIA A100-SXM4-80GB", 79.2, host_link=25e9, peer_link=300e9),
+    "910b": _device("Ascend 910B 64GB", "Ascend910B3", 64.0, host_link=25e9, peer_link=196e9),
 }
 
 

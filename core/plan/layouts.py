@@ -17,7 +17,10 @@ Memory per rank follows what mmcore's backends hold (their docstrings say so):
   the local weights. Activations: a pipeline's first stage holds ``pp``
   micro-batches of its ``layers / pp`` layers (1F1B), so all layers' worth; tensor parallel with
   sequence parallel divides them by ``tp``.
-* Ulysses sequence parallel (issue 46 part 1, not yet runnable): activations divided by ``sp``.
+* Ulysses sequence parallel (``parallel.ulysses``; the VLM kit's text decoder): activations
+  divided by ``sp`` (the towers, run whole on every rank of a group, are not in the formula);
+  the model state sharded over the sequence group's ranks too; its all-to-alls add
+  :func:`ulysses_bytes` over the device's ``peer_link`` to the step time.
 
 Every rank adds a fixed :data:`RUNTIME_BYTES` (CUDA/CANN context, NCCL/HCCL buffers, allocator
 fragmentation), an assumption, not a measurement.
@@ -53,7 +56,7 @@ ADAM_BYTES = 8
 class Layout:
     """One way to lay the model over the cluster."""
 
-    shard: int  # FSDP shard group size (the data-parallel ranks that split the model state)
+    shard: int  # data-parallel ranks of an FSDP shard group; with sp, shard x sp ranks split the model state
     replicate: int = 1  # HSDP replicas
     tp: int = 1
     pp: int = 1
@@ -66,7 +69,8 @@ class Layout:
         return "megatron" if self.tp * self.pp > 1 else "fsdp2"
 
     def name(self) -> str:
-        parts = [f"fsdp{self.shard}" if self.replicate == 1 else f"hsdp{self.replicate}x{self.shard}"] if self.backend == "fsdp2" else [f"dp{self.shard * self.replicate}"]
+        sharded = self.shard * self.sp  # a sequence group's ranks hold shards too (mmcore.backends.ulysses)
+        parts = [f"fsdp{sharded}" if self.replicate == 1 else f"hsdp{self.replicate}x{sharded}"] if self.backend == "fsdp2" else [f"dp{self.shard * self.replicate}"]
         parts += [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("sp", self.sp)) if v > 1]
         parts += ["recompute"] if self.recompute else []
         parts += ["offload"] if self.offload else []
@@ -113,7 +117,8 @@ def state_bytes(plan: Planned, layout: Layout) -> tuple[float, float, float]:
     if layout.backend == "megatron":
         local, trained = (whole + layers / (layout.tp * layout.pp) + rest / layout.tp for whole, layers, rest in (plan.megatron_split(), plan.megatron_split(True)))
     else:
-        local, trained = shard_elements(plan.model, layout.shard), shard_elements(plan.model, layout.shard, True)
+        shards = layout.shard * layout.sp
+        local, trained = shard_elements(plan.model, shards), shard_elements(plan.model, shards, True)
     return 4.0 * local, 4.0 * trained, float(ADAM_BYTES * trained)
 
 
@@ -143,6 +148,8 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
         host = weights + grads + optimizer
         seconds_extra = (2 * weights + grads) / device.host_link + 16 * grads / 4 / HOST_BANDWIDTH
         weights = grads = optimizer = 0.0
+    if layout.sp > 1:
+        seconds_extra += ulysses_bytes(plan, layout, micro_batch * accum, a) / device.peer_link
     flops = plan.flops(micro_batch) * accum / (layout.tp * layout.pp * layout.sp)
     compute = flops * (4 / 3 if layout.recompute else 1.0) / (device.peak * EFFICIENCY)
     bubble = 1 + (layout.pp - 1) / accum if layout.pp > 1 else 1.0
@@ -152,9 +159,19 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
     return Estimate(**{**est.__dict__, "fits": est.total <= device.memory})
 
 
+def ulysses_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
+    """Bytes one rank sends in a step's Ulysses all-to-alls, not overlapped with compute: per
+    layer and row, query, key, value and output at full width (an upper bound where key/value
+    have fewer heads) on its ``tokens / sp`` tokens, all but its own share of them, forward and
+    backward (and the forward again with recompute)."""
+    sp = layout.sp
+    passes = 3 if layout.recompute else 2
+    return rows * plan.shape.layers * 4 * plan.shape.hidden * plan.tokens / sp * a * (sp - 1) / sp * passes
+
+
 def runnable_in_mmcore(plan: Planned, layout: Layout) -> str:
-    if layout.sp > 1:
-        return "not yet runnable in mmcore (Ulysses SP: issue 46 part 1)"
+    if layout.sp > 1 and plan.kind != "vlm":
+        return "not yet runnable in mmcore (Ulysses SP splits the VLM kit's text decoder; DiT blocks: not yet)"
     if layout.backend == "megatron" and not plan.megatron:
         return "not yet runnable in mmcore (this pack has no megatron part for tensor / pipeline parallel)"
     if layout.backend == "megatron" and layout.offload:

@@ -114,6 +114,29 @@ def _batch(plan: Any, family: Any, rows: int, seq: int, generator: Any, clip: tu
     return batch, lambda model, b: diffusion_loss(FLOW_MATCHING, family.predict, model, b["latents"], b["text"], torch.zeros_like(b["text"][0]), training)
 
 
+def _split_row(model: Any, family: Any, seq: int, sequence: Any, generator: Any) -> tuple[dict[str, Any], Callable[[Any, dict[str, Any]], Any]]:
+    """``parallel.ulysses``: one packed text row of ``seq`` tokens (the same on every rank of the
+    group), the decoder split as the VLM kit's recipe splits it, and the loss of this rank's slice."""
+    import functools
+
+    import torch
+
+    from mmcore.backends.ulysses import shard_labels, shard_loss_sum, sharded, use_ulysses
+    from mmcore.train.attention import packed_attention_forward, use_packed_attention, varlen_attention
+
+    use_packed_attention(model, varlen_attention)
+    use_ulysses(model, functools.partial(packed_attention_forward, kernel=varlen_attention))
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (seq,), generator=generator)
+    no_media = {"pad_id": 0, **dict.fromkeys(family.tokens, -1)}  # text only: no id is a media placeholder
+    batch = shard_labels(family.collate([{"input_ids": ids, "labels": ids.clone()}], no_media, pack=True), sequence.rank, sequence.size)
+
+    def loss(model: Any, batch: dict[str, Any]) -> Any:
+        with sharded(sequence):
+            return shard_loss_sum(family.forward_logits(model, batch), batch)
+
+    return batch, loss
+
+
 def measure(
     pack: str,
     model_dir: str,
@@ -127,11 +150,13 @@ def measure(
     recompute: str = "none",
     freeze: Sequence[str] = (),
     bf16: bool = False,
+    ulysses: int = 1,
 ) -> dict[str, Any]:
     """One training step of ``pack``'s model on this process (of a torchrun world or alone):
     the measured figures beside the plan's for the same layout; fp32 as the engine runs on the
     CPU, or ``bf16`` (``training.precision: bf16``: FSDP2's mixed precision, one process sharding
-    over a group of its own, as the engine does)."""
+    over a group of its own, as the engine does); ``ulysses``: a VLM's packed row split over
+    sequence groups of that many processes (``parallel.ulysses``; ``rows`` is then 1)."""
     import torch
     import torch.distributed as dist
 
@@ -165,24 +190,31 @@ def measure(
     backend.world, backend.sharding, backend.device = SimpleNamespace(world_size=world), world > 1 or bf16, torch.device("cpu")
     model = backend._shard(model, blocks, bf16=bf16, offload=False, replicate=1)  # the engine's sharding
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], TrainingSection())
-    batch, loss_of = _batch(plan, family, rows, seq, torch.Generator().manual_seed(rank), (model_dir, frames, height, width, caption))
+    if ulysses > 1:
+        from mmcore.backends.ulysses import SequenceGroup
+
+        batch, loss_of = _split_row(model, family, seq, SequenceGroup.create(rank, world, ulysses), torch.Generator().manual_seed(rank // ulysses))
+    else:
+        batch, loss_of = _batch(plan, family, rows, seq, torch.Generator().manual_seed(rank), (model_dir, frames, height, width, caption))
     loss, activations = saved_activation_bytes(model, lambda: loss_of(model, batch), blocks if recompute != "none" else ())
     loss.backward()
     optimizer.step()
     params, grads, opt = state_bytes(model, optimizer)
     from mmcore.kits.diffusion.flops import denoiser_flops
 
-    engine_flops = (family.step_flops() if plan.kind == "vlm" else (family.flops or denoiser_flops)())(model, batch)  # as the recipes count
-    predicted = estimate(plan, Layout(shard=world, recompute=recompute != "none"), DEVICES["h100"], micro_batch=rows, global_batch=rows * world, bf16=bf16, runtime=0)
+    engine_flops = (family.step_flops() if plan.kind == "vlm" else (family.flops or denoiser_flops)())(model, batch) / ulysses  # as the recipes count
+    layout = Layout(shard=world // ulysses, sp=ulysses, recompute=recompute != "none")
+    predicted = estimate(plan, layout, DEVICES["h100"], micro_batch=rows, global_batch=rows * world // ulysses, bf16=bf16, runtime=0)
     return {
         "rank": rank,
         "world": world,
         "recompute": recompute,
         "bf16": bf16,
+        "ulysses": ulysses,
         "measured": {"weights": params, "grads": grads, "optimizer": opt, "activations": activations},
         "predicted": {"weights": predicted.weights, "grads": predicted.grads, "optimizer": predicted.optimizer, "activations": predicted.activations},
         "engine_flops": engine_flops,
-        "plan_flops": plan.flops(rows),
+        "plan_flops": plan.flops(rows) / ulysses,
     }
 
 
@@ -196,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--recompute", default="none", choices=["none", "full"])
     p.add_argument("--bf16", action="store_true", help="training.precision: bf16 (FSDP2 mixed precision)")
+    p.add_argument("--ulysses", type=int, default=1, help="parallel.ulysses: sequence groups of this many processes (a VLM's packed row)")
     p.add_argument("--freeze", action="append", default=[], help="training.freeze: a pack group or a glob (repeatable)")
     args = p.parse_args(argv)
     result = measure(
@@ -210,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         recompute=args.recompute,
         freeze=args.freeze,
         bf16=args.bf16,
+        ulysses=args.ulysses,
     )
     print(json.dumps(result), flush=True)
     import torch.distributed as dist

@@ -41,6 +41,7 @@ class Planned:
     groups: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     towers: tuple[str, ...] = ()  # module paths the megatron backend keeps whole (the VLM's encoders)
+    tokens: int = 0  # per row, the tokens a sequence split divides (decoder tokens, or DiT patch tokens)
 
     @property
     def parameters(self) -> int:
@@ -190,7 +191,7 @@ def _vlm(family: Any, folder: Path, seq: int, freeze: Sequence[str]) -> Planned:
 
     notes = [f"{seq} decoder tokens per row; the vision tower's activations are not in the figures (towers frozen, cached or small beside the decoder)"]
     blocks = family.shard_modules(model)
-    return Planned("vlm", model, blocks, shape, flops, activations, megatron_part_of(family) is not None, _groups(model, family.shard_layers), notes, tuple(family.towers))
+    return Planned("vlm", model, blocks, shape, flops, activations, megatron_part_of(family) is not None, _groups(model, family.shard_layers), notes, tuple(family.towers), seq)
 
 
 def latent_grid(folder: Path, frames: int, height: int, width: int) -> tuple[tuple[int, int, int], str]:
@@ -238,7 +239,7 @@ def _diffusion(family: Any, folder: Path, frames: int, height: int, width: int, 
 
     notes = [f"{frames} frames {height}x{width} -> latents {grid[0]}x{grid[1]}x{grid[2]} ({how}) -> {tokens} tokens; caption {caption} rows; VAE and text encoder cached (extract)"]
     blocks = blocks_at(model, family.shard_layers)
-    return Planned("diffusion", model, blocks, shape, flops, activations, False, _groups(model, family.shard_layers), notes)
+    return Planned("diffusion", model, blocks, shape, flops, activations, False, _groups(model, family.shard_layers), notes, tokens=tokens)
 
 
 __all__ = ["Planned", "family_of", "model_folder", "planned", "latent_grid"]
