@@ -57,7 +57,7 @@ def test_wan2_1_14b_720p_fits_8_h100() -> None:
 
 def test_layouts_not_yet_in_mmcore_are_marked() -> None:
     out = plan("--pack", "wan", "--model", str(FIXTURES / "wan2_1_t2v_14b"), "--frames", "81", "--height", "720", "--width", "1280", "--top", "40")
-    assert "not yet runnable in mmcore (Ulysses SP splits the VLM kit's text decoder; DiT blocks: not yet)" in out
+    assert "sp2 recompute" in out and "Ulysses" not in out  # diffusers' context-parallel plan for Wan: runnable
     assert "not yet runnable in mmcore (this pack has no megatron part" in out
 
 

@@ -222,9 +222,7 @@ def _check_ulysses(ctx: "StageContext", recipe: "TrainRecipe", sequence: int) ->
     if world.world_size % sequence:
         raise StageError(f"parallel.ulysses={sequence} does not divide the {world.world_size} processes")
     if not recipe.ulysses:
-        raise StageError(f"parallel.ulysses: pack {ctx.pack!r} with training.method {cfg.method} does not split its sequences (the VLM kit's supervised fine-tuning does)")
-    if not cfg.packing:
-        raise StageError("parallel.ulysses splits packed rows: set training.packing: true")
+        raise StageError(f"parallel.ulysses: pack {ctx.pack!r} with training.method {cfg.method} does not split its sequences (the VLM and diffusion kits' supervised fine-tuning do)")
 
 
 def _average(ema: "MovingAverage | None") -> dict[str, Any] | None:

@@ -203,4 +203,60 @@ def use_ulysses(model: Any, inner: Callable[..., Any], name: str = IMPLEMENTATIO
     return name
 
 
-__all__ = ["SequenceGroup", "sharded", "pad_sample", "shard_labels", "shard_loss_sum", "sequence_to_heads", "heads_to_sequence", "ulysses_attention_forward", "use_ulysses"]
+# --------------------------------------------------------------------------- diffusers' side
+
+
+def use_ulysses_denoiser(model: Any, world_rank: int, world_size: int, size: int, device: Any) -> None:
+    """Split a diffusers denoiser's tokens over sequence groups of ``size`` ranks with diffusers'
+    own context parallelism (the model class's ``_cp_plan``: its patch tokens and rotary tables
+    split after the embedding, the output gathered before unpatchifying; Ulysses all-to-alls in
+    the attention dispatch, whose SDPA backend has a backward). Every rank of a group then
+    computes the whole prediction, each from its tokens: see :func:`split_sum`.
+
+    diffusers resolves its device with ``torch.accelerator`` (none on a CPU), so the config is set
+    up here with the engine's device and a (data, ring, ulysses) mesh whose last two dimensions
+    are this rank's group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if getattr(model, "_cp_plan", None) is None:
+        raise ValueError(f"parallel.ulysses: {type(model).__name__} has no context-parallel plan in diffusers (its _cp_plan)")
+    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+
+    mesh = init_device_mesh(device.type, (world_size // size, 1, size), mesh_dim_names=("data", "ring", "ulysses"))["ring", "ulysses"]
+    config = ContextParallelConfig(ulysses_degree=size, mesh=mesh)
+
+    def resolve(requested: Any) -> Any:
+        resolved = ParallelConfig(context_parallel_config=requested)
+        resolved.setup(world_rank, world_size, device, mesh=mesh)
+        model._parallel_config = resolved
+        return resolved
+
+    model.set_attention_backend("native")
+    model._resolve_parallel_config = resolve  # this instance only
+    try:
+        model.enable_parallelism(config=config)
+    finally:
+        del model._resolve_parallel_config
+
+
+def split_sum(loss: Any, size: int) -> Any:
+    """A sequence group's share of a loss every rank of it computes whole: the value ``loss /
+    size`` (the group's values add up to the loss) with ``loss``'s own gradient, which on each
+    rank reaches the weights through its tokens only (diffusers' gather hands each rank its
+    part of the gradient): the group's gradients add up to the loss's."""
+    return loss - loss.detach() * (1 - 1 / size)
+
+
+__all__ = [
+    "SequenceGroup",
+    "sharded",
+    "pad_sample",
+    "shard_labels",
+    "shard_loss_sum",
+    "sequence_to_heads",
+    "heads_to_sequence",
+    "ulysses_attention_forward",
+    "use_ulysses",
+    "use_ulysses_denoiser",
+    "split_sum",
+]

@@ -165,7 +165,7 @@ class ParallelSection(Section):
     ulysses: int = Field(
         1,
         ge=1,
-        description="backend fsdp2, VLM-kit packs, training.packing: Ulysses sequence parallelism: groups of this many processes share each packed row, each running the text decoder on 1/ulysses of its tokens (an all-to-all over attention heads around attention); data-parallel replicas = processes / ulysses; the same losses.",
+        description="backend fsdp2, supervised fine-tuning: Ulysses sequence parallelism: groups of this many processes share each sample, each running the VLM's text decoder (with training.packing) or the diffusion transformer (a diffusers class with a context-parallel plan: Wan, FLUX) on 1/ulysses of its tokens, an all-to-all over attention heads around attention; data-parallel replicas = processes / ulysses; the same losses.",
     )
     tensor_parallel: int = Field(1, ge=1, description="backend megatron: tensor-parallel ranks each layer is split over (attention heads, MLP columns, the vocabulary).")
     pipeline_parallel: int = Field(

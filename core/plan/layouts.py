@@ -17,7 +17,8 @@ Memory per rank follows what mmcore's backends hold (their docstrings say so):
   the local weights. Activations: a pipeline's first stage holds ``pp``
   micro-batches of its ``layers / pp`` layers (1F1B), so all layers' worth; tensor parallel with
   sequence parallel divides them by ``tp``.
-* Ulysses sequence parallel (``parallel.ulysses``; the VLM kit's text decoder): activations
+* Ulysses sequence parallel (``parallel.ulysses``: the VLM kit's text decoder; a diffusers
+  denoiser with a context-parallel plan, e.g. Wan, FLUX): activations
   divided by ``sp`` (the towers, run whole on every rank of a group, are not in the formula);
   the model state sharded over the sequence group's ranks too; its all-to-alls add
   :func:`ulysses_bytes` over the device's ``peer_link`` to the step time.
@@ -170,8 +171,8 @@ def ulysses_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
 
 
 def runnable_in_mmcore(plan: Planned, layout: Layout) -> str:
-    if layout.sp > 1 and plan.kind != "vlm":
-        return "not yet runnable in mmcore (Ulysses SP splits the VLM kit's text decoder; DiT blocks: not yet)"
+    if layout.sp > 1 and plan.kind != "vlm" and getattr(plan.model, "_cp_plan", None) is None:
+        return f"not runnable in mmcore (Ulysses SP: diffusers has no context-parallel plan for {type(plan.model).__name__})"
     if layout.backend == "megatron" and not plan.megatron:
         return "not yet runnable in mmcore (this pack has no megatron part for tensor / pipeline parallel)"
     if layout.backend == "megatron" and layout.offload:

@@ -46,6 +46,7 @@ class DiffusionGRPORecipe(DiffusionRecipe):
     """The train engine's Flow-GRPO recipe of ``family``'s denoiser on the captions of ``data``."""
 
     method = "grpo"
+    ulysses = False  # rollouts sample whole (parallel.ulysses: supervised fine-tuning)
     loss_unit = "timesteps"
 
     def __init__(self, family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[str, Manifest], data: Any) -> None:

@@ -34,6 +34,7 @@ class DiffusionRecipe(TrainRecipe):
 
     loss_unit = "samples"
     sample_seeds = True  # 2 ranks draw what 1 does
+    ulysses = True  # the denoiser's tokens split over parallel.ulysses ranks (build_model, collate, loss)
 
     def __init__(self, family: "DiffusionFamily", ctx: StageContext, upstream: Mapping[str, Manifest], data: Any) -> None:
         super().__init__()
@@ -55,11 +56,21 @@ class DiffusionRecipe(TrainRecipe):
             self.objective = FlowMatching(levels)
         self.freeze_groups = family.freeze_groups
         self.step_flops = (family.flops or denoiser_flops)()
+        self.sequence = ctx.config.parallel.ulysses  # ranks sharing each sample's tokens
+        self.sequence_rank = ctx.world.rank % self.sequence
 
     # -- the model ---------------------------------------------------------------------------
 
     def build_model(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
-        return self.family.build_model(self.model_dir, subfolder=self.subfolder)
+        model = self.family.build_model(self.model_dir, subfolder=self.subfolder)
+        if self.sequence > 1:
+            from mmcore.backends.ulysses import use_ulysses_denoiser
+
+            try:
+                use_ulysses_denoiser(model, ctx.world.rank, ctx.world.world_size, self.sequence, ctx.accelerator.device(ctx.world.local_rank))
+            except ValueError as e:
+                raise StageError(str(e)) from None
+        return model
 
     def weights(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path:
         return upstream["convert"].output("checkpoint")
@@ -68,7 +79,7 @@ class DiffusionRecipe(TrainRecipe):
         return blocks_at(model, self.family.shard_layers)
 
     def flops(self, model: Any, batch: dict[str, Any]) -> float:
-        return self.step_flops(model, batch)
+        return self.step_flops(model, batch) / self.sequence  # a sequence group shares the sample's work
 
     # -- the data ----------------------------------------------------------------------------
 
@@ -76,7 +87,10 @@ class DiffusionRecipe(TrainRecipe):
         return self.train_samples
 
     def collate(self, samples: list[Any]) -> dict[str, Any]:
-        return collate(samples)
+        batch = collate(samples)
+        if self.sequence_rank:  # parallel.ulysses: the group's first rank counts its samples (split_sum)
+            batch["num_loss_tokens"] = 0
+        return batch
 
     def group_of(self, index: int) -> Any:
         return tuple(self.train.meta(index)["bucket"])  # latents of one micro-batch must stack
@@ -88,7 +102,12 @@ class DiffusionRecipe(TrainRecipe):
         each sample's draws from its ``sample_seeds``."""
         encode(batch, self.encoders, self.family.conditions)
         device = next(model.parameters()).device
-        return diffusion_loss(self.objective, self.conditioned(batch, device), model, batch["latents"].to(device), batch["text"].to(device), self.empty_text, self.cfg, batch.get("sample_seeds"))
+        loss = diffusion_loss(self.objective, self.conditioned(batch, device), model, batch["latents"].to(device), batch["text"].to(device), self.empty_text, self.cfg, batch.get("sample_seeds"))
+        if self.sequence > 1:
+            from mmcore.backends.ulysses import split_sum
+
+            return split_sum(loss, self.sequence)
+        return loss
 
     def conditioned(self, batch: dict[str, Any], device: Any, repeat: int = 1) -> Callable[..., Any]:
         """``predict`` with the batch's conditions bound (each sample's ``repeat`` times in a row)."""

@@ -96,6 +96,8 @@ class VLMRecipe(TrainRecipe):
             use_packed_attention(model, kernel)
             if self.sequence > 1:
                 self.split_sequences(ctx, model, functools.partial(packed_attention_forward, kernel=kernel))
+        elif self.sequence > 1 and not self.packing:
+            raise StageError("parallel.ulysses splits packed rows: set training.packing: true")
         elif self.sequence > 1:
             raise StageError(f"parallel.ulysses: pack {ctx.pack!r}'s decoder does not run packed attention (its mask is not causal), which the split needs")
         return model

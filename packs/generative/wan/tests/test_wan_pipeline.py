@@ -227,6 +227,41 @@ def test_two_process_fsdp2_matches_one_process(wan, tmp_path: Path) -> None:  # 
         torch.testing.assert_close(exported[1][name], one, rtol=0, atol=1e-5, msg=name)
 
 
+@pytest.mark.compares_runs
+def test_ulysses_sequence_parallel_matches_one_process_and_resumes_unsplit(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """parallel.ulysses=2 on two processes (diffusers' context-parallel plan for Wan: each rank's
+    DiT blocks on half the patch tokens, Ulysses all-to-alls around self-attention): the losses
+    and held-out metrics of one process, and its checkpoint, killed with kill -9, resumes on one
+    process unsplit to the same losses. fp32; the split changes the order of sums only (measured
+    ~1e-7 relative)."""
+    import json
+
+    args = [
+        *TINY,
+        "data.demo_samples=8",
+        "data.buckets=[[32,32,9]]",
+        "data.eval_fraction=0.25",
+        "training.steps=4",
+        "training.micro_batch_size=2",
+        "training.checkpoint_every=1",
+        "training.eval_every=2",
+        "evaluate.enabled=false",
+    ]
+
+    def metrics(run: str) -> dict[int, dict[str, float]]:
+        rows = [json.loads(line) for line in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: {k: v for k, v in r.items() if k == "loss" or k.startswith("eval/")} for r in rows if "loss" in r or "eval/loss" in r}
+
+    wan("run", *args, "--run-dir", "one")
+    assert wan("run", *args, "--run-dir", "split", "--nproc-per-node", "2", "parallel.ulysses=2", check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
+    wan("run", *args, "--run-dir", "split")  # one process, unsplit, from the step-2 checkpoint
+    one, split = metrics("one"), metrics("split")
+    assert sorted(one) == sorted(split) and "eval/loss" in one[2], (one, split)
+    for step, figures in one.items():
+        for name, value in figures.items():
+            assert split[step][name] == pytest.approx(value, rel=1e-5), (step, name, one, split)
+
+
 def test_wan22_trains_one_expert_and_exports_it_beside_the_other(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Wan2.2 A14B's layout (transformer above the boundary, transformer_2 below): a run trains
     the expert training.expert names on its noise levels; the export holds it and the other
