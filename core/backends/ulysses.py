@@ -122,22 +122,23 @@ def _all_to_all(x: Any, group: SequenceGroup) -> Any:
     return wait_tensor(all_to_all_single_autograd(x.contiguous(), None, None, group.group))
 
 
+def exchange(x: Any, group: SequenceGroup, split: int, join: int) -> Any:
+    """Chunk ``i`` of ``x`` along ``split`` goes to rank ``i``; what the group's ranks send this
+    one is joined along ``join``, in rank order."""
+    import torch
+
+    sent = torch.stack(x.chunk(group.size, dim=split))  # [rank it goes to, ...]
+    return torch.cat(_all_to_all(sent, group).unbind(0), dim=join)
+
+
 def sequence_to_heads(x: Any, group: SequenceGroup) -> Any:
     """[B, H, T/N, D] (this rank's tokens, every head) -> [B, H/N, T, D] (every token, its heads)."""
-    b, h, t, d = x.shape
-    n = group.size
-    sent = x.reshape(b, n, h // n, t, d).permute(1, 0, 2, 3, 4)
-    got = _all_to_all(sent, group)  # [source rank = token chunk, B, H/N, T/N, D]
-    return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * t, d)
+    return exchange(x, group, split=1, join=2)
 
 
 def heads_to_sequence(x: Any, group: SequenceGroup) -> Any:
     """[B, T, H/N, D] (every token, this rank's heads) -> [B, T/N, H, D] (its tokens, every head)."""
-    b, t, h, d = x.shape
-    n = group.size
-    sent = x.reshape(b, n, t // n, h, d).permute(1, 0, 2, 3, 4)
-    got = _all_to_all(sent, group)  # [source rank = head chunk, B, T/N, H/N, D]
-    return got.permute(1, 2, 0, 3, 4).reshape(b, t // n, n * h, d)
+    return exchange(x, group, split=1, join=2)
 
 
 def _gather_sequence(x: Any, group: SequenceGroup) -> Any:
