@@ -99,6 +99,21 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
         use_cached_vision(model)
 
 
+def side_files(model_dir: Path, out: Path) -> None:
+    """The folder's non-weight files, its config naming transformers' class: the released
+    config.json names Moonshot's remote-code class (``KimiK25ForConditionalGeneration`` and an
+    ``auto_map``), whose module an export does not carry; the weights are in the layout both read."""
+    import json
+
+    from mmcore.engines import copy_side_files
+
+    copy_side_files(model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config["architectures"] = ["Kimi_K25ForConditionalGeneration"]
+    config.pop("auto_map", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 class KimiK25Family(VLMFamily):
     """The kit's family, its adapter bound to the model folder's vision head count on export."""
 
@@ -128,4 +143,5 @@ FAMILY = KimiK25Family(
     preference_demo=write_shape_preferences,
     lora_targets=LORA_TARGETS,
     end_token="<|im_end|>",
+    side_files=side_files,
 )

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmcore.engines import FusedExpertsAdapter
-from mmcore.engines.state_dict import Recipe, TensorInfo
+from mmcore.engines import Recipe, TensorInfo
 
 VT = "model.vision_tower"
 BLOCK = r"^vision_tower\.encoder\.blocks\.(\d+)\."

@@ -126,6 +126,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = Kimi_K25ForConditionalGeneration(config)
     out.mkdir(parents=True, exist_ok=True)
+    config.architectures = ["Kimi_K25ForConditionalGeneration"]
     config.save_pretrained(out)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.save_pretrained(out)
@@ -138,6 +139,6 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
 
 
 def _info(tensor):  # type: ignore[no-untyped-def]
-    from mmcore.engines.state_dict import TensorInfo
+    from mmcore.engines import TensorInfo
 
     return TensorInfo(tuple(tensor.shape), tensor.dtype)
