@@ -29,3 +29,31 @@ def test_a_frozen_vision_tower_trains_from_the_cache(mm, tmp_path: Path) -> None
     extract = manifest(tmp_path / "r", "extract")
     assert extract["status"] == "finished" and extract["metrics"]["unique_media"] == 8, extract
     assert manifest(tmp_path / "r", "train")["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_dpo_on_the_preference_demo_starts_from_its_reference_and_trains(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """DPO through the kit on the pack's synthetic preference pairs (image questions, a right and
+    a wrong colour): at step 0 the policy is the reference (margin 0, accuracy 0.5), and it trains."""
+    import json
+
+    mm(
+        "run",
+        "--pack",
+        "kimi-k2.5",
+        "--preset",
+        "tiny",
+        "data.demo_samples=12",
+        "data.ranking=true",
+        "training.method=dpo",
+        "training.steps=3",
+        "training.eval_every=3",
+        "evaluate.enabled=false",
+        "--run-dir",
+        "r",
+    )
+    train = manifest(tmp_path / "r", "train")
+    assert train["status"] == "finished", train
+    assert train["metrics"]["eval/rewards/margin@0"] == 0.0 and train["metrics"]["eval/rewards/accuracy@0"] == 0.5, train["metrics"]
+    rows = [json.loads(x) for x in (tmp_path / "r/train/metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "loss" in r]) == 3

@@ -31,6 +31,7 @@ from mmcore.kits import VLMFamily
 
 from mm_pack_kimi_k25.names import RULES, KimiK25Names
 
+
 class KimiK25Config(RunConfig):
     data: MLLMDataSection = Field(default_factory=MLLMDataSection)
 
@@ -58,7 +59,12 @@ FREEZE_GROUPS = {
 # LoRA's default layers: the decoder's attention projections (MLA's low-rank ones too) and MLP
 # projections (the dense layer's, the shared experts'); not the router (``mlp.gate``) nor the
 # fused routed experts (3-D parameters).
-LORA_TARGETS = ("model.language_model.layers.*.self_attn.*_proj", "model.language_model.layers.*.self_attn.kv_a_proj_with_mqa", "model.language_model.layers.*.mlp.*_proj", "model.language_model.layers.*.mlp.shared_experts.*_proj")
+LORA_TARGETS = (
+    "model.language_model.layers.*.self_attn.*_proj",
+    "model.language_model.layers.*.self_attn.kv_a_proj_with_mqa",
+    "model.language_model.layers.*.mlp.*_proj",
+    "model.language_model.layers.*.mlp.shared_experts.*_proj",
+)
 
 
 def processor(model_dir: Path) -> Any:

@@ -37,7 +37,12 @@ RULES = [
     (BLOCK + r"wo\.", rf"{VT}.layers.\1.attn.proj.", LAYER + r"attn\.proj\.", r"vision_tower.encoder.blocks.\1.wo."),
     (r"^vision_tower\.encoder\.final_layernorm\.", f"{VT}.final_layernorm.", rf"^{VT}\.final_layernorm\.", "vision_tower.encoder.final_layernorm."),
     (r"^vision_tower\.(encoder\.)?patch_embed\.proj\.", f"{VT}.patch_embed.proj.", rf"^{VT}\.patch_embed\.proj\.", "vision_tower.patch_embed.proj."),
-    (r"^vision_tower\.patch_embed\.pos_emb\.weight$", f"{VT}.patch_embed.pos_emb.position_embeddings", rf"^{VT}\.patch_embed\.pos_emb\.position_embeddings$", "vision_tower.patch_embed.pos_emb.weight"),
+    (
+        r"^vision_tower\.patch_embed\.pos_emb\.weight$",
+        f"{VT}.patch_embed.pos_emb.position_embeddings",
+        rf"^{VT}\.patch_embed\.pos_emb\.position_embeddings$",
+        "vision_tower.patch_embed.pos_emb.weight",
+    ),
     (r"^(model\.)?mm_projector\.pre_norm\.", "model.mm_projector.pre_norm.", r"^model\.mm_projector\.pre_norm\.", "mm_projector.pre_norm."),
     (r"^mm_projector\.proj\.0\.", "model.mm_projector.in_proj.", r"^model\.mm_projector\.in_proj\.", "mm_projector.proj.0."),
     (r"^mm_projector\.proj\.2\.", "model.mm_projector.out_proj.", r"^model\.mm_projector\.out_proj\.", "mm_projector.proj.2."),

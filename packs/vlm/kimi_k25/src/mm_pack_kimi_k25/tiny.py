@@ -99,7 +99,10 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
         eos_token_id=tokenizer.convert_tokens_to_ids(END),
         pad_token_id=tokenizer.pad_token_id,
     )
-    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (("image_token_id", IMAGE), ("video_token_id", VIDEO), ("vision_start_token_id", "<|media_begin|>"), ("vision_end_token_id", "<|media_end|>"))}
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(token)
+        for name, token in (("image_token_id", IMAGE), ("video_token_id", VIDEO), ("vision_start_token_id", "<|media_begin|>"), ("vision_end_token_id", "<|media_end|>"))
+    }
     return Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=p["vision"], tie_word_embeddings=False, **ids)
 
 
@@ -131,7 +134,10 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.save_pretrained(out)
     state = model.state_dict()
-    hub = {key: recipe.combine(*(state[s] for s in recipe.sources)) if recipe.combine else state[recipe.sources[0]] for key, recipe in adapter_for(config).to_hf({k: _info(v) for k, v in state.items()}).items()}
+    hub = {
+        key: recipe.combine(*(state[s] for s in recipe.sources)) if recipe.combine else state[recipe.sources[0]]
+        for key, recipe in adapter_for(config).to_hf({k: _info(v) for k, v in state.items()}).items()
+    }
     save_file({k: v.contiguous() for k, v in hub.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
     image_processor(preset).save_pretrained(out)
