@@ -43,9 +43,7 @@ ADAPTER = KimiK25Names(rules=RULES, per_expert=True)
 def adapter_for(config_or_dir: Any) -> KimiK25Names:
     """The adapter for a model folder or config: the vision tower's head count bound."""
     if isinstance(config_or_dir, (str, Path)):
-        from transformers import AutoConfig
-
-        config_or_dir = AutoConfig.from_pretrained(config_or_dir)
+        config_or_dir = FAMILY.config(Path(config_or_dir))
     return dataclasses.replace(ADAPTER, vision_heads=config_or_dir.vision_config.num_attention_heads)
 
 

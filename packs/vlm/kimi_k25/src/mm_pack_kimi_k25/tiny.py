@@ -54,7 +54,7 @@ CORPUS = [
 # (released: 512); max_patches: the patch budget of an image (released: 16384).
 PRESETS = {
     "tiny": {"hidden": 64, "layers": 2, "heads": 4, "vision": 32, "vision_layers": 2, "patch": 4, "side": 16, "max_patches": 160},
-    "demo": {"hidden": 96, "layers": 2, "heads": 4, "vision": 32, "vision_layers": 2, "patch": 8, "side": 16, "max_patches": 256},
+    "demo": {"hidden": 96, "layers": 2, "heads": 4, "vision": 64, "vision_layers": 2, "patch": 14, "side": 16, "max_patches": 256},
 }
 
 
