@@ -32,6 +32,7 @@ def test_a_frozen_vision_tower_trains_from_the_cache(mm, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # the kit's DPO path runs in make test for qwen2vl; this pack's pairs run in make test-matrix
 def test_dpo_on_the_preference_demo_starts_from_its_reference_and_trains(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """DPO through the kit on the pack's synthetic preference pairs (image questions, a right and
     a wrong colour): at step 0 the policy is the reference (margin 0, accuracy 0.5), and it trains."""
