@@ -1,0 +1,87 @@
+"""Training for real: packed == padded, the export in transformers' class, the demo learning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmcore.data import Sample, Turn
+from mmcore.testing import stage_manifest as manifest
+from mm_pack_funasr.config import FunAsrData
+from mm_pack_funasr.data import Encoder
+from mm_pack_funasr.demo import digits_clip
+from mm_pack_funasr.family import FAMILY, feature_settings
+
+
+@pytest.mark.compares_runs
+@pytest.mark.isa_sample
+def test_packed_batch_equals_padded_and_each_alone(tiny_funasr: Path, tmp_path: Path) -> None:
+    """One packed row of clips of different lengths, two clips in one conversation and a
+    text-only sample: the same summed loss as padded rows and as each sample alone."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from mmcore.data import write_audio
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_funasr)
+    encoder = Encoder(tokenizer, feature_settings(tiny_funasr), FunAsrData(), max_rows=2048)
+    clips = []
+    for i, digits in enumerate([[1], [2, 3, 4, 5], [6, 7]]):
+        clips.append(write_audio(tmp_path / f"{i}.wav", digits_clip(digits, np.random.default_rng(i)), 16000))
+    conversations = [
+        Sample("x", 0, [Turn("user", "<audio>"), Turn("assistant", "one")], {"audios": [clips[0]]}),
+        Sample("x", 1, [Turn("user", "<audio>"), Turn("assistant", "two three four five"), Turn("user", "<audio>"), Turn("assistant", "six seven")], {"audios": clips[1:]}),
+        Sample("x", 2, [Turn("user", "Say hi."), Turn("assistant", "hi")], {}),
+    ]
+    samples = []
+    for item in conversations:
+        enc = encoder.encode(item)
+        samples.append({"input_ids": torch.tensor(enc.input_ids), "labels": torch.tensor(enc.labels), **enc.tensors})
+    ids = FAMILY.token_ids_of(tokenizer)
+    model = FAMILY.build_model(tiny_funasr).eval()
+    with torch.no_grad():
+        padded = FAMILY.loss_sum(model, FAMILY.collate(samples, ids))
+        packed = FAMILY.loss_sum(model, FAMILY.collate(samples, ids, pack=True))
+        alone = sum(FAMILY.loss_sum(model, FAMILY.collate([s], ids)) for s in samples)
+    assert FAMILY.collate(samples, ids, pack=True)["input_ids"].shape[0] == 1
+    assert packed.item() == pytest.approx(padded.item(), rel=1e-5)
+    assert packed.item() == pytest.approx(alone.item(), rel=1e-5)
+
+
+def test_hub_layout_with_a_stored_lm_head_converts_and_exports(funasr, tiny_funasr: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """transformers' conversion script stores ``lm_head.weight`` beside the tied embedding: it
+    is read as the embedding's, the rest round-trips bit-identically, and the export loads in
+    ``FunAsrNanoForConditionalGeneration`` with the trained model's logits."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import FunAsrNanoForConditionalGeneration
+
+    hub = tmp_path / "hub"
+    shutil.copytree(tiny_funasr, hub)
+    weights = load_file(str(hub / "model.safetensors"))
+    assert "lm_head.weight" not in weights and any(k.startswith("model.audio_tower.layers.0.self_attn.fsmn.conv") for k in weights)
+    weights["lm_head.weight"] = weights["model.language_model.embed_tokens.weight"].clone()
+    save_file(weights, str(hub / "model.safetensors"))
+    proc = funasr("run", "--pack", "funasr", "--preset", "tiny", "--model", str(hub), "--run-dir", "r", "convert.verify=true", "training.steps=1", "evaluate.enabled=false")
+    assert "bit-identical" in proc.stdout
+    assert manifest(tmp_path / "r", "convert")["metrics"]["tensors"] == len(weights) - 1
+    assert manifest(tmp_path / "r", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+    FunAsrNanoForConditionalGeneration.from_pretrained(tmp_path / "r/export/hf")
+
+
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # the whole demo: tools/demo_matrix.py holds its promise over seeds
+def test_the_demo_learns_to_transcribe_spoken_digits(funasr, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The demo preset as `mmcore run --pack funasr` runs it."""
+    from mmcore.testing import infer_answers_held_out
+
+    funasr("run", "--pack", "funasr", "--run-dir", "demo")
+    train = manifest(tmp_path / "demo", "train")["metrics"]
+    assert train["eval/accuracy@0"] == 0.0
+    evaluate = manifest(tmp_path / "demo", "evaluate")["metrics"]  # greedy generate() on the export, KV cache
+    assert evaluate["wer"] <= 0.1, evaluate
+    assert manifest(tmp_path / "demo", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+    infer_answers_held_out(funasr, tmp_path, count=4, checkpoints=("export",))
