@@ -25,7 +25,7 @@ CORPUS = [
 
 PRESETS = {
     "tiny": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "audio_dim": 32, "audio_layers": 2, "adaptor_layers": 1},
-    "demo": {"hidden": 96, "layers": 2, "heads": 4, "kv_heads": 2, "audio_dim": 64, "audio_layers": 3, "adaptor_layers": 1},
+    "demo": {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "audio_dim": 96, "audio_layers": 3, "adaptor_layers": 1},
 }
 
 
