@@ -86,6 +86,16 @@ def test_answer_metrics() -> None:
     assert char_errors("seven one", "seven on") == (1, 9)
 
 
+def test_the_vlm_kits_error_rates_are_corpus_wide() -> None:
+    """A speech recognition family's evaluate (``VLMFamily.error_rates``): errors per item,
+    WER and CER over all reference words and characters, not a mean of per-item rates."""
+    from mmcore.kits.vlm.generation import error_rates
+
+    rows = [{"reference": "seven one zero", "prediction": "seven zero"}, {"reference": "Two.", "prediction": "two"}]
+    assert error_rates(rows) == {"wer": pytest.approx(1 / 4), "cer": pytest.approx(4 / 17)}
+    assert (rows[0]["word_errors"], rows[0]["words"], rows[1]["word_errors"], rows[1]["chars"]) == (1, 3, 0, 3)
+
+
 def tiny_lm() -> tuple:  # type: ignore[type-arg]
     """A tiny random GPT-2 (decisive logits: init range 0.5), six prompts of different lengths,
     and ``batch_size, options -> tokens`` through :func:`generate_tokens`."""

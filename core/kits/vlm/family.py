@@ -86,6 +86,8 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
             config's): after the engine divides by the step's loss tokens it weighs as in
             transformers' own loss. Like transformers' and Megatron's, the loss is computed per
             micro-batch, so it depends on how samples are cut into micro-batches. False leaves it out.
+        error_rates: evaluate also scores each answer as a transcript: word and character
+            errors per item and the corpus ``wer`` and ``cer`` (a speech recognition family).
         batch_apart: sample fields (``pixel_values_videos``) whose presence keeps samples in
             their own micro-batches and generation batches: for a model that cannot take the
             kinds in one forward (GLM-4V writes images and video frames with one token).
@@ -118,6 +120,7 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
     preference_demo: Any = None
     router_aux_loss: bool = True
     batch_apart: Sequence[str] = ()
+    error_rates: bool = False
     parallel_map: Callable[[Path], Any] | None = None  # deprecated: MegatronTable
     megatron: Callable[[Path], Any] | None = None  # deprecated: MegatronPart
 

@@ -161,18 +161,20 @@ class VLMGeneration:
             "accuracy": sum(r["exact_match"] for r in rows) / n,
             "token_f1": sum(r["token_f1"] for r in rows) / n,
             "token_accuracy": sum(r["token_match"] for r in rows) / n,
+            **(error_rates(rows) if self.error_rates else {}),
         }
         write_results(
             ctx.stage_dir,
             rows,
             metrics,
             title=f"{ctx.pack}: greedy answers of the export {folder.name}/ to the held-out prompts",
-            columns=("item", "prompt", "reference", "prediction", "exact_match", "token_f1"),
+            columns=("item", "prompt", "reference", "prediction", "exact_match", "token_f1", *(("word_errors", "words") if self.error_rates else ())),
             ctx=ctx,
         )
+        rates = f", WER {metrics['wer']:.1%}, CER {metrics['cer']:.1%}" if self.error_rates else ""
         note = (
             f"{n} held-out item(s), greedy generate() on the export: accuracy {metrics['accuracy']:.1%} "
-            f"(exact tokens {metrics['token_accuracy']:.1%}), token F1 {metrics['token_f1']:.3f}; report in {ctx.stage_dir / 'report.html'}"
+            f"(exact tokens {metrics['token_accuracy']:.1%}), token F1 {metrics['token_f1']:.3f}{rates}; report in {ctx.stage_dir / 'report.html'}"
         )
         return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])
 
@@ -201,6 +203,19 @@ class VLMGeneration:
         return read_held_out(ctx, lambda path: held_out_records(path, ctx.config.data), encode, (MediaError, ValueError))
 
 
+def error_rates(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Adds each row's word and character errors (case-folded words without punctuation,
+    :func:`mmcore.engines.evaluation.word_errors`) and returns the corpus ``wer`` and ``cer``."""
+    from mmcore.engines.evaluation import char_errors, word_errors
+
+    totals = [0, 0, 0, 0]
+    for row in rows:
+        (w, words), (c, chars) = word_errors(row["reference"], row["prediction"]), char_errors(row["reference"], row["prediction"])
+        row.update(word_errors=w, words=words, char_errors=c, chars=chars)
+        totals = [t + v for t, v in zip(totals, (w, words, c, chars))]
+    return {"wer": totals[0] / max(totals[1], 1), "cer": totals[2] / max(totals[3], 1)}
+
+
 def held_out_records(path: Path, section: Any) -> Any:
     """The raw items of one dataset file as the run read them: samples, or with ``data.ranking``
     each preference pair's prompt and chosen answer (what evaluate scores of a DPO run)."""
@@ -219,4 +234,4 @@ def torch_tensor(values: list[int]) -> Any:
     return torch.tensor(values, dtype=torch.long)
 
 
-__all__ = ["VLMGeneration", "held_out_records", "torch_tensor"]
+__all__ = ["VLMGeneration", "error_rates", "held_out_records", "torch_tensor"]
