@@ -122,7 +122,8 @@ def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest
 
 
 def image_patches(batch: dict[str, Any]) -> float:
-    """Patches through the understanding tower."""
+    """Patches through the understanding tower, counted in the released model's 16-pixel patches
+    (the tiny presets' 8-pixel ones make this a relative measure there)."""
     pixels = batch.get("pixel_values")
     return 0.0 if pixels is None else float(pixels.shape[0] * (pixels.shape[-1] // 16) * (pixels.shape[-2] // 16))
 

@@ -105,7 +105,8 @@ class JanusEncoder(ChatTemplateEncoder):
         return list(self.tok(text + self.boi, add_special_tokens=False)["input_ids"])
 
     def truncate(self, enc: Any, limit: int) -> Any:
-        if len(enc.input_ids) > limit and any(i >= self.vq.vocab for i in enc.input_ids[limit:] if self._vq is not None):
+        cut = enc.input_ids[limit:]
+        if self._vq is not None and any(i >= self._vq.vocab for i in cut):  # only a generation sample loaded the VQ model
             return f"{len(enc.input_ids)} tokens, and cutoff_len={limit} would cut through the target picture's image tokens"
         return super().truncate(enc, limit)
 
