@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from mmcore.testing import stage_manifest as manifest
@@ -49,3 +50,23 @@ def test_the_generation_head_learns_and_infer_and_evaluate_draw_pictures(mm, tmp
     out = mm("infer", "--run-dir", "r", "--prompt", "a red square", "generation.output=image")
     path = Path(out.stdout.strip().removeprefix("image: "))
     assert path.suffix == ".png" and Image.open(path).size == (32, 32) and Image.open(path).mode == "RGB", out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # two processes: make test-matrix
+@pytest.mark.compares_runs
+def test_pictures_questions_and_text_mixed_across_two_processes_train_as_one(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Real data mixes text-to-image samples with image questions and text: on two processes
+    (micro-batches of 1) the ranks' steps differ in kind -- one runs the generation head, the
+    other the vision tower or neither -- yet both train, to the one-process losses (rel 1e-4)."""
+    from mmcore.testing.media import write_mixed_mllm
+
+    data = write_mixed_mllm(tmp_path / "data", ("image",))
+    write_pictures(tmp_path / "data")
+    records = json.loads(data.read_text()) + json.loads((tmp_path / "data/pictures.json").read_text())[:5]
+    data.write_text(json.dumps(records))
+    common = ("--preset", "tiny", f"data.datasets=[{data}]", "data.demo_samples=0", "training.steps=4", "training.balance_towers=false", "training.eval_every=0", "evaluate.enabled=false")
+    mm("run", "--pack", "janus", *common, "training.micro_batch_size=2", "--run-dir", "one")
+    mm("run", "--pack", "janus", *common, "training.micro_batch_size=1", "--nproc-per-node", "2", "--run-dir", "two")
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert list(one) == list(two) == [1, 2, 3, 4] and all(abs(two[s] - one[s]) <= 1e-4 * abs(one[s]) for s in one), (one, two)

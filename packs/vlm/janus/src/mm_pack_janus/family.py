@@ -115,6 +115,12 @@ def encoder(ctx: StageContext, model_dir: Path, tokenizer: Any) -> Any:
 
 
 def prepare_model(ctx: StageContext, model: Any, upstream: Mapping[str, Manifest]) -> None:
+    from mmcore.data import ShardDataset
+
+    data = ShardDataset(upstream["preprocess"].output("dataset"))
+    # data with pictures to generate: every step runs the generation path (times zero where its
+    # batch has none), so all ranks give the same parameters gradients (mm_pack_janus.images.both_heads)
+    model.janus_both_heads = any("image_tokens" in data.meta(i).get("media", ()) for i in range(len(data)))
     if "extract" in upstream:
         from mm_pack_janus.extract import use_cached_vision
 

@@ -96,7 +96,9 @@ class JanusEncoder(ChatTemplateEncoder):
             raise ChatTemplateError("a Janus generation sample has one picture, the assistant's whole last turn (<image>), and no image in the prompt")
         ids = self.prompt_ids(sample.turns[:-1])
         codes = [self.vq.vocab + c for c in self.vq.codes(pictures[0])]
-        return Encoded(ids + codes, [IGNORE] * len(ids) + codes, {})
+        # image_tokens: how many (a field the model does not take: the dataset index then says
+        # which samples are pictures without reading them, see mm_pack_janus.family.prepare_model)
+        return Encoded(ids + codes, [IGNORE] * len(ids) + codes, {"image_tokens": [[len(codes)]]})
 
     def prompt_ids(self, turns: Any) -> list[int]:
         """JanusProcessor's image-mode prompt: the conversation, the generation prompt, ``<begin_of_image>``."""
@@ -111,6 +113,47 @@ class JanusEncoder(ChatTemplateEncoder):
         return super().truncate(enc, limit)
 
 
+def both_heads(model: Any) -> None:
+    """Hooks on the decoder (once per model) that, for a call :meth:`JanusFamily.forward_logits`
+    describes in ``model.janus_call``, put the generation embeddings of the image ids in place
+    of their input embeddings and run the generation head on the decoder's output. They run
+    inside the model's own forward, where FSDP2 has gathered the root's parameters (the
+    embeddings, aligners and heads are the root's). ``touch`` (a batch without image tokens, in
+    a run whose data has some) adds the generation path times zero, so every rank's step gives
+    the same parameters gradients whatever its batch holds."""
+    import torch
+
+    if getattr(model, "janus_hooked", False):
+        return
+
+    def before(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        model = module.janus_root[0]
+        call = getattr(model, "janus_call", None)
+        if call is not None and call["image"] is not None:
+            embeds = kwargs["inputs_embeds"]
+            generated = model.prepare_embeddings_for_image_generation(call["codes"]).to(embeds.dtype)
+            kwargs["inputs_embeds"] = torch.where(call["image"][..., None], generated, embeds)
+        return args, kwargs
+
+    def after(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> Any:
+        model = module.janus_root[0]
+        call = getattr(model, "janus_call", None)
+        if call is None:
+            return output
+        if call["image"] is not None:
+            call["image_logits"] = model.model.generation_head(output.last_hidden_state)
+        elif call["touch"]:
+            unused = model.model.generation_head(model.prepare_embeddings_for_image_generation(call["codes"][:1, :1] * 0))
+            output.last_hidden_state = output.last_hidden_state + 0.0 * unused.sum().to(output.last_hidden_state.dtype)
+        return output
+
+    decoder = model.model.language_model
+    decoder.janus_root = [model]  # not a submodule; a copy of the model (deepcopy) gets its own
+    decoder.register_forward_pre_hook(before, with_kwargs=True)
+    decoder.register_forward_hook(after, with_kwargs=True)
+    model.janus_hooked = True
+
+
 def has_image_tokens(sample: dict[str, Any], vocab: int) -> bool:
     """Whether a stored sample is a generation sample: its labels hold image tokens (past the text vocabulary)."""
     return bool((sample["labels"] >= vocab).any())
@@ -120,29 +163,26 @@ class JanusFamily(VLMFamily):
     """The VLM kit's family with Janus's generation head beside the text head."""
 
     def forward_logits(self, model: Any, batch: dict[str, Any]) -> Any:
+        import torch
+
         vocab = model.config.text_config.vocab_size
         ids = batch["input_ids"]
         image = ids >= vocab
-        if not bool(image.any()):
-            return super().forward_logits(model, batch)
-        import torch
-
-        from mmcore.kits import restarting_positions
-
-        embeds = model.get_input_embeddings()(ids.masked_fill(image, 0))
-        generated = model.prepare_embeddings_for_image_generation((ids - vocab).clamp(min=0))
-        embeds = torch.where(image[..., None], generated.to(embeds.dtype), embeds)
-        if batch.get("pixel_values") is not None:
-            features = model.model.get_image_features(batch["pixel_values"].to(embeds.dtype), return_dict=True).pooler_output
-            slots = (ids == model.config.image_token_id)[..., None].expand_as(embeds)
-            embeds = embeds.masked_scatter(slots, features.reshape(-1, embeds.shape[-1]).to(embeds.dtype))
-        inputs: dict[str, Any] = {"inputs_embeds": embeds, "attention_mask": batch.get("attention_mask")}
-        if "segments" in batch:
-            inputs["position_ids"] = (self.packed_positions or restarting_positions)(model, batch)
-        hidden = model.model(**inputs, use_cache=False).last_hidden_state
-        text, codes = model.lm_head(hidden).float(), model.model.generation_head(hidden).float()
+        touch = model.training and torch.is_grad_enabled() and getattr(model, "janus_both_heads", False)
+        if not bool(image.any()) and not touch:
+            return super().forward_logits(model, batch)  # the model's own forward, untouched
+        both_heads(model)
+        model.janus_call = {"image": image if bool(image.any()) else None, "codes": (ids - vocab).clamp(min=0), "touch": touch}
+        try:
+            text = super().forward_logits(model, dict(batch, input_ids=ids.masked_fill(image, 0)))
+            call = model.janus_call
+        finally:
+            model.janus_call = None
+        if call["image"] is None:
+            return text
         next_is_image = torch.zeros_like(image)
         next_is_image[:, :-1] = image[:, 1:]
+        codes = call["image_logits"].to(text.dtype)
         return torch.cat([text.masked_fill(next_is_image[..., None], NEVER), codes.masked_fill(~next_is_image[..., None], NEVER)], dim=-1)
 
     def held_out(self, ctx: Any, upstream: Any) -> tuple[list[tuple[str, dict[str, Any]]], int]:
