@@ -49,6 +49,7 @@ PROMISES = {
     "qwen3_5": ("eval/accuracy", "max", 1.0),
     "deepseek-ocr2": ("eval/accuracy", "max", 1.0),
     "kimi-k2.5": ("eval/accuracy", "max", 1.0),
+    "janus": ("eval/accuracy", "max", 1.0),
     "internvl": ("eval/accuracy", "max", 1.0),
     "glm4v": ("eval/accuracy", "max", 1.0),
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),
