@@ -216,5 +216,5 @@ def test_training_grpo_lr_holds_from_the_first_rollout_and_the_schedule_runs_bef
     scheduled, base = run_schedule(cfg, planned), lr_lambda(cfg.lr_schedule, cfg.warmup_steps, planned, cfg.min_lr_ratio)
     assert [scheduled(s) for s in range(switch)] == [base(s) for s in range(switch)]
     assert [scheduled(s) * cfg.lr for s in range(switch, planned)] == [pytest.approx(5e-4)] * (planned - switch)
-    unset = make_config(plugins, "flux", preset="grpo").training
+    unset = make_config(plugins, "flux", preset="grpo", overrides=["training.grpo.lr=null"]).training
     assert [run_schedule(unset, planned)(s) for s in range(planned)] == [base(s) for s in range(planned)]
