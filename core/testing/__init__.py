@@ -70,6 +70,18 @@ def make_runner(plugins: Plugins, pack: str, run_dir: str | Path, **config_kw: A
     return Runner(plugins, pack, config, rd)
 
 
+def preprocessed(pack: str, run_dir: Path, data_file: Path, *, preset: str = "tiny") -> Any:
+    """``data_file`` as the user's dataset of ``pack`` (its ``preset``), through download,
+    convert and preprocess in ``run_dir``, in process; returns the preprocessed
+    :class:`~mmcore.data.ShardDataset`."""
+    from mmcore.data import ShardDataset
+
+    runner = make_runner(Plugins.load(), pack, run_dir, preset=preset, overrides=[f"data.datasets=[{data_file}]"])
+    for stage in ("download", "convert", "preprocess"):
+        runner.run_stage(stage)
+    return ShardDataset(Path(run_dir) / "preprocess/dataset")
+
+
 class StageCLI:
     """Runs ``python -m mmcore ARGS`` in ``cwd`` as a user would; raises with both streams on failure.
 
@@ -239,7 +251,7 @@ def infer_answers_held_out(cli: Any, run_root: Path, run_dir: str = "demo", coun
         assert [a["text"] for a in answers] == [r["messages"][1]["content"] for r in held_out], which
 
 
-__all__ = ["train_losses", "stage_manifest", "two_processes_match_one", "infer_answers_held_out", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]
+__all__ = ["preprocessed", "train_losses", "stage_manifest", "two_processes_match_one", "infer_answers_held_out", "plugins_with", "make_config", "make_runner", "StageCLI", "run_nodes"]
 
 
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)

@@ -140,3 +140,41 @@ def write_mixed_mllm(root: Path, kinds: tuple[str, ...] = ("image",), each: int 
         records.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": name}], **record})
     (root / "data.json").write_text(json.dumps(records))
     return root / "data.json"
+
+
+def write_noise(path: Path, size: tuple[int, int], seed: int) -> None:
+    """A random-pixel RGB picture of ``size`` (width, height): no two patches alike, so a
+    vision tower's features differ everywhere (a flat colour would hide mixed-up patches)."""
+    import numpy as np
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+
+
+def write_wild_image_mllm(root: Path, *extra: dict[str, Any]) -> Path:
+    """LLaMA-Factory's MLLM JSON for image-only families as written in the wild, media under
+    ``root`` and paths relative to the file: a multi-turn sample with two images (a wide
+    220x120 and a small 64x40), a text-only sample with a system prompt, a one-image sample,
+    another text-only sample, then ``extra`` records as given. Returns the JSON file."""
+    import json
+
+    write_noise(root / "imgs/page.png", (220, 120), 3)
+    write_noise(root / "imgs/word.jpg", (64, 40), 4)
+    records = [
+        {
+            "messages": [
+                {"role": "user", "content": "<image>What colour is the square?"},
+                {"role": "assistant", "content": "red"},
+                {"role": "user", "content": "And <image>?"},
+                {"role": "assistant", "content": "blue"},
+            ],
+            "images": ["imgs/page.png", "imgs/word.jpg"],
+        },
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
+        {"messages": [{"role": "user", "content": "<image>Describe the image."}, {"role": "assistant", "content": "green"}], "images": ["imgs/word.jpg"]},
+        {"messages": [{"role": "user", "content": "What colour is the square?"}, {"role": "assistant", "content": "yellow"}]},
+        *extra,
+    ]
+    (root / "data.json").write_text(json.dumps(records))
+    return root / "data.json"

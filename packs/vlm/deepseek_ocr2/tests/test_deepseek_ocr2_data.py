@@ -4,13 +4,15 @@ and the tiles of its crop mode), through the tokenizer's chat template; LLaMA-Fa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mmcore.data import Sample, Turn
+from mmcore.testing import preprocessed
+from mmcore.testing.media import write_noise, write_wild_image_mllm
+from mmcore.testing.packing import encoded
 from mm_pack_deepseek_ocr2.family import DeepseekOcr2Config, DeepseekOcr2Data, encoder, processor
 
 
@@ -26,13 +28,6 @@ class _Ctx:
         self.config = DeepseekOcr2Config(data=DeepseekOcr2Data(**data))
 
 
-def _noise(path: Path, size: tuple[int, int], seed: int) -> None:
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(path)
-
-
 # (width, height): smaller than a tile (global view only), exactly a tile, wide, tall, large
 # square -- the tiny processor's tile is 96 pixels, its global view 128
 SIZES = [(60, 40), (96, 96), (200, 90), (70, 250), (300, 300)]
@@ -46,7 +41,7 @@ def test_images_of_several_sizes_become_what_the_processor_makes(tiny_dir: Path,
     enc = encoder(_Ctx(image_crop=crop), tiny_dir, tokenizer)
     tiles_seen, counts = 0, []
     for i, size in enumerate(SIZES):
-        _noise(tmp_path / f"{i}.png", size, i)
+        write_noise(tmp_path / f"{i}.png", size, i)
         turns = [Turn("user", "<image>Free OCR."), Turn("assistant", "red")]
         got = enc.encode(Sample("x.json", i, turns, {"images": [tmp_path / f"{i}.png"]}))
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Free OCR."}]}, {"role": "assistant", "content": [{"type": "text", "text": "red"}]}]
@@ -74,18 +69,15 @@ def test_the_model_reads_what_preprocessing_wrote(tiny_dir: Path, tokenizer, tmp
 
     from mm_pack_deepseek_ocr2.family import FAMILY
 
-    _noise(tmp_path / "wide.png", (200, 90), 0)
-    _noise(tmp_path / "small.png", (50, 50), 1)
+    write_noise(tmp_path / "wide.png", (200, 90), 0)
+    write_noise(tmp_path / "small.png", (50, 50), 1)
     enc = encoder(_Ctx(), tiny_dir, tokenizer)
     samples = [
         Sample("x", 0, [Turn("user", "<image>Free OCR."), Turn("assistant", "red")], {"images": [tmp_path / "wide.png"]}),
         Sample("x", 1, [Turn("user", "Say hi."), Turn("assistant", "hi")]),
         Sample("x", 2, [Turn("user", "<image>Free OCR."), Turn("assistant", "blue")], {"images": [tmp_path / "small.png"]}),
     ]
-    rows = []
-    for s in samples:
-        e = enc.encode(s)
-        rows.append({"input_ids": torch.tensor(e.input_ids), "labels": torch.tensor(e.labels), **e.tensors})
+    rows = encoded(enc, samples)
     batch = FAMILY.collate(rows, FAMILY.token_ids_of(tokenizer))
     assert batch["pixel_values"].shape[0] == 2 and batch["pixel_values_local"].shape[0] == 2 and batch["num_local_patches"].tolist() == [2, 0]
     model = FAMILY.build_model(tiny_dir).eval()
@@ -96,32 +88,6 @@ def test_the_model_reads_what_preprocessing_wrote(tiny_dir: Path, tokenizer, tmp
 def test_llama_factory_json_preprocesses_without_edits(tmp_path: Path) -> None:
     """LLaMA-Factory's MLLM JSON as written: multi-turn with two images, a system prompt, text-only
     samples mixed in, paths relative to the file."""
-    from mmcore.data import ShardDataset
-    from mmcore.framework.plugins import Plugins
-    from mmcore.testing import make_runner
-
-    root = tmp_path / "wild"
-    (root / "imgs").mkdir(parents=True)
-    _noise(root / "imgs/page.png", (220, 120), 3)
-    _noise(root / "imgs/word.jpg", (64, 40), 4)
-    records = [
-        {
-            "messages": [
-                {"role": "user", "content": "<image>Free OCR."},
-                {"role": "assistant", "content": "red"},
-                {"role": "user", "content": "And <image>?"},
-                {"role": "assistant", "content": "blue"},
-            ],
-            "images": ["imgs/page.png", "imgs/word.jpg"],
-        },
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
-        {"messages": [{"role": "user", "content": "<image>Convert the document to markdown."}, {"role": "assistant", "content": "green"}], "images": ["imgs/word.jpg"]},
-        {"messages": [{"role": "user", "content": "What colour is the square?"}, {"role": "assistant", "content": "yellow"}]},
-    ]
-    (root / "data.json").write_text(json.dumps(records))
-    runner = make_runner(Plugins.load(), "deepseek-ocr2", tmp_path / "r", preset="tiny", overrides=[f"data.datasets=[{root / 'data.json'}]"])
-    for stage in ("download", "convert", "preprocess"):
-        runner.run_stage(stage)
-    data = ShardDataset(tmp_path / "r/preprocess/dataset")
+    data = preprocessed("deepseek-ocr2", tmp_path / "r", write_wild_image_mllm(tmp_path / "wild"))
     kinds = sorted(("pixel_values" in data[i], "pixel_values_local" in data[i]) for i in range(len(data)))
     assert kinds == [(False, False), (False, False), (True, False), (True, True)], kinds

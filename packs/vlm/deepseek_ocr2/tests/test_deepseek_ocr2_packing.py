@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mmcore.data import Sample, Turn
+from mmcore.testing.packing import each_sample_equals_it_alone, encoded, packed_copy, packed_equals_padded, packed_training_matches_padded
 from mm_pack_deepseek_ocr2.family import FAMILY, DeepseekOcr2Config, encoder
 
 
@@ -37,52 +38,20 @@ def batches(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: 
         Sample("f", 1, [Turn("user", "Hello there, what colour is the square?"), Turn("assistant", "blue")]),
         Sample("f", 2, [Turn("user", "<image>What colour?"), Turn("assistant", "green")], {"images": [media / "small.png"]}),
     ]
-    data = []
-    for sample in samples:
-        e = enc.encode(sample)
-        data.append({"input_ids": torch.tensor(e.input_ids), "labels": torch.tensor(e.labels), **e.tensors})
-    return data, FAMILY.token_ids_of(tok)
-
-
-def packed_model(model):  # type: ignore[no-untyped-def]
-    from mmcore.attention import use_packed_attention, varlen_attention
-
-    packed = copy.deepcopy(model)
-    use_packed_attention(packed, varlen_attention)
-    return packed
+    return encoded(enc, samples), FAMILY.token_ids_of(tok)
 
 
 @pytest.mark.compares_runs
 def test_packed_row_equals_the_padded_batch_and_each_sample_alone(tiny_dir: Path, batches) -> None:  # type: ignore[no-untyped-def]
-    """fp32. Loss rel 1e-5 and gradients rtol 1e-4 / atol 1e-6, logits atol 1e-5: the packed row
-    and the padded batch run the same arithmetic in matrix products of other shapes (and the
-    experts' index_add in another order), so sums differ in the last bits, not more."""
+    """Tolerances as :mod:`mmcore.testing.packing` states them (fp32); every expert and the tower learn."""
     data, ids = batches
     model = FAMILY.build_model(tiny_dir)
-    packed_net = packed_model(model)
-    padded, packed = FAMILY.collate(data, ids), FAMILY.collate(data, ids, pack=True)
-    assert packed["input_ids"].shape[0] == 1 and packed["num_loss_tokens"] == padded["num_loss_tokens"]
+    packed_net = packed_copy(model)
+    packed = FAMILY.collate(data, ids, pack=True)
     assert packed["pixel_values_local"].shape[0] == 2 and packed["num_local_patches"].tolist() == [2, 0]
-    grads = []
-    for network, batch in ((model, padded), (packed_net, packed)):
-        loss = FAMILY.loss_sum(network, batch)
-        loss.backward()
-        grads.append((loss.item(), {n: p.grad for n, p in network.named_parameters() if p.grad is not None}))
-    (a, ga), (b, gb) = grads
-    assert b == pytest.approx(a, rel=1e-5)
-    assert ga.keys() == gb.keys() and any(".experts." in n for n in ga) and any("sam_encoder" in n for n in ga)
-    for name in ga:
-        assert torch.allclose(ga[name], gb[name], rtol=1e-4, atol=1e-6), name
-    model.eval()
-    with torch.no_grad():
-        alone = [FAMILY.forward_logits(model, FAMILY.collate([sample], ids))[0] for sample in data]
-        got = FAMILY.forward_logits(packed_net.eval(), packed)[0]
-    start = 0
-    for i, want in enumerate(alone):
-        end = start + len(want)
-        assert torch.allclose(got[start:end], want, atol=1e-5), i
-        start = end
-    assert start == got.shape[0]
+    grads = packed_equals_padded(FAMILY, model, data, ids, packed_net=packed_net)
+    assert any(".experts." in n for n in grads) and any("sam_encoder" in n for n in grads)
+    each_sample_equals_it_alone(FAMILY, model, packed_net, data, ids)
 
 
 @pytest.mark.compares_runs
@@ -104,18 +73,4 @@ def test_loss_from_cached_vision_features_equals_loss_from_pixels(tiny_dir: Path
 @pytest.mark.compares_runs
 def test_packed_training_runs_the_losses_of_padded_training(tmp_path: Path) -> None:
     """The whole stage with ``training.packing`` (in process): the same steps' losses as the padded run (rel 1e-5, fp32)."""
-    import json
-
-    from mmcore.framework.plugins import Plugins
-    from mmcore.testing import make_runner
-
-    plugins = Plugins.load()
-    common = ["data.demo_samples=8", "convert.verify=false", "training.steps=2", "evaluate.enabled=false"]
-
-    def losses(run: str, *extra: str) -> list[float]:
-        make_runner(plugins, "deepseek-ocr2", tmp_path / run, preset="tiny", overrides=[*common, *extra]).run_pipeline(resume="no")
-        rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
-        return [r["loss"] for r in rows if "loss" in r]
-
-    padded, packed = losses("padded"), losses("packed", "training.packing=true")
-    assert len(packed) == 2 and packed == pytest.approx(padded, rel=1e-5)
+    packed_training_matches_padded("deepseek-ocr2", tmp_path)

@@ -5,13 +5,14 @@ LLaMA-Factory's JSON (image, text-only and text-to-image samples mixed) goes in 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mmcore.data import Sample, Turn
+from mmcore.testing import preprocessed
+from mmcore.testing.media import write_noise, write_wild_image_mllm
 from mm_pack_janus.family import JanusRunConfig, encoder, processor
 
 
@@ -26,12 +27,6 @@ class _Ctx:
     config = JanusRunConfig()
 
 
-def _noise(path: Path, size: tuple[int, int], seed: int) -> None:
-    from PIL import Image
-
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-
-
 # (width, height): smaller than the tower's 32 pixels, exactly, wide, tall, large
 SIZES = [(20, 12), (32, 32), (90, 40), (30, 100), (200, 200)]
 
@@ -43,7 +38,7 @@ def test_images_of_several_sizes_become_what_the_processor_makes(tiny_dir: Path,
     assert proc.use_default_system_prompt  # as deepseek-community's processor: the tiny preset keeps it
     enc = encoder(_Ctx(), tiny_dir, tokenizer)
     for i, size in enumerate(SIZES):
-        _noise(tmp_path / f"{i}.png", size, i)
+        write_noise(tmp_path / f"{i}.png", size, i)
         image = Image.open(tmp_path / f"{i}.png").convert("RGB")
         user = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}]
         # the prompt a user's generate() call gets from JanusProcessor, token for token
@@ -66,7 +61,7 @@ def test_a_generation_sample_is_the_image_mode_prompt_then_the_vq_ids(tiny_dir: 
     from PIL import Image
     from transformers import JanusForConditionalGeneration
 
-    _noise(tmp_path / "target.png", (40, 30), 7)
+    write_noise(tmp_path / "target.png", (40, 30), 7)
     proc = processor(tiny_dir)
     enc = encoder(_Ctx(), tiny_dir, tokenizer)
     got = enc.encode(Sample("x.json", 0, [Turn("user", "a red square"), Turn("assistant", "<image>")], {"images": [tmp_path / "target.png"]}))
@@ -86,35 +81,13 @@ def test_a_generation_sample_is_the_image_mode_prompt_then_the_vq_ids(tiny_dir: 
 def test_llama_factory_json_preprocesses_without_edits(tmp_path: Path) -> None:
     """LLaMA-Factory's MLLM JSON as written: multi-turn with two images, a system prompt, text-only
     samples and a text-to-image sample mixed in, paths relative to the file."""
-    from mmcore.data import ShardDataset
-    from mmcore.framework.plugins import Plugins
-    from mmcore.testing import make_runner
-
-    root = tmp_path / "wild"
-    (root / "imgs").mkdir(parents=True)
-    _noise(root / "imgs/page.png", (220, 120), 3)
-    _noise(root / "imgs/word.jpg", (64, 40), 4)
-    records = [
-        {
-            "messages": [
-                {"role": "user", "content": "<image>What colour is the square?"},
-                {"role": "assistant", "content": "red"},
-                {"role": "user", "content": "And <image>?"},
-                {"role": "assistant", "content": "blue"},
-            ],
-            "images": ["imgs/page.png", "imgs/word.jpg"],
-        },
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
-        {"messages": [{"role": "user", "content": "a green circle"}, {"role": "assistant", "content": "<image>"}], "images": ["imgs/word.jpg"]},
-        {"messages": [{"role": "user", "content": "What colour is the square?"}, {"role": "assistant", "content": "yellow"}]},
-    ]
-    (root / "data.json").write_text(json.dumps(records))
-    runner = make_runner(Plugins.load(), "janus", tmp_path / "r", preset="tiny", overrides=[f"data.datasets=[{root / 'data.json'}]"])
-    for stage in ("download", "convert", "preprocess"):
-        runner.run_stage(stage)
+    data = preprocessed(
+        "janus",
+        tmp_path / "r",
+        write_wild_image_mllm(tmp_path / "wild", {"messages": [{"role": "user", "content": "a green circle"}, {"role": "assistant", "content": "<image>"}], "images": ["imgs/word.jpg"]}),
+    )
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(tmp_path / "r/download/model").text_config.vocab_size
-    data = ShardDataset(tmp_path / "r/preprocess/dataset")
     kinds = sorted((("pixel_values" in data[i]) and len(data[i]["pixel_values"]), bool((data[i]["labels"] >= vocab).any())) for i in range(len(data)))
-    assert kinds == [(0, False), (0, False), (0, True), (2, False)], kinds
+    assert kinds == [(0, False), (0, False), (0, True), (1, False), (2, False)], kinds

@@ -9,7 +9,6 @@ library's own function (read from its source, which imports torchvision at the t
 from __future__ import annotations
 
 import ast
-import json
 import math
 from pathlib import Path
 
@@ -17,6 +16,9 @@ import numpy as np
 import pytest
 
 from mmcore.data import Sample, Turn
+from mmcore.testing import preprocessed
+from mmcore.testing.media import write_noise, write_wild_image_mllm
+from mmcore.testing.packing import encoded
 from mm_pack_kimi_k25.family import KimiK25Config, encoder, processor
 
 
@@ -29,12 +31,6 @@ def tokenizer(tiny_dir: Path):  # type: ignore[no-untyped-def]
 
 class _Ctx:
     config = KimiK25Config()
-
-
-def _noise(path: Path, size: tuple[int, int], seed: int) -> None:
-    from PIL import Image
-
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
 
 
 def test_the_image_geometry_is_the_librarys_navit_resize() -> None:
@@ -65,7 +61,7 @@ def test_images_of_several_sizes_become_what_the_processor_makes(tiny_dir: Path,
     enc = encoder(_Ctx(), tiny_dir, tokenizer)
     grids = []
     for i, size in enumerate(SIZES):
-        _noise(tmp_path / f"{i}.png", size, i)
+        write_noise(tmp_path / f"{i}.png", size, i)
         got = enc.encode(Sample("x.json", i, [Turn("user", "<image>What colour?"), Turn("assistant", "red")], {"images": [tmp_path / f"{i}.png"]}))
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}, {"role": "assistant", "content": [{"type": "text", "text": "red"}]}]
         text = tokenizer.apply_chat_template(messages, tokenize=False)
@@ -87,18 +83,15 @@ def test_the_model_reads_what_preprocessing_wrote(tiny_dir: Path, tokenizer, tmp
 
     from mm_pack_kimi_k25.family import FAMILY
 
-    _noise(tmp_path / "wide.png", (200, 90), 0)
-    _noise(tmp_path / "small.png", (30, 30), 1)
+    write_noise(tmp_path / "wide.png", (200, 90), 0)
+    write_noise(tmp_path / "small.png", (30, 30), 1)
     enc = encoder(_Ctx(), tiny_dir, tokenizer)
     samples = [
         Sample("x", 0, [Turn("user", "<image>What colour?"), Turn("assistant", "red")], {"images": [tmp_path / "wide.png"]}),
         Sample("x", 1, [Turn("user", "Say hi."), Turn("assistant", "hi")]),
         Sample("x", 2, [Turn("user", "<image>What colour?"), Turn("assistant", "blue")], {"images": [tmp_path / "small.png"]}),
     ]
-    rows = []
-    for s in samples:
-        e = enc.encode(s)
-        rows.append({"input_ids": torch.tensor(e.input_ids), "labels": torch.tensor(e.labels), **e.tensors})
+    rows = encoded(enc, samples)
     batch = FAMILY.collate(rows, FAMILY.token_ids_of(tokenizer))
     assert batch["image_grid_thw"].shape == (2, 3)
     model = FAMILY.build_model(tiny_dir).eval()
@@ -109,32 +102,6 @@ def test_the_model_reads_what_preprocessing_wrote(tiny_dir: Path, tokenizer, tmp
 def test_llama_factory_json_preprocesses_without_edits(tmp_path: Path) -> None:
     """LLaMA-Factory's MLLM JSON as written: multi-turn with two images, a system prompt, text-only
     samples mixed in, paths relative to the file."""
-    from mmcore.data import ShardDataset
-    from mmcore.framework.plugins import Plugins
-    from mmcore.testing import make_runner
-
-    root = tmp_path / "wild"
-    (root / "imgs").mkdir(parents=True)
-    _noise(root / "imgs/photo.png", (220, 120), 3)
-    _noise(root / "imgs/icon.jpg", (64, 40), 4)
-    records = [
-        {
-            "messages": [
-                {"role": "user", "content": "<image>What colour is the shape?"},
-                {"role": "assistant", "content": "red"},
-                {"role": "user", "content": "And <image>?"},
-                {"role": "assistant", "content": "blue"},
-            ],
-            "images": ["imgs/photo.png", "imgs/icon.jpg"],
-        },
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
-        {"messages": [{"role": "user", "content": "<image>Describe the image."}, {"role": "assistant", "content": "green"}], "images": ["imgs/icon.jpg"]},
-        {"messages": [{"role": "user", "content": "What colour is the square?"}, {"role": "assistant", "content": "yellow"}]},
-    ]
-    (root / "data.json").write_text(json.dumps(records))
-    runner = make_runner(Plugins.load(), "kimi-k2.5", tmp_path / "r", preset="tiny", overrides=[f"data.datasets=[{root / 'data.json'}]"])
-    for stage in ("download", "convert", "preprocess"):
-        runner.run_stage(stage)
-    data = ShardDataset(tmp_path / "r/preprocess/dataset")
+    data = preprocessed("kimi-k2.5", tmp_path / "r", write_wild_image_mllm(tmp_path / "wild"))
     images = sorted(len(data[i]["image_grid_thw"]) if "image_grid_thw" in data[i] else 0 for i in range(len(data)))
     assert images == [0, 0, 1, 2], images

@@ -13,6 +13,7 @@ import torch
 
 from mmcore.data.mllm import Sample, Turn
 from mmcore.testing.media import write_image, write_video
+from mmcore.testing.packing import LOGITS_ATOL, encoded, packed_copy, packed_equals_padded, packed_training_matches_padded, row_and_alone
 from mm_pack_qwen3_5.family import FAMILY, MEAN_STD, Qwen3_5Data
 
 
@@ -33,22 +34,13 @@ def batches(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: 
         Sample("f", 1, [Turn("user", "Hello there, how are you today?"), Turn("assistant", "fine thanks")]),
         Sample("f", 2, [Turn("user", "<video>and <image>?"), Turn("assistant", "a bar")], {"videos": [media / "v.mp4"], "images": [media / "b.png"]}),
     ]
-    data = []
-    for sample in samples:
-        enc = encoder.encode(sample)
-        data.append({"input_ids": torch.tensor(enc.input_ids), "labels": torch.tensor(enc.labels), **enc.tensors})
-    return data, FAMILY.token_ids_of(tok)
+    return encoded(encoder, samples), FAMILY.token_ids_of(tok)
 
 
 def packed_model(model):  # type: ignore[no-untyped-def]
-    from mmcore.attention import use_packed_attention, varlen_attention
-
     from mm_pack_qwen3_5.packing import isolate_linear_attention
 
-    packed = copy.deepcopy(model)
-    use_packed_attention(packed, varlen_attention)
-    isolate_linear_attention(packed)
-    return packed
+    return packed_copy(model, isolate_linear_attention)
 
 
 @pytest.mark.compares_runs
@@ -58,21 +50,10 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(which: str, request: p
     are batched, not only on the samples."""
     data, ids = batches
     model = FAMILY.build_model(request.getfixturevalue(which))
-    packed_net = packed_model(model)
-    padded, packed = FAMILY.collate(data, ids), FAMILY.collate(data, ids, pack=True)
-    assert packed["input_ids"].shape[0] == 1 and packed["num_loss_tokens"] == padded["num_loss_tokens"]
-    grads = []
-    for network, batch in ((model, padded), (packed_net, packed)):
-        loss = FAMILY.loss_sum(network, batch, aux_coef=0.0)
-        loss.backward()
-        grads.append((loss.item(), {n: p.grad for n, p in network.named_parameters() if p.grad is not None}))
-    (a, ga), (b, gb) = grads
-    # fp32; the tolerance covers the different reduction order (the delta rule's 64-token chunks
-    # start at other tokens in a packed row, matrix products have other shapes)
-    assert b == pytest.approx(a, rel=1e-5)
-    assert ga.keys() == gb.keys() and any(".linear_attn." in name for name in ga) and any(".self_attn." in name for name in ga)
-    for name in ga:
-        assert torch.allclose(ga[name], gb[name], rtol=1e-4, atol=1e-6), name
+    # the tolerances cover the different reduction order (the delta rule's 64-token chunks start
+    # at other tokens in a packed row, matrix products have other shapes)
+    grads = packed_equals_padded(FAMILY, model, data, ids, packed_net=packed_model(model), aux_coef=0.0)
+    assert any(".linear_attn." in name for name in grads) and any(".self_attn." in name for name in grads)
 
 
 @pytest.mark.compares_runs
@@ -81,47 +62,23 @@ def test_each_sample_of_a_packed_row_equals_it_alone_and_transformers_alone_leak
     fp32). The control: the same row with only the full-attention layers isolated (what
     transformers' torch path does with restarting positions) differs after the first sample,
     because the linear-attention state crosses the boundary."""
-    from mmcore.attention import use_packed_attention, varlen_attention
-
     data, ids = batches
     model = FAMILY.build_model(tiny_dir).eval()
-    packed = FAMILY.collate(data, ids, pack=True)
-    leaky = copy.deepcopy(model)
-    use_packed_attention(leaky, varlen_attention)
-    isolated = packed_model(model)
-    with torch.no_grad():
-        alone = [FAMILY.forward_logits(model, FAMILY.collate([sample], ids))[0] for sample in data]
-        got, leaked = FAMILY.forward_logits(isolated, packed)[0], FAMILY.forward_logits(leaky, packed)[0]
-    start = 0
-    for i, want in enumerate(alone):
-        end = start + len(want)
-        assert torch.allclose(got[start:end], want, atol=1e-5), i
+    leaky = packed_copy(model)
+    isolated = row_and_alone(FAMILY, model, packed_model(model), data, ids)
+    for i, ((got, want), (leaked, _)) in enumerate(zip(isolated, row_and_alone(FAMILY, model, leaky, data, ids))):
+        assert torch.allclose(got, want, atol=LOGITS_ATOL), i
         if i == 0:  # nothing before the first sample: the control matches there
-            assert torch.allclose(leaked[start:end], want, atol=1e-5)
+            assert torch.allclose(leaked, want, atol=LOGITS_ATOL)
         else:
-            assert (leaked[start:end] - want).abs().max() > 1e-3, i
-        start = end
+            assert (leaked - want).abs().max() > 1e-3, i
 
 
 @pytest.mark.compares_runs
 def test_packed_training_runs_the_losses_of_padded_training(tmp_path: Path) -> None:
     """The whole stage with ``training.packing`` (in process): the same steps' losses as the
     padded run (rel 1e-5, fp32): the pack switches its linear-attention layers to per-sample runs itself."""
-    import json
-
-    from mmcore.framework.plugins import Plugins
-    from mmcore.testing import make_runner
-
-    plugins = Plugins.load()
-    common = ["data.demo_samples=12", "convert.verify=false", "training.steps=3", "evaluate.enabled=false"]
-
-    def losses(run: str, *extra: str) -> list[float]:
-        make_runner(plugins, "qwen3_5", tmp_path / run, preset="tiny", overrides=[*common, *extra]).run_pipeline(resume="no")
-        rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
-        return [r["loss"] for r in rows if "loss" in r]
-
-    padded, packed = losses("padded"), losses("packed", "training.packing=true")
-    assert len(packed) == 3 and packed == pytest.approx(padded, rel=1e-5)
+    packed_training_matches_padded("qwen3_5", tmp_path, steps=3, samples=12)
 
 
 @pytest.mark.compares_runs

@@ -11,6 +11,7 @@ import torch
 
 from mmcore.data.mllm import Sample, Turn
 from mmcore.testing.media import write_image, write_video
+from mmcore.testing.packing import encoded
 from mm_pack_qwen3vl.data import Encoder
 from mm_pack_qwen3vl.family import FAMILY, Qwen3VLData
 
@@ -35,10 +36,7 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(which: str, request: p
         Sample("f", 1, [Turn("user", "Hello there, how are you today?"), Turn("assistant", "fine thanks")]),
         Sample("f", 2, [Turn("user", "<video>and <image>?"), Turn("assistant", "a bar")], {"videos": [tmp_path / "v.mp4"], "images": [tmp_path / "b.png"]}),
     ]
-    data = []
-    for sample in samples:
-        enc = encoder.encode(sample)
-        data.append({"input_ids": torch.tensor(enc.input_ids), "labels": torch.tensor(enc.labels), **enc.tensors})
+    data = encoded(encoder, samples)
     ids = FAMILY.token_ids_of(tok)
     model = FAMILY.build_model(model_dir)
     packed_model = copy.deepcopy(model)
