@@ -12,6 +12,7 @@ from mm_pack_qwen2vl.data import Encoder
 from mm_pack_qwen2vl.family import FAMILY
 from mmcore.data.mllm import Sample, Turn
 from mmcore.testing.media import write_image, write_video
+from mmcore.testing.packing import encoded
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +30,7 @@ def batch_parts(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
         Sample("f", 1, [Turn("user", "Hello there, how are you today?"), Turn("assistant", "fine thanks")]),
         Sample("f", 2, [Turn("user", "<video>and <image>?"), Turn("assistant", "a bar")], {"videos": [media / "v.mp4"], "images": [media / "b.png"]}),
     ]
-    data = []
-    for sample in samples:
-        enc = encoder.encode(sample)
-        data.append({"input_ids": torch.tensor(enc.input_ids), "labels": torch.tensor(enc.labels), **enc.tensors})
+    data = encoded(encoder, samples)
     ids = FAMILY.token_ids_of(tok)
     return FAMILY.build_model(tiny_dir), data, ids
 
@@ -85,8 +83,8 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
     sampler, through the varlen attention path; killed after step 2 and resumed, the losses equal
     the straight run's.
     Ulysses sequence parallelism (parallel.ulysses=2 on 2 processes: one row, each rank's decoder
-    on half its tokens, samples crossing the halves' boundary) computes the same losses, and its
-    checkpoint, killed with kill -9, resumes on one process unsplit to the straight run's losses."""
+    on half its tokens, samples crossing the halves' boundary) computes the same losses, killed
+    with kill -9 after step 2 and resumed."""
     import json
 
     from mmcore.testing.media import write_mixed_mllm
@@ -121,7 +119,8 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
     split = ["--nproc-per-node", "2", "parallel.ulysses=2"]
     assert mm("run", *args, "--run-dir", "ulysses", *split, check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
     assert sorted(p.name for p in (tmp_path / "ulysses/train/checkpoints").glob("step-*"))[-1] == "step-00000002"
-    mm("run", *args, "--run-dir", "ulysses")  # one process, unsplit: the same FSDP checkpoint, the same sampler
+    # resumed from the step-2 checkpoint (a run on another number of processes would start afresh)
+    assert "[train] resuming (interrupted at step 2" in mm("run", *args, "--run-dir", "ulysses", *split).stdout
     ulysses = losses("ulysses")
     assert list(ulysses) == [1, 2, 3, 4]
     for step in straight:  # fp32; the split only changes the order of sums (measured ~1e-7 relative)
