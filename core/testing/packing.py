@@ -3,7 +3,7 @@
 A packed row (samples side by side, positions restarting, the core's ``varlen_attention``)
 must train exactly as the padded batch and give each sample the logits it has alone. The
 tolerances are the same for every family, so they are stated here once: fp32, loss rel 1e-5,
-gradients rtol 1e-4 / atol 1e-6, logits atol 1e-5 -- the packed row and the padded batch run
+gradients rtol 1e-4 / atol 1e-6 of the tensor's largest entry (at least 1e-6), logits atol 1e-5 -- the packed row and the padded batch run
 the same arithmetic in matrix products of other shapes (and MoE experts' ``index_add`` in
 another order), so sums differ in the last bits, not more.
 """
@@ -66,7 +66,10 @@ def packed_equals_padded(family: Any, model: torch.nn.Module, data: Sequence[dic
     assert abs(got - want) <= LOSS_REL * abs(want), (got, want)
     assert want_grads.keys() == got_grads.keys()
     for name, grad in want_grads.items():
-        assert torch.allclose(got_grads[name], grad, rtol=GRAD_TOL[0], atol=GRAD_TOL[1]), (name, (got_grads[name] - grad).abs().max().item(), grad.abs().max().item())
+        # atol scales with the tensor's largest entry: an entry summed from large terms can end
+        # near zero, and only the terms' size bounds its rounding (janus: 5.7e-6 beside 25.5)
+        scale = max(1.0, grad.abs().max().item())
+        assert torch.allclose(got_grads[name], grad, rtol=GRAD_TOL[0], atol=GRAD_TOL[1] * scale), (name, (got_grads[name] - grad).abs().max().item(), scale)
     return want_grads
 
 
