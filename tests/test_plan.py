@@ -68,3 +68,21 @@ def test_device_peaks_are_the_accelerator_table() -> None:
     assert DEVICES["910b"].peak == peak_of("Ascend910B3") == 313e12
     assert DEVICES["h100"].peak == peak_of("NVIDIA H100 80GB HBM3") == 989e12
     assert device_of("Ascend-910B") is DEVICES["910b"] and device_of("H200") is DEVICES["h200"] and device_of("a100") is DEVICES["a100"]
+
+
+def test_an_moe_model_gets_expert_parallel_layouts() -> None:
+    """Qwen3-VL-30B-A3B (128 experts, 8 per token): FSDP with expert parallel 2, 4 and 8 holds
+    the same model state per rank as plain FSDP over the 8 processes, gathers 1/ep of a block's
+    experts (smaller buffers), and pays the tokens' all-to-alls in the step time."""
+    out = plan("--pack", "qwen3vl-moe", "--model", str(FIXTURES / "qwen3_vl_30b_a3b"), "--seq", "8192", "--gpus-per-node", "8", "--top", "60")
+    assert "31.07B parameters" in out
+    rows = {}
+    for line in out.splitlines():
+        words = line.split()
+        at = next((i for i, w in enumerate(words) if re.fullmatch(r"[0-9.]+", w)), 0)
+        rows[" ".join(words[:at])] = words[at:]
+    plain, ep = rows["fsdp8 recompute"], [rows[f"fsdp8 ep{n} recompute"] for n in (2, 4, 8)]
+    assert all(row[:3] == plain[:3] for row in ep)  # weights, gradients, optimizer state
+    buffers = [float(row[5]) for row in ep]
+    assert float(plain[5]) > buffers[0] > buffers[1] > buffers[2], (plain, ep)
+    assert all(float(row[8]) > float(plain[8]) for row in ep)  # step seconds: the all-to-alls

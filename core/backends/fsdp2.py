@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from mmcore.backends.protocol import Finished, Prepared, Resumed
+from mmcore.backends.experts import check_expert_parallel, shard_experts, split_experts
 from mmcore.checkpoint.training import CHECKPOINTS, LATEST, load_checkpoint, save_average, save_checkpoint, seed_everything
 from mmcore.train.ema import EMA_OUTPUT
 from mmcore.errors import StageError
@@ -64,6 +65,8 @@ class FSDP2Backend:
             )
         if sequence > 1:
             _check_ulysses(ctx, recipe, sequence)
+        if split.expert_parallel > 1:
+            check_expert_parallel(split.expert_parallel, world.world_size, ulysses=sequence, replicate=split.replicate, lora=bool(cfg.lora.r))
         # bf16 and offload are FSDP2 policies: a single process shards too, over a group of its own
         self.sharding = bool(world.distributed or bf16 or cfg.cpu_offload)
         self.own_group = self.sharding and not world.distributed and not dist.is_initialized()
@@ -81,7 +84,7 @@ class FSDP2Backend:
         if plan is not None:
             frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
         apply_recompute(blocks, cfg.recompute)
-        model = self._shard(model, blocks, bf16=bf16, offload=cfg.cpu_offload, replicate=split.replicate)
+        model = self._shard(model, blocks, bf16=bf16, offload=cfg.cpu_offload, replicate=split.replicate, experts=split.expert_parallel)
         if on_meta(model):
             materialise(model, torch.device("cpu") if cfg.cpu_offload else device)
             if resume_from is None or plan is not None:  # a resume overwrites every weight it trains
@@ -99,7 +102,7 @@ class FSDP2Backend:
         self.keep, self.files = _lora_checkpoint(model, plan)
         return Prepared(model=model, trained=self.params, optimizer_params=self.params, frozen=len(frozen), bf16=bf16, data_rank=data_rank, data_ranks=data_ranks)
 
-    def _shard(self, model: Any, shard_modules: list[Any], *, bf16: bool, offload: bool, replicate: int) -> Any:
+    def _shard(self, model: Any, shard_modules: list[Any], *, bf16: bool, offload: bool, replicate: int, experts: int) -> Any:
         import torch
 
         if not self.sharding:
@@ -117,6 +120,12 @@ class FSDP2Backend:
         options = {"mesh": mesh, "mp_policy": policy, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
         if not on_meta(model) and not offload:
             model = model.to(self.device)
+        if experts > 1:  # the experts first, so the blocks holding them leave them to their own groups
+            split = split_experts(model, experts, world.world_size, self.device.type)
+            shard_experts(split, options)
+            self.ctx.say(
+                f"expert parallel: each MoE layer's {split.local_experts * experts} experts split over groups of {experts} processes, {split.local_experts} on each ({len(split.modules)} layers)"
+            )
         for module in shard_modules:
             fully_shard(module, **options)
             # before FSDP's own post-forward hook (registered by fully_shard, not prepended)

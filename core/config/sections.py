@@ -167,6 +167,11 @@ class ParallelSection(Section):
         ge=1,
         description="backend fsdp2, supervised fine-tuning: Ulysses sequence parallelism: groups of this many processes share each sample, each running the VLM's text decoder (with training.packing) or the diffusion transformer (a diffusers class with a context-parallel plan: Wan, FLUX) on 1/ulysses of its tokens, an all-to-all over attention heads around attention; data-parallel replicas = processes / ulysses; the same losses.",
     )
+    expert_parallel: int = Field(
+        1,
+        ge=1,
+        description="backend fsdp2, MoE models: the experts of each MoE layer split over groups of this many processes (transformers' expert-parallel plan: each token sent to its expert's rank and back by all-to-all); the other weights shard over every process as before; the same losses.",
+    )
     tensor_parallel: int = Field(1, ge=1, description="backend megatron: tensor-parallel ranks each layer is split over (attention heads, MLP columns, the vocabulary).")
     pipeline_parallel: int = Field(
         1, ge=1, description="backend megatron: pipeline stages the layers are placed on (the vision tower on the first); data-parallel replicas = processes / (tensor_parallel x pipeline_parallel)."
@@ -309,11 +314,13 @@ class RunConfig(Section):
             "pipeline_parallel",
             "sequence_parallel",
             "virtual_pipeline",
-            "ulysses",
+            "expert_parallel",
         ):
             # how the processes are started and meet, which node reads the slice, how the model is
             # split over them: not what the stage computes (a run resumes at another tensor/pipeline
-            # layout, and 2 nodes of 1 process train as 1 node of 2); how many there are is
+            # layout or expert split, and 2 nodes of 1 process train as 1 node of 2); how many
+            # there are is, and so is parallel.ulysses: its groups share their samples, so it sets
+            # the data-parallel replicas and with them the global batch
             data["parallel"].pop(name, None)
         data["parallel"]["world_size"] = self.world_size
         if data["training"]["epochs"] is not None:

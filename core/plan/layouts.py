@@ -22,6 +22,11 @@ Memory per rank follows what mmcore's backends hold (their docstrings say so):
   divided by ``sp`` (the towers, run whole on every rank of a group, are not in the formula);
   the model state sharded over the sequence group's ranks too; its all-to-alls add
   :func:`ulysses_bytes` over the device's ``peer_link`` to the step time.
+* Expert parallel (``parallel.expert_parallel``: a transformers MoE model on the VLM kit): the
+  model state per rank as FSDP over every process (the experts split over an EP group and
+  sharded over its copies hold the same share); what changes is the buffer (a block's experts are
+  gathered over their ``efsdp`` copies only: ``1 / ep`` of them) and the step time (each MoE
+  layer's token all-to-alls, :func:`expert_bytes`, over ``peer_link``).
 
 Every rank adds a fixed :data:`RUNTIME_BYTES` (CUDA/CANN context, NCCL/HCCL buffers, allocator
 fragmentation), an assumption, not a measurement.
@@ -62,6 +67,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     sp: int = 1  # Ulysses sequence parallel
+    ep: int = 1  # expert parallel (an MoE model's experts)
     recompute: bool = False
     offload: bool = False
 
@@ -72,7 +78,7 @@ class Layout:
     def name(self) -> str:
         sharded = self.shard * self.sp  # a sequence group's ranks hold shards too (mmcore.backends.ulysses)
         parts = [f"fsdp{sharded}" if self.replicate == 1 else f"hsdp{self.replicate}x{sharded}"] if self.backend == "fsdp2" else [f"dp{self.shard * self.replicate}"]
-        parts += [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("sp", self.sp)) if v > 1]
+        parts += [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("sp", self.sp), ("ep", self.ep)) if v > 1]
         parts += ["recompute"] if self.recompute else []
         parts += ["offload"] if self.offload else []
         return " ".join(parts)
@@ -141,6 +147,9 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
         buffers = (a * weights / 4 if bf16 else 0.0) + runtime
     else:
         block = plan.largest_block()
+        if layout.ep > 1:  # a block's experts are gathered over their copies only
+            in_block = plan.moe()[2]
+            block = block - in_block + in_block / layout.ep
         sharded = layout.shard * layout.replicate > 1 or bf16 or layout.offload
         buffers = (2 * a * block + 4 * block if sharded else 0.0) + runtime
     host = 0.0
@@ -151,6 +160,8 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
         weights = grads = optimizer = 0.0
     if layout.sp > 1:
         seconds_extra += ulysses_bytes(plan, layout, micro_batch * accum, a) / device.peer_link
+    if layout.ep > 1:
+        seconds_extra += expert_bytes(plan, layout, micro_batch * accum, a) / device.peer_link
     flops = plan.flops(micro_batch) * accum / (layout.tp * layout.pp * layout.sp)
     compute = flops * (4 / 3 if layout.recompute else 1.0) / (device.peak * EFFICIENCY)
     bubble = 1 + (layout.pp - 1) / accum if layout.pp > 1 else 1.0
@@ -170,7 +181,19 @@ def ulysses_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
     return rows * plan.shape.layers * 4 * plan.shape.hidden * plan.tokens / sp * a * (sp - 1) / sp * passes
 
 
+def expert_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
+    """Bytes one rank sends in a step's expert all-to-alls, not overlapped with compute: per MoE
+    layer and row, each token's hidden state to each of its routed experts and back (dispatch and
+    combine), all but the share its own experts take, forward and backward (and the forward
+    again with recompute)."""
+    _, layers, _, routed = plan.moe()
+    passes = 3 if layout.recompute else 2
+    return rows * layers * 2 * routed * plan.shape.hidden * plan.tokens * a * (layout.ep - 1) / layout.ep * passes
+
+
 def runnable_in_mmcore(plan: Planned, layout: Layout) -> str:
+    if layout.ep > 1 and plan.kind != "vlm":
+        return "not runnable in mmcore (expert parallel: the VLM kit's transformers MoE models)"
     if layout.sp > 1 and plan.kind != "vlm" and getattr(plan.model, "_cp_plan", None) is None:
         return f"not runnable in mmcore (Ulysses SP: diffusers has no context-parallel plan for {type(plan.model).__name__})"
     if layout.backend == "megatron" and not plan.megatron:
@@ -181,7 +204,8 @@ def runnable_in_mmcore(plan: Planned, layout: Layout) -> str:
 
 
 def candidates(plan: Planned, nodes: int, per_node: int) -> Iterator[Layout]:
-    """FSDP / HSDP x TP x PP x SP x recompute x offload, the sizes that divide the model and the cluster."""
+    """FSDP / HSDP x TP x PP x SP x recompute x offload, the sizes that divide the model and the
+    cluster; for an MoE model, FSDP with expert parallel as well."""
     world = nodes * per_node
     heads = plan.shape.heads
     for tp, pp, sp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)):
@@ -194,6 +218,11 @@ def candidates(plan: Planned, nodes: int, per_node: int) -> Iterator[Layout]:
             if offload and tp * pp > 1:
                 continue
             yield Layout(shard=shard, replicate=replicate, tp=tp, pp=pp, sp=sp, recompute=recompute, offload=offload)
+    experts = plan.moe()[0]
+    for ep, recompute in itertools.product((2, 4, 8), (False, True)):
+        # mmcore splits experts within every process's FSDP (no HSDP, TP, PP, SP or offload beside it)
+        if experts and experts % ep == 0 and world % ep == 0 and ep <= per_node:
+            yield Layout(shard=world, ep=ep, recompute=recompute)
 
 
 def ranked(plan: Planned, device: Device, nodes: int, per_node: int, *, micro_batch: int = 1, global_batch: int = 0, bf16: bool = True) -> list[Estimate]:
@@ -202,7 +231,7 @@ def ranked(plan: Planned, device: Device, nodes: int, per_node: int, *, micro_ba
     splits, no recompute, no offload), smallest."""
     rows = global_batch or nodes * per_node * micro_batch
     found = [estimate(plan, layout, device, micro_batch=micro_batch, global_batch=rows, bf16=bf16) for layout in candidates(plan, nodes, per_node)]
-    return sorted(found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp, e.layout.recompute, e.layout.offload, e.total))
+    return sorted(found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp * e.layout.ep, e.layout.recompute, e.layout.offload, e.total))
 
 
-__all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "candidates", "ranked"]
+__all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "expert_bytes", "candidates", "ranked"]

@@ -69,6 +69,19 @@ class Planned:
     def largest_block(self) -> int:
         return max((sum(p.numel() for p in b.parameters()) for b in self.shard_modules), default=0)
 
+    def moe(self) -> tuple[int, int, int, int]:
+        """(experts per MoE layer, MoE layers, the largest block's expert parameters, experts
+        each token is routed to) from transformers' expert-parallel plan; zeros for a dense model."""
+        from mmcore.backends.experts import concrete_plan
+
+        modules = dict(self.model.named_modules())
+        experts = [modules[name] for name, style in concrete_plan(self.model).items() if style == "ep_dispatch_experts"]
+        if not experts:
+            return 0, 0, 0, 0
+        in_block = max((sum(p.numel() for m in b.modules() if any(m is e for e in experts) for p in m.parameters()) for b in self.shard_modules), default=0)
+        config = getattr(self.model.config, "text_config", self.model.config)
+        return int(experts[0].num_experts), len(experts), in_block, int(getattr(config, "num_experts_per_tok", 1))
+
 
 def family_of(pack: str) -> tuple[str, Any, Any]:
     """(pack name, its spec, its kit family) from the train stage's recipe part."""

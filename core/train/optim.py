@@ -110,10 +110,18 @@ def clip_grad_norm(params: "Sequence[nn.Parameter]", max_norm: float | None) -> 
     params = [p for p in params if p.grad is not None]
     if not params:
         return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return float(norm)
+    groups: dict[Any, list[Any]] = {}
+    for p in params:  # DTensors of one mesh each (split experts live on a mesh of their own)
+        groups.setdefault(getattr(p, "device_mesh", None), []).append(p)
+    if len(groups) == 1:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in groups.values()]
+    total = torch.linalg.vector_norm(torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]))
+    if max_norm is not None:
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return float(total)
 
 
 __all__ = ["build_optimizer", "empty_state", "STATE_COPIES", "freeze", "frozen_names", "lr_lambda", "run_schedule", "clip_grad_norm"]

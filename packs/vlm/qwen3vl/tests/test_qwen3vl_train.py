@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmcore.testing import stage_manifest as manifest, two_processes_match_one
+from mmcore.testing import stage_manifest as manifest, train_losses, two_processes_match_one
 
 
 def tiny(pack: str, *extra: str) -> list[str]:
@@ -21,8 +21,23 @@ def test_two_process_fsdp2_matches_one_process_with_experts(mm, tmp_path: Path) 
     flipped top-2 choice would move the loss far beyond rel 1e-5). The router's load-balancing
     loss is computed per micro-batch (one of two samples here, two of one there), as in
     transformers and Megatron, so it is left out of this comparison; the unit test holds its
-    value (test_qwen3vl_moe.py)."""
-    two_processes_match_one(mm, tmp_path, tiny("qwen3vl-moe", "training.moe_aux_loss_coef=0"))
+    value (test_qwen3vl_moe.py).
+    Expert parallelism (parallel.expert_parallel=2: each process holds 2 of each layer's 4
+    experts, tokens sent to them by all-to-all) runs the same losses; killed with kill -9 after
+    step 2, its checkpoint resumes with the experts whole (expert_parallel=1) to the same losses."""
+    args = tiny("qwen3vl-moe", "training.moe_aux_loss_coef=0")
+    two_processes_match_one(mm, tmp_path, args)
+    ep = [*args, "training.steps=3", "training.micro_batch_size=1", "training.checkpoint_every=1", "--nproc-per-node", "2", "--run-dir", "ep"]
+    killed = mm("run", *ep, "parallel.expert_parallel=2", check=False, MMCORE_TEST_KILL="train-step:2")
+    assert killed.returncode != 0 and "expert parallel: each MoE layer's 4 experts split over groups of 2 processes, 2 on each (2 layers)" in killed.stdout, killed.stdout[-800:]
+    resumed = mm("run", *ep)
+    assert "[train] resuming (interrupted at step 2" in resumed.stdout, resumed.stdout[-800:]
+    two, split = train_losses(tmp_path / "two"), train_losses(tmp_path / "ep")
+    assert list(split) == [1, 2, 3]
+    for step in two:  # fp32: the all-to-all changes which rank sums an expert's tokens, not the sums (measured equal)
+        assert split[step] == pytest.approx(two[step], rel=1e-5), (step, two, split)
+    odd = mm("train", *ep, "--force", "parallel.expert_parallel=3", check=False)
+    assert odd.returncode == 1 and "error: parallel.expert_parallel=3 does not divide the 2 processes" in odd.stderr, odd.stderr[-800:]
 
 
 @pytest.mark.slow
