@@ -68,6 +68,9 @@ def split_experts(model: Any, size: int, world_size: int, device_type: str) -> E
         raise StageError(f"parallel.expert_parallel={size}: the model ({type(model).__name__}) has no experts transformers can split (no expert-parallel plan)")
     modules = dict(model.named_modules())
     experts = [modules[name] for name in sorted(dispatched)]
+    adapted = [name for name in sorted(dispatched) if any("lora_" in n for n, _ in modules[name].named_parameters())]
+    if adapted:  # LoRA beside split experts is fine (measured); adapters inside them would need splitting too
+        raise StageError(f"parallel.expert_parallel={size}: training.lora adapts the experts ({adapted[0]}); leave them out of training.lora.target_modules")
     counts = {getattr(module, "num_experts", 0) for module in experts}
     if any(count % size for count in counts):
         raise StageError(f"parallel.expert_parallel={size} does not divide the {sorted(counts)} experts of each MoE layer")
@@ -91,7 +94,7 @@ def shard_experts(split: ExpertSplit, options: dict[str, Any]) -> None:
             module.set_force_sum_reduction_for_comms(True)
 
 
-def check_expert_parallel(size: int, world_size: int, *, ulysses: int, replicate: int, lora: bool) -> None:
+def check_expert_parallel(size: int, world_size: int, *, ulysses: int, replicate: int) -> None:
     """``parallel.expert_parallel`` > 1: what the split needs, refused in one line where it is missing."""
     if world_size % size:
         raise StageError(f"parallel.expert_parallel={size} does not divide the {world_size} processes")
@@ -99,8 +102,6 @@ def check_expert_parallel(size: int, world_size: int, *, ulysses: int, replicate
         raise StageError("parallel.expert_parallel with parallel.ulysses is not supported yet: choose one")
     if replicate > 1:
         raise StageError("parallel.expert_parallel with parallel.replicate (HSDP) is not supported yet: the experts shard over the EP groups' copies, the rest over every process")
-    if lora:
-        raise StageError("parallel.expert_parallel with training.lora is not supported yet: LoRA on split experts needs adapters sharded with them")
 
 
 __all__ = ["ExpertSplit", "concrete_plan", "split_experts", "shard_experts", "check_expert_parallel"]
