@@ -43,8 +43,9 @@ class FeatureExtraction:
         empty = cache.add(content_key("text", "", length, identity), lambda: encoders.text(""))
         for i in ctx.progress(range(len(data)), description="extract", unit="clip"):
             meta, frames = data.meta(i), data[i]["frames"]
+            latents = self.cached_latents(cache, encoders, frames, data[i].get("audio"), meta["bucket"], identity)  # encoded first, as always
             text = cache.add(content_key("text", meta["caption"], length, identity), lambda: encoders.text(meta["caption"]))
-            refs = {**self.cached_latents(cache, encoders, frames, data[i].get("audio"), meta["bucket"], identity), "text": [text]}
+            refs = {**latents, "text": [text]}
             refs.update(self.cached_conditions(cache, encoders, frames, meta["bucket"], identity))
             if "rejected_frames" in data[i]:  # a preference pair: its other video too
                 other = data[i]["rejected_frames"]
