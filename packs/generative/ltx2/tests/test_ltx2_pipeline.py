@@ -126,13 +126,13 @@ def test_training_from_the_cache_equals_encoding_on_the_fly_and_samples_carry_so
 @pytest.mark.matrix  # the full demo (about 6 min on one thread); make test runs its path with the tiny preset above
 def test_demo_keeps_its_promise_and_the_export_generates_video_and_sound_in_plain_diffusers(ltx2, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # The README's promise: the held-out error over both streams at fixed noise levels and noise
-    # falls below 0.6x its start; with another held-out clip's caption it is at least 1.3x that
-    # with its own (tools/demo_matrix.py: by 60 % of the steps for the seeds it ran).
+    # falls below 0.6x its start (tools/demo_matrix.py: by 60 % of the steps for the seeds it
+    # ran). Caption sensitivity is not promised: 1.70 with seed 0 but 1.10 with seed 1.
     from diffusers import LTX2Pipeline
 
     from mmcore.testing import diffusion_demo_holds
 
-    run = diffusion_demo_holds(ltx2, tmp_path, "ltx2", sensitivity=1.3)
+    run = diffusion_demo_holds(ltx2, tmp_path, "ltx2")
     pipe = LTX2Pipeline.from_pretrained(run / "export/pipeline")
     video, audio = pipe(
         "a red square moves right",
