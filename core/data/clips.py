@@ -23,6 +23,23 @@ from mmcore.errors import StageError
 from mmcore.framework.pack import StageResult
 
 
+def sound_track(media: Path, rate: int, seconds: float) -> Any:
+    """``seconds`` of ``media``'s sound from its start, mono float32 at ``rate``: cut, or padded
+    with silence where it is shorter; silence for a video without a sound track."""
+    import numpy as np
+
+    from mmcore.data.audio import load_audio
+
+    count = round(seconds * rate)
+    try:
+        samples = load_audio(media, rate)
+    except MediaError as exc:
+        if "has no audio stream" not in str(exc):
+            raise
+        samples = np.zeros(0, np.float32)
+    return np.pad(samples[:count], (0, max(0, count - len(samples[:count])))).astype(np.float32)
+
+
 class _Clip:
     def __init__(self, media: Path) -> None:
         self.media = media
@@ -42,6 +59,9 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
         datasets.append(demo(ctx.stage_dir / "demo-data", cfg.demo_samples, ctx.seed))
     if not datasets:
         raise StageError("no datasets: give --data CAPTIONS.json or a folder of videos with .txt captions")
+    audio_rate = getattr(cfg, "audio_rate", None)
+    if audio_rate and getattr(cfg, "ranking", False):
+        raise StageError("data.audio_rate with data.ranking: preference pairs of clips with sound are not supported yet")
     bad = BadSamples(cfg.on_bad_sample, ctx.stage_dir / "bad_samples.jsonl")
     writer = ShardWriter(ctx.stage_dir / "dataset")
     buckets: Counter[str] = Counter()
@@ -55,7 +75,10 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
             )
         height, width, frames = bucket
         images = sample_frames(item.media, info, fps=cfg.fps, count=frames)
-        return bucket, torch.from_numpy(resize_crop(images, height, width))
+        pixels = torch.from_numpy(resize_crop(images, height, width))
+        if audio_rate:  # the sound of the frames' time span: frames / fps seconds from the start
+            return bucket, (pixels, torch.from_numpy(sound_track(item.media, audio_rate, frames / cfg.fps)))
+        return bucket, pixels
 
     ranking = getattr(cfg, "ranking", False)
     if ranking:
@@ -91,7 +114,8 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
                 counts[split] += 1
             else:
                 split = "eval" if cfg.eval_fraction and held_out(split_key(item.file, item.index), cfg.eval_fraction) else "train"
-                writer.add({"frames": pixels}, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media), "split": split})
+                tensors = {"frames": pixels[0], "audio": pixels[1]} if audio_rate else {"frames": pixels}
+                writer.add(tensors, length=frames, meta={"caption": item.caption, "bucket": list(bucket), "source": str(item.media), "split": split})
                 counts[split] += 1
             buckets[f"{height}x{width}x{frames}"] += 1
     skipped = bad.close()
@@ -100,7 +124,7 @@ def preprocess_captioned_videos(ctx: StageContext, demo: Callable[[Path, int, in
     from mmcore.train.sampler import refuse_fewer_than_a_step
 
     refuse_fewer_than_a_step(ctx.config, counts["train"], "preference pairs" if ranking else "clips")
-    writer.close(fps=cfg.fps, ranking=ranking)
+    writer.close(fps=cfg.fps, ranking=ranking, **({"audio_rate": audio_rate} if audio_rate else {}))
     what = f"{'pairs' if ranking else 'clips'} ({counts['train']} train / {counts['eval']} held out)" if ranking or counts["eval"] else "clips"
     notes = [f"{len(writer.samples)} {what} in buckets " + ", ".join(f"{k}: {v}" for k, v in sorted(buckets.items()))]
     if skipped:

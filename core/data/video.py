@@ -180,8 +180,9 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def write_mp4(path: Path, frames: Any, fps: float) -> None:
-    """Frames (F, H, W, 3) uint8 -> H.264 mp4, the same bytes for the same frames (see :func:`x264_options`)."""
+def write_mp4(path: Path, frames: Any, fps: float, audio: tuple[Any, int] | None = None) -> None:
+    """Frames (F, H, W, 3) uint8 -> H.264 mp4, the same bytes for the same frames (see :func:`x264_options`);
+    ``audio``: (mono float samples in [-1, 1], sample rate), muxed as an AAC sound track."""
     import av
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,11 +190,30 @@ def write_mp4(path: Path, frames: Any, fps: float) -> None:
         stream = container.add_stream("libx264", rate=max(1, round(fps)), options=x264_options())
         stream.height, stream.width = int(frames.shape[1]), int(frames.shape[2])
         stream.pix_fmt = "yuv420p"
+        sound = container.add_stream("aac", rate=audio[1], layout="mono") if audio is not None else None
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if sound is not None:
+            _mux_audio(container, sound, audio[0], audio[1])
+
+
+def _mux_audio(container: Any, stream: Any, samples: Any, rate: int) -> None:
+    """Mono float samples encoded into ``stream`` in the encoder's frame size."""
+    import av
+    import numpy as np
+
+    data = np.clip(np.asarray(samples, dtype=np.float32).reshape(-1), -1.0, 1.0)
+    size = stream.codec_context.frame_size or 1024
+    for start in range(0, len(data), size):
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data[start : start + size][None]), format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = rate, start
+        for packet in stream.encode(frame):
+            container.mux(packet)
+    for packet in stream.encode(None):
+        container.mux(packet)
 
 
 def contact_sheet(path: Path, rows: list[Any], *, scale: int = 2) -> None:

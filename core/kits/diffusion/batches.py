@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from mmcore.errors import StageError
+from mmcore.kits.diffusion.latents import is_named, regroup, shape_of, stack
 
 
 class FreshSamples:
@@ -19,7 +20,7 @@ class FreshSamples:
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         item = self.data[i]
-        return {**{k: item[k] for k in ("frames", "rejected_frames") if k in item}, "caption": self.data.meta(i)["caption"]}
+        return {**{k: item[k] for k in ("frames", "rejected_frames", "audio") if k in item}, "caption": self.data.meta(i)["caption"]}
 
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -27,19 +28,21 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     listed for :func:`encode`; ``num_loss_tokens`` counts the samples (the loss is per sample)."""
     import torch
 
-    shapes = {tuple(s["latents"].shape if "latents" in s else s["frames"].shape) for s in samples}
+    samples = [regroup(s) for s in samples]  # named latents cached as latents.<name> fields
+    shapes = {shape_of(s["latents"]) if "latents" in s else tuple(s["frames"].shape) for s in samples}
     if len(shapes) > 1:
         raise StageError(f"a micro-batch mixes shapes {sorted(shapes)}; the sampler groups by bucket, so the cache and the preprocessed data disagree: rerun preprocess and extract with --force")
     batch: dict[str, Any] = {"num_loss_tokens": len(samples)}  # the loss is per sample
     if "latents" in samples[0]:  # cached: latents, text and any conditions, stacked
         for name, value in samples[0].items():
-            if isinstance(value, torch.Tensor):
-                batch[name] = torch.stack([s[name] for s in samples])
+            if isinstance(value, torch.Tensor) or (name == "latents" and is_named(value)):
+                batch[name] = stack([s[name] for s in samples])
     else:
         batch["frames"] = [s["frames"] for s in samples]
         batch["captions"] = [s["caption"] for s in samples]
-        if "rejected_frames" in samples[0]:
-            batch["rejected_frames"] = [s["rejected_frames"] for s in samples]
+        for name in ("rejected_frames", "audio"):
+            if name in samples[0]:
+                batch[name] = [s[name] for s in samples]
     return batch
 
 
@@ -52,7 +55,9 @@ def encode(batch: dict[str, Any], encoders: Any, conditions: Sequence[str] = ())
 
     if encoders is None:
         return
-    batch["latents"] = torch.stack([encoders.latents(f) for f in batch["frames"]])
+    # a clip with its sound track (data.audio_rate): the encoders take both and give named latents
+    clips = [encoders.latents(f, a) for f, a in zip(batch["frames"], batch["audio"])] if "audio" in batch else [encoders.latents(f) for f in batch["frames"]]
+    batch["latents"] = stack(clips)
     if "rejected_frames" in batch:
         batch["rejected_latents"] = torch.stack([encoders.latents(f) for f in batch["rejected_frames"]])
     batch["text"] = torch.stack([encoders.text(c) for c in batch["captions"]])

@@ -81,11 +81,11 @@ class PipelineExport:
         import torch
 
         inputs = self.family.probe(trained, self.ctx, torch.Generator().manual_seed(0))
-        with torch.no_grad():
-            a, b = trained(**inputs, return_dict=False)[0], loaded(**inputs, return_dict=False)[0]
+        with torch.no_grad():  # every output the denoiser returns (LTX-2: the video's and the audio's)
+            ours, theirs = trained(**inputs, return_dict=False), loaded(**inputs, return_dict=False)
         # Same weights, same inputs; CPU kernels may still round differently with the buffers'
         # alignment (mmap-loaded vs. allocated), so outputs are compared with a tolerance.
-        diff = float((a - b).abs().max())
+        diff = max(float((a - b).abs().max()) for a, b in zip(ours, theirs) if isinstance(a, torch.Tensor))
         if diff > 1e-4:
             raise StageError(f"the exported denoiser computes differently from the trained one (max |diff| {diff:.3g})")
         return diff

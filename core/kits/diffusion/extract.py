@@ -8,6 +8,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any, Mapping
 
 from mmcore.framework.context import StageContext
+from mmcore.kits.diffusion.latents import PREFIX
 from mmcore.framework.pack import StageResult
 from mmcore.run.rundir import Manifest
 
@@ -42,9 +43,10 @@ class FeatureExtraction:
         empty = cache.add(content_key("text", "", length, identity), lambda: encoders.text(""))
         for i in ctx.progress(range(len(data)), description="extract", unit="clip"):
             meta, frames = data.meta(i), data[i]["frames"]
-            latents = cache.add(content_key("latents", frames.numpy().tobytes(), meta["bucket"], identity), lambda: encoders.latents(frames))
+            latents = self.cached_latents(cache, encoders, frames, data[i].get("audio"), meta["bucket"], identity)  # encoded first, as always
             text = cache.add(content_key("text", meta["caption"], length, identity), lambda: encoders.text(meta["caption"]))
-            refs = {"latents": [latents], "text": [text], **self.cached_conditions(cache, encoders, frames, meta["bucket"], identity)}
+            refs = {**latents, "text": [text]}
+            refs.update(self.cached_conditions(cache, encoders, frames, meta["bucket"], identity))
             if "rejected_frames" in data[i]:  # a preference pair: its other video too
                 other = data[i]["rejected_frames"]
                 refs["rejected_latents"] = [cache.add(content_key("latents", other.numpy().tobytes(), meta["bucket"], identity), lambda: encoders.latents(other))]
@@ -57,6 +59,23 @@ class FeatureExtraction:
                 f"cached latents, text embeddings{''.join(', ' + c for c in self.family.conditions)} of {len(data)} clips: {cache.encoded} tensors encoded, {cache.reused} found already encoded (repeated captions, or a run before)"
             ],
         )
+
+    def cached_latents(self, cache: Any, encoders: Any, frames: Any, audio: Any, bucket: Any, identity: str) -> dict[str, list[str]]:
+        """The clip's latents in the cache: ``latents``, or for a clip with its sound track
+        (``audio``, from ``data.audio_rate``) the encoders' named latents, one field each
+        (``latents.video``, ``latents.audio``: :func:`~mmcore.kits.diffusion.latents.regroup`)."""
+        if audio is None:
+            return {"latents": [cache.add(content_key("latents", frames.numpy().tobytes(), bucket, identity), lambda: encoders.latents(frames))]}
+        made: dict[str, Any] = {}
+        content = frames.numpy().tobytes() + audio.numpy().tobytes()
+        names = encoders.latent_names
+
+        def part(name: str) -> Any:
+            if not made:
+                made.update(encoders.latents(frames, audio))
+            return made[name]
+
+        return {f"{PREFIX}{name}": [cache.add(content_key("latents", name, content, bucket, identity), lambda name=name: part(name))] for name in names}
 
     def cached_conditions(self, cache: Any, encoders: Any, frames: Any, bucket: Any, identity: str) -> dict[str, list[str]]:
         """The clip's conditioning tensors in the cache (made together, once, where any is missing)."""

@@ -190,6 +190,8 @@ class DiffusionFamily:
         from mmcore.data.shards import ShardDataset
 
         data = ShardDataset(upstream["preprocess"].output("dataset"))
+        if data.index.get("audio_rate") and ctx.config.training.method in ("dpo", "grpo"):
+            raise StageError(f"training.method={ctx.config.training.method}: clips with sound (named video and audio latents) train with sft only for now")
         if ctx.config.training.method == "grpo":
             from mmcore.kits.diffusion.grpo import DiffusionGRPORecipe
 

@@ -9,9 +9,10 @@ and sums the objective's errors. Held-out clips are measured at :data:`EVAL_SIGM
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from mmcore.errors import StageError
+from mmcore.kits.diffusion.latents import batch_size, device_of, is_named, per_sample_error, stack, tree_map
 
 
 #: the noise levels a held-out clip is measured at (one fixed noise draw each)
@@ -61,10 +62,14 @@ class FlowMatching:
     """Rectified flow (Wan, FLUX, HunyuanVideo): ``x_s = (1 - s) x + s n`` at a noise level
     ``s`` in (0, 1), the velocity ``n - x`` regressed; levels drawn uniform or logit-normal and
     shifted (``training.flow_shift``, ``training.timestep_sampling``). ``predict`` gets ``s``.
-    ``within``: one expert's levels [lo, hi) only (drawn and held out there)."""
+    ``within``: one expert's levels [lo, hi) only (drawn and held out there). Named latents
+    (:mod:`~mmcore.kits.diffusion.latents`, LTX-2's video and audio) share the level; each
+    name's squared error is averaged over its own elements and the names summed with
+    ``weights`` (default 1 each)."""
 
-    def __init__(self, within: tuple[float, float] = (0.0, 1.0)) -> None:
+    def __init__(self, within: tuple[float, float] = (0.0, 1.0), weights: Mapping[str, float] | None = None) -> None:
         self.within = within
+        self.weights = dict(weights or {})
 
     def draw(self, batch: int, cfg: Any, generator: Any = None) -> Any:
         return sigmas(batch, cfg, generator, self.within)
@@ -76,10 +81,12 @@ class FlowMatching:
         return torch.tensor([lo + (hi - lo) * s for s in EVAL_SIGMAS])
 
     def errors(self, predict: Callable[..., Any], model: Any, latents: Any, noise: Any, levels: Any, text: Any) -> Any:
-        """Per-sample mean squared error of the predicted velocity."""
-        s = levels.view(-1, *[1] * (latents.dim() - 1))
-        prediction, generated = _generated(predict(model, (1 - s) * latents + s * noise, levels, text))
-        return _mean_error((prediction.float() - (noise - latents).float()) ** 2, generated)
+        """Per-sample mean squared error of the predicted velocity (named latents: per name, weighted)."""
+        level = lambda x: levels.view(-1, *[1] * (x.dim() - 1))  # noqa: E731
+        noisy = tree_map(lambda x, n: (1 - level(x)) * x + level(x) * n, latents, noise)
+        prediction, generated = _generated(predict(model, noisy, levels, text))
+        squared = tree_map(lambda p, x, n: (p.float() - (n - x).float()) ** 2, prediction, latents, noise)
+        return per_sample_error(squared, self.weights, _mean_error, generated)
 
 
 class NoiseSchedule:
@@ -124,6 +131,8 @@ class NoiseSchedule:
         return torch.tensor([int(s * self.steps) for s in EVAL_SIGMAS])
 
     def errors(self, predict: Callable[..., Any], model: Any, latents: Any, noise: Any, levels: Any, text: Any) -> Any:
+        if is_named(latents):
+            raise StageError(f"named latents ({', '.join(sorted(latents))}) are trained by flow matching only, not a {self.prediction_type} noise schedule")
         noisy = self.scheduler.add_noise(latents, noise, levels)
         output, generated = _generated(predict(model, noisy, levels, text))
         output = output.float()
@@ -154,18 +163,19 @@ def diffusion_loss(objective: Any, predict: Callable[..., Any], model: Any, late
     """
     import torch
 
-    batch = latents.shape[0]
+    batch, device = batch_size(latents), device_of(latents)
     if seeds is None:
         drop = torch.rand(batch) < cfg.caption_dropout
         levels = objective.draw(batch, cfg)
-        noise = torch.randn(latents.shape)
+        noise = tree_map(lambda x: torch.randn(x.shape), latents)
     else:
         generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
         drop = torch.cat([torch.rand(1, generator=g) for g in generators]) < cfg.caption_dropout
         levels = torch.cat([objective.draw(1, cfg, g) for g in generators])
-        noise = torch.stack([torch.randn(latents.shape[1:], generator=g) for g in generators])
+        # named latents: each sample's noise per name, in name order, from its one generator
+        noise = stack([{name: torch.randn(latents[name].shape[1:], generator=g) for name in sorted(latents)} if is_named(latents) else torch.randn(latents.shape[1:], generator=g) for g in generators])
     text = torch.where(drop.view(-1, *[1] * (text.dim() - 1)).to(text.device), empty_text.to(text.device).expand_as(text), text)
-    return objective.errors(predict, model, latents, noise.to(latents.device), levels.to(latents.device), text).sum()
+    return objective.errors(predict, model, latents, tree_map(lambda n: n.to(device), noise), levels.to(device), text).sum()
 
 
 def flow_matching_loss(predict: Callable[..., Any], model: Any, latents: Any, text: Any, empty_text: Any, cfg: Any, seeds: Any = None) -> Any:

@@ -20,6 +20,7 @@ from mmcore.errors import StageError
 from mmcore.kits import blocks_at
 from mmcore.kits.diffusion.batches import collate, encode
 from mmcore.kits.diffusion.flops import denoiser_flops
+from mmcore.kits.diffusion.latents import is_named, tree_map
 from mmcore.kits.diffusion.objectives import FlowMatching, diffusion_loss
 from mmcore.run.rundir import Manifest
 from mmcore.train import TrainRecipe
@@ -53,7 +54,7 @@ class DiffusionRecipe(TrainRecipe):
         if levels != (0.0, 1.0):
             if not isinstance(self.objective, FlowMatching):
                 raise StageError("training.expert: only flow-matching families have experts split by noise level")
-            self.objective = FlowMatching(levels)
+            self.objective = FlowMatching(levels, self.objective.weights)
         self.freeze_groups = family.freeze_groups
         self.step_flops = (family.flops or denoiser_flops)()
         self.sequence = ctx.config.parallel.ulysses  # ranks sharing each sample's tokens
@@ -102,7 +103,9 @@ class DiffusionRecipe(TrainRecipe):
         each sample's draws from its ``sample_seeds``."""
         encode(batch, self.encoders, self.family.conditions)
         device = next(model.parameters()).device
-        loss = diffusion_loss(self.objective, self.conditioned(batch, device), model, batch["latents"].to(device), batch["text"].to(device), self.empty_text, self.cfg, batch.get("sample_seeds"))
+        loss = diffusion_loss(
+            self.objective, self.conditioned(batch, device), model, tree_map(lambda x: x.to(device), batch["latents"]), batch["text"].to(device), self.empty_text, self.cfg, batch.get("sample_seeds")
+        )
         if self.sequence > 1:
             from mmcore.backends.ulysses import split_sum
 
@@ -138,11 +141,16 @@ class DiffusionRecipe(TrainRecipe):
         right = shuffled = other_condition = 0.0
         with torch.no_grad():
             for i, batch in enumerate(batches):
-                latents = batch["latents"].to(device)
+                latents = tree_map(lambda x: x.to(device), batch["latents"])
                 levels = self.objective.eval_levels().to(device)
                 count_levels = len(levels)
-                noise = torch.randn((count_levels, *latents.shape[1:]), generator=torch.Generator().manual_seed(ctx.seed * 100_003 + i)).to(device)
-                clean = latents.expand(count_levels, *latents.shape[1:])
+                generator = torch.Generator().manual_seed(ctx.seed * 100_003 + i)  # named latents: drawn in name order
+                noise = (
+                    {n: torch.randn((count_levels, *latents[n].shape[1:]), generator=generator).to(device) for n in sorted(latents)}
+                    if is_named(latents)
+                    else torch.randn((count_levels, *latents.shape[1:]), generator=generator).to(device)
+                )
+                clean = tree_map(lambda x: x.expand(count_levels, *x.shape[1:]), latents)
                 error = lambda predict, text: float(self.objective.errors(predict, model, clean, noise, levels, text.to(device).expand(count_levels, *text.shape[1:])).mean())  # noqa: E731
                 predict = self.conditioned(batch, device, count_levels)
                 right += error(predict, batch["text"])

@@ -89,6 +89,9 @@ class VideoSampling:
         for i, (prompt, name) in enumerate(ctx.progress(list(zip(prompts, names)), description=ctx.stage, unit="sample")):
             first_frame = {"image": images[i]} if images is not None else {}
             frames = self.family.sample(pipe, sampling, prompt, torch.Generator().manual_seed(seed + i), **first_frame)  # type: ignore[misc]
+            sound = None
+            if isinstance(frames, dict):  # a family that generates sound too: {"frames", "audio" (mono), "audio_rate"}
+                frames, sound = frames["frames"], (frames["audio"], int(frames["audio_rate"]))
             pixels = (frames.clip(0, 1) * 255).round().astype("uint8")
             if len(pixels) == 1:  # an image model's picture: a PNG, not a one-frame clip
                 from PIL import Image
@@ -96,9 +99,13 @@ class VideoSampling:
                 Image.fromarray(pixels[0]).save(folder / f"{name}.png")
                 written.append({"image": str(folder / f"{name}.png"), "pixels": pixels})
                 continue
-            write_mp4(folder / f"{name}.mp4", pixels, ctx.config.data.fps)
+            write_mp4(folder / f"{name}.mp4", pixels, ctx.config.data.fps, audio=sound)
             contact_sheet(folder / f"{name}.png", [pixels], scale=4)
             written.append({"video": str(folder / f"{name}.mp4"), "contact_sheet": str(folder / f"{name}.png"), "pixels": pixels})
+            if sound is not None:  # the sound track also on its own, beside the video that carries it
+                from mmcore.data.audio import write_audio
+
+                written[-1]["audio"] = str(write_audio(folder / f"{name}.wav", sound[0], sound[1]))
         return written
 
     def infer(self, model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:
@@ -130,7 +137,7 @@ class VideoSampling:
         names = [f"{first + k:04d}" for k in range(len(runnable))]
         done_all = self.render(pipe, [requests[i].prompt for i in runnable], ctx.stage_dir, names, images if family.conditions else None)
         for i, done in zip(runnable, done_all):
-            answers[i] = {k: done[k] for k in ("image", "video", "contact_sheet") if k in done}
+            answers[i] = {k: done[k] for k in ("image", "video", "contact_sheet", "audio") if k in done}
         return answers
 
     def evaluate(self) -> StageResult:

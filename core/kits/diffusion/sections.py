@@ -31,6 +31,11 @@ class VideoData(DataSection):
     eval_fraction: float = Field(
         0.0, ge=0, lt=1, description="The fraction of clips (with ranking: pairs) held out: training reports their velocity error at fixed noise (eval/loss), or preference accuracy."
     )
+    audio_rate: int | None = Field(
+        None,
+        gt=0,
+        description="Keep each clip's sound track beside its frames, mono at this sample rate, over the frames' time span (a clip without one: silence); for families that generate sound with the video (LTX-2). None: frames only.",
+    )
 
     @field_validator("buckets")
     @classmethod
