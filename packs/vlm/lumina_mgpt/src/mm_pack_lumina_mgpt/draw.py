@@ -10,16 +10,21 @@ import json
 from typing import Any
 
 
-def draw(family: Any, model: Any, prompt: list[int], length: int) -> list[int]:
-    """``length`` tokens after ``prompt``, greedily, through the family's logits (image codes unmasked inside pictures)."""
+def draw(family: Any, model: Any, prompt: list[int], rows: int, cols: int, codes: list[int], newline: int, end: int) -> list[int]:
+    """A picture of ``rows`` x ``cols`` codes after ``prompt`` (which ends with its size tokens),
+    greedily, the layout forced as Lumina-mGPT's sampler forces it: a code at each place (the
+    best of the image codes), the new-line token closing each row, ``<eoss>`` after the last."""
     import torch
 
-    ids = list(prompt)
+    ids, allowed = list(prompt), torch.tensor(codes)
     with torch.no_grad():
-        for _ in range(length):
-            batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
-            ids.append(int(family.forward_logits(model, batch)[0, -1].argmax()))
-    return ids[len(prompt) :]
+        for _ in range(rows):
+            for _ in range(cols):
+                batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+                scores = family.forward_logits(model, batch)[0, -1]
+                ids.append(int(allowed[scores[allowed].argmax()]))
+            ids.append(newline)
+    return ids[len(prompt) :] + [end]
 
 
 def evaluate_pictures(family: Any, ctx: Any, upstream: Any, text_result: Any) -> Any:
@@ -41,13 +46,39 @@ def evaluate_pictures(family: Any, ctx: Any, upstream: Any, text_result: Any) ->
         start = next(i for i, t in enumerate(labels) if t != -100)
         target = labels[start + 3 :]  # after <racm3:break> and the two size tokens, which the prompt gives
         prompt = sample["input_ids"][: start + 3].tolist()
-        got = draw(family, model, prompt, len(target))
+        newline = target[[t in code_set for t in target].index(False)]  # the first row's end
+        height, width = target.count(newline), target.index(newline)
+        got = draw(family, model, prompt, height, width, codes, newline, target[height * (width + 1)])
         pairs = [(g, w) for g, w in zip(got, target) if w in code_set]
         score = sum(g == w for g, w in pairs) / max(1, len(pairs))
         hits += score
         rows.append({"item": name, "image_token_accuracy": score, "tokens": got})
+    metrics = {**dict(text_result.metrics), "pictures": len(items), "image_token_accuracy": hits / len(items)}
+    agreement = picture_colours(family, upstream, items, rows, code_set)
+    if agreement is not None:
+        metrics["colour_agreement"] = agreement
     ctx.stage_dir.mkdir(parents=True, exist_ok=True)
     (ctx.stage_dir / "pictures.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    metrics = {**dict(text_result.metrics), "pictures": len(items), "image_token_accuracy": hits / len(items)}
-    note = f"{len(items)} held-out picture(s) drawn greedily by the export: {metrics['image_token_accuracy']:.1%} of their target image tokens reproduced"
+    note = f"{len(items)} held-out picture(s) drawn greedily by the export: {metrics['image_token_accuracy']:.1%} of their target image tokens reproduced" + (
+        f", {agreement:.0%} in their caption's colour" if agreement is not None else ""
+    )
     return StageResult(outputs={**dict(text_result.outputs), "pictures": "pictures.jsonl"}, metrics=metrics, notes=[*text_result.notes, note])
+
+
+def picture_colours(family: Any, upstream: Any, items: list[Any], rows: list[dict[str, Any]], codes: set[int]) -> float | None:
+    """The share of drawn pictures in their caption's colour (:mod:`mm_pack_lumina_mgpt.demo`), where captions name one."""
+    from transformers import AutoTokenizer
+
+    from mmcore.data import ShardDataset
+
+    from mm_pack_lumina_mgpt.demo import code_colours, colour_agreement
+
+    tokenizer = AutoTokenizer.from_pretrained(upstream["download"].output("model"))
+    table = code_colours(ShardDataset(upstream["preprocess"].output("dataset")).split("train"), tokenizer, codes)
+    prompts = [tokenizer.decode(s["input_ids"][: next(j for j, t in enumerate(s["labels"].tolist()) if t != -100)].tolist()) for _, s in items]
+    agreement = colour_agreement(prompts, [r["tokens"] for r in rows], table)
+    for row, prompt in zip(rows, prompts):
+        from mm_pack_lumina_mgpt.demo import drawn_colour
+
+        row["colour"] = drawn_colour(row["tokens"], table)
+    return agreement

@@ -19,9 +19,10 @@ from pydantic import Field
 
 from mmcore import StageContext
 from mmcore.config import RunConfig
-from mmcore.data import MLLMDataSection, write_shape_preferences, write_shape_questions
+from mmcore.data import MLLMDataSection, write_shape_preferences
 
 from mm_pack_lumina_mgpt.adapter import LuminaAdapter
+from mm_pack_lumina_mgpt.demo import write_caption_pictures
 
 
 class LuminaRunConfig(RunConfig):
@@ -79,7 +80,7 @@ def build_family() -> Any:
         freeze_groups=FREEZE_GROUPS,
         shard_layers=("model.layers",),
         towers={"model.vqmodel": image_codes},
-        demo=write_shape_questions,
+        demo=write_caption_pictures,  # text -> picture, the family's main use
         preference_demo=write_shape_preferences,
         lora_targets=LORA_TARGETS,
         end_token="<reserved08706>",

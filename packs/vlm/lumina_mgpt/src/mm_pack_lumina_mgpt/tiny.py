@@ -129,6 +129,10 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = ChameleonForConditionalGeneration(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if preset == "demo":  # codes that tell the demo's colours apart (mm_pack_lumina_mgpt.demo_vq)
+        from mm_pack_lumina_mgpt.demo_vq import fit_demo_vq
+
+        fit_demo_vq(model.model.vqmodel, build_processor(preset, tokenizer).image_processor, seed)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
