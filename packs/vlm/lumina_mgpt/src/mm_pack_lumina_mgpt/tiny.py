@@ -97,7 +97,6 @@ def model_config(preset: str, tokenizer):  # type: ignore[no-untyped-def]
     )
     # Lumina-mGPT's own fields (ChameleonXLLMXConfig), carried through as their config.json has them
     config.z_loss_weight, config.mask_image_logits, config.dropout = 0.0, False, 0.0
-    config.architectures = ["ChameleonXLLMXForConditionalGeneration"]
     return config
 
 
