@@ -147,3 +147,21 @@ def test_device_kernel_matches_the_reference(device: str) -> None:
     want = varlen_attention(*args)
     got = spec.load()(*(a.to(dev) for a in args))
     torch.testing.assert_close(got.float().cpu(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_positions_handed_on_under_their_own_name_split_the_row_too() -> None:
+    """An attention module whose forward keeps ``position_ids`` (Chameleon's) hands them on as
+    ``packed_position_ids``: the packed row is split there exactly as with ``position_ids``."""
+    from mmcore.train.attention import packed_attention_forward
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2]])
+
+    class Module:
+        is_causal = True
+
+    want, _ = packed_attention_forward(Module(), q, k, v, None, kernel=varlen_attention, position_ids=positions)
+    got, _ = packed_attention_forward(Module(), q, k, v, None, kernel=varlen_attention, packed_position_ids=positions)
+    whole, _ = packed_attention_forward(Module(), q, k, v, None, kernel=varlen_attention)
+    assert torch.equal(got, want) and not torch.allclose(whole, want)

@@ -50,6 +50,8 @@ PROMISES = {
     "deepseek-ocr2": ("eval/accuracy", "max", 1.0),
     "kimi-k2.5": ("eval/accuracy", "max", 1.0),
     "janus": ("eval/accuracy", "max", 1.0),
+    # text -> picture: the colour of the held-out captions' drawn pictures, read from their codes (no VQ decoder in transformers)
+    "lumina-mgpt": ("evaluate/colour_agreement", "max", 0.8),
     "internvl": ("eval/accuracy", "max", 1.0),
     "glm4v": ("eval/accuracy", "max", 1.0),
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),

@@ -108,10 +108,27 @@ def segment_bounds(position_ids: Any) -> Any | None:
 
 
 def packed_attention_forward(
-    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, *, kernel: Callable[..., Any], dropout: float = 0.0, scaling: float | None = None, position_ids: Any = None, **kwargs: Any
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    *,
+    kernel: Callable[..., Any],
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    position_ids: Any = None,
+    packed_position_ids: Any = None,
+    **kwargs: Any,
 ) -> tuple[Any, None]:
-    """transformers' attention-function contract (``query`` [B, H, T, D] -> [B, T, H, D])."""
+    """transformers' attention-function contract (``query`` [B, H, T, D] -> [B, T, H, D]).
+
+    ``packed_position_ids``: the positions, for an attention module whose ``forward`` takes
+    ``position_ids`` itself and does not hand them on (Chameleon's); its pack passes them under
+    this name (a forward pre-hook adding the keyword), and they count as ``position_ids``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    position_ids = position_ids if position_ids is not None else packed_position_ids
 
     bounds = segment_bounds(position_ids) if attention_mask is None and query.shape[2] == key.shape[2] else None
     if bounds is None:

@@ -1,0 +1,1 @@
+"""mmcore pack for Lumina-mGPT (Chameleon architecture)."""
