@@ -5,13 +5,14 @@ LLaMA-Factory's JSON (image, text-only and text-to-image samples mixed) goes in 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mmcore.data import Sample, Turn
+from mmcore.testing import preprocessed
+from mmcore.testing.media import write_noise, write_wild_image_mllm
 from mm_pack_lumina_mgpt.family import LuminaRunConfig, encoder, processor
 
 
@@ -26,12 +27,6 @@ class _Ctx:
     config = LuminaRunConfig()
 
 
-def _noise(path: Path, size: tuple[int, int], seed: int) -> None:
-    from PIL import Image
-
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-
-
 SIZES = [(20, 12), (32, 32), (90, 40), (30, 100), (200, 200)]
 
 
@@ -42,7 +37,7 @@ def test_image_questions_become_what_the_processor_makes(tiny_dir: Path, tokeniz
     enc = encoder(_Ctx(), tiny_dir, tokenizer)
     sep = tokenizer.sep_token
     for i, size in enumerate(SIZES):
-        _noise(tmp_path / f"{i}.png", size, i)
+        write_noise(tmp_path / f"{i}.png", size, i)
         image = Image.open(tmp_path / f"{i}.png").convert("RGB")
         want = proc(text="<image>What colour?", images=[image], return_tensors="np")  # the processor appends the separator
         got = enc.encode_prompt(Sample("x.json", i, [Turn("user", "<image>What colour?")], {"images": [tmp_path / f"{i}.png"]}))
@@ -62,7 +57,7 @@ def test_a_generation_sample_is_the_prompt_then_the_picture_in_luminas_layout(ti
 
     from mm_pack_lumina_mgpt.pictures import center_crop
 
-    _noise(tmp_path / "target.png", (40, 30), 7)
+    write_noise(tmp_path / "target.png", (40, 30), 7)
     proc = processor(tiny_dir)
     enc = encoder(_Ctx(), tiny_dir, tokenizer)
     got = enc.encode(Sample("x.json", 0, [Turn("user", "a red square"), Turn("assistant", "<image>")], {"images": [tmp_path / "target.png"]}))
@@ -82,35 +77,15 @@ def test_a_generation_sample_is_the_prompt_then_the_picture_in_luminas_layout(ti
 
 
 def test_llama_factory_json_with_mixed_samples_preprocesses_unedited(tmp_path: Path) -> None:
-    from mmcore.data import ShardDataset
-    from mmcore.framework.plugins import Plugins
-    from mmcore.testing import make_runner
-
-    root = tmp_path / "data"
-    (root / "imgs").mkdir(parents=True)
-    _noise(root / "imgs/page.png", (64, 48), 1)
-    _noise(root / "imgs/word.jpg", (30, 30), 2)
-    records = [
-        {
-            "messages": [
-                {"role": "user", "content": "<image>What colour is the square?"},
-                {"role": "assistant", "content": "red"},
-                {"role": "user", "content": "And <image>?"},
-                {"role": "assistant", "content": "blue"},
-            ],
-            "images": ["imgs/page.png", "imgs/word.jpg"],
-        },
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]},
-        {"messages": [{"role": "user", "content": "a green circle"}, {"role": "assistant", "content": "<image>"}], "images": ["imgs/word.jpg"]},
-        {"messages": [{"role": "user", "content": "What colour is the square?"}, {"role": "assistant", "content": "yellow"}]},
-    ]
-    (root / "data.json").write_text(json.dumps(records))
-    runner = make_runner(Plugins.load(), "lumina-mgpt", tmp_path / "r", preset="tiny", overrides=[f"data.datasets=[{root / 'data.json'}]"])
-    for stage in ("download", "convert", "preprocess"):
-        runner.run_stage(stage)
+    """LLaMA-Factory's MLLM JSON as written: two images in a multi-turn sample, a system prompt,
+    text-only samples and a text-to-image sample mixed in, paths relative to the file."""
+    data = preprocessed(
+        "lumina-mgpt",
+        tmp_path / "r",
+        write_wild_image_mllm(tmp_path / "data", {"messages": [{"role": "user", "content": "a green circle"}, {"role": "assistant", "content": "<image>"}], "images": ["imgs/word.jpg"]}),
+    )
     from transformers import AutoTokenizer
 
     eoss = AutoTokenizer.from_pretrained(tmp_path / "r/download/model").convert_tokens_to_ids("<eoss>")
-    data = ShardDataset(tmp_path / "r/preprocess/dataset")
     kinds = sorted((("pixel_values" in data[i]) and len(data[i]["pixel_values"]), bool((data[i]["labels"] == eoss).any())) for i in range(len(data)))
-    assert kinds == [(0, False), (0, False), (0, True), (2, False)], kinds
+    assert kinds == [(0, False), (0, False), (0, True), (1, False), (2, False)], kinds

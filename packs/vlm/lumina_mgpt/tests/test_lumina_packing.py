@@ -6,7 +6,6 @@ the logits are transformers' own, image codes masked as ``ChameleonForConditiona
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from mmcore.data import Sample, Turn
+from mmcore.testing.packing import each_sample_equals_it_alone, encoded, packed_copy, packed_equals_padded
 from mm_pack_lumina_mgpt.family import FAMILY, LuminaRunConfig, encoder
 
 
@@ -38,50 +38,20 @@ def batches(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: 
         Sample("f", 2, [Turn("user", "Hello there, what colour is the square?"), Turn("assistant", "blue")]),
         Sample("f", 3, [Turn("user", "<image>What colour?"), Turn("assistant", "green")], {"images": [media / "small.png"]}),
     ]
-    data = []
-    for sample in samples:
-        e = enc.encode(sample)
-        data.append({"input_ids": torch.tensor(e.input_ids), "labels": torch.tensor(e.labels), **e.tensors})
-    return data, FAMILY.token_ids_of(tok)
-
-
-def packed_model(model):  # type: ignore[no-untyped-def]
-    from mmcore.attention import use_packed_attention, varlen_attention
-
-    packed = copy.deepcopy(model)
-    use_packed_attention(packed, varlen_attention)
-    return packed
+    return encoded(enc, samples), FAMILY.token_ids_of(tok)
 
 
 @pytest.mark.compares_runs
 def test_packed_row_equals_the_padded_batch_and_each_sample_alone(tiny_dir: Path, batches) -> None:  # type: ignore[no-untyped-def]
-    """fp32. Loss rel 1e-5, gradients rtol 1e-4 / atol 1e-6, logits atol 1e-5: the same arithmetic in
-    matrix products of other shapes. Logits at the dtype's minimum (masked codes) compare exactly."""
+    """Tolerances as :mod:`mmcore.testing.packing` states them (fp32); logits at the dtype's
+    minimum (masked codes) compare exactly."""
     data, ids = batches
     model = FAMILY.build_model(tiny_dir)
-    packed_net = packed_model(model)
-    padded, packed = FAMILY.collate(data, ids), FAMILY.collate(data, ids, pack=True)
-    assert packed["input_ids"].shape[0] == 1 and packed["num_loss_tokens"] == padded["num_loss_tokens"]
-    grads = []
-    for network, batch in ((model, padded), (packed_net, packed)):
-        loss = FAMILY.loss_sum(network, batch)
-        loss.backward()
-        grads.append((loss.item(), {n: p.grad for n, p in network.named_parameters() if p.grad is not None}))
-    (a, ga), (b, gb) = grads
-    assert b == pytest.approx(a, rel=1e-5) and a < 1e6  # no target under a masked logit
-    assert ga.keys() == gb.keys() and not any("vqmodel" in n for n in ga)
-    for name in ga:
-        assert torch.allclose(ga[name], gb[name], rtol=1e-4, atol=1e-6), name
-    model.eval()
-    with torch.no_grad():
-        alone = [FAMILY.forward_logits(model, FAMILY.collate([sample], ids))[0] for sample in data]
-        got = FAMILY.forward_logits(packed_net.eval(), packed)[0]
-    start = 0
-    for i, want in enumerate(alone):
-        end = start + len(want)
-        assert torch.allclose(got[start:end], want, atol=1e-5), i
-        start = end
-    assert start == got.shape[0]
+    packed_net = packed_copy(model)
+    grads = packed_equals_padded(FAMILY, model, data, ids, packed_net=packed_net)
+    assert abs(FAMILY.loss_sum(model, FAMILY.collate(data, ids)).item()) < 1e6  # no target under a masked logit
+    assert not any("vqmodel" in n for n in grads)
+    each_sample_equals_it_alone(FAMILY, model, packed_net, data, ids)
 
 
 def test_logits_are_transformers_outside_pictures_and_unmasked_inside(tiny_dir: Path, batches) -> None:  # type: ignore[no-untyped-def]
