@@ -102,7 +102,7 @@ class FSDP2Backend:
         self.keep, self.files = _lora_checkpoint(model, plan)
         return Prepared(model=model, trained=self.params, optimizer_params=self.params, frozen=len(frozen), bf16=bf16, data_rank=data_rank, data_ranks=data_ranks)
 
-    def _shard(self, model: Any, shard_modules: list[Any], *, bf16: bool, offload: bool, replicate: int, experts: int) -> Any:
+    def _shard(self, model: Any, shard_modules: list[Any], *, bf16: bool, offload: bool, replicate: int, experts: int = 1) -> Any:
         import torch
 
         if not self.sharding:
