@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.23"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.24"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -205,8 +205,9 @@ SURFACE: Mapping[str, frozenset[str]] = {
     "mmcore.testing.packing": frozenset({
         "LOGITS_ATOL", "each_sample_equals_it_alone", "encoded", "packed_copy", "packed_equals_padded",
         "packed_training_matches_padded", "row_and_alone", "stage_losses",
+        "mixed_rows",  # 1.24
     }),
-    "mmcore.testing.media": frozenset({"write_image", "write_video", "write_audio", "tone", "write_noise", "write_wild_mllm", "write_wild_image_mllm", "write_wild_omni", "write_mixed_mllm"}),
+    "mmcore.testing.media": frozenset({"write_image", "write_video", "write_audio", "tone", "write_noise", "write_wild_mllm", "write_wild_image_mllm", "write_wild_omni", "write_mixed_mllm", "write_captioned_pictures", "PICTURE_COLOURS"}),
 }
 # fmt: on
 

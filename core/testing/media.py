@@ -178,3 +178,29 @@ def write_wild_image_mllm(root: Path, *extra: dict[str, Any]) -> Path:
     ]
     (root / "data.json").write_text(json.dumps(records))
     return root / "data.json"
+
+
+#: the colours :func:`write_captioned_pictures` draws
+PICTURE_COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
+
+
+def write_captioned_pictures(root: Path) -> Path:
+    """Text-to-picture samples in LLaMA-Factory's MLLM JSON: eight 32x32 pictures (a square or a
+    circle of each :data:`PICTURE_COLOURS` colour on grey), each the assistant's ``<image>`` answer
+    to its caption ("a red square"). Returns the JSON file."""
+    import json
+
+    from PIL import Image, ImageDraw
+
+    (root / "pics").mkdir(parents=True)
+    records = []
+    for colour, rgb in PICTURE_COLOURS.items():
+        for shape in ("square", "circle"):
+            picture = Image.new("RGB", (32, 32), (128, 128, 128))
+            draw = ImageDraw.Draw(picture)
+            (draw.rectangle if shape == "square" else draw.ellipse)((4, 4, 27, 27), fill=rgb)
+            picture.save(root / f"pics/{colour}-{shape}.png")
+            messages = [{"role": "user", "content": f"a {colour} {shape}"}, {"role": "assistant", "content": "<image>"}]
+            records.append({"messages": messages, "images": [f"pics/{colour}-{shape}.png"]})
+    (root / "pictures.json").write_text(json.dumps(records))
+    return root / "pictures.json"

@@ -33,6 +33,45 @@ def encoded(encoder: Any, samples: Iterable[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def mixed_rows(
+    family: Any,
+    encoder: Any,
+    config: Any,
+    model_dir: Path,
+    media: Path,
+    *,
+    wide: tuple[int, int] = (200, 90),
+    small: tuple[int, int] = (60, 50),
+    question: str = "What colour?",
+    picture_answer: bool = False,
+) -> tuple[list[dict[str, Any]], Any]:
+    """A packing check's batch, as a family's encoder makes it, and the family's token ids: an
+    image question on a ``wide`` noise picture (width, height; ``question`` asked), with
+    ``picture_answer`` a text -> picture sample ("a blue circle" -> the ``small`` picture), a
+    text-only sample, and an image question on the ``small`` picture. ``encoder(ctx, model_dir,
+    tokenizer)`` is the family's encoder factory and ``config`` its run config (``ctx.config``);
+    the pictures are written under ``media``."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from mmcore.data import Sample, Turn
+    from mmcore.testing.media import write_noise
+
+    write_noise(media / "wide.png", wide, 0)
+    write_noise(media / "small.png", small, 1)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    turns = [
+        ([Turn("user", f"<image>{question}"), Turn("assistant", "red")], {"images": [media / "wide.png"]}),
+        *([([Turn("user", "a blue circle"), Turn("assistant", "<image>")], {"images": [media / "small.png"]})] if picture_answer else []),
+        ([Turn("user", "Hello there, what colour is the square?"), Turn("assistant", "blue")], {}),
+        ([Turn("user", "<image>What colour?"), Turn("assistant", "green")], {"images": [media / "small.png"]}),
+    ]
+    samples = [Sample("f", i, conversation, media_of) for i, (conversation, media_of) in enumerate(turns)]
+    rows = encoded(encoder(SimpleNamespace(config=config), model_dir, tokenizer), samples)
+    return rows, family.token_ids_of(tokenizer)
+
+
 def packed_copy(model: torch.nn.Module, *also: Callable[[torch.nn.Module], Any]) -> torch.nn.Module:
     """A copy of ``model`` on the core's varlen attention, then each of ``also`` applied (a
     family's own per-sample isolation, e.g. of linear-attention state)."""

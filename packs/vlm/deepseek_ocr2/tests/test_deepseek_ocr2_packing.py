@@ -9,36 +9,16 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from mmcore.data import Sample, Turn
-from mmcore.testing.packing import each_sample_equals_it_alone, encoded, packed_copy, packed_equals_padded, packed_training_matches_padded
+from mmcore.testing.packing import each_sample_equals_it_alone, mixed_rows, packed_copy, packed_equals_padded, packed_training_matches_padded
 from mm_pack_deepseek_ocr2.family import FAMILY, DeepseekOcr2Config, encoder
 
 
 @pytest.fixture(scope="module")
 def batches(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from PIL import Image
-    from transformers import AutoTokenizer
-
-    media = tmp_path_factory.mktemp("media")
-    rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 256, (90, 200, 3), dtype=np.uint8)).save(media / "wide.png")  # cut into tiles
-    Image.fromarray(rng.integers(0, 256, (50, 60, 3), dtype=np.uint8)).save(media / "small.png")
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-
-    class Ctx:
-        config = DeepseekOcr2Config()
-
-    enc = encoder(Ctx(), tiny_dir, tok)
-    samples = [
-        Sample("f", 0, [Turn("user", "<image>Free OCR."), Turn("assistant", "red")], {"images": [media / "wide.png"]}),
-        Sample("f", 1, [Turn("user", "Hello there, what colour is the square?"), Turn("assistant", "blue")]),
-        Sample("f", 2, [Turn("user", "<image>What colour?"), Turn("assistant", "green")], {"images": [media / "small.png"]}),
-    ]
-    return encoded(enc, samples), FAMILY.token_ids_of(tok)
+    return mixed_rows(FAMILY, encoder, DeepseekOcr2Config(), tiny_dir, tmp_path_factory.mktemp("media"), question="Free OCR.")
 
 
 @pytest.mark.compares_runs

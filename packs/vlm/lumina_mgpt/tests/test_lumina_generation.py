@@ -8,29 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from mmcore.testing import stage_manifest as manifest
+from mmcore.testing.media import write_captioned_pictures as write_pictures
 from mmcore.testing import train_losses
-
-COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}
-
-
-def write_pictures(root: Path) -> Path:
-    """Eight captioned pictures (a square or a circle of a colour on grey)."""
-    from PIL import ImageDraw
-
-    (root / "pics").mkdir(parents=True)
-    records = []
-    for colour, rgb in COLOURS.items():
-        for shape in ("square", "circle"):
-            picture = Image.new("RGB", (32, 32), (128, 128, 128))
-            draw = ImageDraw.Draw(picture)
-            (draw.rectangle if shape == "square" else draw.ellipse)((4, 4, 27, 27), fill=rgb)
-            picture.save(root / f"pics/{colour}-{shape}.png")
-            records.append({"messages": [{"role": "user", "content": f"a {colour} {shape}"}, {"role": "assistant", "content": "<image>"}], "images": [f"pics/{colour}-{shape}.png"]})
-    (root / "pictures.json").write_text(json.dumps(records))
-    return root / "pictures.json"
 
 
 def test_pictures_train_and_the_export_draws_them_back(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -8,37 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from mmcore.data import Sample, Turn
-from mmcore.testing.packing import each_sample_equals_it_alone, encoded, packed_copy, packed_equals_padded
+from mmcore.testing.packing import each_sample_equals_it_alone, mixed_rows, packed_copy, packed_equals_padded
 from mm_pack_lumina_mgpt.family import FAMILY, LuminaRunConfig, encoder
 
 
 @pytest.fixture(scope="module")
 def batches(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from PIL import Image
-    from transformers import AutoTokenizer
-
-    media = tmp_path_factory.mktemp("media")
-    rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 256, (40, 90, 3), dtype=np.uint8)).save(media / "wide.png")
-    Image.fromarray(rng.integers(0, 256, (30, 30, 3), dtype=np.uint8)).save(media / "small.png")
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-
-    class Ctx:
-        config = LuminaRunConfig()
-
-    enc = encoder(Ctx(), tiny_dir, tok)
-    samples = [
-        Sample("f", 0, [Turn("user", "<image>What colour?"), Turn("assistant", "red")], {"images": [media / "wide.png"]}),
-        Sample("f", 1, [Turn("user", "a blue circle"), Turn("assistant", "<image>")], {"images": [media / "small.png"]}),
-        Sample("f", 2, [Turn("user", "Hello there, what colour is the square?"), Turn("assistant", "blue")]),
-        Sample("f", 3, [Turn("user", "<image>What colour?"), Turn("assistant", "green")], {"images": [media / "small.png"]}),
-    ]
-    return encoded(enc, samples), FAMILY.token_ids_of(tok)
+    return mixed_rows(FAMILY, encoder, LuminaRunConfig(), tiny_dir, tmp_path_factory.mktemp("media"), wide=(90, 40), small=(30, 30), picture_answer=True)
 
 
 @pytest.mark.compares_runs
