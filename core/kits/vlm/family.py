@@ -72,6 +72,10 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
             (default: copy them).
         towers: module path -> ``batch -> tokens`` through it (vision patches, audio frames),
             for the FLOPs of a step (:mod:`mmcore.train.flops`); the rest of the model counts text tokens.
+        frame_towers: module paths of vision towers called as ``(patch rows, grid_thw=[n, 3])``
+            that attend only within each temporal patch (Qwen-style; ``spatial_merge_size``
+            rows per output token): under ``parallel.ulysses`` a sequence group splits their
+            frames instead of each rank running all of them (:mod:`mmcore.backends.ulysses_towers`).
         packed_attention: with ``training.packing``, the text decoder's attention runs through
             the device's ``varlen_attention`` kernel (:mod:`mmcore.train.attention`, no T x T mask);
             False for a family whose text mask is not causal.
@@ -115,6 +119,7 @@ class VLMFamily(VLMBatches, VLMStages, VLMGeneration):
     end_token: str | None = None
     side_files: Callable[[Path, Path], None] | None = None
     towers: Mapping[str, Callable[[Batch], float]] = field(default_factory=dict)
+    frame_towers: Sequence[str] = ()
     packed_attention: bool = True
     lora_targets: Sequence[str] = ("model.language_model.*",)
     preference_demo: Any = None

@@ -106,12 +106,17 @@ class VLMRecipe(TrainRecipe):
         """``parallel.ulysses``: the text decoder runs on this rank's slice of each packed row,
         ``attention`` on the whole row (:mod:`mmcore.backends.ulysses`)."""
         from mmcore.backends.ulysses import SequenceGroup, use_ulysses
+        from mmcore.backends.ulysses_towers import split_tower_frames
 
         routed = self.family.router_aux_loss and getattr(model.config.get_text_config(), "router_aux_loss_coef", None)
         if routed and self.aux_coef != 0:
             raise StageError("parallel.ulysses does not yet split the routers' load-balancing loss: set training.moe_aux_loss_coef: 0")
         self.sequence_group = SequenceGroup.create(ctx.world.rank, ctx.world.world_size, self.sequence)
         use_ulysses(model, attention)
+        for path in self.family.frame_towers:
+            tower = model.get_submodule(path)
+            split_tower_frames(tower, int(tower.spatial_merge_size))
+            ctx.say(f"parallel.ulysses: the {self.sequence} ranks of a sequence group split {path}'s frames")
 
     def weights(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path:
         return upstream["convert"].output("checkpoint")

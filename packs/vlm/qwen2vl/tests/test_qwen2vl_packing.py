@@ -83,8 +83,9 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
     sampler, through the varlen attention path; killed after step 2 and resumed, the losses equal
     the straight run's.
     Ulysses sequence parallelism (parallel.ulysses=2 on 2 processes: one row, each rank's decoder
-    on half its tokens, samples crossing the halves' boundary) computes the same losses, killed
-    with kill -9 after step 2 and resumed."""
+    on half its tokens, samples crossing the halves' boundary, the vision tower's pictures and
+    video frames split between the two) computes the same losses, killed with kill -9 after
+    step 2 and resumed."""
     import json
 
     from mmcore.testing.media import write_mixed_mllm
@@ -120,7 +121,9 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
     assert mm("run", *args, "--run-dir", "ulysses", *split, check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
     assert sorted(p.name for p in (tmp_path / "ulysses/train/checkpoints").glob("step-*"))[-1] == "step-00000002"
     # resumed from the step-2 checkpoint (a run on another number of processes would start afresh)
-    assert "[train] resuming (interrupted at step 2" in mm("run", *args, "--run-dir", "ulysses", *split).stdout
+    resumed = mm("run", *args, "--run-dir", "ulysses", *split).stdout
+    assert "[train] resuming (interrupted at step 2" in resumed
+    assert "parallel.ulysses: the 2 ranks of a sequence group split model.visual's frames" in resumed  # each runs half the tower
     ulysses = losses("ulysses")
     assert list(ulysses) == [1, 2, 3, 4]
     for step in straight:  # fp32; the split only changes the order of sums (measured ~1e-7 relative)

@@ -9,7 +9,7 @@ from typing import Any
 def qwen_vision_fields(**own: Any) -> dict[str, Any]:
     """The shared ``VLMFamily`` fields, ``own`` added or put in their place: the media fields and
     placeholders, the tower's and the language model's layers as FSDP2 shards them, M-RoPE
-    positions and token types for packing, the tower cache (rows of ``pixel_values`` /
+    positions and token types for packing, the tower's frames split under Ulysses, the tower cache (rows of ``pixel_values`` /
     ``pixel_values_videos``), the shape demos, and ChatML's end of turn."""
     from mmcore.data import write_shape_preferences, write_shape_questions
     from mmcore.kits import rows_of
@@ -24,6 +24,7 @@ def qwen_vision_fields(**own: Any) -> dict[str, Any]:
         "packed_positions": rope_index_positions,
         "collate_extra": mm_token_types,
         "towers": {"model.visual": rows_of("pixel_values", "pixel_values_videos")},
+        "frame_towers": ("model.visual",),
         "demo": write_shape_questions,
         "preference_demo": write_shape_preferences,
         "end_token": "<|im_end|>",
