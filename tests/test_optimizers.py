@@ -162,3 +162,18 @@ def test_adafactor_on_sharded_parameters_is_refused_in_one_line(tmp_path: Path) 
     with pytest.raises(MmcoreError) as info:
         train(tmp_path / "bf16", "training.steps=2", "training.optimizer=adafactor", "training.precision=bf16")
     assert info.value.one_line().startswith("training.optimizer: adafactor runs on unsharded parameters only (one process, fp32")
+
+
+@pytest.mark.compares_runs
+def test_gradients_reduced_every_micro_batch_train_as_once_a_step(tmp_path: Path) -> None:
+    """parallel.gradient_sync=micro_batch (FSDP2 keeps the gradients sharded and reduce-scatters
+    after each micro-batch: what a model whose fp32 gradients do not fit a device needs) trains
+    as the default's one reduction a step. bf16, so FSDP2 shards on this one process; 2
+    micro-batches a step. Both sum the micro-batches' gradients in fp32 (the default unsharded
+    before its one reduction, the other each reduced one), the same additions: rel 1e-6."""
+    common = ["training.steps=6", "training.micro_batch_size=2", "training.grad_accum_steps=2", "training.precision=bf16"]
+    train(tmp_path / "step", *common)
+    train(tmp_path / "each", *common, "parallel.gradient_sync=micro_batch")
+    once, each = (list(train_losses(tmp_path / run).values()) for run in ("step", "each"))
+    assert len(each) == 6 and each[-1] < 0.9 * each[0], each  # it learns
+    assert each == pytest.approx(once, rel=1e-6), (once, each)

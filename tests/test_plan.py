@@ -5,6 +5,7 @@ close its figures come to a real step is tests/test_plan_measured.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -86,3 +87,26 @@ def test_an_moe_model_gets_expert_parallel_layouts() -> None:
     buffers = [float(row[5]) for row in ep]
     assert float(plain[5]) > buffers[0] > buffers[1] > buffers[2], (plain, ep)
     assert all(float(row[8]) > float(plain[8]) for row in ep)  # step seconds: the all-to-alls
+
+
+def test_accumulation_and_the_network_decide_between_fsdp_and_hsdp() -> None:
+    """Qwen2.5-VL-72B on 64 910B, 64 rows a step, micro-batches of 1: at sp8 each rank runs 8
+    micro-batches. FSDP2's default keeps their unsharded fp32 gradients (294 GB) until the step's
+    reduction, which no 64 GiB device holds, so the plan gives that layout
+    ``parallel.gradient_sync: micro_batch`` (sync-mb): then every micro-batch's reduce-scatter
+    crosses the 25 GB/s network, and sharding inside the node (HSDP) is faster."""
+    from mmcore.plan.devices import DEVICES
+    from mmcore.plan.layouts import Layout, estimate
+    from mmcore.plan.model import planned
+
+    plan_ = planned("qwen2.5vl", str(FIXTURES / "qwen2_5_vl_72b"), seq=8192)
+    device = DEVICES["910b"]
+    fsdp = estimate(plan_, Layout(shard=8, sp=8), device, micro_batch=1, global_batch=64, per_node=8)
+    assert fsdp.layout.sync_every and fsdp.layout.name() == "fsdp64 sp8 sync-mb"
+    one_row = estimate(plan_, Layout(shard=8, sp=8), device, micro_batch=1, global_batch=8, per_node=8)
+    assert not one_row.layout.sync_every  # one micro-batch a step: nothing accumulates unsharded
+    hsdp = estimate(plan_, Layout(shard=1, replicate=8, sp=8, offload=True), device, micro_batch=1, global_batch=64, per_node=8)
+    assert hsdp.fits and hsdp.step_s < fsdp.step_s, (hsdp.step_s, fsdp.step_s)
+    # the same layouts on one node's links (a cluster whose network were as fast as NVLink/HCCS) cost the compute alone
+    fast = dataclasses.replace(device, node_link=device.peer_link)
+    assert estimate(plan_, Layout(shard=8, sp=8), fast, micro_batch=1, global_batch=64, per_node=8).step_s < fsdp.step_s

@@ -69,6 +69,7 @@ class FSDP2Backend:
             check_expert_parallel(split.expert_parallel, world.world_size, ulysses=sequence, replicate=split.replicate)
         # bf16 and offload are FSDP2 policies: a single process shards too, over a group of its own
         self.sharding = bool(world.distributed or bf16 or cfg.cpu_offload)
+        self.sync_every = split.gradient_sync == "micro_batch"
         self.own_group = self.sharding and not world.distributed and not dist.is_initialized()
         if self.own_group:
             dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -166,8 +167,8 @@ class FSDP2Backend:
         flops = 0.0
         for i, batch in enumerate(batches):
             batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            if self.sharding:  # reduce gradients once, after the last micro-batch
-                model.set_requires_gradient_sync(i == len(batches) - 1)
+            if self.sharding:  # reduce gradients once, after the last micro-batch (parallel.gradient_sync: step)
+                model.set_requires_gradient_sync(self.sync_every or i == len(batches) - 1)
             loss = recipe.loss(model, batch)  # bf16 compute is the sharding's mixed-precision policy
             (loss * (self.world.world_size / total_tokens)).backward()
             loss_sum += loss.detach().float()

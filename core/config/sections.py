@@ -172,6 +172,10 @@ class ParallelSection(Section):
         ge=1,
         description="backend fsdp2, MoE models: the experts of each MoE layer split over groups of this many processes (transformers' expert-parallel plan: each token sent to its expert's rank and back by all-to-all); the other weights shard over every process as before; the same losses.",
     )
+    gradient_sync: Literal["step", "micro_batch"] = Field(
+        "step",
+        description="backend fsdp2, with gradient accumulation: reduce-scatter the gradients once a step (step: each rank accumulates its micro-batches' gradients unsharded, a full fp32 copy of the trained weights, and reduces once) or after every micro-batch (micro_batch: the gradients stay sharded, one reduction per micro-batch); micro_batch is what a model whose fp32 gradients do not fit one device needs (mmcore plan says which).",
+    )
     tensor_parallel: int = Field(1, ge=1, description="backend megatron: tensor-parallel ranks each layer is split over (attention heads, MLP columns, the vocabulary).")
     pipeline_parallel: int = Field(
         1, ge=1, description="backend megatron: pipeline stages the layers are placed on (the vision tower on the first); data-parallel replicas = processes / (tensor_parallel x pipeline_parallel)."

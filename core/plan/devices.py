@@ -31,12 +31,16 @@ class Device:
     #: device <-> device bandwidth within a node, bytes/s each way, for Ulysses' all-to-alls
     #: (NVLink 4: 450 GB/s; NVLink 3: 300 GB/s; the 910B's HCCS: 196 GB/s, 7 links of 28, an assumption)
     peer_link: float = 450e9
+    #: device <-> device bandwidth across nodes, bytes/s each way per device, for FSDP's
+    #: collectives over more ranks than a node has (one 400 Gb/s NIC per H100/H200: 50 GB/s; one
+    #: 200 Gb/s per A100 and per 910B (its 8 x 200GE RoCE ports a node): 25 GB/s; assumptions)
+    node_link: float = 50e9
 
 
-def _device(name: str, reported: str, memory_gib: float, host_link: float = 50e9, peer_link: float = 450e9) -> Device:
+def _device(name: str, reported: str, memory_gib: float, host_link: float = 50e9, peer_link: float = 450e9, node_link: float = 50e9) -> Device:
     peak = peak_of(reported)
     assert peak is not None, f"{reported} is not in mmcore.framework.accelerator.PEAK_BF16_FLOPS"
-    return Device(name, memory_gib * GIB, peak, host_link, peer_link)
+    return Device(name, memory_gib * GIB, peak, host_link, peer_link, node_link)
 
 
 #: ``--device`` names -> devices; the second argument is the name torch reports, looked up in
@@ -44,8 +48,8 @@ def _device(name: str, reported: str, memory_gib: float, host_link: float = 50e9
 DEVICES: dict[str, Device] = {
     "h100": _device("H100 80GB", "NVIDIA H100 80GB HBM3", 79.6),
     "h200": _device("H200 141GB", "NVIDIA H200", 139.8),
-    "a100": _device("A100 80GB", "NVIDIA A100-SXM4-80GB", 79.2, host_link=25e9, peer_link=300e9),
-    "910b": _device("Ascend 910B 64GB", "Ascend910B3", 64.0, host_link=25e9, peer_link=196e9),
+    "a100": _device("A100 80GB", "NVIDIA A100-SXM4-80GB", 79.2, host_link=25e9, peer_link=300e9, node_link=25e9),
+    "910b": _device("Ascend 910B 64GB", "Ascend910B3", 64.0, host_link=25e9, peer_link=196e9, node_link=25e9),
 }
 
 

@@ -34,11 +34,19 @@ fragmentation), an assumption, not a measurement.
 Step time: the step's model FLOPs (the engine's MFU count) on one rank, plus one more forward
 (a third of a step) with full recompute, over the device's peak times :data:`EFFICIENCY`; a
 pipeline's bubble ``(pp - 1) / micro-batches``; offload adds its transfers over the host link
-and the optimizer step in host memory. Communication is assumed overlapped with compute.
+and the optimizer step in host memory. Ulysses' and the experts' all-to-alls are added whole
+(they sit between the layers' matmuls). The data-parallel collectives (:func:`fsdp_seconds`:
+FSDP2's weight all-gathers and gradient reduce-scatter, HSDP's all-reduce over replicas,
+megatron's gradient all-reduce) overlap the compute as FSDP2's prefetch and bucketed reductions
+let them: only the part longer than the compute adds to the step. They run over ``peer_link``
+where the group fits a node and over ``node_link`` where it spans nodes (a ring is as fast as
+its slowest link), which is what makes HSDP (shard in a node, replicate across) win on
+clusters of many nodes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -70,6 +78,7 @@ class Layout:
     ep: int = 1  # expert parallel (an MoE model's experts)
     recompute: bool = False
     offload: bool = False
+    sync_every: bool = False  # parallel.gradient_sync: micro_batch (set by estimate where needed)
 
     @property
     def backend(self) -> str:
@@ -81,6 +90,7 @@ class Layout:
         parts += [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("sp", self.sp), ("ep", self.ep)) if v > 1]
         parts += ["recompute"] if self.recompute else []
         parts += ["offload"] if self.offload else []
+        parts += ["sync-mb"] if self.sync_every else []
         return " ".join(parts)
 
 
@@ -129,7 +139,7 @@ def state_bytes(plan: Planned, layout: Layout) -> tuple[float, float, float]:
     return 4.0 * local, 4.0 * trained, float(ADAM_BYTES * trained)
 
 
-def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int, global_batch: int, bf16: bool = True, runtime: float = RUNTIME_BYTES) -> Estimate:
+def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int, global_batch: int, bf16: bool = True, runtime: float = RUNTIME_BYTES, per_node: int = 8) -> Estimate:
     """The memory and time of one step of ``global_batch`` rows, ``micro_batch`` rows at a time
     per data-parallel rank (gradient accumulation, or a pipeline's micro-batches, makes up the rest)."""
     a = 2 if bf16 else 4
@@ -152,6 +162,10 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
             block = block - in_block + in_block / layout.ep
         sharded = layout.shard * layout.replicate > 1 or bf16 or layout.offload
         buffers = (2 * a * block + 4 * block if sharded else 0.0) + runtime
+        if sharded and accum > 1 and not layout.sync_every:
+            # parallel.gradient_sync: step keeps every micro-batch's gradients unsharded, in fp32,
+            # until the step's one reduction: a full copy of the trained weights' gradients
+            buffers += 4 * shard_elements(plan.model, 1, True) - 4 * block
     host = 0.0
     seconds_extra = 0.0
     if layout.offload:
@@ -165,10 +179,46 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
     flops = plan.flops(micro_batch) * accum / (layout.tp * layout.pp * layout.sp)
     compute = flops * (4 / 3 if layout.recompute else 1.0) / (device.peak * EFFICIENCY)
     bubble = 1 + (layout.pp - 1) / accum if layout.pp > 1 else 1.0
-    step = compute * bubble + seconds_extra
+    exposed = max(0.0, fsdp_seconds(plan, layout, device, per_node, accum, a) - compute)
+    step = compute * bubble + seconds_extra + exposed
     runnable = runnable_in_mmcore(plan, layout)
     est = Estimate(layout, weights, grads, optimizer, activations, other, buffers, host, step, flops / (step * device.peak), runnable, False)
-    return Estimate(**{**est.__dict__, "fits": est.total <= device.memory})
+    est = Estimate(**{**est.__dict__, "fits": est.total <= device.memory})
+    if not est.fits and accum > 1 and layout.backend == "fsdp2" and not layout.sync_every:
+        # the unsharded gradients do not fit: the same layout reducing every micro-batch
+        return estimate(plan, dataclasses.replace(layout, sync_every=True), device, micro_batch=micro_batch, global_batch=global_batch, bf16=bf16, runtime=runtime, per_node=per_node)
+    return est
+
+
+def fsdp_seconds(plan: Planned, layout: Layout, device: Device, per_node: int, accum: int, a: int) -> float:
+    """Seconds of a step's data-parallel collectives on one rank, before overlap. FSDP2 over
+    ``n = shard x sp`` ranks: each micro-batch all-gathers the weights at the compute dtype for
+    its forward and again for its backward (blocks reshard after forward; an MoE block's experts
+    over their ``n / ep`` copies only), and the step reduce-scatters the fp32 gradients once (the
+    engine syncs on the last micro-batch), or after every micro-batch (``sync_every``); HSDP then all-reduces each shard over the replicas.
+    Megatron all-reduces its local fp32 gradients over the data-parallel ranks. A ring sends
+    ``(k - 1) / k`` of the data over ``k`` ranks (an all-reduce twice that)."""
+
+    def link(ranks: int) -> float:  # a group within a node, or spanning nodes
+        return device.peer_link if ranks <= per_node else device.node_link
+
+    def ring(k: int) -> float:
+        return (k - 1) / k
+
+    trained = shard_elements(plan.model, 1, True)
+    if layout.backend == "megatron":
+        data = layout.shard * layout.replicate
+        return 2 * state_bytes(plan, layout)[1] * ring(data) / link(data * layout.tp * layout.pp)
+    n, r = layout.shard * layout.sp, layout.replicate
+    weights = shard_elements(plan.model, 1)
+    _, moe_layers, in_block, _ = plan.moe() if layout.ep > 1 else (0, 0, 0, 0)
+    experts = moe_layers * in_block  # every MoE layer's experts, as many as the largest block's
+    gathered = a * ((weights - experts) * ring(n) + experts / layout.ep * ring(max(1, n // layout.ep)))
+    reductions = accum if layout.sync_every else 1
+    seconds = (2 * accum * gathered + reductions * 4 * trained * ring(n)) / link(n)
+    if r > 1:  # with each reduce-scatter
+        seconds += reductions * 2 * 4 * trained / n * ring(r) / link(n * r)
+    return seconds
 
 
 def ulysses_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
@@ -230,8 +280,8 @@ def ranked(plan: Planned, device: Device, nodes: int, per_node: int, *, micro_ba
     best first: fitting, runnable in mmcore, fastest, then the simplest (fewest model-parallel
     splits, no recompute, no offload), smallest."""
     rows = global_batch or nodes * per_node * micro_batch
-    found = [estimate(plan, layout, device, micro_batch=micro_batch, global_batch=rows, bf16=bf16) for layout in candidates(plan, nodes, per_node)]
+    found = [estimate(plan, layout, device, micro_batch=micro_batch, global_batch=rows, bf16=bf16, per_node=per_node) for layout in candidates(plan, nodes, per_node)]
     return sorted(found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp * e.layout.ep, e.layout.recompute, e.layout.offload, e.total))
 
 
-__all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "expert_bytes", "candidates", "ranked"]
+__all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "fsdp_seconds", "expert_bytes", "candidates", "ranked"]

@@ -27,14 +27,16 @@ def render(plan: Planned, device: Device, nodes: int, per_node: int, estimates: 
         f"step: {global_batch} rows, micro-batches of {micro_batch} row(s), {'bf16' if bf16 else 'fp32'} compute; "
         f"step time at {EFFICIENCY:.0%} of peak (assumed), {RUNTIME_BYTES / GIB:.0f} GiB runtime per rank (assumed)",
         "",
-        f"{'layout':<30} {'weights':>7} {'grads':>7} {'optim':>7} {'act':>7} {'act-rc':>7} {'buffers':>7} {'total':>7}  {'fits':<4} {'step s':>8} {'MFU':>5}  runnable",
+        f"{'layout':<38} {'weights':>7} {'grads':>7} {'optim':>7} {'act':>7} {'act-rc':>7} {'buffers':>7} {'total':>7}  {'fits':<4} {'step s':>8} {'MFU':>5}  runnable",
     ]
     for e in estimates[:top]:
         lines.append(
-            f"{e.layout.name():<30} {_gib(e.weights)} {_gib(e.grads)} {_gib(e.optimizer)} {_gib(e.activations)} {_gib(e.activations_other if not e.layout.recompute else e.activations)} {_gib(e.buffers)} {_gib(e.total)}  "
+            f"{e.layout.name():<38} {_gib(e.weights)} {_gib(e.grads)} {_gib(e.optimizer)} {_gib(e.activations)} {_gib(e.activations_other if not e.layout.recompute else e.activations)} {_gib(e.buffers)} {_gib(e.total)}  "
             f"{'yes' if e.fits else 'no':<4} {e.step_s:8.2f} {e.mfu:5.1%}  {e.runnable or 'yes'}" + (f" (host {e.host / GIB:.0f} GiB)" if e.host else "")
         )
-    lines.append("GiB per rank; act: the layout's activations, act-rc: with full recompute; offload keeps weights, gradients and optimizer state in host memory")
+    lines.append(
+        "GiB per rank; act: the layout's activations, act-rc: with full recompute; offload keeps weights, gradients and optimizer state in host memory; sync-mb: parallel.gradient_sync=micro_batch (the unsharded gradients of a step's micro-batches would not fit)"
+    )
     best = next((e for e in estimates if e.fits and not e.runnable), None) or next((e for e in estimates if e.fits), None)
     if best is None:
         lines.append(f"no layout fits {device.memory / GIB:.0f} GiB: more ranks, a shorter sequence, or a smaller micro-batch")
