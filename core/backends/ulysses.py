@@ -9,8 +9,9 @@ Why this shape:
 * **Split at the decoder's input.** The towers and the embedding run on the whole row on every
   rank of the group (their cost is the media's, not the sequence's); a forward pre-hook on the
   text decoder (``model.get_decoder()``) keeps this rank's slice of ``inputs_embeds`` and of
-  every position tensor (1-D, or M-RoPE's rows), so RoPE, norms, MLPs and the LM head run on
-  T/N tokens and the logits come out sharded.
+  every position tensor (1-D, or M-RoPE's rows), and of the DeepStack features Qwen3-VL adds at
+  its visual tokens, so RoPE, norms, MLPs and the LM head run on T/N tokens and the logits come
+  out sharded.
 * **Attention sees the whole row.** After the all-to-all each rank holds every token for its
   heads; the packed row's segment bounds come from the whole row's positions (gathered), so
   samples that cross a rank's boundary attend exactly as unsplit (the inner attention is the
@@ -186,6 +187,12 @@ def _slice_decoder_inputs(module: Any, args: tuple[Any, ...], kwargs: dict[str, 
     width = embeds.shape[1] // group.size
     start, end = group.rank * width, (group.rank + 1) * width
     kwargs = {**kwargs, "inputs_embeds": embeds[:, start:end], "position_ids": kwargs["position_ids"][..., start:end]}
+    masks = kwargs.get("visual_pos_masks")
+    if masks is not None:  # Qwen3-VL's DeepStack: the tower features added at the visual tokens of early layers
+        before, inside = int(masks[:, :start].sum()), int(masks[:, start:end].sum())
+        kwargs["visual_pos_masks"] = masks[:, start:end]
+        if kwargs.get("deepstack_visual_embeds") is not None:
+            kwargs["deepstack_visual_embeds"] = [rows[before : before + inside] for rows in kwargs["deepstack_visual_embeds"]]
     return args, kwargs
 
 

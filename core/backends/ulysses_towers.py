@@ -46,11 +46,13 @@ def split_frames(rows: list[int], size: int) -> list[tuple[int, int]]:
 def _gather_rows(local: Any, counts: list[int], group: SequenceGroup) -> Any:
     """The group's ``local`` tensors ([counts[rank], ...] each) joined in rank order, with autograd."""
     import torch
-    from torch.distributed._functional_collectives import all_gather_tensor_autograd, wait_tensor
+    import torch.distributed._functional_collectives as collectives
 
+    # torch 2.13's name; the older one (deprecated there) for the torch releases before it
+    all_gather = getattr(collectives, "all_gather_single_autograd", None) or collectives.all_gather_tensor_autograd
     most = max(counts)
     padded = torch.cat([local, local.new_zeros(most - local.shape[0], *local.shape[1:])]) if local.shape[0] < most else local
-    gathered = wait_tensor(all_gather_tensor_autograd(padded.contiguous(), 0, group.group))
+    gathered = collectives.wait_tensor(all_gather(padded.contiguous(), 0, group.group))
     return torch.cat([gathered[rank * most : rank * most + n] for rank, n in enumerate(counts)])
 
 

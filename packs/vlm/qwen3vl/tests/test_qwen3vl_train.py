@@ -41,6 +41,25 @@ def test_two_process_fsdp2_matches_one_process_with_experts(mm, tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.compares_runs
+def test_ulysses_beside_expert_parallel_matches_one_process(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """parallel.ulysses=2 with parallel.expert_parallel=2 on two processes: each rank runs the
+    decoder on half of each packed row (with its share of the DeepStack features Qwen3-VL adds
+    at the visual tokens), half the vision tower's pictures, and 2 of each layer's 4 experts,
+    tokens sent to them by all-to-all. One data replica, so one process with the same
+    micro-batch trains the same step: equal losses (fp32; sums in another order, measured rel 1e-7)."""
+    args = [*tiny("qwen3vl-moe", "training.moe_aux_loss_coef=0"), "training.packing=true", "training.steps=3", "training.micro_batch_size=2"]
+    mm("run", *args, "--run-dir", "one")
+    split = mm("run", *args, "--run-dir", "split", "--nproc-per-node", "2", "parallel.ulysses=2", "parallel.expert_parallel=2").stdout
+    assert "parallel.ulysses: the 2 ranks of a sequence group split model.visual's frames" in split
+    assert "expert parallel: each MoE layer's 4 experts split over groups of 2 processes" in split
+    one, both = train_losses(tmp_path / "one"), train_losses(tmp_path / "split")
+    assert list(both) == [1, 2, 3]
+    for step in one:
+        assert both[step] == pytest.approx(one[step], rel=1e-5), (step, one, both)
+
+
+@pytest.mark.slow
 @pytest.mark.matrix
 @pytest.mark.compares_runs
 def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
