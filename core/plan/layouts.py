@@ -269,10 +269,10 @@ def candidates(plan: Planned, nodes: int, per_node: int) -> Iterator[Layout]:
                 continue
             yield Layout(shard=shard, replicate=replicate, tp=tp, pp=pp, sp=sp, recompute=recompute, offload=offload)
     experts = plan.moe()[0]
-    for ep, recompute in itertools.product((2, 4, 8), (False, True)):
-        # mmcore splits experts within every process's FSDP (no HSDP, TP, PP, SP or offload beside it)
-        if experts and experts % ep == 0 and world % ep == 0 and ep <= per_node:
-            yield Layout(shard=world, ep=ep, recompute=recompute)
+    for ep, sp, recompute in itertools.product((2, 4, 8), (1, 2, 4, 8), (False, True)):
+        # mmcore splits experts within every process's FSDP, Ulysses beside it (no HSDP, TP, PP or offload)
+        if experts and experts % ep == 0 and world % ep == 0 and ep <= per_node and world % sp == 0 and sp <= per_node and heads % sp == 0:
+            yield Layout(shard=world // sp, sp=sp, ep=ep, recompute=recompute)
 
 
 def ranked(plan: Planned, device: Device, nodes: int, per_node: int, *, micro_batch: int = 1, global_batch: int = 0, bf16: bool = True) -> list[Estimate]:
