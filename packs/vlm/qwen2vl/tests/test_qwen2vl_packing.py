@@ -134,6 +134,31 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
     assert unpacked.returncode == 1 and "error: parallel.ulysses splits packed rows: set training.packing: true" in unpacked.stderr, unpacked.stderr[-800:]
 
 
+@pytest.mark.slow
+@pytest.mark.matrix  # four processes: make test-matrix
+@pytest.mark.compares_runs
+def test_ulysses_inside_hsdp_replicas_matches_plain_data_parallel(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Four processes as two HSDP replicas (parallel.replicate=2), each a Ulysses group of two
+    (parallel.ulysses=2): two data replicas, so two plain data-parallel processes train the same
+    steps. Mixed pictures, video and text in token-budget rows: equal losses (fp32; measured equal)."""
+    import json
+
+    from mmcore.testing.media import write_mixed_mllm
+
+    data = write_mixed_mllm(tmp_path / "mixed", ("image", "video"))
+    args = ["--pack", "qwen2vl", "--preset", "tiny", "--data", str(data), "convert.verify=false", "evaluate.enabled=false"]
+    args += ["training.steps=3", "training.packing=true", "training.max_tokens=512"]
+    mm("run", *args, "--run-dir", "two", "--nproc-per-node", "2")
+    mm("run", *args, "--run-dir", "four", "--nproc-per-node", "4", "parallel.ulysses=2", "parallel.replicate=2")
+
+    def losses(run: str) -> list[float]:
+        rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    assert len(losses("four")) == 3
+    assert losses("four") == pytest.approx(losses("two"), rel=1e-5)
+
+
 @pytest.mark.compares_runs
 @pytest.mark.parametrize("pack", [False, True])
 def test_a_filler_adds_exact_zero_gradients_and_leaves_the_loss(batch_parts, tiny_dir: Path, tmp_path: Path, pack: bool) -> None:  # type: ignore[no-untyped-def]
