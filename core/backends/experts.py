@@ -94,12 +94,10 @@ def shard_experts(split: ExpertSplit, options: dict[str, Any]) -> None:
             module.set_force_sum_reduction_for_comms(True)
 
 
-def check_expert_parallel(size: int, world_size: int, *, replicate: int) -> None:
+def check_expert_parallel(size: int, world_size: int) -> None:
     """``parallel.expert_parallel`` > 1: what the split needs, refused in one line where it is missing."""
     if world_size % size:
         raise StageError(f"parallel.expert_parallel={size} does not divide the {world_size} processes")
-    if replicate > 1:
-        raise StageError("parallel.expert_parallel with parallel.replicate (HSDP) is not supported yet: the experts shard over the EP groups' copies, the rest over every process")
 
 
 __all__ = ["ExpertSplit", "concrete_plan", "split_experts", "shard_experts", "check_expert_parallel"]

@@ -66,7 +66,7 @@ class FSDP2Backend:
         if sequence > 1:
             _check_ulysses(ctx, recipe, sequence)
         if split.expert_parallel > 1:
-            check_expert_parallel(split.expert_parallel, world.world_size, replicate=split.replicate)
+            check_expert_parallel(split.expert_parallel, world.world_size)
         # bf16 and offload are FSDP2 policies: a single process shards too, over a group of its own
         self.sharding = bool(world.distributed or bf16 or cfg.cpu_offload)
         self.sync_every = split.gradient_sync == "micro_batch"

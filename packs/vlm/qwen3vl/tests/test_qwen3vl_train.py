@@ -60,6 +60,22 @@ def test_ulysses_beside_expert_parallel_matches_one_process(mm, tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # four processes: make test-matrix
+@pytest.mark.compares_runs
+def test_expert_parallel_inside_hsdp_matches_plain_fsdp(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Four processes as two HSDP replicas (parallel.replicate=2) with the experts split over
+    pairs (parallel.expert_parallel=2, the experts sharded over their copies in both replicas):
+    the losses of plain FSDP over the four (fp32; measured equal)."""
+    args = [*tiny("qwen3vl-moe", "training.moe_aux_loss_coef=0"), "training.steps=3", "training.micro_batch_size=1", "--nproc-per-node", "4"]
+    mm("run", *args, "--run-dir", "plain")
+    assert "expert parallel: each MoE layer's 4 experts split" in mm("run", *args, "--run-dir", "hsdp", "parallel.replicate=2", "parallel.expert_parallel=2").stdout
+    plain, hsdp = train_losses(tmp_path / "plain"), train_losses(tmp_path / "hsdp")
+    assert list(hsdp) == [1, 2, 3]
+    for step in plain:
+        assert hsdp[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, hsdp)
+
+
+@pytest.mark.slow
 @pytest.mark.matrix
 @pytest.mark.compares_runs
 def test_two_process_fsdp2_matches_one_process(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
