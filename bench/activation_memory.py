@@ -6,7 +6,11 @@ peak after building the model), step time beside it:
   backend's ``GPTModel`` of that shape (TP = PP = 1, the engine's ``forward_backward``);
 * packed attention: a packed row of 4k, 8k and 16k tokens (512-token samples) through a 2-layer
   decoder, transformers' SDPA with its block-diagonal mask vs the varlen kernel path
-  (``mmcore.train.attention``): the mask is T x T, so that path's memory grows with T^2.
+  (``mmcore.train.attention``): the mask is T x T, so that path's memory grows with T^2;
+* Ulysses' split vision tower: the bytes autograd saves on each of 2 ranks of a sequence group
+  for a 16-frame clip through a Qwen2-VL tower (width 1280 as the released one's, 4 blocks),
+  the frames split between the ranks (``mmcore.backends.ulysses_towers``) vs each rank running
+  them all, as before the split.
 
     python bench/activation_memory.py [--only recompute|megatron|attention]
 
@@ -130,6 +134,53 @@ def attention_case(path: str, tokens: int, queue: object) -> None:
     queue.put({"case": "packed attention", "path": path, "tokens": tokens, "activation_peak_mib": round(peak_mib() - base), "step_s": round(time.perf_counter() - t0, 2)})
 
 
+def tower_split_case(rank: int, init: str, queue: object) -> None:
+    """One rank of two: the tower's saved bytes on the whole clip, then on this rank's frames."""
+    import torch
+    import torch.distributed as dist
+    import transformers
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    from mmcore.backends.ulysses import SequenceGroup, sharded
+    from mmcore.backends.ulysses_towers import split_tower_frames
+    from mmcore.plan.measure import saved_activation_bytes
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    config = transformers.Qwen2VLVisionConfig(depth=4, embed_dim=1280, hidden_size=1536, num_heads=16, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    config._attn_implementation = "sdpa"
+    tower = Qwen2VisionTransformerPretrainedModel(config).train()
+    grid = torch.tensor([[8, 16, 16]])  # 16 frames at 224 x 224: 8 temporal patches of 16 x 16
+    pixels = torch.randn(int(grid.prod()), 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(1))
+    _, whole = saved_activation_bytes(tower, lambda: tower(pixels, grid_thw=grid).pooler_output.sum())
+    split_tower_frames(tower, 2)
+    with sharded(SequenceGroup(2, rank, dist.group.WORLD)):
+        _, split = saved_activation_bytes(tower, lambda: tower(pixels, grid_thw=grid).pooler_output.sum())
+    gathered = [None, None]
+    dist.all_gather_object(gathered, (whole, split))
+    if rank == 0:
+        queue.put({"case": "ulysses tower", "whole_mib": [w / 2**20 for w, _ in gathered], "split_mib": [s / 2**20 for _, s in gathered]})
+    dist.destroy_process_group()
+
+
+def run_tower_split() -> dict:
+    import multiprocessing as mp
+    import tempfile
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as scratch:
+        procs = [ctx.Process(target=tower_split_case, args=(rank, f"file://{scratch}/rendezvous", queue)) for rank in range(2)]
+        for proc in procs:
+            proc.start()
+        result = queue.get()
+        for proc in procs:
+            proc.join()
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def run(target: object, *args: object) -> dict:
     import multiprocessing as mp
 
@@ -145,7 +196,7 @@ def run(target: object, *args: object) -> dict:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--only", choices=["recompute", "megatron", "attention"])
+    p.add_argument("--only", choices=["recompute", "megatron", "attention", "ulysses-tower"])
     args = p.parse_args()
     # Peak memory of one step is deterministic: one measurement per case (reps apply to time only).
     if args.only in (None, "recompute"):
@@ -195,6 +246,21 @@ def main() -> None:
                     step_time_ratio=round(varlen["step_s"] / mask["step_s"], 2),
                 )
             )
+
+    if args.only in (None, "ulysses-tower"):
+        rows = run_tower_split()
+        emit(
+            figure(
+                "ulysses/tower-activation-memory",
+                "parallel.ulysses=2: the vision tower's saved activations on a rank, frames split vs each rank running them all",
+                "MiB",
+                [max(rows["split_mib"])],
+                [max(rows["whole_mib"])],
+                baseline_name="the whole clip on every rank (before the split)",
+                how="Qwen2-VL tower, width 1280, 4 blocks, one 16-frame 224x224 clip (2048 patch rows), 2 gloo processes, bytes autograd saves (mmcore.plan.measure), the busier rank",
+                goal=("<=", 0.6),
+            )
+        )
 
 
 if __name__ == "__main__":
