@@ -57,7 +57,10 @@ PROMISES = {
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),
     "qwen3omni": ("eval/accuracy", "max", 1.0),
     "whisper": ("eval/wer", "min", 0.1),
-    "funasr": ("evaluate/wer", "min", 0.3),  # 8 runs measured: 0.027-0.261 (0.2 held 6 of 8); packs/audio/funasr/README.md
+    # the export's greedy WER on 640 held-out clips. 8 runs (seeds 0-3 native, 8-11 AVX2, one thread): 6 at 0-0.011,
+    # seed 3 native 0.124 and seed 11 AVX2 0.116 (each merged one pair of neighbouring pitches), so 0.15, not
+    # whisper's 0.1; two threads not yet run; packs/audio/funasr/README.md
+    "funasr": ("evaluate/wer", "min", 0.15),
     "wan": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
     # FLUX: the pictures' colour is the caption's; their shape is not yet (35 % measured)
     "flux": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/colour_agreement", "max", 0.8)],
