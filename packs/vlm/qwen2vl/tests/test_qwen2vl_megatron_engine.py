@@ -309,6 +309,7 @@ def torch_equal(a, b) -> bool:  # type: ignore[no-untyped-def]
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
+@pytest.mark.matrix  # a resume variant; the kill-at-TP2-resume-at-PP2 run stays in make test
 def test_megatron_moving_average_is_what_export_writes_and_resumes_bit_for_bit(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.ema on megatron: every checkpoint holds the average (sharded as its weights: the
     resharded resume is the first test's), a run killed and resumed writes the uninterrupted
@@ -566,6 +567,7 @@ def test_a_layout_the_model_cannot_take_is_refused_once_before_download(mm, tmp_
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
+@pytest.mark.matrix  # a resume variant; the kill-at-TP2-resume-at-PP2 run stays in make test
 def test_megatron_sgd_with_momentum_over_epochs_resumes_bit_for_bit(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.optimizer and training.epochs on megatron (the optimizer FSDP2 builds, from
     mmcore.train.optim): SGD's momentum buffers are sharded as their parameters at TP=2, so a run killed
