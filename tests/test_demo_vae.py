@@ -42,3 +42,23 @@ def test_demo_vae_learns_is_seeded_and_sets_the_normalisation(tmp_path) -> None:
     assert vae.config.scaling_factor == pytest.approx(1 / measured["latents_std"], rel=1e-3)
     write_demo_vae_report(tmp_path, measured)
     assert demo_vae_report(tmp_path) == measured and demo_vae_report(tmp_path / "none") is None
+
+
+def test_a_vae_with_statistics_buffers_is_normalised_there() -> None:
+    """LTX-Video's and LTX-2's video VAEs keep ``latents_mean``/``latents_std`` as buffers (saved
+    with their weights) and the pipelines read them there: the demo VAE's normalisation is
+    written into them, ``scaling_factor`` left as it is, and the kit's latents come out
+    normalised by them."""
+    from diffusers import AutoencoderKLLTXVideo
+
+    from mmcore.engines import set_latent_normalisation
+    from mmcore.kits import normalise_latents
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLLTXVideo(latent_channels=4, block_out_channels=(8, 8), decoder_block_out_channels=(8, 8), layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
+                                spatio_temporal_scaling=(True, False), decoder_spatio_temporal_scaling=(True, False), patch_size=2)  # fmt: skip
+    mean, std = torch.tensor([0.5, -1.0, 2.0, 0.0]), torch.tensor([2.0, 0.5, 1.0, 4.0])
+    set_latent_normalisation(vae, mean, std, 0.3, 1.7)
+    assert torch.equal(vae.latents_mean, mean) and torch.equal(vae.latents_std, std) and vae.config.scaling_factor == 1.0
+    z = torch.randn(1, 4, 2, 3, 3)
+    assert torch.allclose(normalise_latents(vae, z), (z - mean.view(1, -1, 1, 1, 1)) / std.view(1, -1, 1, 1, 1))

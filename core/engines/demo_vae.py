@@ -101,12 +101,21 @@ def train_demo_vae(
 
 def set_latent_normalisation(vae: Any, channel_mean: Any, channel_std: Any, mean: float, std: float) -> None:
     """Set the latents' normalisation ``vae``'s pipeline applies from their statistics: per
-    channel ``latents_mean``/``latents_std`` where the config has them (Wan); else
-    ``shift_factor`` = mean and ``scaling_factor`` = 1/std where the config has a shift (FLUX);
-    else ``scaling_factor`` = 1/root mean square (CogVideoX, HunyuanVideo)."""
+    channel ``latents_mean``/``latents_std`` where the config has them (Wan), or where the VAE
+    keeps them as buffers of that size (LTX-Video, LTX-2's video VAE: saved with its weights,
+    ``scaling_factor`` left as it is); else ``shift_factor`` = mean and ``scaling_factor`` =
+    1/std where the config has a shift (FLUX); else ``scaling_factor`` = 1/root mean square
+    (CogVideoX, HunyuanVideo)."""
+    import torch
+
     config = vae.config
     if getattr(config, "latents_mean", None) is not None and getattr(config, "latents_std", None) is not None:
         vae.register_to_config(latents_mean=[round(float(v), 5) for v in channel_mean], latents_std=[round(float(v), 5) for v in channel_std])
+        return
+    buffers = dict(vae.named_buffers())
+    if "latents_mean" in buffers and "latents_std" in buffers and buffers["latents_mean"].shape == torch.as_tensor(channel_mean).shape:
+        buffers["latents_mean"].copy_(torch.as_tensor(channel_mean, dtype=buffers["latents_mean"].dtype))
+        buffers["latents_std"].copy_(torch.as_tensor(channel_std, dtype=buffers["latents_std"].dtype))
         return
     if getattr(config, "shift_factor", None) is not None:  # latents = (z - shift) * scale
         vae.register_to_config(shift_factor=round(mean, 5), scaling_factor=round(1.0 / max(std, 1e-6), 5))

@@ -68,6 +68,10 @@ class DiffusionFamily:
             generated sample (uint8 [F, H, W, 3]) shows what its caption says, None for a caption
             it cannot read (:func:`mmcore.data.caption_agreement`, the synthetic demos'); with it
             evaluate samples the held-out clips' captions and reports ``caption_agreement``.
+        sound_checker: the same for a family whose ``sample`` also makes sound (LTX-2):
+            ``(sound, caption) -> {"agrees": bool, ...} or None``, ``sound`` the sample's dict
+            less its frames (``audio``, ``audio_rate`` and whatever else the family adds);
+            evaluate reports ``sound_agreement``.
     """
 
     transformer_class: str
@@ -89,6 +93,7 @@ class DiffusionFamily:
     objective: Callable[[Path], Any] = flow_matching_objective
     conditions: Sequence[str] = ()
     demo_checker: Callable[[Any, str], Mapping[str, Any] | None] | None = None
+    sound_checker: Callable[[Mapping[str, Any], str], Mapping[str, Any] | None] | None = None
 
     # -- the model ---------------------------------------------------------------------------
 

@@ -89,8 +89,9 @@ class VideoSampling:
         for i, (prompt, name) in enumerate(ctx.progress(list(zip(prompts, names)), description=ctx.stage, unit="sample")):
             first_frame = {"image": images[i]} if images is not None else {}
             frames = self.family.sample(pipe, sampling, prompt, torch.Generator().manual_seed(seed + i), **first_frame)  # type: ignore[misc]
-            sound = None
-            if isinstance(frames, dict):  # a family that generates sound too: {"frames", "audio" (mono), "audio_rate"}
+            sound, heard = None, None
+            if isinstance(frames, dict):  # a family that generates sound too: {"frames", "audio" (mono), "audio_rate", ...}
+                heard = {k: v for k, v in frames.items() if k != "frames"}
                 frames, sound = frames["frames"], (frames["audio"], int(frames["audio_rate"]))
             pixels = (frames.clip(0, 1) * 255).round().astype("uint8")
             if len(pixels) == 1:  # an image model's picture: a PNG, not a one-frame clip
@@ -106,6 +107,7 @@ class VideoSampling:
                 from mmcore.data.audio import write_audio
 
                 written[-1]["audio"] = str(write_audio(folder / f"{name}.wav", sound[0], sound[1]))
+                written[-1]["sound"] = heard
         return written
 
     def infer(self, model: ModelSource, requests: list[Request]) -> list[dict[str, Any]]:
@@ -162,24 +164,38 @@ class VideoSampling:
         folder = ctx.stage_dir / "samples"
         written = self.render(pipe, captions, folder, [f"sample-{i}" for i in range(len(captions))], images)
         pixels = [w.pop("pixels") for w in written]
+        sounds = [w.pop("sound", None) for w in written]
         contact_sheet(folder / "contact_sheet.png", pixels, scale=4)
         for i, image in enumerate(images or []):  # the first frame it was given, beside what it made of it
             image.save(folder / f"sample-{i}-first-frame.png")
         kind = "image" if "image" in written[0] else "video"
         checks = [family.demo_checker(p, c) if family.demo_checker else None for p, c in zip(pixels, captions)]
+        heard = [family.sound_checker(s, c) if family.sound_checker and s is not None else None for s, c in zip(sounds, captions)]
         rows = []
-        for i, (c, w, check) in enumerate(zip(captions, written, checks)):
+        for i, (c, w, check, sound) in enumerate(zip(captions, written, checks, heard)):
             src = str(Path(w[kind]).relative_to(ctx.stage_dir))
             media = ([{"kind": "image", "src": f"samples/sample-{i}-first-frame.png"}] if images else []) + [{"kind": kind, "src": src}]
-            rows.append({"item": i, "caption": c, kind: src, "media": media, **({"agrees": check["agrees"], "seen": check["seen"]} if check else {})})
+            rows.append(
+                {
+                    "item": i,
+                    "caption": c,
+                    kind: src,
+                    "media": media,
+                    **({"agrees": check["agrees"], "seen": check["seen"]} if check else {}),
+                    **({"sound_agrees": sound["agrees"], "heard": sound["heard"]} if sound else {}),
+                }
+            )
         metrics: dict[str, Any] = {"items": len(rows), "samples": len(rows), **self.demo_metrics(checks)}
+        decided = [h for h in heard if h is not None]
+        if decided:  # the sound's share that says what the caption says (LTX-2's demo: the tone's pitch)
+            metrics["sound_agreement"] = sum(h["agrees"] for h in decided) / len(decided)
         what = "images" if kind == "image" else "videos"
         write_results(
             ctx.stage_dir,
             rows,
             metrics,
             title=f"{ctx.pack}: {what} the export made for the held-out captions",
-            columns=("item", "caption", kind, *(("agrees",) if "caption_agreement" in metrics else ())),
+            columns=("item", "caption", kind, *(("agrees",) if "caption_agreement" in metrics else ()), *(("sound_agrees",) if "sound_agreement" in metrics else ())),
             images=[("samples/contact_sheet.png", "one row per caption, in order: " + "; ".join(captions))],
             ctx=ctx,
             dataset="the held-out clips' first frames and captions"
@@ -191,8 +207,8 @@ class VideoSampling:
             else "export.sample_prompts",
         )
         said = [
-            f"{metrics[k]:.0%} show what their caption says" if k == "caption_agreement" else f"{k} {metrics[k]:.2f}"
-            for k in ("caption_agreement", "caption_sensitivity", "condition_sensitivity", "reconstruction_psnr")
+            f"{metrics[k]:.0%} show what their caption says" if k == "caption_agreement" else f"{metrics[k]:.0%} sound as their caption says" if k == "sound_agreement" else f"{k} {metrics[k]:.2f}"
+            for k in ("caption_agreement", "sound_agreement", "caption_sensitivity", "condition_sensitivity", "reconstruction_psnr")
             if k in metrics
         ]
         note = f"{len(rows)} sample {what[:-1]}(s) of the export and a contact sheet in {folder}" + (f": {', '.join(said)}" if said else " (no metric: look at them, report.html)")

@@ -12,6 +12,8 @@ import pytest
 from mmcore.data import write_mp4
 
 TINY = ["--pack", "ltx2", "--preset", "tiny"]
+#: the demo's promised held-out caption sensitivity (tools/demo_matrix.py PROMISES["ltx2"], the README)
+CAPTION_SENSITIVITY = 2.0
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -119,20 +121,51 @@ def test_training_from_the_cache_equals_encoding_on_the_fly_and_samples_carry_so
         assert sorted(s.type for s in container.streams) == ["audio", "video"]
         assert container.streams.audio[0].codec_context.name == "aac" and container.streams.audio[0].rate == 16000
     assert (samples / "sample-0.wav").stat().st_size > 30000  # ~1.1 s of 16-bit mono at 16 kHz
+    # the pitch check read each sample's sound (random VAEs here: what it heard is not judged)
+    rows = [json.loads(line) for line in (tmp_path / "cached/evaluate/results.jsonl").read_text().splitlines()]
+    assert rows and all("sound_agrees" in r and set(r["heard"]) == {"colour", "band_hz", "wav_hz"} for r in rows), rows
+
+
+def test_the_pitch_check_hears_each_colours_tone(pipeline: Path) -> None:
+    """The demo's pitch check, on the log-mel the audio VAE's front end makes of each colour's
+    tone (what a perfect audio VAE would decode): the caption's colour, and no other, agrees;
+    a caption that is not a demo caption is not judged."""
+    import random
+
+    from mm_pack_ltx2.demo import PITCH, RATE, pitch_agreement, tone
+    from mm_pack_ltx2.family import Encoders
+    from mm_pack_ltx2.sound import log_mel
+
+    audio_vae = Encoders(pipeline, 16).pipe.audio_vae
+    rng = random.Random(0)
+    for colour, hz in PITCH.items():
+        wave = tone(hz, 9 / 8, rng)
+        sound = {"audio": wave, "audio_rate": RATE, "mel": log_mel(wave, audio_vae)[0].mean(0).numpy(), "mel_rate": RATE}
+        for other in PITCH:
+            check = pitch_agreement(sound, f"a {other} circle moves up")
+            assert check is not None and check["agrees"] == (other == colour), (colour, other, check)
+        assert abs(check["heard"]["wav_hz"] - hz) < 0.03 * hz  # the waveform's own pitch, for the record
+    assert pitch_agreement(sound, "video of a cat") is None
 
 
 @pytest.mark.slow
 @pytest.mark.compares_runs
-@pytest.mark.matrix  # the full demo (about 6 min on one thread); make test runs its path with the tiny preset above
+@pytest.mark.matrix  # the full demo (3.3 min on one idle thread, 8-20 min on a loaded one); make test runs its path with the tiny preset above
 def test_demo_keeps_its_promise_and_the_export_generates_video_and_sound_in_plain_diffusers(ltx2, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    # The README's promise: the held-out error over both streams at fixed noise levels and noise
-    # falls below 0.6x its start (tools/demo_matrix.py: by 60 % of the steps for the seeds it
-    # ran). Caption sensitivity is not promised: 1.70 with seed 0 but 1.10 with seed 1.
+    # The README's promise (tools/demo_matrix.py PROMISES["ltx2"]; the matrix holds the "by 60 %
+    # of the steps" part): the held-out error over both streams at fixed noise levels and noise
+    # below 0.6x its start, the held-out caption sensitivity at least CAPTION_SENSITIVITY, and
+    # at least 80 % of the samples for the held-out captions whose decoded log-mel has the
+    # pitch the caption's colour sets (sound_agreement). The frames' colour is reported
+    # (colour_agreement), not promised: 0.35-1.0 over the seeds measured.
     from diffusers import LTX2Pipeline
 
     from mmcore.testing import diffusion_demo_holds
 
-    run = diffusion_demo_holds(ltx2, tmp_path, "ltx2")
+    run = diffusion_demo_holds(ltx2, tmp_path, "ltx2", sensitivity=CAPTION_SENSITIVITY)
+    evaluate = json.loads((run / "evaluate/manifest.json").read_text())["metrics"]
+    assert evaluate["sound_agreement"] >= 0.8 and "colour_agreement" in evaluate, evaluate
+    assert (run / "download/model/demo_vae.json").is_file() and evaluate["reconstruction_psnr"] > 12, evaluate
     pipe = LTX2Pipeline.from_pretrained(run / "export/pipeline")
     video, audio = pipe(
         "a red square moves right",

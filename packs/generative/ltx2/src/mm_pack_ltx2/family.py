@@ -20,7 +20,7 @@ from mmcore.data import caption_agreement
 from mmcore.engines import RenameAdapter
 from mmcore.kits import DiffusionFamily, FlowMatching, PipelineEncoders, pack_latents, unpack_latents, vae_latents
 
-from mm_pack_ltx2.demo import write_shapes_with_tones
+from mm_pack_ltx2.demo import pitch_agreement, write_shapes_with_tones
 from mm_pack_ltx2.sound import audio_latents, pack_audio, unpack_audio
 
 ADAPTER = RenameAdapter(rules=[])  # diffusers' own names: the transformer trains as it is stored
@@ -120,25 +120,38 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
 def sample(pipe: Any, ctx: StageContext, prompt: str, generator: Any) -> dict[str, Any]:
     """A clip and its sound from ``LTX2Pipeline``: the first bucket's size, the export's steps and
     guidance (video and audio alike), ``data.fps`` as the frame rate; spatio-temporal and modality
-    guidance off unless ``export.pipeline_options`` turns them on (their defaults name block 28)."""
+    guidance off unless ``export.pipeline_options`` turns them on (their defaults name block 28).
+    Beside the frames and the waveform, the log-mel the vocoder was given (``mel``): what the
+    demo's pitch check reads (:func:`mm_pack_ltx2.demo.pitch_agreement`)."""
     height, width, frames = ctx.config.data.buckets[0]
     export = ctx.config.export
     options = {"frame_rate": float(ctx.config.data.fps), "stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0, "audio_modality_scale": 1.0, **export.call_options(pipe)}
-    video, audio = pipe(
-        prompt,
-        height=height,
-        width=width,
-        num_frames=frames,
-        num_inference_steps=export.sample_steps,
-        guidance_scale=export.guidance_scale,
-        audio_guidance_scale=export.guidance_scale,
-        max_sequence_length=ctx.config.data.max_sequence_length,
-        generator=generator,
-        output_type="np",
-        return_dict=False,
-        **options,
-    )
-    return {"frames": video[0], "audio": audio[0].float().mean(0).cpu().numpy(), "audio_rate": int(pipe.vocoder.config.output_sampling_rate)}
+    mels: list[Any] = []  # the log-mel the audio VAE decoded, as the vocoder gets it
+    hook = pipe.vocoder.register_forward_pre_hook(lambda module, args: mels.append(args[0].detach()))
+    try:
+        video, audio = pipe(
+            prompt,
+            height=height,
+            width=width,
+            num_frames=frames,
+            num_inference_steps=export.sample_steps,
+            guidance_scale=export.guidance_scale,
+            audio_guidance_scale=export.guidance_scale,
+            max_sequence_length=ctx.config.data.max_sequence_length,
+            generator=generator,
+            output_type="np",
+            return_dict=False,
+            **options,
+        )
+    finally:
+        hook.remove()
+    return {
+        "frames": video[0],
+        "audio": audio[0].float().mean(0).cpu().numpy(),
+        "audio_rate": int(pipe.vocoder.config.output_sampling_rate),
+        "mel": mels[-1][0].float().mean(0).cpu().numpy(),  # [T, mel bins], the channels averaged
+        "mel_rate": int(pipe.audio_vae.config.sample_rate),
+    }
 
 
 def objective(model_dir: Path) -> FlowMatching:
@@ -184,6 +197,7 @@ FAMILY = DiffusionFamily(
     shard_layers=("transformer_blocks",),
     demo=write_shapes_with_tones,
     demo_checker=caption_agreement,
+    sound_checker=pitch_agreement,
     predict_options=predict_options,
     objective=objective,
     flops=flops,

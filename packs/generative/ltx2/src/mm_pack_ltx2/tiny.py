@@ -13,6 +13,7 @@ and ``scheduler/``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from mmcore.engines import pick_preset
 
@@ -20,7 +21,9 @@ WORDS = "a red green blue square circle moves left right up down low middle high
 
 PRESETS = {
     "tiny": {"text_dim": 32, "text_layers": 2, "layers": 2, "heads": 2, "head_dim": 16, "audio_heads": 2, "audio_head_dim": 8},
-    "demo": {"text_dim": 32, "text_layers": 2, "layers": 3, "heads": 4, "head_dim": 16, "audio_heads": 2, "audio_head_dim": 16},
+    # the demo's VAEs are trained at init:demo on the demo's kind of clips and tones (demo_vae):
+    # samples whose colour can be seen and whose pitch can be read
+    "demo": {"text_dim": 32, "text_layers": 2, "layers": 3, "heads": 4, "head_dim": 16, "audio_heads": 2, "audio_head_dim": 16, "demo_vae": True},
 }
 
 #: the tiny audio VAE: 16 mel bins -> 4 latent bins x 4 channels (16 packed features, the
@@ -95,23 +98,7 @@ def build_parts(p: dict, seed: int) -> dict:  # type: ignore[type-arg]
         audio_connector_num_learnable_registers=8,
         connector_rope_base_seq_len=128,
     ).eval()
-    # 8x in space (2x2 pixel patches, then two 2x stages), 4x in time: 32x32x9 -> [16, 3, 4, 4]
-    vae = AutoencoderKLLTX2Video(
-        latent_channels=16,
-        block_out_channels=(8, 16),
-        down_block_types=("LTX2VideoDownBlock3D", "LTX2VideoDownBlock3D"),
-        decoder_block_out_channels=(8, 16),
-        layers_per_block=(1, 1, 1),
-        decoder_layers_per_block=(1, 1, 1),
-        spatio_temporal_scaling=(True, True),
-        decoder_spatio_temporal_scaling=(True, True),
-        decoder_inject_noise=(False, False, False),
-        downsample_type=("spatiotemporal", "spatiotemporal"),
-        upsample_type=("spatiotemporal", "spatiotemporal"),
-        upsample_residual=(True, True),
-        upsample_factor=(2, 2),
-        patch_size=2,
-    ).eval()
+    vae = AutoencoderKLLTX2Video(**video_vae_config(bool(p.get("demo_vae"))))
     audio_vae = AutoencoderKLLTX2Audio(
         base_channels=AUDIO_LATENT_CHANNELS * MEL_BINS // 4,
         ch_mult=(1, 2, 4),
@@ -151,11 +138,115 @@ def build_parts(p: dict, seed: int) -> dict:  # type: ignore[type-arg]
         base_height=256,
         base_width=256,
     )
+    measured = {**train_vae(vae, seed), "audio_vae": train_audio_vae(audio_vae, seed)} if p.get("demo_vae") else None
+    vae.eval()
+    audio_vae.eval()
     scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024, max_image_seq_len=4096)
-    return {"scheduler": scheduler, "vae": vae, "audio_vae": audio_vae, "text_encoder": text_encoder, "tokenizer": tokenizer, "connectors": connectors, "transformer": transformer, "vocoder": vocoder}
+    parts = {"scheduler": scheduler, "vae": vae, "audio_vae": audio_vae, "text_encoder": text_encoder, "tokenizer": tokenizer, "connectors": connectors, "transformer": transformer, "vocoder": vocoder}
+    return {**parts, "measured": measured} if measured is not None else parts
+
+
+def video_vae_config(demo: bool) -> dict:  # type: ignore[type-arg]
+    """The tiny ``AutoencoderKLLTX2Video``: 2x2 pixel patches, then two stages 2x in space and
+    time, so 8x in space and 4x in time: 32x32x9 -> [16, 3, 4, 4]. The demo's (trained) is twice
+    as wide."""
+    width = (16, 32) if demo else (8, 16)
+    return {
+        "latent_channels": 16,
+        "block_out_channels": width,
+        "down_block_types": ("LTX2VideoDownBlock3D", "LTX2VideoDownBlock3D"),
+        "decoder_block_out_channels": width,
+        "layers_per_block": (1, 1, 1),
+        "decoder_layers_per_block": (1, 1, 1),
+        "spatio_temporal_scaling": (True, True),
+        "decoder_spatio_temporal_scaling": (True, True),
+        "decoder_inject_noise": (False, False, False),
+        "downsample_type": ("spatiotemporal", "spatiotemporal"),
+        "upsample_type": ("spatiotemporal", "spatiotemporal"),
+        "upsample_residual": (True, True),
+        "upsample_factor": (2, 2),
+        "patch_size": 2,
+    }
+
+
+def train_vae(vae, seed: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    """Train the demo's video VAE on moving-shape clips (:func:`mmcore.engines.train_demo_vae`, as
+    wan's: single frames first, then clips), its ``latents_mean``/``latents_std`` buffers set from
+    its latents; held-out PSNR on 16 other clips."""
+    from mmcore.data import moving_shape_clips
+    from mmcore.engines import train_demo_vae
+
+    clips, held_out = moving_shape_clips(96, seed + 1_000), moving_shape_clips(16, seed + 2_000)
+    return train_demo_vae(vae, clips, held_out, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
+
+
+def train_audio_vae(audio_vae, seed: int, steps: int = 200, batch: int = 4, lr: float = 2e-3) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    """Train the demo's audio VAE to reconstruct the log-mels of the demo's tones (each colour's
+    pitch ±2 %, random loudness, over a clip's 1.125 s): ``steps`` of AdamW on the squared
+    error of the posterior mode's decoding, seeded; then set its ``latents_mean``/``latents_std``
+    (per packed feature, as the pipeline normalises) from the tones' latents. Returns the
+    held-out log-mel error, the share of held-out reconstructions whose loudest band has the
+    tone's pitch (what the demo's pitch check reads), steps, seconds."""
+    import random
+    import time
+
+    import torch
+
+    from mm_pack_ltx2.demo import FPS, PITCH, band_centres, nearest_pitch, tone
+    from mm_pack_ltx2.sound import audio_latents, log_mel, pack_audio
+
+    start = time.perf_counter()
+    rng = random.Random(seed + 3_000)
+    seconds = 9 / FPS
+
+    def tones(count: int) -> tuple[list, Any, list]:  # type: ignore[type-arg]
+        colours = [rng.choice(sorted(PITCH)) for _ in range(count)]
+        waves = [tone(PITCH[c], seconds, rng) for c in colours]
+        return waves, torch.cat([log_mel(w, audio_vae) for w in waves]), colours
+
+    waves, mels, _ = tones(96)
+    _, held, held_colours = tones(24)
+    torch.manual_seed(seed)
+    draw = torch.Generator().manual_seed(seed)
+    audio_vae.train()
+    optimizer = torch.optim.AdamW(audio_vae.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * (1 - s / steps)))
+    for _ in range(steps):
+        chosen = mels[torch.randint(len(mels), (batch,), generator=draw)]
+        out = audio_vae.decode(audio_vae.encode(chosen).latent_dist.mode()).sample[:, :, : chosen.shape[2]]
+        loss = (out - chosen).pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(audio_vae.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+    audio_vae.eval()
+    with torch.no_grad():
+        out = audio_vae.decode(audio_vae.encode(held).latent_dist.mode()).sample[:, :, : held.shape[2]]
+        centres = band_centres(MEL_BINS, int(audio_vae.config.sample_rate))
+        heard = [nearest_pitch(float(centres[int(o.mean((0, 1)).argmax())])) for o in out]
+        audio_vae.latents_mean.zero_()
+        audio_vae.latents_std.fill_(1.0)
+        tokens = torch.cat([pack_audio(audio_latents(audio_vae, w)[None])[0] for w in waves])  # [clips x L, C * M']
+        audio_vae.latents_mean.copy_(tokens.mean(0))
+        audio_vae.latents_std.copy_(tokens.std(0))
+    return {
+        "held_out_mel_mse": round(float((out - held).pow(2).mean()), 4),
+        "held_out_pitch_agreement": sum(h == c for h, c in zip(heard, held_colours)) / len(held),
+        "clips": len(waves),
+        "held_out_clips": len(held),
+        "steps": steps,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from diffusers import LTX2Pipeline
 
-    LTX2Pipeline(**build_parts(pick_preset(PRESETS, preset), seed)).save_pretrained(out)
+    from mmcore.engines import write_demo_vae_report
+
+    parts = build_parts(pick_preset(PRESETS, preset), seed)
+    measured = parts.pop("measured", None)
+    LTX2Pipeline(**parts).save_pretrained(out)
+    if measured is not None:
+        write_demo_vae_report(out, measured)
