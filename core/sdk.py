@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.24"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.25"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -138,7 +138,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "safetensors_files", "sampling_options", "sharded_sums", "token_f1", "train_byte_level_bpe",
         "trained_checkpoint", "unigram_tokenizer", "user_text", "word_errors", "write_results",
         "write_safetensors_streaming",
-        "DEMO_VAE_FILE", "demo_vae_report", "set_latent_normalisation", "train_demo_vae", "write_demo_vae_report",
+        "DEMO_VAE_FILE", "demo_vae_report", "fit_demo_autoencoder", "set_latent_normalisation", "train_demo_vae", "write_demo_vae_report",
     }),
     # the train engine and its methods: recipe, sampler, LoRA, DPO, EMA, losses
     "mmcore.train": frozenset({

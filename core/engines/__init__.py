@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
         (
             "DEMO_VAE_FILE",
             "demo_vae_report",
+            "fit_demo_autoencoder",
             "set_latent_normalisation",
             "train_demo_vae",
             "write_demo_vae_report",

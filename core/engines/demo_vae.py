@@ -64,25 +64,17 @@ def train_demo_vae(
     start = time.perf_counter()
     image = vae.encoder.conv_in.weight.dim() == 4 if hasattr(vae.encoder.conv_in, "weight") else False
     x, held = _pixels(clips, image), _pixels(held_out, image)
-    torch.manual_seed(seed)
-    draw = torch.Generator().manual_seed(seed)
-    vae.train()
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * (1 - s / steps)))
-    for step in range(steps):
+
+    def loss_of(step: int, draw: Any) -> Any:
         chosen = x[torch.randint(len(x), (min(batch, len(x)),), generator=draw)]
         if step < frame_steps and not image:  # single frames first: a causal video VAE encodes a clip's first frame alone, 9x cheaper
             chosen = chosen.transpose(1, 2).flatten(0, 1)[torch.randint(len(chosen) * chosen.shape[2], (4 * len(chosen),), generator=draw)][:, :, None]
         posterior = vae.encode(chosen).latent_dist
         out = vae.decode(posterior.mode()).sample  # the mode, as the pipelines encode: a fresh VAE's posterior noise would drown its latents
         weight = 1.0 + (shape_weight - 1.0) * ((1.0 - chosen).amax(1, keepdim=True) > 0.1)  # the drawn pixels count more than the white ground
-        loss = (weight * (out - chosen).pow(2)).mean() + kl_weight * posterior.kl().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-    vae.eval()
+        return (weight * (out - chosen).pow(2)).mean() + kl_weight * posterior.kl().mean()
+
+    fit_demo_autoencoder(vae, loss_of, steps=steps, lr=lr, seed=seed)
     with torch.no_grad():
         latents = torch.cat([vae.encode(x[i : i + batch]).latent_dist.mode() for i in range(0, len(x), batch)])
     channels = latents.transpose(0, 1).flatten(1)
@@ -97,6 +89,29 @@ def train_demo_vae(
         "steps": steps,
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def fit_demo_autoencoder(module: Any, loss_of: Any, *, steps: int, lr: float, seed: int) -> None:
+    """Train a demo's autoencoder ``module`` in place, the one schedule every demo VAE gets:
+    ``steps`` of AdamW (no weight decay) at ``lr``, warmed up over 20 steps and decayed linearly
+    to a tenth, gradients clipped at 1, on ``loss_of(step, draw)`` -- the step's loss, its
+    batch drawn from ``draw`` (a generator seeded with ``seed``; torch's global RNG is seeded
+    with it too, for the posterior's noise). Leaves ``module`` in eval mode."""
+    import torch
+
+    torch.manual_seed(seed)
+    draw = torch.Generator().manual_seed(seed)
+    module.train()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * (1 - s / steps)))
+    for step in range(steps):
+        loss = loss_of(step, draw)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+    module.eval()
 
 
 def set_latent_normalisation(vae: Any, channel_mean: Any, channel_std: Any, mean: float, std: float) -> None:

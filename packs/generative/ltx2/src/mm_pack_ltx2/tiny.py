@@ -193,6 +193,7 @@ def train_audio_vae(audio_vae, seed: int, steps: int = 200, batch: int = 4, lr: 
     import torch
 
     from mm_pack_ltx2.demo import FPS, PITCH, band_centres, nearest_pitch, tone
+    from mmcore.engines import fit_demo_autoencoder
     from mm_pack_ltx2.sound import audio_latents, log_mel, pack_audio
 
     start = time.perf_counter()
@@ -206,21 +207,13 @@ def train_audio_vae(audio_vae, seed: int, steps: int = 200, batch: int = 4, lr: 
 
     waves, mels, _ = tones(96)
     _, held, held_colours = tones(24)
-    torch.manual_seed(seed)
-    draw = torch.Generator().manual_seed(seed)
-    audio_vae.train()
-    optimizer = torch.optim.AdamW(audio_vae.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * (1 - s / steps)))
-    for _ in range(steps):
+
+    def loss_of(step: int, draw: Any) -> Any:
         chosen = mels[torch.randint(len(mels), (batch,), generator=draw)]
         out = audio_vae.decode(audio_vae.encode(chosen).latent_dist.mode()).sample[:, :, : chosen.shape[2]]
-        loss = (out - chosen).pow(2).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(audio_vae.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-    audio_vae.eval()
+        return (out - chosen).pow(2).mean()
+
+    fit_demo_autoencoder(audio_vae, loss_of, steps=steps, lr=lr, seed=seed)
     with torch.no_grad():
         out = audio_vae.decode(audio_vae.encode(held).latent_dist.mode()).sample[:, :, : held.shape[2]]
         centres = band_centres(MEL_BINS, int(audio_vae.config.sample_rate))
