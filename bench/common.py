@@ -69,7 +69,7 @@ class Figure:
         ratio_is: ``"mmcore/baseline"`` or ``"baseline/mmcore"`` (speed-ups of time measures).
         iqr: interquartile range of the per-repetition ratios.
         goal: ``(">=" | "<=", value)`` for the ratio (or for ``mmcore`` itself where
-            ``goal_of`` says so), or None where the figure is a record.
+            ``goal_of`` says so), ``("within", t)``: a ratio within 1 +- t; None where the figure is a record.
         how: how it was measured (sizes, threads, repetitions, warm-up, what both sides run).
     """
 
@@ -94,6 +94,8 @@ class Figure:
         if self.goal is None or measured is None:
             return None
         op, value = self.goal
+        if op == "within":  # a ratio that should be 1: within +- value of it
+            return abs(measured - 1) <= value
         return measured >= value if op == ">=" else measured <= value
 
 

@@ -40,11 +40,12 @@ BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
     ("batched_generation", "issue 16: batched generation vs one request at a time", []),
     ("tower_balance", "issue 40: tower work across data-parallel ranks, balanced vs plain shuffling", []),
     ("grpo_rollouts", "issue 44: GRPO rollouts, a group per generate() call vs one answer at a time; sampling's share of a step", []),
+    ("plan_accuracy", "issue 46: mmcore plan's per-rank memory vs a measured step (1 and 2 processes)", []),
     ("peers", "issue 47: the same small training jobs through mmcore, LLaMA-Factory and transformers Trainer scripts", ["--cases", "qwen2vl"]),
 ]
 #: benchmarks whose figures are exact counts of a plan (no timing): the same on any machine, so a
 #: partial rerun of these alone merges into results taken on another CPU
-EXACT = {"tower_balance"}
+EXACT = {"tower_balance", "plan_accuracy"}
 #: benchmarks that measure every side of each figure themselves, in the same run on one machine
 #: (bench/peers.py): a partial rerun of these on another CPU merges too, its line naming that machine
 SAME_RUN = {"peers", "grpo_rollouts"}
