@@ -143,14 +143,16 @@ def label_smoothing_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: 
 
 
 def ras_sampling(logp: torch.Tensor, decoded: list[int], cfg: LMConfig, generator: torch.Generator | None) -> int:
-    probs = logp.softmax(0)
-    sorted_p, sorted_i = probs.sort(descending=True, stable=True)
-    keep = (sorted_p.cumsum(0) - sorted_p) < cfg.top_p  # take while the mass before it is below top_p
+    """The reference's draws, in its order (``replacement=True`` draws as it does): nucleus
+    (top-p mass before a token, at most top-k tokens), and if the pick occurs at least
+    ``win_size * tau_r`` times in the last ``win_size`` tokens, a draw from the full distribution
+    without it."""
+    sorted_p, sorted_i = logp.softmax(0).sort(descending=True, stable=True)
+    keep = (sorted_p.cumsum(0) - sorted_p) < cfg.top_p
     keep[cfg.top_k :] = False
-    pick = sorted_i[keep][torch.multinomial(sorted_p[keep], 1, generator=generator)].item()
-    repeats = sum(1 for t in decoded[-cfg.win_size :] if t == pick)
-    if repeats >= cfg.win_size * cfg.tau_r:
-        probs = probs.clone()
-        probs[pick] = 0.0
-        pick = torch.multinomial(probs, 1, generator=generator).item()
-    return int(pick)
+    pick = int(sorted_i[keep][torch.multinomial(sorted_p[keep], 1, replacement=True, generator=generator)])
+    if sum(1 for t in decoded[-cfg.win_size :] if t == pick) >= cfg.win_size * cfg.tau_r:
+        scores = logp.clone()
+        scores[pick] = -float("inf")
+        pick = int(torch.multinomial(scores.softmax(0), 1, replacement=True, generator=generator))
+    return pick
