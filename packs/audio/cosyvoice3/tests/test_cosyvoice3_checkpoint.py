@@ -77,6 +77,22 @@ def _bits(t: torch.Tensor) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
+def test_an_untied_lm_head_goes_through_the_round_trip_as_its_own_tensor(tmp_path: Path) -> None:
+    from mmcore.engines import dcp_to_hf, hf_to_dcp
+
+    from mm_pack_cosyvoice3.adapter import ADAPTER
+    from mm_pack_cosyvoice3.tiny import build_tiny_checkpoint
+
+    folder = build_tiny_checkpoint(tmp_path / "untied", seed=1, tie_word_embeddings=False)
+    pt_to_safetensors(folder, tmp_path / "st")
+    hf_to_dcp(tmp_path / "st", tmp_path / "dcp", ADAPTER)
+    dcp_to_hf(tmp_path / "dcp", tmp_path / "st2", ADAPTER)
+    safetensors_to_pt(tmp_path / "st2", tmp_path / "pt")
+    a, b = (torch.load(f / "llm.pt", weights_only=True) for f in (folder, tmp_path / "pt"))
+    head, embed = "llm.model.lm_head.weight", "llm.model.model.embed_tokens.weight"
+    assert not torch.equal(a[head], a[embed]) and _bits(a[head]) == _bits(b[head]) and _bits(a[embed]) == _bits(b[embed])
+
+
 def test_convert_round_trip_is_bit_identical(tiny_dir: Path, tmp_path: Path) -> None:
     from mmcore.engines import RenameAdapter, dcp_to_hf, hf_to_dcp
     from mmcore.engines.coverage import coverage_problems, expected_tensors

@@ -126,7 +126,7 @@ def write_tokenizer(out: Path, vocab_size: int = 300) -> int:
     return len(tok)
 
 
-def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech_tokens: int = 64) -> Path:
+def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech_tokens: int = 64, tie_word_embeddings: bool = True) -> Path:
     """Write the tiny folder (yaml, llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/) and return it."""
     from transformers import Qwen2Config
 
@@ -136,7 +136,14 @@ def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech
     qwen_dir = out_dir / QWEN_DIR
     vocab = write_tokenizer(qwen_dir)
     qwen = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie_word_embeddings,
     )
     qwen_dir.mkdir(parents=True, exist_ok=True)
     qwen.to_json_file(str(qwen_dir / "config.json"))
