@@ -33,6 +33,25 @@ def test_lm_teacher_forced_loss_is_the_mean_cross_entropy_of_speech_tokens(tiny_
     lm.zero_grad(set_to_none=True)
 
 
+def test_lm_bistream_sequences_interleave_5_text_and_15_speech_tokens(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    lm = tiny_model.llm
+    text, speech = torch.randint(0, 100, (1, 7)), torch.randint(0, 64, (1, 30))
+    inst = torch.randint(0, 100, (1, 2))
+    args = (text, torch.tensor([7]), speech, torch.tensor([30]), inst, torch.tensor([2]))
+    with torch.no_grad():
+        embeds, lengths, target = lm.build_inputs(*args, rng=random.Random(1))  # first draw 0.13: bistream
+        s = speech[0].tolist()
+        expected = [IGNORE_ID] * 3 + [IGNORE_ID] * 4 + s[:15] + [lm.fill_token] + [IGNORE_ID] * 2 + s[15:] + [lm.eos_token]
+        assert target[0].tolist() == expected and int(lengths[0]) == len(expected) == 41
+        torch.testing.assert_close(embeds[0, 3 + 5 : 3 + 5 + 15], lm.speech_embedding(speech[0, :15]))  # after 5 text tokens
+        torch.testing.assert_close(embeds[0, 3 + 20 + 2], lm.speech_embedding.weight[lm.task_id])  # the last text, then task_id
+        unistream = lm.build_inputs(*args, rng=random.Random(0))[2]  # first draw 0.84: unistream
+        assert torch.equal(unistream, lm.build_inputs(*args)[2])
+        assert torch.isfinite(lm(*args, rng=random.Random(1))["loss"])
+
+
 def test_lm_padding_does_not_change_an_utterances_logits(tiny_model) -> None:  # type: ignore[no-untyped-def]
     lm = tiny_model.llm
     text, speech = torch.randint(0, 100, (1, 5)), torch.randint(0, 64, (1, 7))

@@ -1,10 +1,13 @@
-"""The stages the pack declares so far, run as a user runs them: ``mmcore run`` downloads (a local
-folder in the public layout) and converts with ``convert.verify``; the rest is skipped, visibly."""
+"""The stages the pack declares so far: ``mmcore run`` (as a user runs it) downloads a local folder
+in the public layout and converts it with ``convert.verify``, the rest skipped visibly; a broken
+folder stops download (in process) with one line."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+import pytest
 
 from mmcore.testing import stage_manifest
 
@@ -19,11 +22,14 @@ def test_run_downloads_and_converts_a_public_layout_folder_bit_identically(mmcor
     assert (tmp_path / "r/convert/dcp").is_dir() and not (tmp_path / "r/convert/safetensors").exists()
 
 
-def test_download_refuses_a_folder_without_flow_pt_in_one_line(mmcore_cli, tiny_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_download_refuses_a_folder_without_flow_pt_in_one_line(tiny_dir: Path, tmp_path: Path) -> None:
+    from mmcore.testing import make_runner, plugins_with
+
     broken = tmp_path / "broken"
     shutil.copytree(tiny_dir, broken)
     (broken / "flow.pt").unlink()
-    proc = mmcore_cli("download", "--pack", "cosyvoice3", "--model", str(broken), "--run-dir", "r", check=False)
-    assert proc.returncode != 0
-    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "flow.pt: missing" in line]
-    assert errors and str(broken) in errors[0], proc.stdout + proc.stderr
+    runner = make_runner(plugins_with(installed_packs=True), "cosyvoice3", tmp_path / "r", preset="tiny", overrides=[f"model.source={broken}"])
+    with pytest.raises(Exception) as info:
+        runner.run_stage("download")
+    message = str(info.value)
+    assert "\n" not in message and f"{broken}/flow.pt: missing" in message, message

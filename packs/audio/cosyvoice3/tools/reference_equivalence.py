@@ -73,6 +73,13 @@ mask[1, :, 55:] = 0
 ptok = torch.randint(0, S, (1, 5), generator=g)
 pfeat = torch.randn(1, 10, 80, generator=g)
 emb = torch.randn(1, 16, generator=g)
+text2 = torch.randint(0, 100, (2, 7), generator=g)
+text2_len = torch.tensor([7, 5])
+speech2 = torch.randint(0, S, (2, 30), generator=g)
+speech2_len = torch.tensor([30, 25])
+inst = torch.randint(0, 100, (2, 3), generator=g)
+inst_len = torch.tensor([3, 2])
+MIX_SEEDS = (0, 1, 4, 10)  # per-utterance draws: both unistream, bistream + uni, both bistream, uni + bistream
 r = {}
 if MODE == "ref":
     write_stubs(args.work / "stubs")
@@ -148,6 +155,14 @@ if MODE == "ref":
     }
     with torch.no_grad():
         r["lm_loss"] = lm(batch, torch.device("cpu"))["loss"]
+        import random
+
+        batch2 = {"text_token": text2, "text_token_len": text2_len, "speech_token": speech2, "speech_token_len": speech2_len, "instruct_token": inst, "instruct_token_len": inst_len}
+        losses = []
+        for seed in MIX_SEEDS:
+            random.seed(seed)
+            losses.append(lm(batch2, torch.device("cpu"))["loss"])
+        r["lm_loss_mixed"] = torch.stack(losses)
         sos, task = lm.speech_embedding.weight[S].reshape(1, 1, -1), lm.speech_embedding.weight[S + 2].reshape(1, 1, -1)
         lm_input = torch.cat([sos, lm.llm.model.model.embed_tokens(text[:1]), task], 1)
         steps, cache, inp = [], None, lm_input
@@ -192,6 +207,11 @@ else:
     print("pack with transformers", transformers.__version__)
     with torch.no_grad():
         r["lm_loss"] = mine.llm(text, text_len, speech, speech_len)["loss"]
+        import random
+
+        r["lm_loss_mixed"] = torch.stack([mine.llm(text2, text2_len, speech2, speech2_len, inst, inst_len, rng=random.Random(seed))["loss"] for seed in MIX_SEEDS])
+        draws = [[rng.random() < 0.5 for _ in range(2)] for rng in map(random.Random, MIX_SEEDS)]
+        print(f"bistream per utterance for seeds {MIX_SEEDS}: {draws}")
         lm_input = mine.llm.prompt_embeds(text[:1])
         steps, cache, inp = [], None, lm_input
         for step in range(12):
@@ -208,7 +228,7 @@ else:
     mine.hift.m_source.fixed = {"rand_ini": ref["rand_ini"], "sine_noise": ref["sine_noise"]}
     with torch.no_grad():
         r["wav"], _ = mine.hift(ref["mel"])
-    for k in ("lm_loss", "lm_step_logp", "cfm_loss", "mel", "wav"):
+    for k in ("lm_loss", "lm_loss_mixed", "lm_step_logp", "cfm_loss", "mel", "wav"):
         a, b = ref[k], r[k]
         print(f"{k}: shape {tuple(a.shape)} vs {tuple(b.shape)}, max |diff| {(a - b).abs().max().item():.3g} (max |ref| {a.abs().max().item():.3g})")
     d = (ref["dit"] - r["dit"]) * mask

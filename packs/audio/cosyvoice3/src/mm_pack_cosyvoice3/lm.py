@@ -10,6 +10,8 @@ task_id = S + 2, fill = S + 3, and every id in [S, S + 200) stops decoding.
 from __future__ import annotations
 
 import inspect
+import math
+import random
 from typing import Iterator
 
 import torch
@@ -61,29 +63,48 @@ class CosyVoice3LM(nn.Module):
     def _special(self, token: int) -> torch.Tensor:
         return self.speech_embedding.weight[token].reshape(1, -1)
 
-    def build_inputs(self, text, text_len, speech, speech_len, instruct=None, instruct_len=None):  # type: ignore[no-untyped-def]
-        """Unistream teacher forcing: ``[sos, instruct, text, task_id, speech]`` in, the speech
-        tokens and eos as targets (everything before the first speech position ignored)."""
+    def build_inputs(self, text, text_len, speech, speech_len, instruct=None, instruct_len=None, rng: random.Random | None = None):  # type: ignore[no-untyped-def]
+        """Teacher forcing as the reference builds it. Unistream: ``[sos, instruct, text, task_id,
+        speech]`` in, the speech tokens and eos as targets (everything before ignored). With
+        ``rng``, each utterance draws once (``rng.random() < 0.5``, the reference's draw order) and,
+        where speech/text exceeds ``mix_ratio[1] / mix_ratio[0]``, is built bistream instead:
+        5 text tokens, their 15 speech tokens (then ``fill``), ..., the last text, task_id, the
+        rest of the speech and eos. Without ``rng``: unistream only."""
         text_emb, speech_emb = self.text_embedding(text), self.speech_embedding(speech)
         instruct_emb = self.text_embedding(instruct) if instruct is not None else None
         inputs, targets = [], []
         for i in range(text.shape[0]):
             n_text, n_speech = int(text_len[i]), int(speech_len[i])
             n_inst = int(instruct_len[i]) if instruct is not None else 0
-            parts = [self._special(self.sos)]
+            parts, target = [self._special(self.sos)], [IGNORE_ID] * (1 + n_inst)
             if n_inst:
                 parts.append(instruct_emb[i, :n_inst])
-            parts += [text_emb[i, :n_text], self._special(self.task_id), speech_emb[i, :n_speech]]
+            draw = rng.random() if rng is not None else 1.0
+            if draw < 0.5 and n_speech / n_text > self.cfg.mix_ratio[1] / self.cfg.mix_ratio[0]:
+                self._bistream(parts, target, text[i, :n_text], text_emb[i, :n_text], speech[i, :n_speech], speech_emb[i, :n_speech])
+            else:
+                parts += [text_emb[i, :n_text], self._special(self.task_id), speech_emb[i, :n_speech]]
+                target += [IGNORE_ID] * n_text + speech[i, :n_speech].tolist() + [self.eos_token]
             inputs.append(torch.cat(parts))
-            target = [IGNORE_ID] * (1 + n_inst + n_text) + speech[i, :n_speech].tolist() + [self.eos_token]
             targets.append(torch.tensor(target, device=text.device))
         lengths = torch.tensor([x.shape[0] for x in inputs], device=text.device)
-        embeds = nn.utils.rnn.pad_sequence(inputs, batch_first=True, padding_value=0.0)
+        embeds = nn.utils.rnn.pad_sequence(inputs, batch_first=True, padding_value=IGNORE_ID)  # the reference pads with -1 too
         target = nn.utils.rnn.pad_sequence(targets, batch_first=True, padding_value=IGNORE_ID)
         return embeds, lengths, target
 
-    def forward(self, text, text_len, speech, speech_len, instruct=None, instruct_len=None) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
-        embeds, lengths, target = self.build_inputs(text, text_len, speech, speech_len, instruct, instruct_len)
+    def _bistream(self, parts, target, text, text_emb, speech, speech_emb) -> None:  # type: ignore[no-untyped-def]
+        n_t, n_s = self.cfg.mix_ratio
+        for j in range(math.ceil((text.shape[0] + 1) / n_t)):
+            chunk = text[j * n_t : (j + 1) * n_t]
+            if chunk.shape[0] == n_t:
+                target += [IGNORE_ID] * (n_t - 1) + speech[j * n_s : (j + 1) * n_s].tolist() + [self.fill_token]
+                parts += [text_emb[j * n_t : (j + 1) * n_t], speech_emb[j * n_s : (j + 1) * n_s]]
+            else:
+                target += [IGNORE_ID] * chunk.shape[0] + speech[j * n_s :].tolist() + [self.eos_token]
+                parts += [text_emb[j * n_t :], self._special(self.task_id), speech_emb[j * n_s :]]
+
+    def forward(self, text, text_len, speech, speech_len, instruct=None, instruct_len=None, rng: random.Random | None = None) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+        embeds, lengths, target = self.build_inputs(text, text_len, speech, speech_len, instruct, instruct_len, rng)
         logits = self.llm_decoder(self.llm(embeds, lengths))
         loss = label_smoothing_loss(logits, target, self.cfg.lsm_weight, self.cfg.length_normalized_loss)
         keep = target != IGNORE_ID
