@@ -188,7 +188,7 @@ if MODE == "ref":
 
     lm.sampling_ids = sampled
     torch.manual_seed(7)
-    r["sampled"] = torch.tensor(list(lm.inference_wrapper(lm_input, 25, 12, 30, "x")))
+    r["sampled"] = torch.tensor(list(lm.inference_wrapper(lm_input, 25, 40, 48, "x")))  # long enough for RAS to resample on repeats
     with torch.no_grad():
         r["dit"] = torch.stack([flow.decoder.estimator(x, mask, mu, t, spks, cond, streaming=s) for s in (False, True)])
         torch.manual_seed(5)
@@ -220,7 +220,21 @@ else:
             inp = mine.llm.speech_embedding.weight[int(speech[0, step])].reshape(1, 1, -1)
         r["lm_step_logp"] = torch.cat(steps)
     r["greedy"] = torch.tensor(list(mine.llm.generate(text[:1], sampling="greedy", min_token_text_ratio=2, max_token_text_ratio=3)))
-    r["sampled"] = torch.tensor(list(mine.llm.generate(text[:1], sampling="ras", generator=torch.Generator().manual_seed(7), min_token_text_ratio=2, max_token_text_ratio=5)))
+    import mm_pack_cosyvoice3.lm as lm_module
+
+    calls, draws, real_multinomial = [0], [0], torch.multinomial
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        draws[0] += 1
+        return real_multinomial(*a, **k)
+
+    def counted_ras(*a, **k):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real_ras(*a, **k)
+
+    real_ras, torch.multinomial, lm_module.ras_sampling = lm_module.ras_sampling, counted, counted_ras
+    r["sampled"] = torch.tensor(list(mine.llm.generate(text[:1], sampling="ras", generator=torch.Generator().manual_seed(7), min_token_text_ratio=40 / 6, max_token_text_ratio=8)))
+    torch.multinomial, lm_module.ras_sampling = real_multinomial, real_ras
     with torch.no_grad():
         r["dit"] = torch.stack([mine.flow.decoder.estimator(x, mask, mu, t, spks, cond, s) for s in (False, True)])
         r["cfm_loss"] = mine.flow.decoder.compute_loss(x, mask, mu, spks, cond, torch.Generator().manual_seed(5))
@@ -234,4 +248,4 @@ else:
     d = (ref["dit"] - r["dit"]) * mask
     print(f"dit estimator (full / chunk mask): max |diff| {d[0].abs().max().item():.3g} / {d[1].abs().max().item():.3g}")
     print(f"greedy tokens equal: {torch.equal(ref['greedy'], r['greedy'])} ({len(r['greedy'])} tokens)")
-    print(f"RAS-sampled tokens equal (seed 7): {torch.equal(ref['sampled'], r['sampled'])} ({len(r['sampled'])} tokens: {r['sampled'].tolist()})")
+    print(f"RAS-sampled tokens equal (seed 7): {torch.equal(ref['sampled'], r['sampled'])} ({len(r['sampled'])} tokens; {calls[0]} RAS steps, {draws[0] - calls[0]} of them resampled after a repeat)")
