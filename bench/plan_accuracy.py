@@ -46,16 +46,6 @@ TOLERANCE = 0.15
 PARTS = ("weights", "grads", "optimizer", "activations")
 
 
-def objects(text: str) -> list[dict[str, Any]]:
-    """The JSON objects the ranks printed (two ranks' lines may share a line of the pipe)."""
-    decoder, found, at = json.JSONDecoder(), [], text.find("{")
-    while at >= 0:
-        obj, end = decoder.raw_decode(text, at)
-        found.append(obj)
-        at = text.find("{", end)
-    return found
-
-
 def run_layout(folder: Path, pack: str, processes: int, changes: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's measure() result for one layout, from a fresh process (or two)."""
     args = {**PACKS[pack][1], **changes}
@@ -72,7 +62,9 @@ def run_layout(folder: Path, pack: str, processes: int, changes: dict[str, Any])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     if proc.returncode != 0:
         raise SystemExit(f"plan_accuracy: {pack} {changes}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
-    results = objects(proc.stdout)
+    from mmcore.plan.measure import printed_results
+
+    results = printed_results(proc.stdout)
     if sorted(r["rank"] for r in results) != list(range(processes)):
         raise SystemExit(f"plan_accuracy: {pack} {changes}: expected {processes} ranks' results, got {proc.stdout[-500:]!r}")
     return results

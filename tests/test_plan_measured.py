@@ -21,6 +21,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
+from mmcore.plan.measure import printed_results  # noqa: E402
+
 TOLERANCE = 0.15
 
 #: pack -> (tiny preset builder, measure arguments)
@@ -48,16 +50,6 @@ def check(result: dict) -> None:
     assert result["plan_flops"] == result["engine_flops"]
 
 
-def objects(text: str) -> list[dict]:
-    """The JSON objects the ranks printed (two ranks' lines may share a line of the pipe)."""
-    decoder, found, at = json.JSONDecoder(), [], text.find("{")
-    while at >= 0:
-        obj, end = decoder.raw_decode(text, at)
-        found.append(obj)
-        at = text.find("{", end)
-    return found
-
-
 def torchrun(pack: str, folder: Path, recompute: str, **changes: object) -> list[dict]:
     from mmcore.run.launch import free_port
 
@@ -67,7 +59,7 @@ def torchrun(pack: str, folder: Path, recompute: str, **changes: object) -> list
     cmd += ["-m", "mmcore.plan.measure", "--pack", pack, "--model", str(folder), "--recompute", recompute, *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = objects(proc.stdout)
+    results = printed_results(proc.stdout)
     assert sorted(r["rank"] for r in results) == [0, 1], proc.stdout
     return results
 
@@ -93,7 +85,7 @@ def test_bf16_mixed_precision_matches_the_plan(folders: dict[str, Path], pack: s
     )
     proc = subprocess.run([sys.executable, "-c", code, pack, str(folders[pack]), json.dumps(CASES[pack][1])], capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = objects(proc.stdout)
+    results = printed_results(proc.stdout)
     assert [(r["recompute"], r["bf16"]) for r in results] == [("none", True), ("full", True)]
     for result in results:
         check(result)

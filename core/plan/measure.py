@@ -218,6 +218,17 @@ def measure(
     }
 
 
+def printed_results(text: str) -> list[dict[str, Any]]:
+    """The JSON objects ranks of ``python -m mmcore.plan.measure`` printed to one pipe (two
+    ranks' lines may share a line of it)."""
+    decoder, found, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        obj, end = decoder.raw_decode(text, at)
+        found.append(obj)
+        at = text.find("{", end)
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pack", required=True)
