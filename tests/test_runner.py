@@ -320,7 +320,7 @@ def test_a_failed_two_node_attempt_ends_in_time_and_a_plain_rerun_restores_the_f
     start = time.monotonic()
     proc = cli("run", "--run-dir", "r", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "parallel.rdzv_timeout_s=5", check=False)
     waited = time.monotonic() - start
-    assert proc.returncode == 1 and "[train] running (its config changed: parallel.world_size 1 -> 2)" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "[train] running (its config changed: parallel.data_parallel_replicas 1 -> 2)" in proc.stdout, proc.stdout + proc.stderr
     assert waited < 120, f"node 0 waited {waited:.0f} s for a peer, parallel.rdzv_timeout_s=5"  # torchrun's own default is 600 s
     assert (tmp_path / "r" / ".train.replaced").is_dir()
     proc = cli("run", "--run-dir", "r")  # no launch options: one node, as before the attempt

@@ -165,7 +165,7 @@ class ParallelSection(Section):
     ulysses: int = Field(
         1,
         ge=1,
-        description="backend fsdp2, supervised fine-tuning: Ulysses sequence parallelism: groups of this many processes share each sample, each running the VLM's text decoder (with training.packing) or the diffusion transformer (a diffusers class with a context-parallel plan: Wan, FLUX) on 1/ulysses of its tokens, an all-to-all over attention heads around attention; data-parallel replicas = processes / ulysses; the same losses.",
+        description="backend fsdp2, supervised fine-tuning: Ulysses sequence parallelism: groups of this many processes share each sample, each running the VLM's text decoder (with training.packing) or the diffusion transformer (a diffusers class with a context-parallel plan: Wan, FLUX) on 1/ulysses of its tokens, an all-to-all over attention heads around attention; data-parallel replicas = processes / ulysses; the same losses; a run resumes at another Ulysses size with the same replicas (e.g. 2 processes at ulysses=2 as 1 process).",
     )
     expert_parallel: int = Field(
         1,
@@ -319,14 +319,16 @@ class RunConfig(Section):
             "sequence_parallel",
             "virtual_pipeline",
             "expert_parallel",
+            "ulysses",
         ):
-            # how the processes are started and meet, which node reads the slice, how the model is
-            # split over them: not what the stage computes (a run resumes at another tensor/pipeline
-            # layout or expert split, and 2 nodes of 1 process train as 1 node of 2); how many
-            # there are is, and so is parallel.ulysses: its groups share their samples, so it sets
-            # the data-parallel replicas and with them the global batch
+            # how the processes are started and meet, which node reads the slice, how the model and
+            # the samples are split over them: not what the stage computes (a run resumes at another
+            # tensor/pipeline layout, expert split or Ulysses size, and 2 nodes of 1 process train
+            # as 1 node of 2); how many data-parallel replicas there are is: they set the global
+            # batch (tensor/pipeline stages and a Ulysses group share their samples)
             data["parallel"].pop(name, None)
-        data["parallel"]["world_size"] = self.world_size
+        parallel = self.parallel
+        data["parallel"]["data_parallel_replicas"] = self.world_size // (parallel.tensor_parallel * parallel.pipeline_parallel * parallel.ulysses)
         if data["training"]["epochs"] is not None:
             data["training"]["steps"] = None  # not the user's: the epochs and the data set it
         out: dict[str, Any] = {}

@@ -246,8 +246,10 @@ def test_two_process_fsdp2_matches_one_process(wan, tmp_path: Path) -> None:  # 
 def test_ulysses_sequence_parallel_matches_one_process_and_resumes(wan, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """parallel.ulysses=2 on two processes (diffusers' context-parallel plan for Wan: each rank's
     DiT blocks on half the patch tokens, Ulysses all-to-alls around self-attention): the losses
-    and held-out metrics of one process, killed with kill -9 after step 2 and resumed. fp32; the
-    split changes the order of sums only (measured ~1e-7 relative)."""
+    and held-out metrics of one process, killed with kill -9 after step 2 and resumed at another
+    Ulysses size -- on one process, ulysses=1: the same one data-parallel replica, so the same
+    run (DCP reshards the weights and optimizer state). fp32; the split changes the order of
+    sums only (measured ~1e-7 relative)."""
     import json
 
     args = [
@@ -269,8 +271,9 @@ def test_ulysses_sequence_parallel_matches_one_process_and_resumes(wan, tmp_path
     wan("run", *args, "--run-dir", "one")
     split_args = [*args, "--run-dir", "split", "--nproc-per-node", "2", "parallel.ulysses=2"]
     assert wan("run", *split_args, check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
-    # resumed from the step-2 checkpoint (a run on another number of processes would start afresh)
-    assert "[train] resuming (interrupted at step 2" in wan("run", *split_args).stdout
+    # resumed from the step-2 checkpoint on one process without Ulysses: the same replicas, so the
+    # same run (another number of replicas would start afresh: another global batch)
+    assert "[train] resuming (interrupted at step 2" in wan("run", *args, "--run-dir", "split", "parallel.ulysses=1").stdout
     one, split = metrics("one"), metrics("split")
     assert sorted(one) == sorted(split) and "eval/loss" in one[2], (one, split)
     for step, figures in one.items():
