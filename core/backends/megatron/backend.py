@@ -237,7 +237,7 @@ class MegatronBackend:
             outputs=outputs,
             metrics={"backend": "megatron", **_layout_record(layout)},
             where=f" on megatron-core ({layout.describe()})",
-            notes=[f"megatron checkpoint (resumes at any TP/PP): {root / LATEST}; trained weights for export: {root / TRAINED}"],
+            notes=[f"megatron checkpoint (resumes at any TP/PP/CP): {root / LATEST}; trained weights for export: {root / TRAINED}"],
         )
 
     def close(self) -> None:
