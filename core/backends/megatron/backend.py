@@ -292,6 +292,8 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     if recipe.weights is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not load its weights through the engine")
     family = recipe.megatron_family(ctx, upstream)
+    if parallel.context_parallel > 1 and not family.context_parallel:
+        raise StageError(f"parallel.context_parallel: the {ctx.pack} pack's model on megatron-core does not split its sequences (MegatronFamily.context_parallel)")
     if "extract" in upstream and family.use_cache is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not read the extract stage's feature cache on megatron yet (set extract.enabled=false)")
     return family

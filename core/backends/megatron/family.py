@@ -81,6 +81,11 @@ class MegatronFamily:
         use_cache: ``(first chunk of the first stage) -> None``: switch its frozen towers to the
             extract stage's cached features (what the FSDP2 recipe's model gets with a finished
             extract stage; the samples then carry the features). None: the feature cache is refused.
+        context_parallel: ``build``'s module takes ``parallel.context_parallel`` > 1: it pads
+            each sequence to :func:`mmcore.backends.megatron.context.context_multiple`, hands the
+            decoder this rank's chunks of its input and rotary positions
+            (:func:`~mmcore.backends.megatron.context.to_context_rank`) and returns the logits of
+            those tokens. False: the backend refuses context parallelism for the family.
     """
 
     build: Callable[["Layout"], Any]
@@ -96,6 +101,7 @@ class MegatronFamily:
     held_out: Any = None
     collate_one: Callable[[Any], dict[str, Any]] | None = None
     use_cache: Callable[[Any], None] | None = None
+    context_parallel: bool = False
 
 
 @dataclass(frozen=True)

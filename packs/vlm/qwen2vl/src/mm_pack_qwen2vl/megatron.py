@@ -234,4 +234,5 @@ def megatron_family(model_dir: Path) -> Any:
         score=lambda logits, batch: {"accuracy": (float(vocab_parallel_exact_match(logits, batch["labels"], vocab).sum()), len(logits))},
         score_names=("accuracy",),
         use_cache=lambda first: use_cached_vision(first.visual),
+        context_parallel=True,  # MegatronQwen2VL cuts its sequences per context-parallel rank
     )  # the extract stage's cache: only the merger runs
