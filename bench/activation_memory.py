@@ -164,6 +164,79 @@ def tower_split_case(rank: int, init: str, queue: object) -> None:
     dist.destroy_process_group()
 
 
+def context_parallel_case(rank: int, world: int, init: str, queue: object, same_attention: bool = False) -> None:
+    """One rank of ``world`` at parallel.context_parallel = world: the bytes autograd saves for a
+    megatron-core GPTModel (M-RoPE, the engine's spec) on this rank's chunks of one row;
+    ``same_attention`` (world 1): with the context-parallel attention module in place of
+    megatron-core's local one (which saves the fp32 scores and probabilities whole)."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from mmcore.backends.megatron.context import to_context_rank
+    from mmcore.backends.megatron.gpt import gpt_model, init_model_parallel
+    from mmcore.plan.measure import saved_activation_bytes
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    init_model_parallel(1, 1, seed=0, context_parallel=world)
+    text = SimpleNamespace(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        rms_norm_eps=1e-6,
+        vocab_size=1024,
+        max_position_embeddings=8192,
+        rope_theta=1e6,
+        hidden_act="silu",
+    )
+    model = gpt_model(text, 1, qkv_bias=True, parallel_output=True, mrope_section=[8, 12, 12], context_parallel=world)
+    if same_attention:
+        from mmcore.backends.megatron.context import attention_class
+
+        for layer in model.decoder.layers:
+            old = layer.self_attention.core_attention
+            layer.self_attention.core_attention = attention_class()(old.config, old.layer_number, old.attn_mask_type, old.attention_type)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.02)
+    model.train()
+    tokens = 4096
+    ids = torch.randint(0, 1024, (1, tokens), generator=torch.Generator().manual_seed(0))
+    positions = to_context_rank(torch.arange(tokens).expand(3, 1, tokens), dim=2)
+    embeds = to_context_rank(model.embedding(input_ids=ids, position_ids=None), dim=0).detach().requires_grad_(True)
+
+    def forward() -> object:
+        return model(input_ids=None, position_ids=positions, attention_mask=None, decoder_input=embeds).float().sum()
+
+    _, saved = saved_activation_bytes(model, forward)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, saved)
+    if rank == 0:
+        queue.put({"case": f"context parallel {world}" + (" (its attention)" if same_attention else ""), "saved_mib": [b / 2**20 for b in gathered]})
+    dist.destroy_process_group()
+
+
+def run_context_parallel(world: int, same_attention: bool = False) -> dict:
+    import multiprocessing as mp
+    import tempfile
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as scratch:
+        procs = [ctx.Process(target=context_parallel_case, args=(rank, world, f"file://{scratch}/rendezvous", queue, same_attention)) for rank in range(world)]
+        for proc in procs:
+            proc.start()
+        result = queue.get()
+        for proc in procs:
+            proc.join()
+    print(json.dumps(result), flush=True)
+    return result
+
+
 def run_tower_split() -> dict:
     import multiprocessing as mp
     import tempfile
@@ -196,7 +269,7 @@ def run(target: object, *args: object) -> dict:
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--only", choices=["recompute", "megatron", "attention", "ulysses-tower"])
+    p.add_argument("--only", choices=["recompute", "megatron", "attention", "ulysses-tower", "context-parallel"])
     args = p.parse_args()
     # Peak memory of one step is deterministic: one measurement per case (reps apply to time only).
     if args.only in (None, "recompute"):
@@ -258,6 +331,24 @@ def main() -> None:
                 [max(rows["whole_mib"])],
                 baseline_name="the whole clip on every rank (before the split)",
                 how="Qwen2-VL tower, width 1280, 4 blocks, one 16-frame 224x224 clip (2048 patch rows), 2 gloo processes, bytes autograd saves (mmcore.plan.measure), the busier rank",
+                goal=("<=", 0.6),
+            )
+        )
+
+    if args.only in (None, "context-parallel"):
+        one, two = run_context_parallel(1, same_attention=True), run_context_parallel(2)
+        local = run_context_parallel(1)
+        emit(
+            figure(
+                "context_parallel/megatron-activation-memory",
+                "parallel.context_parallel=2 on megatron: the decoder's saved activations on a rank vs one process with the whole row (the same attention module)",
+                "MiB",
+                [max(two["saved_mib"])],
+                [one["saved_mib"][0]],
+                baseline_name="parallel.context_parallel=1 with the context-parallel attention",
+                local_attention_mib=round(local["saved_mib"][0]),
+                how="megatron-core GPTModel (M-RoPE, local spec with mmcore's context-parallel attention), hidden 1024, 4 layers, one 4096-token row, "
+                "gloo processes, bytes autograd saves (mmcore.plan.measure), the busier rank",
                 goal=("<=", 0.6),
             )
         )

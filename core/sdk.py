@@ -194,6 +194,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "rank_sources", "read_checkpoint", "read_stages", "reduce_gradients", "run_megatron_training", "save",
         "scatter_sequence", "sharded_state", "status", "sum_tied_gradients", "vocab_parallel_exact_match",
         "vocab_parallel_loss_sum", "write_adapter", "write_checkpoint", "write_peft", "write_trained",
+        "context_multiple", "to_context_rank",  # 1.25: parallel.context_parallel
     }),
     # test helpers, the conformance suite, the crash matrix
     "mmcore.testing": frozenset({

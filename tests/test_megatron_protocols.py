@@ -51,6 +51,27 @@ def test_the_backend_refuses_a_recipe_that_is_not_a_megatron_recipe_in_one_line(
         _family(ctx, {}, TrainRecipe(**PARTS))  # type: ignore[arg-type]
 
 
+def test_context_parallelism_is_refused_for_a_family_whose_model_does_not_split_its_sequences() -> None:
+    """parallel.context_parallel needs the family's model to hand the decoder its rank's chunks
+    (MegatronFamily.context_parallel); any other model would attend wrongly, so: one line."""
+    from mmcore.backends.megatron.backend import _family
+    from mmcore.backends.megatron.family import MegatronFamily
+
+    made = MegatronFamily(build=lambda layout: None, parallel_map=None, adapter=None, inputs=("input_ids",))  # type: ignore[arg-type]
+
+    class Mine(TrainRecipe):
+        def megatron_family(self, ctx: Any, upstream: Any) -> Any:
+            return made
+
+    parallel = SimpleNamespace(tensor_parallel=1, pipeline_parallel=1, context_parallel=2, sequence_parallel=False, virtual_pipeline=1)
+    training = SimpleNamespace(method="sft", optimizer="adamw", cpu_offload=False, max_tokens=None, packing=False, grad_accum_steps=1)
+    ctx = SimpleNamespace(pack="toy", config=SimpleNamespace(training=training, parallel=parallel), world=SimpleNamespace(world_size=2))
+    with pytest.raises(StageError, match=r"^parallel.context_parallel: the toy pack's model on megatron-core does not split its sequences \(MegatronFamily.context_parallel\)$"):
+        _family(ctx, {}, Mine(**PARTS, weights=lambda ctx, upstream: None))  # type: ignore[arg-type]
+    made.context_parallel = True
+    assert _family(ctx, {}, Mine(**PARTS, weights=lambda ctx, upstream: None)) is made  # type: ignore[arg-type]
+
+
 def test_a_vlm_family_declares_its_megatron_side_in_a_subclass() -> None:
     class WithMegatron(VLMFamily):
         def megatron_part(self, model_dir: Path) -> Any:

@@ -59,9 +59,9 @@ class FSDP2Backend:
         if cfg.cpu_offload and accelerator.device_type == "cpu":
             raise StageError("training.cpu_offload keeps weights in host memory while an accelerator computes; this run computes on the CPU (run.device: cpu)")
         split = ctx.config.parallel
-        if split.tensor_parallel > 1 or split.pipeline_parallel > 1 or split.sequence_parallel or split.virtual_pipeline > 1:
+        if split.tensor_parallel > 1 or split.pipeline_parallel > 1 or split.sequence_parallel or split.virtual_pipeline > 1 or split.context_parallel > 1:
             raise StageError(
-                f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on parallel.backend: megatron; this run's backend is {split.backend}"
+                f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline / context_parallel split the model on parallel.backend: megatron; this run's backend is {split.backend}"
             )
         if sequence > 1:
             _check_ulysses(ctx, recipe, sequence)

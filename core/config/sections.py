@@ -189,6 +189,11 @@ class ParallelSection(Section):
         False,
         description="backend megatron, tensor_parallel > 1: between the split layers each tensor-parallel rank keeps 1/tensor_parallel of the sequence (norms, residuals, dropout: their activation memory / tensor_parallel); the same losses.",
     )
+    context_parallel: int = Field(
+        1,
+        ge=1,
+        description="backend megatron: context parallelism: groups of this many processes share each sample, the sequence cut into 2 x context_parallel chunks (rank r holds chunks r and 2 x context_parallel - 1 - r: even causal work), each rank running every layer on its tokens and gathering the keys and values of the whole sequence for attention; data-parallel replicas = processes / (tensor_parallel x pipeline_parallel x context_parallel); sequences padded to a multiple of 2 x context_parallel; M-RoPE language models (qwen2vl); the same losses.",
+    )
 
 
 class ExportSection(Section):
@@ -318,17 +323,18 @@ class RunConfig(Section):
             "pipeline_parallel",
             "sequence_parallel",
             "virtual_pipeline",
+            "context_parallel",
             "expert_parallel",
             "ulysses",
         ):
             # how the processes are started and meet, which node reads the slice, how the model and
             # the samples are split over them: not what the stage computes (a run resumes at another
-            # tensor/pipeline layout, expert split or Ulysses size, and 2 nodes of 1 process train
+            # tensor/pipeline/context layout, expert split or Ulysses size, and 2 nodes of 1 process train
             # as 1 node of 2); how many data-parallel replicas there are is: they set the global
-            # batch (tensor/pipeline stages and a Ulysses group share their samples)
+            # batch (tensor/pipeline/context groups and a Ulysses group share their samples)
             data["parallel"].pop(name, None)
         parallel = self.parallel
-        data["parallel"]["data_parallel_replicas"] = self.world_size // (parallel.tensor_parallel * parallel.pipeline_parallel * parallel.ulysses)
+        data["parallel"]["data_parallel_replicas"] = self.world_size // (parallel.tensor_parallel * parallel.pipeline_parallel * parallel.context_parallel * parallel.ulysses)
         if data["training"]["epochs"] is not None:
             data["training"]["steps"] = None  # not the user's: the epochs and the data set it
         out: dict[str, Any] = {}

@@ -16,7 +16,9 @@ Memory per rank follows what mmcore's backends hold (their docstrings say so):
   vision tower as transformers builds it): the first stage's share; plus a bf16 compute copy of
   the local weights. Activations: a pipeline's first stage holds ``pp``
   micro-batches of its ``layers / pp`` layers (1F1B), so all layers' worth; tensor parallel with
-  sequence parallel divides them by ``tp``.
+  sequence parallel divides them by ``tp``; context parallel (``parallel.context_parallel``) by
+  ``cp`` (each rank runs the layers on 1/cp of the tokens; the weights are replicated over the
+  group), its key/value all-gathers, :func:`context_bytes`, added to the step time.
 * Ulysses sequence parallel (``parallel.ulysses``: the VLM kit's text decoder; a diffusers
   denoiser with a context-parallel plan, e.g. Wan, FLUX): activations
   divided by ``sp`` (the towers, run whole on every rank of a group, are not in the formula);
@@ -75,6 +77,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     sp: int = 1  # Ulysses sequence parallel
+    cp: int = 1  # megatron's context parallel
     ep: int = 1  # expert parallel (an MoE model's experts)
     recompute: bool = False
     offload: bool = False
@@ -82,12 +85,12 @@ class Layout:
 
     @property
     def backend(self) -> str:
-        return "megatron" if self.tp * self.pp > 1 else "fsdp2"
+        return "megatron" if self.tp * self.pp * self.cp > 1 else "fsdp2"
 
     def name(self) -> str:
         sharded = self.shard * self.sp  # a sequence group's ranks hold shards too (mmcore.backends.ulysses)
         parts = [f"fsdp{sharded}" if self.replicate == 1 else f"hsdp{self.replicate}x{sharded}"] if self.backend == "fsdp2" else [f"dp{self.shard * self.replicate}"]
-        parts += [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("sp", self.sp), ("ep", self.ep)) if v > 1]
+        parts += [f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("sp", self.sp), ("ep", self.ep)) if v > 1]
         parts += ["recompute"] if self.recompute else []
         parts += ["offload"] if self.offload else []
         parts += ["sync-mb"] if self.sync_every else []
@@ -147,7 +150,7 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
     accum = max(1, math.ceil(global_batch / (data_parallel * micro_batch)))
     weights, grads, optimizer = state_bytes(plan, layout)
     layers = plan.shape.layers
-    divide = layout.tp * layout.sp
+    divide = layout.tp * layout.sp * layout.cp
 
     def acts(recompute: bool) -> float:
         return plan.activations(micro_batch, a, recompute, layers) / divide
@@ -174,9 +177,11 @@ def estimate(plan: Planned, layout: Layout, device: Device, *, micro_batch: int,
         weights = grads = optimizer = 0.0
     if layout.sp > 1:
         seconds_extra += ulysses_bytes(plan, layout, micro_batch * accum, a) / device.peer_link
+    if layout.cp > 1:
+        seconds_extra += context_bytes(plan, layout, micro_batch * accum, a) / device.peer_link
     if layout.ep > 1:
         seconds_extra += expert_bytes(plan, layout, micro_batch * accum, a) / device.peer_link
-    flops = plan.flops(micro_batch) * accum / (layout.tp * layout.pp * layout.sp)
+    flops = plan.flops(micro_batch) * accum / (layout.tp * layout.pp * layout.sp * layout.cp)
     compute = flops * (4 / 3 if layout.recompute else 1.0) / (device.peak * EFFICIENCY)
     bubble = 1 + (layout.pp - 1) / accum if layout.pp > 1 else 1.0
     exposed = max(0.0, fsdp_seconds(plan, layout, device, per_node, accum, a) - compute)
@@ -196,7 +201,8 @@ def fsdp_seconds(plan: Planned, layout: Layout, device: Device, per_node: int, a
     its forward and again for its backward (blocks reshard after forward; an MoE block's experts
     over their ``n / ep`` copies only), and the step reduce-scatters the fp32 gradients once (the
     engine syncs on the last micro-batch), or after every micro-batch (``sync_every``); HSDP then all-reduces each shard over the replicas.
-    Megatron all-reduces its local fp32 gradients over the data-parallel ranks. A ring sends
+    Megatron all-reduces its local fp32 gradients over the data-parallel ranks (and the
+    context-parallel ranks of each). A ring sends
     ``(k - 1) / k`` of the data over ``k`` ranks (an all-reduce twice that)."""
 
     def link(ranks: int) -> float:  # a group within a node, or spanning nodes
@@ -207,8 +213,8 @@ def fsdp_seconds(plan: Planned, layout: Layout, device: Device, per_node: int, a
 
     trained = shard_elements(plan.model, 1, True)
     if layout.backend == "megatron":
-        data = layout.shard * layout.replicate
-        return 2 * state_bytes(plan, layout)[1] * ring(data) / link(data * layout.tp * layout.pp)
+        data = layout.shard * layout.replicate * layout.cp
+        return 2 * state_bytes(plan, layout)[1] * ring(data) / link(data * layout.tp * layout.pp) if data > 1 else 0.0
     n, r = layout.shard * layout.sp, layout.replicate
     weights = shard_elements(plan.model, 1)
     _, moe_layers, in_block, _ = plan.moe() if layout.ep > 1 else (0, 0, 0, 0)
@@ -231,6 +237,17 @@ def ulysses_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
     return rows * plan.shape.layers * 4 * plan.shape.hidden * plan.tokens / sp * a * (sp - 1) / sp * passes
 
 
+def context_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
+    """Bytes one rank receives in a step's context-parallel key/value all-gathers, not overlapped
+    with compute (mmcore's attention gathers, then attends): per layer and row, keys and values
+    of the other ranks' tokens at the key-value width over this rank's tensor-parallel heads,
+    forward (again with recompute) and their gradients' reduction in the backward (twice: an all-reduce)."""
+    shape = plan.shape
+    width = 2 * getattr(shape, "kv_heads", shape.heads) * shape.head_dim / layout.tp
+    passes = (2 if layout.recompute else 1) + 2
+    return rows * shape.layers * width * plan.tokens * a * (layout.cp - 1) / layout.cp * passes
+
+
 def expert_bytes(plan: Planned, layout: Layout, rows: int, a: int) -> float:
     """Bytes one rank sends in a step's expert all-to-alls, not overlapped with compute: per MoE
     layer and row, each token's hidden state to each of its routed experts and back (dispatch and
@@ -246,6 +263,8 @@ def runnable_in_mmcore(plan: Planned, layout: Layout) -> str:
         return "not runnable in mmcore (expert parallel: the VLM kit's transformers MoE models)"
     if layout.sp > 1 and plan.kind != "vlm" and getattr(plan.model, "_cp_plan", None) is None:
         return f"not runnable in mmcore (Ulysses SP: diffusers has no context-parallel plan for {type(plan.model).__name__})"
+    if layout.cp > 1 and not plan.megatron:
+        return "not yet runnable in mmcore (context parallel: a pack with a megatron part whose language model has M-RoPE, qwen2vl)"
     if layout.backend == "megatron" and not plan.megatron:
         return "not yet runnable in mmcore (this pack has no megatron part for tensor / pipeline parallel)"
     if layout.backend == "megatron" and layout.offload:
@@ -254,20 +273,21 @@ def runnable_in_mmcore(plan: Planned, layout: Layout) -> str:
 
 
 def candidates(plan: Planned, nodes: int, per_node: int) -> Iterator[Layout]:
-    """FSDP / HSDP x TP x PP x SP x recompute x offload, the sizes that divide the model and the
-    cluster; for an MoE model, FSDP with expert parallel as well."""
+    """FSDP / HSDP x TP x PP x CP (a family on megatron) x SP x recompute x offload, the sizes
+    that divide the model and the cluster; for an MoE model, FSDP with expert parallel as well."""
     world = nodes * per_node
     heads = plan.shape.heads
-    for tp, pp, sp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)):
-        inner = tp * pp * sp
-        if world % inner or tp * sp > per_node or heads % (tp * sp) or plan.shape.layers % pp or (sp > 1 and tp * pp > 1):
+    for tp, pp, sp, cp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)):
+        inner = tp * pp * sp * cp
+        if world % inner or tp * sp * cp > per_node or heads % (tp * sp) or plan.shape.layers % pp or (sp > 1 and tp * pp * cp > 1) or (cp > 1 and not plan.megatron):
             continue
         data = world // inner
-        splits = [(1, data)] if tp * pp > 1 else [(1, data)] + ([(nodes, data // nodes)] if nodes > 1 and data % nodes == 0 else [])
+        megatron = tp * pp * cp > 1
+        splits = [(1, data)] if megatron else [(1, data)] + ([(nodes, data // nodes)] if nodes > 1 and data % nodes == 0 else [])
         for (replicate, shard), recompute, offload in itertools.product(splits, (False, True), (False, True)):
-            if offload and tp * pp > 1:
+            if offload and megatron:
                 continue
-            yield Layout(shard=shard, replicate=replicate, tp=tp, pp=pp, sp=sp, recompute=recompute, offload=offload)
+            yield Layout(shard=shard, replicate=replicate, tp=tp, pp=pp, sp=sp, cp=cp, recompute=recompute, offload=offload)
     experts = plan.moe()[0]
     for ep, sp, recompute in itertools.product((2, 4, 8), (1, 2, 4, 8), (False, True)):
         # mmcore splits experts within every process's FSDP, Ulysses beside it (no HSDP, TP, PP or offload)
@@ -281,7 +301,9 @@ def ranked(plan: Planned, device: Device, nodes: int, per_node: int, *, micro_ba
     splits, no recompute, no offload), smallest."""
     rows = global_batch or nodes * per_node * micro_batch
     found = [estimate(plan, layout, device, micro_batch=micro_batch, global_batch=rows, bf16=bf16, per_node=per_node) for layout in candidates(plan, nodes, per_node)]
-    return sorted(found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp * e.layout.ep, e.layout.recompute, e.layout.offload, e.total))
+    return sorted(
+        found, key=lambda e: (not e.fits, bool(e.runnable), round(e.step_s, 3), e.layout.tp * e.layout.pp * e.layout.sp * e.layout.cp * e.layout.ep, e.layout.recompute, e.layout.offload, e.total)
+    )
 
 
-__all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "fsdp_seconds", "expert_bytes", "candidates", "ranked"]
+__all__ = ["EFFICIENCY", "RUNTIME_BYTES", "Layout", "Estimate", "shard_elements", "state_bytes", "estimate", "fsdp_seconds", "context_bytes", "expert_bytes", "candidates", "ranked"]

@@ -25,8 +25,10 @@ def megatron_layout_problem(parallel: Any, training: Any, world_size: int) -> st
     tp, pp = parallel.tensor_parallel, parallel.pipeline_parallel
     if training.optimizer == "adafactor":  # its row and column moments: megatron's checkpoint shards state shaped as the parameter
         return "training.optimizer: adafactor does not run on parallel.backend: megatron (its checkpoint shards optimizer state shaped like the parameters); use adamw or sgd"
-    if world_size % (tp * pp):
-        return f"parallel.tensor_parallel={tp} x parallel.pipeline_parallel={pp} does not divide the {world_size} process(es) (--nproc-per-node x nodes)"
+    cp = parallel.context_parallel
+    if world_size % (tp * pp * cp):
+        cps = f" x parallel.context_parallel={cp}" if cp > 1 else ""
+        return f"parallel.tensor_parallel={tp} x parallel.pipeline_parallel={pp}{cps} does not divide the {world_size} process(es) (--nproc-per-node x nodes)"
     if parallel.sequence_parallel and tp == 1:
         return "parallel.sequence_parallel splits the sequence over the tensor-parallel ranks: set parallel.tensor_parallel > 1 too"
     if parallel.virtual_pipeline > 1 and pp == 1:
@@ -61,11 +63,12 @@ def check_layout(plugins: Any, pack: str, config: Any, run_dir: Path) -> None:
         from mmcore.train.optim import ADAFACTOR_UNSHARDED
 
         raise ConfigError(f"training.optimizer: {ADAFACTOR_UNSHARDED}")
-    split = parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel or parallel.virtual_pipeline > 1
+    split = parallel.tensor_parallel > 1 or parallel.pipeline_parallel > 1 or parallel.sequence_parallel or parallel.virtual_pipeline > 1 or parallel.context_parallel > 1
     if parallel.backend != "megatron":
         if split:
             raise ConfigError(
-                f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline split the model on parallel.backend: megatron; this run's backend is {parallel.backend}"
+                f"parallel.tensor_parallel / pipeline_parallel / sequence_parallel / virtual_pipeline / context_parallel split the model on parallel.backend: megatron; this run's backend is {parallel.backend}"
+                + (" (for sequences split over processes there: parallel.ulysses)" if parallel.context_parallel > 1 else "")
             )
         return
     spec = plugins.pack(pack).spec

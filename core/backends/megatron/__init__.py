@@ -100,6 +100,7 @@ _EXPORTS: dict[str, str] = {
         ),
         "mmcore.backends.megatron.gpt",
     ),
+    **dict.fromkeys(("context_multiple", "to_context_rank"), "mmcore.backends.megatron.context"),
     **dict.fromkeys(
         (
             "clip_gradients",

@@ -3,8 +3,9 @@
 
 Each process holds one tensor-parallel shard of one pipeline stage (one chunk per virtual
 stage); the micro-batches of a step run through Megatron's forward-backward schedule; the
-*data-parallel* group (processes / (TP x PP)), not the world, drives the sampler, the token
-counts and the gradient sum. Checkpoints are megatron-core's ``dist_checkpointing`` inside the
+*data-parallel* group (processes / (TP x PP x CP)), not the world, drives the sampler and the
+token counts; the gradient and loss sums take the context-parallel ranks too (each holds part of
+every sample's tokens: :mod:`mmcore.backends.megatron.context`). Checkpoints are megatron-core's ``dist_checkpointing`` inside the
 engine's ``checkpoints/step-N`` protocol; at the end the trained weights (and with LoRA the
 adapters; with ``training.ema`` their averages) are written in the family's training names.
 """
@@ -61,7 +62,14 @@ class MegatronBackend:
         self.own_group = not dist.is_initialized()
         if self.own_group:  # one process: Megatron's groups still need a process group
             dist.init_process_group(accelerator.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
-        init_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel, seed=ctx.seed, virtual_pipeline=parallel.virtual_pipeline, timeout_s=parallel.collective_timeout_s)
+        init_model_parallel(
+            parallel.tensor_parallel,
+            parallel.pipeline_parallel,
+            seed=ctx.seed,
+            virtual_pipeline=parallel.virtual_pipeline,
+            timeout_s=parallel.collective_timeout_s,
+            context_parallel=parallel.context_parallel,
+        )
         self.layout = layout = Layout.current(parallel.sequence_parallel, parallel.virtual_pipeline)
         seed_everything(ctx.seed + layout.rng_stream)
         # this rank's model chunks (one, or one per virtual stage): a ModuleList names them 0, 1, ...
@@ -137,15 +145,17 @@ class MegatronBackend:
             step = int(state["step"])
             saved = state.get("layout", {})
             # Megatron's own streams first (reseeding them resets torch's): this rank's where the layout is the saved one
-            _restore_megatron_rng(saved_rng(checkpoint, world.rank) if saved == _layout_record(layout) else None, ctx.seed + 7919 * step)
+            _restore_megatron_rng(saved_rng(checkpoint, world.rank) if {"context_parallel": 1, **saved} == _layout_record(layout) else None, ctx.seed + 7919 * step)
             rank = _saved_rank_of(saved, layout)  # the rank whose random stream this one continues
             if rank is None or not restore_rng(checkpoint, world, rank):
                 seed_everything(ctx.seed + layout.rng_stream + 7919 * step)  # a place the saved layout did not have: a stream of its own
             moved = (
                 ""
-                if (saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("virtual_pipeline", 1)) == (layout.tp, layout.pp, layout.virtual)
+                if (saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("virtual_pipeline", 1), saved.get("context_parallel", 1))
+                == (layout.tp, layout.pp, layout.virtual, layout.cp)
                 else f" (saved at TP={saved.get('tensor_parallel')} x PP={saved.get('pipeline_parallel')}"
-                f"{' x ' + str(saved['virtual_pipeline']) + ' virtual' if saved.get('virtual_pipeline', 1) > 1 else ''}, resharded)"
+                f"{' x ' + str(saved['virtual_pipeline']) + ' virtual' if saved.get('virtual_pipeline', 1) > 1 else ''}"
+                f"{' x CP=' + str(saved['context_parallel']) if saved.get('context_parallel', 1) > 1 else ''}, resharded)"
             )
             resumed = Resumed(step, float("nan") if state.get("loss") is None else float(state["loss"]), moved)
         self.shapes = None  # the training model on the meta device: what the recipe counts FLOPs on
@@ -183,7 +193,7 @@ class MegatronBackend:
         import torch.distributed as dist
 
         total = torch.tensor([loss_sum], dtype=torch.float64, device=self.device)
-        dist.all_reduce(total, group=self.dp_group)
+        dist.all_reduce(total, group=_dp_group(with_context_parallel=True))  # context-parallel ranks: each its tokens' loss
         value = total.item()
         # the loss lives on the last pipeline stage only: the stages agree on whether it is finite
         # (one reduction) before any of them updates, stops or skips
@@ -227,7 +237,7 @@ class MegatronBackend:
             outputs=outputs,
             metrics={"backend": "megatron", **_layout_record(layout)},
             where=f" on megatron-core ({layout.describe()})",
-            notes=[f"megatron checkpoint (resumes at any TP/PP): {root / LATEST}; trained weights for export: {root / TRAINED}"],
+            notes=[f"megatron checkpoint (resumes at any TP/PP/CP): {root / LATEST}; trained weights for export: {root / TRAINED}"],
         )
 
     def close(self) -> None:
@@ -282,6 +292,8 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
     if recipe.weights is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not load its weights through the engine")
     family = recipe.megatron_family(ctx, upstream)
+    if parallel.context_parallel > 1 and not family.context_parallel:
+        raise StageError(f"parallel.context_parallel: the {ctx.pack} pack's model on megatron-core does not split its sequences (MegatronFamily.context_parallel)")
     if "extract" in upstream and family.use_cache is None:
         raise StageError(f"parallel.backend: megatron: the {ctx.pack} pack does not read the extract stage's feature cache on megatron yet (set extract.enabled=false)")
     return family
@@ -290,22 +302,30 @@ def _family(ctx: "StageContext", upstream: Mapping[str, "Manifest"], recipe: "Tr
 def _saved_rank_of(saved: Mapping[str, Any], layout: Layout) -> int | None:
     """The rank of a checkpoint saved at layout ``saved`` (its ``_layout_record``) whose random
     stream this rank continues: the first tensor-parallel rank of the same data-parallel replica
-    and pipeline stage (megatron-core numbers ranks TP fastest, then DP, then PP), when the
-    pipeline is split as it was and that replica existed; else None."""
-    tp, pp, dp = saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("data_parallel")
+    and pipeline stage (megatron-core numbers ranks TP fastest, then CP, then DP, then PP; the
+    context-parallel ranks of a replica share its stream), when the pipeline is split as it was
+    and that replica existed; else None."""
+    tp, pp, dp, cp = saved.get("tensor_parallel"), saved.get("pipeline_parallel"), saved.get("data_parallel"), int(saved.get("context_parallel", 1))
     if tp is None or dp is None or pp != layout.pp or layout.dp_rank >= dp:
         return None
-    return int(tp) * (layout.dp_rank + int(dp) * layout.stage)
+    return int(tp) * cp * (layout.dp_rank + int(dp) * layout.stage)
 
 
 def _layout_record(layout: Layout) -> dict[str, int | bool]:
-    return {"tensor_parallel": layout.tp, "pipeline_parallel": layout.pp, "data_parallel": layout.dp, "sequence_parallel": layout.sequence_parallel, "virtual_pipeline": layout.virtual}
+    return {
+        "tensor_parallel": layout.tp,
+        "pipeline_parallel": layout.pp,
+        "data_parallel": layout.dp,
+        "sequence_parallel": layout.sequence_parallel,
+        "virtual_pipeline": layout.virtual,
+        "context_parallel": layout.cp,
+    }
 
 
-def _dp_group() -> Any:
+def _dp_group(with_context_parallel: bool = False) -> Any:
     from megatron.core import parallel_state
 
-    return parallel_state.get_data_parallel_group()
+    return parallel_state.get_data_parallel_group(with_context_parallel=with_context_parallel)
 
 
 def save(root: Path, step: int, model: Any, optimizer: Any, scheduler: Any, sampler: Any, world: Any, layout: Layout, loss: float, averages: Sequence[tuple[Any, Any]] | None = None) -> None:

@@ -29,7 +29,11 @@ the chunks' checkpoint keys are the layers' global ones, so a run resumes at any
 Held-out evaluation (``training.eval_every``) runs the family's ``score`` forward only through
 the same schedule, each data-parallel replica its share of the samples. Sequence parallelism
 is the family's model's (:mod:`mmcore.backends.megatron.gpt`); the loop sums the gradients it leaves
-partial (:func:`mmcore.backends.megatron.train.reduce_gradients`).
+partial (:func:`mmcore.backends.megatron.train.reduce_gradients`). Context parallelism
+(``parallel.context_parallel``) is too: the family's model cuts each sequence into this rank's
+chunks (:func:`mmcore.backends.megatron.context.to_context_rank`), the layer spec gathers keys and
+values for attention (:mod:`mmcore.backends.megatron.context`), the loss cuts the shifted labels
+alike, and the loop sums loss and gradients over the data-parallel x context-parallel group.
 
 ``training.precision: bf16`` (and ``auto`` on an accelerator with bf16) is the FSDP2 loop's
 policy: bf16 compute, fp32 weights, gradient sums and optimizer state

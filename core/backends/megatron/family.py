@@ -81,6 +81,11 @@ class MegatronFamily:
         use_cache: ``(first chunk of the first stage) -> None``: switch its frozen towers to the
             extract stage's cached features (what the FSDP2 recipe's model gets with a finished
             extract stage; the samples then carry the features). None: the feature cache is refused.
+        context_parallel: ``build``'s module takes ``parallel.context_parallel`` > 1: it pads
+            each sequence to :func:`mmcore.backends.megatron.context.context_multiple`, hands the
+            decoder this rank's chunks of its input and rotary positions
+            (:func:`~mmcore.backends.megatron.context.to_context_rank`) and returns the logits of
+            those tokens. False: the backend refuses context parallelism for the family.
     """
 
     build: Callable[["Layout"], Any]
@@ -96,11 +101,13 @@ class MegatronFamily:
     held_out: Any = None
     collate_one: Callable[[Any], dict[str, Any]] | None = None
     use_cache: Callable[[Any], None] | None = None
+    context_parallel: bool = False
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank; whether
+    """Where this process sits: tensor-parallel rank, pipeline stage, data-parallel rank (and
+    context-parallel rank: ``cp`` processes share each sample's sequence); whether
     the sequence is split over the tensor-parallel ranks between their layers; how many model
     chunks a pipeline rank holds (``virtual``: the interleaved schedule) and which of them a
     module is (``chunk``: what ``MegatronFamily.build`` builds)."""
@@ -114,6 +121,8 @@ class Layout:
     sequence_parallel: bool = False
     virtual: int = 1
     chunk: int = 0
+    cp: int = 1
+    cp_rank: int = 0
 
     @classmethod
     def current(cls, sequence_parallel: bool = False, virtual: int = 1) -> "Layout":
@@ -128,7 +137,15 @@ class Layout:
             ps.get_data_parallel_rank(),
             sequence_parallel,
             virtual,
+            cp=ps.get_context_parallel_world_size(),
+            cp_rank=ps.get_context_parallel_rank(),
         )
+
+    @property
+    def first_replica(self) -> bool:
+        """Whether this rank's weights are the ones written: data-parallel replica 0, and within it
+        context-parallel rank 0 (the ranks of a context-parallel group hold the same weights)."""
+        return self.dp_rank == 0 and self.cp_rank == 0
 
     def of_chunk(self, chunk: int) -> "Layout":
         return dataclasses.replace(self, chunk=chunk)
@@ -146,7 +163,8 @@ class Layout:
         return self.dp_rank + self.dp * self.stage
 
     def describe(self) -> str:
-        return f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp}{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''} x DP={self.dp}"
+        cp = f" x CP={self.cp}" if self.cp > 1 else ""
+        return f"TP={self.tp}{' (sequence-parallel)' if self.sequence_parallel else ''} x PP={self.pp}{f' (x {self.virtual} virtual, interleaved)' if self.virtual > 1 else ''}{cp} x DP={self.dp}"
 
 
 # --------------------------------------------------------------------------- the protocols

@@ -24,12 +24,13 @@ from typing import Any, Mapping, Sequence
 from mmcore.errors import StageError
 
 
-def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: int = 0, virtual_pipeline: int = 1, timeout_s: int | None = None) -> None:
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: int = 0, virtual_pipeline: int = 1, timeout_s: int | None = None, context_parallel: int = 1) -> None:
     """Megatron's parallel groups over the default process group (already initialised: torchrun,
     or one process with world size 1), and its model-parallel RNG seeded. ``virtual_pipeline``:
     model chunks per pipeline rank (the interleaved schedule), > 1 only with pipeline stages.
     ``timeout_s``: how long the groups' collectives wait (``parallel.collective_timeout_s``,
-    in whole minutes: Megatron's unit)."""
+    in whole minutes: Megatron's unit). ``context_parallel``: processes sharing each sample's
+    sequence (:mod:`mmcore.backends.megatron.context`)."""
     import torch.distributed as dist
 
     from mmcore.backends.megatron.cpu import activate
@@ -39,13 +40,15 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int = 1, seed: 
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     world = dist.get_world_size()
-    if world % (tensor_parallel * pipeline_parallel):
-        raise StageError(f"parallel.tensor_parallel={tensor_parallel} x parallel.pipeline_parallel={pipeline_parallel} does not divide the {world} processes")
+    if world % (tensor_parallel * pipeline_parallel * context_parallel):
+        cp = f" x parallel.context_parallel={context_parallel}" if context_parallel > 1 else ""
+        raise StageError(f"parallel.tensor_parallel={tensor_parallel} x parallel.pipeline_parallel={pipeline_parallel}{cp} does not divide the {world} processes")
     if not parallel_state.model_parallel_is_initialized():
         minutes = {"distributed_timeout_minutes": max(1, -(-timeout_s // 60))} if timeout_s else {}  # its groups' collectives wait as long
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel,
             pipeline_model_parallel_size=pipeline_parallel,
+            context_parallel_size=context_parallel,
             virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
             **minutes,
         )
@@ -74,6 +77,7 @@ def gpt_model(
     sequence_parallel: bool = False,
     virtual_pipeline: int = 1,
     chunk: int = 0,
+    context_parallel: int = 1,
 ) -> Any:
     """This rank's ``GPTModel`` of a transformers text config (``hidden_size``,
     ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
@@ -88,7 +92,10 @@ def gpt_model(
     embedding is not scattered (the caller adds its own features first:
     :func:`scatter_sequence`). ``virtual_pipeline`` > 1: this is virtual stage ``chunk`` of the
     rank's stage (Megatron's interleaved placement: chunk v of stage s holds the (v x PP + s)-th
-    of PP x V equal runs of layers; ``stage_layers`` is not used)."""
+    of PP x V equal runs of layers; ``stage_layers`` is not used). ``context_parallel`` > 1: the
+    layers take this rank's part of the sequence (:mod:`mmcore.backends.megatron.context`; its
+    attention in the layer spec) and the multimodal rotary positions of those tokens (the
+    caller cuts them: Megatron's own cut of the rotary table is CUDA code)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
@@ -96,6 +103,8 @@ def gpt_model(
 
     if getattr(text_config, "hidden_act", "silu") != "silu":
         raise StageError(f"text config hidden_act={text_config.hidden_act}: the Megatron GPT here is SwiGLU (silu) only")
+    if context_parallel > 1 and not mrope_section:
+        raise StageError("parallel.context_parallel: the Megatron GPT here splits the sequence for multimodal rotary positions (M-RoPE) only")
     rope = getattr(text_config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0))
     head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
@@ -122,6 +131,7 @@ def gpt_model(
         attention_dropout=0.0,
         hidden_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
+        context_parallel_size=context_parallel,
         sequence_parallel=sequence_parallel,
         params_dtype=dtype or torch.float32,
         pipeline_model_parallel_size=pipeline_parallel,
@@ -156,6 +166,8 @@ def gpt_model(
             scatter_embedding_sequence_parallel=False,
             vp_stage=chunk if virtual_pipeline > 1 else None,
         )
+    if context_parallel > 1:  # the positions come cut to this rank's tokens (the caller's to_context_rank)
+        model.rotary_pos_emb.cp_group = None
     mark_parallel_weights(model)
     return model
 
@@ -174,13 +186,18 @@ class SequenceParallelNorm:
 
 
 def _block_spec(config: Any, vp_stage: int | None) -> Any:
-    """The local layer spec with :class:`SequenceParallelNorm` for every norm, as the decoder block
-    of this pipeline stage's layers."""
+    """The local layer spec with :class:`SequenceParallelNorm` for every norm (and at
+    context-parallel size > 1 :mod:`mmcore.backends.megatron.context`'s attention), as the
+    decoder block of this pipeline stage's layers."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     layer = get_gpt_layer_local_spec(normalization="RMSNorm")
     layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
+    if config.context_parallel_size > 1:
+        from mmcore.backends.megatron.context import attention_class
+
+        layer.submodules.self_attention.submodules.core_attention = attention_class()
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config, vp_stage), layer_norm=SequenceParallelNorm)
 
 

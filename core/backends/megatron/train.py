@@ -78,8 +78,10 @@ def _schedule(model: Any, batches: Sequence[dict[str, Any]], measure: Callable[[
             # Megatron's unbatched transfers tell the two apart (a second group); they need
             # one activation shape for the step's micro-batches
             config.batch_p2p_comm = False
-    if len(chunks) > 1:
-        batches = _same_length(batches, parallel_state.get_tensor_model_parallel_world_size())
+    if len(chunks) > 1:  # one length for the step (what the family pads each sequence to as well: its multiple)
+        from mmcore.backends.megatron.context import context_multiple
+
+        batches = _same_length(batches, context_multiple(parallel_state.get_tensor_model_parallel_world_size()))
 
     def forward_step(data: Any, module: Any) -> Any:
         batch = next(data)
@@ -143,20 +145,21 @@ def vocab_parallel_loss_sum(logits: Any, labels: Any, vocab_size: int) -> Any:
     """Summed next-token cross-entropy from this tensor-parallel rank's slice of the logits
     ``[B, S, padded vocab / TP]`` (Megatron's vocab-parallel cross entropy: no rank holds a row's
     whole vocabulary). The padding columns (the zero rows a TP size adds to the vocabulary) are
-    left out of the softmax, as the HF model, which has none, leaves them."""
+    left out of the softmax, as the HF model, which has none, leaves them. Context-parallel: the
+    logits of this rank's tokens, ``labels`` the whole sequence's (:func:`_next_tokens`); the
+    sum is this rank's tokens', which the engine sums over the context-parallel group."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     from mmcore.train.causal_lm import IGNORE
 
-    shard = logits[:, :-1].float()
+    shard, targets = _next_tokens(logits, labels)
     width = shard.shape[-1]
     first = parallel_state.get_tensor_model_parallel_rank() * width
     padding = torch.arange(first, first + width, device=shard.device) >= vocab_size
     if bool(padding.any()):
         shard = shard.masked_fill(padding, float("-inf"))
-    targets = labels[:, 1:]
     supervised = targets != IGNORE
     # Megatron's layout is [S, B, V]; it returns the per-token loss [S, B]
     losses = vocab_parallel_cross_entropy(shard.transpose(0, 1).contiguous(), targets.clamp(min=0).transpose(0, 1).contiguous())
@@ -174,7 +177,7 @@ def vocab_parallel_exact_match(logits: Any, labels: Any, vocab_size: int) -> Any
 
     from mmcore.train.causal_lm import IGNORE
 
-    shard = logits[:, :-1].float()
+    shard, targets = _next_tokens(logits, labels)
     width = shard.shape[-1]
     first = parallel_state.get_tensor_model_parallel_rank() * width
     shard = shard.masked_fill(torch.arange(first, first + width, device=shard.device) >= vocab_size, float("-inf"))
@@ -188,13 +191,32 @@ def vocab_parallel_exact_match(logits: Any, labels: Any, vocab_size: int) -> Any
         dist.all_gather(tokens, token, group=group)
         best = torch.stack(values).argmax(0, keepdim=True)  # the first rank holding the maximum: the lowest token
         token = torch.stack(tokens).gather(0, best)[0]
-    targets = labels[:, 1:]
-    return ((token == targets) | (targets == IGNORE)).all(dim=1)
+    right = ((token == targets) | (targets == IGNORE)).all(dim=1)
+    from mmcore.backends.megatron.context import context_size
+
+    if context_size() > 1:  # each rank saw its tokens of the row: right where right on every rank
+        wrong = (~right).to(torch.float32)
+        dist.all_reduce(wrong, group=parallel_state.get_context_parallel_group())
+        right = wrong == 0
+    return right
+
+
+def _next_tokens(logits: Any, labels: Any) -> tuple[Any, Any]:
+    """(logits that predict a next token, in float32; their targets): every position but the
+    last, and ``labels`` shifted by one; context-parallel, every position this rank holds, and
+    the whole sequence's shifted labels cut as its tokens are
+    (:func:`mmcore.backends.megatron.context.context_targets`)."""
+    from mmcore.backends.megatron.context import context_size, context_targets
+    from mmcore.train.causal_lm import IGNORE
+
+    if context_size() > 1:
+        return logits.float(), context_targets(labels, logits.shape[1], IGNORE)
+    return logits[:, :-1].float(), labels[:, 1:]
 
 
 def reduce_gradients(parameters: Iterable[Any]) -> None:
-    """Sum each gradient over the data-parallel ranks (each rank's loss is already divided by
-    the step's tokens across all of them); under sequence parallelism first the gradient of each
+    """Sum each gradient over the data-parallel ranks and the context-parallel ranks of each
+    (each rank's loss is already divided by the step's tokens across all of them); under sequence parallelism first the gradient of each
     weight marked ``sequence_parallel`` (a norm's: each tensor-parallel rank saw only its part
     of the sequence) over the tensor-parallel ranks.
 
@@ -212,7 +234,7 @@ def reduce_gradients(parameters: Iterable[Any]) -> None:
         for parameter in parameters:
             if parameter.grad is not None and getattr(parameter, "sequence_parallel", False):
                 dist.all_reduce(parameter.grad, group=tensor_group)
-    group = parallel_state.get_data_parallel_group()
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)  # context-parallel ranks: the same weights, their own tokens' gradients
     if dist.get_world_size(group) == 1:
         return
     held = torch.tensor([float(p.grad is not None) for p in parameters], device=parameters[0].device if parameters else None)

@@ -52,7 +52,7 @@ def rank_pieces(model: Sequence[Any], family: "MegatronFamily", layout: "Layout"
     from mmcore.backends.megatron.engine import rank_sources
     from mmcore.backends.megatron.lora import merged_makers
 
-    if layout.dp_rank:
+    if not layout.first_replica:
         return {}
     pmap, prefix = family.parallel_map, family.decoder_prefix
     out: dict[str, list[Piece]] = {}

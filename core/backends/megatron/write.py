@@ -46,7 +46,7 @@ def _gather_by_stage(layout: Layout, part: Callable[[int], Any]) -> list[list[An
     (None on the other ranks)."""
     import torch.distributed as dist
 
-    mine = (layout.stage, layout.tp_rank, [part(v) for v in range(layout.virtual)]) if layout.dp_rank == 0 else None
+    mine = (layout.stage, layout.tp_rank, [part(v) for v in range(layout.virtual)]) if layout.first_replica else None
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
     dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:

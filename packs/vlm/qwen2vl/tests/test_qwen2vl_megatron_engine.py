@@ -154,6 +154,8 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     proc = mm("train", *TINY, "--run-dir", "plain", "parallel.tensor_parallel=2", "--force", check=False)
     assert proc.returncode != 0 and "split the model on parallel.backend: megatron; this run's backend is fsdp2" in proc.stderr + proc.stdout
+    proc = mm("train", *TINY, "--run-dir", "plain", "parallel.context_parallel=2", "--force", check=False)
+    assert proc.returncode != 0 and "this run's backend is fsdp2 (for sequences split over processes there: parallel.ulysses)" in proc.stderr + proc.stdout
 
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
@@ -407,6 +409,37 @@ def test_megatron_data_parallel_on_mixed_media_follows_the_plain_run(mm, tmp_pat
     assert accuracies(tmp_path / "dp2") == accuracies(tmp_path / "plain")
 
 
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # 2-process megatron runs; make test checks the attention alone (tests/test_megatron_context.py) and the refusal below
+def test_megatron_context_parallel_killed_resumes_at_tp2_on_the_plain_runs_losses(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """parallel.context_parallel=2: both processes take every sample (DP=1: the one-process run's
+    global batches), each running the whole model on its two chunks of the (padded) sequence,
+    images included; the losses, summed over the pair, are the plain run's. Killed (kill -9)
+    after step 3, it resumes at TP=2 x CP=1 (the weights are the same on every CP rank: the
+    checkpoint holds nothing of the split) to the same losses; the held-out accuracy is the
+    plain run's and the gathered export reproduces the trained model."""
+    tied_checkpoint(tmp_path / "tied")
+    mm("run", *TINY, "--run-dir", "plain")
+    killed = mm("run", *TINY, "--run-dir", "cp", *MEGATRON, "parallel.context_parallel=2", check=False, MMCORE_TEST_KILL="train-step:3")
+    assert killed.returncode != 0 and "megatron-core: TP=1 x PP=1 x CP=2 x DP=1 over 2 process(es)" in killed.stdout, killed.stdout[-2000:]
+    resumed = mm("run", *TINY, "--run-dir", "cp", *MEGATRON, "parallel.tensor_parallel=2")
+    assert "resumed from step 2 (saved at TP=1 x PP=1 x CP=2, resharded)" in resumed.stdout, resumed.stdout
+    plain, ours = losses(tmp_path / "plain"), losses(tmp_path / "cp")
+    assert list(plain) == list(ours) == [1, 2, 3, 4, 5, 6]
+    for step in plain:  # fp32; measured rel <= 1e-7 (the attention and the loss summed in another order)
+        assert ours[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, ours)
+    assert accuracies(tmp_path / "cp") == accuracies(tmp_path / "plain")
+    assert manifest(tmp_path / "cp", "export")["metrics"]["logits_max_abs_diff"] == 0.0
+    # and the other way: a run at CP=2 from the start, on the plain run's losses too
+    mm("train", *TINY, "--run-dir", "cp", *MEGATRON, "parallel.context_parallel=2", "--force")
+    again = losses(tmp_path / "cp")
+    for step in plain:
+        assert again[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, again)
+    assert manifest(tmp_path / "cp", "train")["metrics"]["context_parallel"] == 2
+
+
 def test_each_pipeline_stage_reads_only_its_part_of_the_checkpoint(tmp_path: Path) -> None:
     """At PP=2 a rank reads the tensors of its own stage: the first its layer, the embedding and
     the vision tower; the last its layer (renumbered from 0), the final norm and, the output
@@ -559,6 +592,10 @@ def test_a_layout_the_model_cannot_take_is_refused_once_before_download(mm, tmp_
         (["--nproc-per-node", "3", "parallel.pipeline_parallel=3"], "parallel.pipeline_parallel=3 is more pipeline stages than the model's 2 layers (init:tiny)"),
         (["--nproc-per-node", "4", "parallel.tensor_parallel=4"], "parallel.tensor_parallel=4 does not divide the model's 2 key-value heads (init:tiny)"),
         (["--nproc-per-node", "2", "parallel.tensor_parallel=3"], "parallel.tensor_parallel=3 x parallel.pipeline_parallel=1 does not divide the 2 process(es) (--nproc-per-node x nodes)"),
+        (
+            ["--nproc-per-node", "2", "parallel.tensor_parallel=2", "parallel.context_parallel=2"],
+            "parallel.tensor_parallel=2 x parallel.pipeline_parallel=1 x parallel.context_parallel=2 does not divide the 2 process(es) (--nproc-per-node x nodes)",
+        ),
     ]:
         proc = mm("run", "--pack", "qwen2vl", "--preset", "tiny", "--run-dir", "layout", "parallel.backend=megatron", *overrides, check=False)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {message}"], proc.stderr

@@ -99,16 +99,29 @@ class MegatronQwen2VL:
     embedding on the first stage's first chunk, the logits from the last stage's last.
     With ``sequence_parallel`` the sequence is padded to a length the TP size divides and the
     decoder input scattered over the TP ranks after the image features are in; the logits
-    are cut back to the batch's length."""
+    are cut back to the batch's length. With ``context_parallel`` > 1 the sequence is padded to
+    2 x CP chunks (x TP under sequence parallelism), the rope index and the image features
+    computed over the whole of it, and the decoder given this rank's chunks of its input and
+    of the positions; the logits are those of this rank's tokens (the loss cuts the labels
+    alike)."""
 
     def __new__(
-        cls, config: Any, tensor_parallel: int, pipeline_parallel: int = 1, stage: int = 0, parallel_output: bool = False, sequence_parallel: bool = False, virtual_pipeline: int = 1, chunk: int = 0
+        cls,
+        config: Any,
+        tensor_parallel: int,
+        pipeline_parallel: int = 1,
+        stage: int = 0,
+        parallel_output: bool = False,
+        sequence_parallel: bool = False,
+        virtual_pipeline: int = 1,
+        chunk: int = 0,
+        context_parallel: int = 1,
     ) -> Any:
         import torch
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-        from mmcore.backends.megatron import gpt_model, pad_sequence, scatter_sequence, even_layers
+        from mmcore.backends.megatron import context_multiple, even_layers, gpt_model, pad_sequence, scatter_sequence, to_context_rank
 
         text = config.get_text_config()
         vision_class = Qwen2_5_VisionTransformerPretrainedModel if config.model_type == "qwen2_5_vl" else Qwen2VisionTransformerPretrainedModel
@@ -133,6 +146,7 @@ class MegatronQwen2VL:
                     sequence_parallel=sequence_parallel,
                     virtual_pipeline=virtual_pipeline,
                     chunk=chunk,
+                    context_parallel=context_parallel,
                 )
                 # what Megatron's schedules read of a model
                 self.config, self.model_type = self.language_model.config, self.language_model.model_type
@@ -142,9 +156,10 @@ class MegatronQwen2VL:
 
             def forward(self, input_ids: Any, mm_token_type_ids: Any, pixel_values: Any = None, image_grid_thw: Any = None, pixel_values_videos: Any = None, video_grid_thw: Any = None) -> Any:
                 length = input_ids.shape[1]
-                if sequence_parallel:
-                    input_ids, mm_token_type_ids = pad_sequence(input_ids, tensor_parallel), pad_sequence(mm_token_type_ids, tensor_parallel)
-                positions = rope_index(config, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw)
+                multiple = context_multiple(tensor_parallel if sequence_parallel else 1)
+                if multiple > 1:
+                    input_ids, mm_token_type_ids = pad_sequence(input_ids, multiple), pad_sequence(mm_token_type_ids, multiple)
+                positions = to_context_rank(rope_index(config, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw), dim=2)
                 embeds = None
                 if first:
                     embeds = self.language_model.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
@@ -152,9 +167,9 @@ class MegatronQwen2VL:
                         if pixels is not None:
                             features = self.visual(pixels.to(self.visual.dtype), grid_thw=grid).pooler_output.to(embeds.dtype)
                             embeds = embeds.masked_scatter((input_ids == token)[..., None].expand_as(embeds), features)
-                    embeds = scatter_sequence(embeds.transpose(0, 1).contiguous(), self.config)
+                    embeds = scatter_sequence(to_context_rank(embeds.transpose(0, 1), dim=0).contiguous(), self.config)
                 out = self.language_model(input_ids=None, position_ids=positions, attention_mask=None, decoder_input=embeds)
-                if not last:
+                if not last or context_parallel > 1:  # context-parallel: this rank's tokens, padding and all
                     return out
                 return out[:, :length] if parallel_output else out[:, :length, : text.vocab_size]
 
@@ -200,7 +215,15 @@ def megatron_family(model_dir: Path) -> Any:
     vocab = config.get_text_config().vocab_size
     return MegatronFamily(
         build=lambda layout: MegatronQwen2VL(
-            config, layout.tp, layout.pp, layout.stage, parallel_output=True, sequence_parallel=layout.sequence_parallel, virtual_pipeline=layout.virtual, chunk=layout.chunk
+            config,
+            layout.tp,
+            layout.pp,
+            layout.stage,
+            parallel_output=True,
+            sequence_parallel=layout.sequence_parallel,
+            virtual_pipeline=layout.virtual,
+            chunk=layout.chunk,
+            context_parallel=layout.cp,
         ),
         parallel_map=parallel_map(config),
         adapter=ADAPTER,
@@ -211,4 +234,5 @@ def megatron_family(model_dir: Path) -> Any:
         score=lambda logits, batch: {"accuracy": (float(vocab_parallel_exact_match(logits, batch["labels"], vocab).sum()), len(logits))},
         score_names=("accuracy",),
         use_cache=lambda first: use_cached_vision(first.visual),
+        context_parallel=True,  # MegatronQwen2VL cuts its sequences per context-parallel rank
     )  # the extract stage's cache: only the merger runs

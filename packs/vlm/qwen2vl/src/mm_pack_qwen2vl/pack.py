@@ -28,7 +28,7 @@ def _spec(name: str, summary: str, presets: dict[str, str], default_preset: str)
         name=name,
         category="vlm",
         summary=summary,
-        sdk="1.18",  # imports the SDK 1.18 façade
+        sdk="1.25",  # imports the SDK 1.18 façade; 1.25: context parallelism on megatron (context_multiple, to_context_rank)
         config_class="mm_pack_qwen2vl.config:Qwen2VLConfig",
         presets=presets,
         default_preset=default_preset,
