@@ -1,0 +1,7 @@
+"""mmcore pack for Qwen3-TTS (Qwen): text -> 12.5 Hz multi-codebook speech codes by the talker
+(a Qwen3 decoder stack + a code predictor).
+
+Model-specific code only: the config reader (``config``), the talker with the public parameter
+names (``talker``), the prompt layout, loss and code generation (``speech``), strict loading
+(``model``), the adapter and the tiny test checkpoint (``tiny``).
+"""

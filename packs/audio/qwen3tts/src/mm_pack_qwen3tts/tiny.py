@@ -1,0 +1,103 @@
+"""A tiny random Qwen3-TTS checkpoint in the public layout (same config.json field names, same
+safetensors keys), for tests and ``model.source: init:tiny``. CustomVoice-shaped: one speaker in
+``spk_id``, no speaker encoder. Codebook ids are 0..31, the specials sit above them, and the
+talker's codec vocabulary is 32 + 1024 so that the reference's "suppress the top 1024 ids but
+eos" rule leaves exactly the codes and eos, as in the public 3072 = 2048 + 1024."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CODES = 32
+
+
+def tiny_config() -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen3TTSForConditionalGeneration"],
+        "model_type": "qwen3_tts",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "tts_model_size": "tiny",
+        "tts_model_type": "custom_voice",
+        "im_start_token_id": 280,
+        "im_end_token_id": 281,
+        "tts_pad_token_id": 290,
+        "tts_bos_token_id": 291,
+        "tts_eos_token_id": 292,
+        "talker_config": {
+            "model_type": "qwen3_tts_talker",
+            "vocab_size": CODES + 1024,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "hidden_act": "silu",
+            "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "rope_scaling": {"mrope_section": [1, 1, 2], "interleaved": True, "rope_type": "default"},
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "num_code_groups": 4,
+            "text_hidden_size": 24,
+            "text_vocab_size": 300,
+            "codec_pad_id": 40,
+            "codec_bos_id": 41,
+            "codec_eos_token_id": 42,
+            "codec_think_id": 46,
+            "codec_nothink_id": 47,
+            "codec_think_bos_id": 48,
+            "codec_think_eos_id": 49,
+            "spk_id": {"tiny": 36},
+            "spk_is_dialect": {"tiny": False},
+            "codec_language_id": {"english": 34},
+            "code_predictor_config": {
+                "model_type": "qwen3_tts_talker_code_predictor",
+                "vocab_size": CODES,
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "head_dim": 8,
+                "max_position_embeddings": 64,
+                "rope_theta": 10000.0,
+                "num_code_groups": 4,
+            },
+        },
+    }
+
+
+def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (random weights, fp32) into ``out``."""
+    import torch
+    from safetensors.torch import save_file
+
+    from mm_pack_qwen3tts.model import Qwen3TTS
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = tiny_config()
+    torch.manual_seed(seed)
+    model = Qwen3TTS(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.1 * torch.randn_like(param))
+            else:
+                param.copy_(torch.randn_like(param) * (0.5 if "embedding" in name else 0.2))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
+    """``model.source: init:tiny``."""
+    from mmcore import StageError
+
+    if preset != "tiny":
+        raise StageError(f"init:{preset}: the qwen3tts pack builds only init:tiny")
+    build_tiny_checkpoint(Path(out), seed=seed)
