@@ -32,4 +32,4 @@ def test_download_refuses_a_folder_without_weights_in_one_line(tiny_dir: Path, t
     with pytest.raises(Exception) as info:
         runner.run_stage("download")
     message = str(info.value)
-    assert "\n" not in message and "no .safetensors files" in message, message
+    assert "\n" not in message and f"{broken}: no model.safetensors (the talker's weights) at the top of the folder" in message, message

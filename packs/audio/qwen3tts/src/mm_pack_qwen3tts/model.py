@@ -78,3 +78,30 @@ def load_pretrained(model_dir: Path, dtype: torch.dtype | None = None) -> Qwen3T
     if dtype is not None:
         model.to(dtype)
     return model.eval()
+
+
+def load_codec(model_dir: Path):  # type: ignore[no-untyped-def]
+    """``speech_tokenizer/``'s decoder, its ``decoder.*`` tensors loaded ``strict=True`` (the
+    ``encoder.*`` ones are left: see :class:`~mm_pack_qwen3tts.codec.SpeechTokenizer`)."""
+    import json
+
+    from mm_pack_qwen3tts.codec import SpeechTokenizer
+
+    folder = Path(model_dir) / "speech_tokenizer"
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{model_dir}: no speech_tokenizer/config.json (the 12 Hz codec that turns codes into a waveform)")
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") != "qwen3_tts_tokenizer_12hz":
+        raise CheckpointError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}; only the 12 Hz tokenizer (qwen3_tts_tokenizer_12hz) is supported")
+    codec = SpeechTokenizer(cfg)
+    state = {k: v for k, v in read_weights(folder).items() if k.startswith("decoder.")}
+    own = codec.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise CheckpointError(f"{folder}: the decoder weights do not fit its config.json: {what} ({len(missing)} missing, {len(unexpected)} unexpected)")
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise CheckpointError(f"{folder}: {key} is {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the decoder its config.json describes")
+    codec.load_state_dict(state, strict=True)
+    return codec.eval()

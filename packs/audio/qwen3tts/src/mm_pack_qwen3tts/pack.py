@@ -18,7 +18,7 @@ pack = PackSpec(
     default_preset="tiny",
     distributed_stages=(),
     stages={
-        "download": Stage("mmcore.engines:download_stage", parts={"build_init": "mm_pack_qwen3tts.tiny:build_init_checkpoint"}),
+        "download": "mm_pack_qwen3tts.stages:download",
         "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_qwen3tts.adapter:ADAPTER", "build_model": "mm_pack_qwen3tts.model:build_model"}),
     },
 )

@@ -71,8 +71,41 @@ def tiny_config() -> dict[str, Any]:
     }
 
 
+def tiny_codec_config() -> dict[str, Any]:
+    """``speech_tokenizer/config.json``: the public field names, a tiny decoder (4 codebooks of
+    32, the public up-sampling 2 x 2 x 8 x 5 x 4 x 3 = 1920 samples per frame)."""
+    return {
+        "model_type": "qwen3_tts_tokenizer_12hz",
+        "encoder_valid_num_quantizers": 4,
+        "input_sample_rate": 24000,
+        "output_sample_rate": 24000,
+        "decode_upsample_rate": 1920,
+        "encode_downsample_rate": 1920,
+        "decoder_config": {
+            "codebook_size": CODES,
+            "codebook_dim": 16,
+            "hidden_size": 16,
+            "latent_dim": 16,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "intermediate_size": 32,
+            "num_hidden_layers": 2,
+            "num_quantizers": 4,
+            "sliding_window": 4,
+            "layer_scale_initial_scale": 0.01,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000,
+            "max_position_embeddings": 256,
+            "upsampling_ratios": [2, 2],
+            "upsample_rates": [8, 5, 4, 3],
+            "decoder_dim": 32,
+        },
+    }
+
+
 def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (random weights, fp32) into ``out``."""
+    """Write ``config.json`` + ``model.safetensors`` and ``speech_tokenizer/{config.json,
+    model.safetensors}`` (random weights, fp32; the codec's ``decoder.*`` only) into ``out``."""
     import torch
     from safetensors.torch import save_file
 
@@ -91,6 +124,19 @@ def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
                 param.copy_(torch.randn_like(param) * (0.5 if "embedding" in name else 0.2))
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    from mm_pack_qwen3tts.codec import SpeechTokenizer
+
+    codec_dir = out / "speech_tokenizer"
+    codec_dir.mkdir(exist_ok=True)
+    codec = SpeechTokenizer(tiny_codec_config())
+    with torch.no_grad():
+        for name, param in codec.named_parameters():
+            if name.endswith("cluster_usage"):
+                param.copy_(1 + torch.rand_like(param))
+            elif not name.endswith(("norm.weight", "scale", "gamma")):
+                param.copy_(torch.randn_like(param) * 0.2)
+    (codec_dir / "config.json").write_text(json.dumps(tiny_codec_config(), indent=2) + "\n", encoding="utf-8")
+    save_file({k: v.contiguous() for k, v in codec.state_dict().items()}, str(codec_dir / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
