@@ -64,7 +64,7 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         alpha, beta = self.alpha.exp()[None, :, None], self.beta.exp()[None, :, None]
-        return x + torch.sin(x * alpha).pow(2) / (beta + 1e-9)
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
 
 
 class ResidualUnit(nn.Module):
