@@ -66,8 +66,8 @@ def test_a_folder_without_config_or_of_another_model_type_fails_in_one_line(tiny
     shutil.copytree(tiny_dir, folder)
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "tts_model_type": "base"}))
-    with pytest.raises(CheckpointError, match="a Base .*speaker_encoder .* not implemented"):
-        build_model(folder)
+    with pytest.raises(CheckpointError, match=r"missing speaker_encoder\.asp\.conv\.bias"):
+        load_pretrained(folder)  # a Base config needs the speaker encoder's tensors
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2"}))
     with pytest.raises(CheckpointError, match="not a Qwen3-TTS config"):
         build_model(folder)
@@ -91,3 +91,27 @@ def test_safetensors_to_dcp_and_back_is_bit_identical_and_the_dcp_loads(tiny_dir
     assert all(a[k].dtype == b[k].dtype and torch.equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)) for k in a)
     model = build_model(tiny_dir, checkpoint=tmp_path / "dcp")
     assert all(torch.equal(v, a[k]) for k, v in model.state_dict().items())
+
+
+def test_a_base_checkpoint_loads_its_speaker_encoder_which_fills_the_speaker_slot(tmp_path: Path) -> None:
+    from mm_pack_qwen3tts.speech import generate_codes
+    from mm_pack_qwen3tts.tiny import build_tiny_checkpoint
+
+    folder = build_tiny_checkpoint(tmp_path / "base", seed=1, kind="base")
+    model = load_pretrained(folder)
+    saved = load_file(str(folder / "model.safetensors"))
+    assert set(model.state_dict()) == set(saved)
+    for key in (
+        "speaker_encoder.blocks.0.conv.weight",
+        "speaker_encoder.blocks.2.res2net_block.blocks.2.conv.bias",
+        "speaker_encoder.blocks.1.se_block.conv2.weight",
+        "speaker_encoder.mfa.conv.weight",
+        "speaker_encoder.asp.tdnn.conv.weight",
+        "speaker_encoder.fc.bias",
+    ):
+        assert key in saved, key
+    with torch.no_grad():
+        embedding = model.speaker_encoder(torch.randn(2, 40, 16, generator=torch.Generator().manual_seed(0)))
+    assert embedding.shape == (2, 32)  # enc_dim = the talker's width
+    codes = generate_codes(model.talker, model.ids, [280, 7, 8, 11, 12], speaker=embedding[0], max_frames=3)
+    assert codes.shape[1] == 4 and 2 <= len(codes) <= 3

@@ -35,6 +35,7 @@ def inputs() -> dict[str, torch.Tensor]:
         "hidden": torch.randn(5, 32, generator=g),
         "codes": torch.randint(0, 32, (5, 4), generator=g),
         "frames": torch.randint(0, 32, (1, 4, 9), generator=g),
+        "mel": torch.randn(2, 40, 16, generator=g),
     }
 
 
@@ -44,7 +45,8 @@ def run_pack(out: Path) -> None:
     from mm_pack_qwen3tts.tiny import build_tiny_checkpoint
 
     build_tiny_checkpoint(out / "model", seed=0)
-    model, codec = load_pretrained(out / "model"), load_codec(out / "model")
+    build_tiny_checkpoint(out / "base", seed=1, kind="base")
+    model, codec, base = load_pretrained(out / "model"), load_codec(out / "model"), load_pretrained(out / "base")
     talker, x = model.talker, inputs()
     with torch.no_grad():
         res = {
@@ -54,6 +56,7 @@ def run_pack(out: Path) -> None:
             "greedy": generate_codes(talker, model.ids, TEXT, speaker=36, language=34, max_frames=8),
             "wav": codec.decoder(x["frames"]),
             "wav64": codec.decoder.double()(x["frames"]),
+            "speaker": base.speaker_encoder(x["mel"]),
         }
     torch.save(res, out / "pack.pt")
     print({k: tuple(v.shape) for k, v in res.items()})
@@ -127,6 +130,11 @@ def run_reference(out: Path, checkout: Path) -> None:
         print("codec decoder waveform: max |diff|", (wav - pack["wav"]).abs().max().item(), "samples", wav.shape[-1])
         wav64 = decoder.double()(x["frames"])
         print("codec decoder waveform in float64: max |diff|", (wav64 - pack["wav64"]).abs().max().item())
+        base_cfg = json.loads((out / "base/config.json").read_text())
+        base = mods["modeling_qwen3_tts"].Qwen3TTSForConditionalGeneration(mods["configuration_qwen3_tts"].Qwen3TTSConfig(**base_cfg)).eval()
+        base.load_state_dict(load_file(str(out / "base/model.safetensors")), strict=True)
+        speaker = base.speaker_encoder(x["mel"])
+        print("speaker encoder embedding (Base): max |diff|", (speaker - pack["speaker"]).abs().max().item(), tuple(speaker.shape))
 
 
 if __name__ == "__main__":

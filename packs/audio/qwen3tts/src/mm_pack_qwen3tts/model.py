@@ -4,7 +4,7 @@ The public layout (Qwen/Qwen3-TTS-12Hz-{0.6B,1.7B}-{Base,CustomVoice,VoiceDesign
 
     config.json             model_type qwen3_tts: talker_config (+ code_predictor_config),
                             speaker_encoder_config, tts_model_type, special token ids
-    model.safetensors       talker.* (and speaker_encoder.* in the Base models)
+    model.safetensors       talker.* (and speaker_encoder.* in the Base models, tts_model_type "base")
     speech_tokenizer/       the 12 Hz codec (its own config.json + model.safetensors)
     vocab.json, merges.txt, tokenizer_config.json ...   the Qwen2 text tokenizer
 
@@ -29,14 +29,15 @@ class Qwen3TTS(nn.Module):
         self.ids: SpecialIds = special_ids(cfg)
         self.tts_model_type = cfg.get("tts_model_type")
         self.talker = Talker(cfg["talker_config"])
+        if self.tts_model_type == "base":  # voice cloning: the Base checkpoints carry the encoder
+            from mm_pack_qwen3tts.speaker import SpeakerEncoder
+
+            self.speaker_encoder = SpeakerEncoder(cfg.get("speaker_encoder_config") or {})
 
 
 def build_model(model_dir: Path, checkpoint: Path | None = None) -> Qwen3TTS:
     """The training model from a folder's config.json (random weights); with ``checkpoint``, its DCP loaded."""
-    cfg = read_config(Path(model_dir))
-    if cfg.get("tts_model_type") == "base":
-        raise CheckpointError(f"{model_dir}: a Base (voice-clone) checkpoint: its speaker_encoder (ECAPA-TDNN) is not implemented in this pack yet; CustomVoice and VoiceDesign checkpoints load")
-    model = Qwen3TTS(cfg)
+    model = Qwen3TTS(read_config(Path(model_dir)))
     if checkpoint is not None:
         from mmcore.train import load_converted
 

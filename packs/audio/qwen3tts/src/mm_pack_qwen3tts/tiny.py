@@ -1,6 +1,6 @@
 """A tiny random Qwen3-TTS checkpoint in the public layout (same config.json field names, same
-safetensors keys), for tests and ``model.source: init:tiny``. CustomVoice-shaped: one speaker in
-``spk_id``, no speaker encoder. Codebook ids are 0..31, the specials sit above them, and the
+safetensors keys), for tests and ``model.source: init:tiny``. CustomVoice-shaped by default (one speaker in
+``spk_id``); ``kind="base"`` adds the Base models' speaker encoder. Codebook ids are 0..31, the specials sit above them, and the
 talker's codec vocabulary is 32 + 1024 so that the reference's "suppress the top 1024 ids but
 eos" rule leaves exactly the codes and eos, as in the public 3072 = 2048 + 1024."""
 
@@ -13,13 +13,25 @@ from typing import Any
 CODES = 32
 
 
-def tiny_config() -> dict[str, Any]:
+def tiny_config(kind: str = "custom_voice") -> dict[str, Any]:
+    """``kind``: ``custom_voice`` (a speaker in ``spk_id``) or ``base`` (a speaker encoder)."""
     return {
         "architectures": ["Qwen3TTSForConditionalGeneration"],
         "model_type": "qwen3_tts",
         "tokenizer_type": "qwen3_tts_tokenizer_12hz",
         "tts_model_size": "tiny",
-        "tts_model_type": "custom_voice",
+        "tts_model_type": kind,
+        "speaker_encoder_config": {
+            "mel_dim": 16,
+            "enc_dim": 32,
+            "enc_channels": [16, 16, 16, 16, 48],  # mfa reads the SE-Res2Net outputs: 3 x 16
+            "enc_kernel_sizes": [5, 3, 3, 3, 1],
+            "enc_dilations": [1, 2, 3, 4, 1],
+            "enc_attention_channels": 8,
+            "enc_res2net_scale": 4,
+            "enc_se_channels": 8,
+            "sample_rate": 24000,
+        },
         "im_start_token_id": 280,
         "im_end_token_id": 281,
         "tts_pad_token_id": 290,
@@ -103,7 +115,7 @@ def tiny_codec_config() -> dict[str, Any]:
     }
 
 
-def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
+def build_tiny_checkpoint(out: Path, seed: int = 0, kind: str = "custom_voice") -> Path:
     """Write ``config.json`` + ``model.safetensors`` and ``speech_tokenizer/{config.json,
     model.safetensors}`` (random weights, fp32; the codec's ``decoder.*`` only) into ``out``."""
     import torch
@@ -113,7 +125,7 @@ def build_tiny_checkpoint(out: Path, seed: int = 0) -> Path:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = tiny_config()
+    cfg = tiny_config(kind)
     torch.manual_seed(seed)
     model = Qwen3TTS(cfg)
     with torch.no_grad():
