@@ -3,6 +3,7 @@ a full recompute of the same sequence."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +25,10 @@ def test_the_layout_is_the_reference_non_streaming_one(tiny_model) -> None:  # t
     assert lay.first_frame == 14 and lay.speaker_at == 6
     with_language = layout(ids, TEXT, speaker=None, language=34)
     assert with_language.codec.tolist()[3:8] == [46, 48, 34, 49, 40]
+    streaming = layout(ids, TEXT, _frames(5, 0), speaker=SPEAKER, streaming=True)
+    assert streaming.text.tolist() == TEXT[:3] + [290] * 4 + [291] + TEXT[3:4] + TEXT[4:] + [292] + [290] * 2
+    assert streaming.codec.tolist() == [-1] * 3 + [47, 48, 49, 36, 40] + [41] + [-1] * 5 + [42]
+    assert streaming.first_frame == 9 and streaming.trailing == TEXT[4:] + [292]
 
 
 def test_loss_is_the_mean_cross_entropy_of_the_next_frame_and_is_padding_invariant(tiny_model) -> None:  # type: ignore[no-untyped-def]
@@ -47,11 +52,12 @@ def test_loss_is_the_mean_cross_entropy_of_the_next_frame_and_is_padding_invaria
     talker.zero_grad(set_to_none=True)
 
 
-def test_kv_cached_greedy_generation_equals_a_full_recompute(tiny_model) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("streaming", [False, True])
+def test_kv_cached_greedy_generation_equals_a_full_recompute(tiny_model, streaming: bool) -> None:  # type: ignore[no-untyped-def]
     talker, ids = tiny_model.talker, tiny_model.ids
-    codes = generate_codes(talker, ids, TEXT, speaker=SPEAKER, max_frames=6, repetition_penalty=1.0)
+    codes = generate_codes(talker, ids, TEXT, speaker=SPEAKER, max_frames=6, repetition_penalty=1.0, streaming=streaming)
     assert codes.shape[1] == 4 and 2 <= len(codes) <= 6 and int(codes.max()) < 32
-    lay = layout(ids, TEXT, codes, speaker=SPEAKER)
+    lay = layout(ids, TEXT, codes, speaker=SPEAKER, streaming=streaming)
     with torch.no_grad():
         hidden = talker.hidden(embed(talker, lay)[None])[0]
         logits = talker.codec_head(hidden)

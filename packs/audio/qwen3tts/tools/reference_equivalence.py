@@ -54,6 +54,7 @@ def run_pack(out: Path) -> None:
             "text": talker.text_embed(x["text_ids"]),
             "sub": talker.code_predictor.teacher_forced_logits(x["hidden"], x["codes"], talker.model.codec_embedding(x["codes"][:, 0])),
             "greedy": generate_codes(talker, model.ids, TEXT, speaker=36, language=34, max_frames=8),
+            "streaming": generate_codes(talker, model.ids, TEXT, speaker=36, max_frames=8, streaming=True),
             "wav": codec.decoder(x["frames"]),
             "wav64": codec.decoder.double()(x["frames"]),
             "speaker": base.speaker_encoder(x["mel"]),
@@ -126,6 +127,13 @@ def run_reference(out: Path, checkout: Path) -> None:
         print("greedy codes equal:", torch.equal(codes[0], pack["greedy"]), tuple(codes[0].shape), tuple(pack["greedy"].shape))
         if not torch.equal(codes[0], pack["greedy"]):
             print("reference", codes[0].tolist(), "\npack     ", pack["greedy"].tolist())
+        codes, _ = model.generate(input_ids=[torch.tensor([TEXT + TAIL])], languages=["auto"], speakers=["tiny"], non_streaming_mode=False, do_sample=False, subtalker_dosample=False, max_new_tokens=8)
+        # without eos, the reference returns max_new_tokens - 1 frames: the last codebook-0 id is
+        # drawn but never reaches the code predictor (that runs in the next forward)
+        n = len(codes[0])
+        print(
+            f"greedy codes, streaming layout, language auto: reference {n} frames, equal to the pack's first {n}:", torch.equal(codes[0], pack["streaming"][:n]), "pack frames:", len(pack["streaming"])
+        )
         wav = decoder(x["frames"])
         print("codec decoder waveform: max |diff|", (wav - pack["wav"]).abs().max().item(), "samples", wav.shape[-1])
         wav64 = decoder.double()(x["frames"])

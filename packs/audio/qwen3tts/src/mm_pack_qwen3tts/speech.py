@@ -1,7 +1,8 @@
 """The talker's sequence layout, its teacher-forced loss and KV-cached code generation.
 
 The layout is the reference's non-streaming one (its fine-tuning dataset and
-``generate(non_streaming_mode=True)``), two channels summed per position::
+``generate(non_streaming_mode=True)``, the default of its custom-voice and voice-design calls),
+two channels summed per position (``streaming=True``: see :func:`layout`)::
 
     position   0..2      3 ..               then text       then       then frames 0..F-1   last
     text       role ids  pad .. pad  bos    text ids  eos   pad        pad ...              pad
@@ -49,24 +50,33 @@ class Layout:
     first_frame: int
     speaker_at: int  # -1: no speaker slot
     speaker: torch.Tensor | None  # an embedding for the speaker slot
+    trailing: list[int]  # streaming: the text ids read beside frames 0, 1, ... (then tts_pad)
 
 
-def layout(ids: SpecialIds, text_ids: list[int], frames: torch.Tensor | None = None, *, speaker: int | torch.Tensor | None = None, language: int | None = None) -> Layout:
+def layout(ids: SpecialIds, text_ids: list[int], frames: torch.Tensor | None = None, *, speaker: int | torch.Tensor | None = None, language: int | None = None, streaming: bool = False) -> Layout:
+    """``streaming``: the reference's ``non_streaming_mode=False`` (its voice-clone default): only
+    the first text id goes before codec bos, the rest (then tts_eos) rides beside the frames."""
     prefix = [ids.codec_nothink, ids.codec_think_bos, ids.codec_think_eos] if language is None else [ids.codec_think, ids.codec_think_bos, language, ids.codec_think_eos]
     speaker_at = 3 + len(prefix) if speaker is not None else -1
     if speaker is not None:
         prefix.append(speaker if isinstance(speaker, int) else -1)
     prefix.append(ids.codec_pad)
     body = text_ids[3:]
-    text = text_ids[:3] + [ids.tts_pad] * (len(prefix) - 1) + [ids.tts_bos] + body + [ids.tts_eos, ids.tts_pad]
-    codec = [-1] * 3 + prefix + [ids.codec_pad] * (len(body) + 1) + [ids.codec_bos]
+    if not body:
+        raise ValueError("text_ids: nothing to say after the 3 role ids")
+    text = text_ids[:3] + [ids.tts_pad] * (len(prefix) - 1) + [ids.tts_bos]
+    codec = [-1] * 3 + prefix
+    if streaming:
+        text, codec, trailing = text + body[:1], codec + [ids.codec_bos], body[1:] + [ids.tts_eos]
+    else:
+        text, codec, trailing = text + body + [ids.tts_eos, ids.tts_pad], codec + [ids.codec_pad] * (len(body) + 1) + [ids.codec_bos], []
     frames = frames if frames is not None else torch.zeros(0, ids.num_code_groups, dtype=torch.long)
     first = len(text)
     if len(frames):
-        text += [ids.tts_pad] * (len(frames) + 1)
+        text += [trailing[k] if k < len(trailing) else ids.tts_pad for k in range(len(frames) + 1)]
         codec += [-1] * len(frames) + [ids.codec_eos]
     vector = speaker if isinstance(speaker, torch.Tensor) else None
-    return Layout(torch.tensor(text), torch.tensor(codec), frames, first, speaker_at, vector)
+    return Layout(torch.tensor(text), torch.tensor(codec), frames, first, speaker_at, vector, trailing)
 
 
 def embed(talker: Talker, lay: Layout) -> torch.Tensor:
@@ -132,6 +142,7 @@ def generate_codes(
     *,
     speaker: int | torch.Tensor | None = None,
     language: int | None = None,
+    streaming: bool = False,
     max_frames: int = 4096,
     min_frames: int = 2,
     sampling: Sampling | None = None,
@@ -142,10 +153,12 @@ def generate_codes(
     """Codes (F x G) for ``text_ids``, one frame per step through transformers' KV cache: codebook 0
     from ``codec_head`` (the top 1024 ids but eos suppressed, eos masked for ``min_frames``, a
     repetition penalty over earlier codebook-0 ids), then the code predictor's G-1 steps (own cache,
-    reset per frame); the next input is the frame's summed embedding + the tts_pad text embedding."""
+    reset per frame); the next input is the frame's summed embedding + the text beside it (tts_pad
+    when not ``streaming``, or once the text is read)."""
     talker.eval()
-    prompt = embed(talker, layout(ids, text_ids, speaker=speaker, language=language))[None]
-    pad = talker.text_embed(torch.tensor([[ids.tts_pad]]))
+    lay = layout(ids, text_ids, speaker=speaker, language=language, streaming=streaming)
+    prompt = embed(talker, lay)[None]
+    beside = talker.text_embed(torch.tensor([lay.trailing + [ids.tts_pad]]))  # 1 x (len + 1) x H
     hidden, cache = run_stack(talker.model, prompt, cache=None, use_cache=True)
     vocab = talker.codec_head.out_features
     blocked = torch.zeros(vocab, dtype=torch.bool)
@@ -171,5 +184,6 @@ def generate_codes(
             frame.append(pick(talker.code_predictor.lm_head[k - 1](sub_hidden[0, -1]), sub_sampling, generator))
             sub_in = talker.code_predictor.embed(k, torch.tensor([[frame[-1]]]))
         frames.append(frame)
-        hidden, cache = run_stack(talker.model, talker.frame_embed(torch.tensor([[frame]])) + pad, cache=cache, use_cache=True)
+        text = beside[:, min(step, beside.shape[1] - 1)][:, None]
+        hidden, cache = run_stack(talker.model, talker.frame_embed(torch.tensor([[frame]])) + text, cache=cache, use_cache=True)
     return torch.tensor(frames, dtype=torch.long).reshape(-1, talker.groups)

@@ -33,13 +33,15 @@ def synthesize(
     *,
     speaker: str | None = None,
     language: str | None = None,
+    streaming: bool = False,
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
     max_frames: int = 4096,
 ) -> Speech:
     """Speak ``text_ids`` (the tokenised ``<|im_start|>assistant\\n{text}``) in a CustomVoice
-    ``speaker`` (a name of ``spk_id``) and ``language`` (a name of ``codec_language_id``; None:
-    the reference's "auto"). ``sampling=None`` is greedy at both levels."""
+        ``speaker`` (a name of ``spk_id``) and ``language`` (a name of ``codec_language_id``; None:
+        the reference's "auto"). ``sampling=None`` is greedy at both levels; ``streaming``: the
+    streaming prompt layout (:func:`~mm_pack_qwen3tts.speech.layout`)."""
     ids = model.ids
     if speaker is not None and speaker.lower() not in ids.spk_id:
         raise ValueError(f"speaker {speaker!r} is not one of this checkpoint's: {', '.join(sorted(ids.spk_id)) or 'none'}")
@@ -51,6 +53,7 @@ def synthesize(
         text_ids,
         speaker=ids.spk_id[speaker.lower()] if speaker else None,
         language=ids.codec_language_id[language.lower()] if language else None,
+        streaming=streaming,
         sampling=sampling,
         sub_sampling=sampling,
         generator=generator,
