@@ -1,0 +1,108 @@
+"""A Qwen3-TTS checkpoint folder in its public layout, loaded strictly.
+
+The public layout (Qwen/Qwen3-TTS-12Hz-{0.6B,1.7B}-{Base,CustomVoice,VoiceDesign})::
+
+    config.json             model_type qwen3_tts: talker_config (+ code_predictor_config),
+                            speaker_encoder_config, tts_model_type, special token ids
+    model.safetensors       talker.* (and speaker_encoder.* in the Base models, tts_model_type "base")
+    speech_tokenizer/       the 12 Hz codec (its own config.json + model.safetensors)
+    vocab.json, merges.txt, tokenizer_config.json ...   the Qwen2 text tokenizer
+
+:class:`Qwen3TTS` holds ``talker`` with the public names, so the root safetensors load with
+``strict=True`` and need no renaming on their way to DCP (mmcore's convert stage).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mm_pack_qwen3tts.config import CheckpointError, SpecialIds, read_config, special_ids
+from mm_pack_qwen3tts.talker import Talker
+
+
+class Qwen3TTS(nn.Module):
+    def __init__(self, cfg: dict) -> None:  # type: ignore[type-arg]
+        super().__init__()
+        self.ids: SpecialIds = special_ids(cfg)
+        self.tts_model_type = cfg.get("tts_model_type")
+        self.talker = Talker(cfg["talker_config"])
+        if self.tts_model_type == "base":  # voice cloning: the Base checkpoints carry the encoder
+            from mm_pack_qwen3tts.speaker import SpeakerEncoder
+
+            self.speaker_encoder = SpeakerEncoder(cfg.get("speaker_encoder_config") or {})
+
+
+def build_model(model_dir: Path, checkpoint: Path | None = None) -> Qwen3TTS:
+    """The training model from a folder's config.json (random weights); with ``checkpoint``, its DCP loaded."""
+    model = Qwen3TTS(read_config(Path(model_dir)))
+    if checkpoint is not None:
+        from mmcore.train import load_converted
+
+        load_converted(model, Path(checkpoint))
+    return model
+
+
+def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's root ``*.safetensors`` (one file or shards)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir}: no model.safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            state.update(load_file(str(path)))
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path}: unreadable safetensors ({' '.join(str(exc).split())})") from None
+    return state
+
+
+def load_pretrained(model_dir: Path, dtype: torch.dtype | None = None) -> Qwen3TTS:
+    """The folder's model with its weights loaded ``strict=True``; a missing, unexpected or
+    misshapen tensor is one line naming the first of them."""
+    model = build_model(Path(model_dir))
+    state = read_weights(Path(model_dir))
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise CheckpointError(f"{model_dir}: the weights do not fit the model config.json describes: {what} ({len(missing)} missing, {len(unexpected)} unexpected)")
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise CheckpointError(f"{model_dir}: {key} is {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model config.json describes")
+    model.load_state_dict(state, strict=True)
+    if dtype is not None:
+        model.to(dtype)
+    return model.eval()
+
+
+def load_codec(model_dir: Path):  # type: ignore[no-untyped-def]
+    """``speech_tokenizer/``'s decoder, its ``decoder.*`` tensors loaded ``strict=True`` (the
+    ``encoder.*`` ones are left: see :class:`~mm_pack_qwen3tts.codec.SpeechTokenizer`)."""
+    import json
+
+    from mm_pack_qwen3tts.codec import SpeechTokenizer
+
+    folder = Path(model_dir) / "speech_tokenizer"
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{model_dir}: no speech_tokenizer/config.json (the 12 Hz codec that turns codes into a waveform)")
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") != "qwen3_tts_tokenizer_12hz":
+        raise CheckpointError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}; only the 12 Hz tokenizer (qwen3_tts_tokenizer_12hz) is supported")
+    codec = SpeechTokenizer(cfg)
+    state = {k: v for k, v in read_weights(folder).items() if k.startswith("decoder.")}
+    own = codec.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise CheckpointError(f"{folder}: the decoder weights do not fit its config.json: {what} ({len(missing)} missing, {len(unexpected)} unexpected)")
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise CheckpointError(f"{folder}: {key} is {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the decoder its config.json describes")
+    codec.load_state_dict(state, strict=True)
+    return codec.eval()
