@@ -138,7 +138,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "safetensors_files", "sampling_options", "sharded_sums", "token_f1", "train_byte_level_bpe",
         "trained_checkpoint", "unigram_tokenizer", "user_text", "word_errors", "write_results",
         "write_safetensors_streaming",
-        "DEMO_VAE_FILE", "demo_vae_report", "fit_demo_autoencoder", "set_latent_normalisation", "train_demo_vae", "write_demo_vae_report",
+        "cache_argument", "cached_forward", "DEMO_VAE_FILE", "demo_vae_report", "fit_demo_autoencoder", "set_latent_normalisation", "train_demo_vae", "write_demo_vae_report",
     }),
     # the train engine and its methods: recipe, sampler, LoRA, DPO, EMA, losses
     "mmcore.train": frozenset({

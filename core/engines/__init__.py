@@ -87,6 +87,7 @@ _EXPORTS: dict[str, str] = {
         ),
         "mmcore.engines.generation",
     ),
+    **dict.fromkeys(("cache_argument", "cached_forward"), "mmcore.engines.kv_cache"),
     **dict.fromkeys(
         (
             "byte_level_tokenizer",

@@ -9,7 +9,6 @@ task_id = S + 2, fill = S + 3, and every id in [S, S + 200) stops decoding.
 
 from __future__ import annotations
 
-import inspect
 import math
 import random
 from typing import Iterator
@@ -21,7 +20,6 @@ from mm_pack_cosyvoice3.config import LMConfig
 
 IGNORE_ID = -1
 SPECIAL_TOKENS = 200
-_CACHE_ARG: dict[type, str] = {}
 
 
 class Qwen2Encoder(nn.Module):
@@ -39,11 +37,9 @@ class Qwen2Encoder(nn.Module):
 
     def step(self, embeds: torch.Tensor, cache):  # type: ignore[no-untyped-def]
         """One decoding step through transformers' KV cache: hidden states and the new cache."""
-        backbone = self.model.model
-        if _CACHE_ARG.get(type(backbone)) is None:  # transformers >= 5.25 renamed past_key_values to cache
-            _CACHE_ARG[type(backbone)] = "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
-        out = backbone(inputs_embeds=embeds, use_cache=True, **{_CACHE_ARG[type(backbone)]: cache})
-        cache = getattr(out, "cache", None) if getattr(out, "cache", None) is not None else out.past_key_values
+        from mmcore.engines import cached_forward
+
+        out, cache = cached_forward(self.model.model, cache, inputs_embeds=embeds)
         return out.last_hidden_state, cache
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,11 +49,7 @@ def synthesize(
 
 
 def write_wav(path: Path, wav: torch.Tensor, sample_rate: int) -> Path:
-    """Mono 16-bit PCM with the standard ``wave`` module."""
-    pcm = (wav.detach().float().clamp(-1, 1) * 32767).round().to(torch.int16).numpy().tobytes()
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(sample_rate)
-        out.writeframes(pcm)
-    return Path(path)
+    """Mono 16-bit PCM (:func:`mmcore.data.write_audio`)."""
+    from mmcore.data import write_audio
+
+    return write_audio(Path(path), wav.detach().float().reshape(-1).numpy(), sample_rate)

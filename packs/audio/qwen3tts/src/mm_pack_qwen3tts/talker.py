@@ -11,15 +11,12 @@ widths differ). Neither stack has an ``embed_tokens``: transformers' one is remo
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch import nn
 
 from mm_pack_qwen3tts.config import backbone_config
-
-_CACHE_ARG: dict[type, str] = {}
 
 
 def embeddings_only_qwen3(config) -> nn.Module:  # type: ignore[no-untyped-def]
@@ -33,10 +30,9 @@ def embeddings_only_qwen3(config) -> nn.Module:  # type: ignore[no-untyped-def]
 
 def run_stack(stack: nn.Module, embeds: torch.Tensor, *, attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False):  # type: ignore[no-untyped-def]
     """Hidden states (and the cache) of a ``Qwen3Model`` fed embeddings, through transformers' KV cache."""
-    if _CACHE_ARG.get(type(stack)) is None:  # transformers >= 5.25 renamed past_key_values to cache
-        _CACHE_ARG[type(stack)] = "cache" if "cache" in inspect.signature(stack.forward).parameters else "past_key_values"
-    out = stack(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **{_CACHE_ARG[type(stack)]: cache})
-    new_cache = getattr(out, "cache", None) if getattr(out, "cache", None) is not None else getattr(out, "past_key_values", None)
+    from mmcore.engines import cached_forward
+
+    out, new_cache = cached_forward(stack, cache, use_cache=use_cache, inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids)
     return out.last_hidden_state, new_cache
 
 

@@ -8,12 +8,11 @@ rows of one batch share its length.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from mmcore import StageContext
-from mmcore.engines import ModelSource, Request, generation_dtype
+from mmcore.engines import ModelSource, Request, cached_forward, generation_dtype
 from mmcore import StageResult, Manifest
 
 
@@ -29,11 +28,9 @@ def greedy_decode(model: Any, source: Mapping[str, Any], prefix: Any, steps: int
     import torch
     from transformers.modeling_outputs import BaseModelOutput
 
-    # transformers renamed the cache argument and output (past_key_values -> cache, 5.2x)
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     encoder = {"encoder_outputs": BaseModelOutput(last_hidden_state=source["encoder_states"])} if "encoder_states" in source else {"input_features": source["input_features"]}
     with torch.no_grad():
-        out = model(decoder_input_ids=prefix, use_cache=True, **encoder)
+        out, cache = cached_forward(model, None, decoder_input_ids=prefix, **encoder)
         states = BaseModelOutput(last_hidden_state=out.encoder_last_hidden_state)
         ended = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
         tokens = []
@@ -43,7 +40,7 @@ def greedy_decode(model: Any, source: Mapping[str, Any], prefix: Any, steps: int
             ended |= token == eos_id
             if step == steps - 1 or (ended.all() and not fixed_steps):
                 break
-            out = model(decoder_input_ids=token[:, None], encoder_outputs=states, use_cache=True, **{name: getattr(out, name)})
+            out, cache = cached_forward(model, cache, decoder_input_ids=token[:, None], encoder_outputs=states)
     rows = torch.stack(tokens, dim=1).tolist() if tokens else [[] for _ in range(prefix.shape[0])]
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
 
