@@ -160,6 +160,7 @@ def test_megatron_run_killed_at_tp2_resumes_at_pp2_on_the_plain_runs_losses_and_
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
+@pytest.mark.matrix  # make test: the LoRA run below freezes through the same engine path
 @pytest.mark.compares_runs
 def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.freeze names training tensors; on megatron they map onto the Megatron tensors
@@ -273,6 +274,7 @@ def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> Non
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
+@pytest.mark.matrix  # make test: the kill-at-TP2-resume-at-PP2 run (dropout 0)
 def test_megatron_sequence_parallel_dropout_resumes_bit_for_bit(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Under sequence parallelism Megatron's transformer block draws from its model-parallel
     random stream (each TP rank its own), LoRA's dropout masks included: checkpoints hold those
