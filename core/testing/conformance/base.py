@@ -72,7 +72,8 @@ class ConformanceBase:
     overrides: ClassVar[tuple[str, ...]] = ()
     #: ``"library:Class"`` whose ``from_pretrained`` loads the export's ``model`` output (or
     #: ``"module:function"`` that loads it, for an export no hub library reads). Default: the
-    #: class the export names itself (``config.json`` architectures, ``model_index.json``).
+    #: class the export names itself (``config.json`` architectures, ``model_index.json``). The
+    #: LoRA rule loads the adapter on this class too, where set.
     export_class: ClassVar[str] = ""
     #: Training is killed after this step, then resumed.
     kill_step: ClassVar[int] = 2
@@ -169,16 +170,17 @@ class ConformanceBase:
         return plugins.pack(self.pack_name)
 
 
-def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
+def _load_adapter_in_its_library(base: Path, adapter: Path, base_class: str | None = None) -> dict[str, Any]:
     """Load the adapter folder on ``base`` as its ecosystem does; the adapter tensors the library
-    holds afterwards (peft's saved names), required to equal the files' exactly."""
+    holds afterwards (peft's saved names), required to equal the files' exactly. ``base_class``:
+    the conformance class's ``export_class`` (a pack's own model class), where set."""
     import torch
     from peft import PeftModel, get_peft_model_state_dict
     from safetensors.torch import load_file
 
     from mmcore.framework.registry import import_object
 
-    base_class = import_object(_named_class(base))
+    base_class = import_object(base_class or _named_class(base))
     if (adapter / "adapter_config.json").is_file():
         model = PeftModel.from_pretrained(base_class.from_pretrained(base), str(adapter))
         held = get_peft_model_state_dict(model)

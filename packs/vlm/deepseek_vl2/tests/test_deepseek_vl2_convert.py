@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mm_pack_deepseek_vl2.family import FAMILY, load_public
+from mm_pack_deepseek_vl2.family import FAMILY
+from mm_pack_deepseek_vl2.model import DeepseekVL2ForCausalLM
 from mm_pack_deepseek_vl2.names import ADAPTER
 
 
@@ -63,13 +64,13 @@ def test_round_trip_is_bit_exact_and_the_export_answers_alike(tiny_dir: Path, tm
     hf_to_dcp(tiny_dir, tmp_path / "dcp", adapter)
     model = FAMILY.build_model(tiny_dir)
     load_converted(model, tmp_path / "dcp")
-    reference = load_public(tiny_dir)
+    reference = DeepseekVL2ForCausalLM.from_pretrained(tiny_dir)
     for name, tensor in reference.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
     dcp_to_hf(tmp_path / "dcp", tmp_path / "back", adapter)
     assert compare_hf(tiny_dir, tmp_path / "back") == []  # every public tensor, bit for bit
     (tmp_path / "back" / "config.json").write_text((tiny_dir / "config.json").read_text())
-    again = load_public(tmp_path / "back")
+    again = DeepseekVL2ForCausalLM.from_pretrained(tmp_path / "back")
     ids = torch.randint(0, 300, (1, 12))
     with torch.no_grad():
         assert torch.equal(again(input_ids=ids).logits, model.eval()(input_ids=ids).logits)

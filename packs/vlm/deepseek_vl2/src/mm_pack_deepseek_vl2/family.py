@@ -93,34 +93,6 @@ class DeepseekVL2Family(VLMFamily):
 
         return DeepseekVL2ForCausalLM
 
-    def load_exported(self, folder: Path) -> Any:
-        """An exported folder (the public layout, read through the names) or a LoRA adapter on one."""
-        from mmcore.train.lora import with_adapters
-
-        return with_adapters(load_public)(folder)
-
-
-def load_public(folder: Path) -> Any:
-    """The model of a folder in the public layout: its safetensors through :data:`ADAPTER`."""
-    import copy
-
-    from safetensors import safe_open
-
-    from mmcore.engines import TensorInfo
-    from mmcore.engines.state_dict import materialize
-
-    model = FAMILY.build_model(folder)
-    tensors: dict[str, Any] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(path, "pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys()})
-    plan = copy.deepcopy(ADAPTER).to_mm({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in tensors.items()})
-    state = {k: materialize(r, tensors.__getitem__) for k, r in plan.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if not k.endswith("position_ids")]:
-        raise ValueError(f"{folder}: weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return model.eval()
-
 
 FAMILY = DeepseekVL2Family(
     model_class="DeepseekVL2ForCausalLM",

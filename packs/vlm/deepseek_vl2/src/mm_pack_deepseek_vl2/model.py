@@ -190,6 +190,33 @@ class DeepseekVL2ForCausalLM(PreTrainedModel, GenerationMixin):
         self.language = DeepseekVL2Language(config.text_config)
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, folder: Any, *args: Any, **kwargs: Any) -> "DeepseekVL2ForCausalLM":  # type: ignore[override]
+        """The model of a local folder in the public layout (``config.json``, safetensors in the
+        public names, read through :mod:`.names`), in eval mode; fp32, SDPA attention."""
+        import copy
+        from pathlib import Path
+
+        from safetensors import safe_open
+
+        from mmcore.engines import TensorInfo
+        from mm_pack_deepseek_vl2.names import ADAPTER, built
+
+        folder = Path(folder)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder}: not a local DeepSeek-VL2 folder (config.json and safetensors; `mmcore download --pack deepseek-vl2` fetches one)")
+        model = cls(DeepseekVL2Config.from_pretrained(folder))
+        tensors: dict[str, torch.Tensor] = {}
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(path, "pt") as f:
+                tensors.update({k: f.get_tensor(k) for k in f.keys()})
+        plan = copy.deepcopy(ADAPTER).to_mm({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in tensors.items()})
+        missing, unexpected = model.load_state_dict({k: built(r, tensors) for k, r in plan.items()}, strict=False)
+        missing = [k for k in missing if not k.endswith("position_ids")]
+        if missing or unexpected:
+            raise ValueError(f"{folder}: the weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        return model.eval()
+
     def _init_weights(self, module: nn.Module) -> None:
         if module is self:
             std = 1 / math.sqrt(self.image_newline.shape[0])

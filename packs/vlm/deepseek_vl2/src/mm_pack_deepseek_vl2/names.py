@@ -83,6 +83,12 @@ class DeepseekVL2Names(FusedExpertsAdapter):
         return out
 
 
+def built(recipe: Recipe, tensors: dict[str, Any]) -> Any:
+    """The tensor a plan's recipe makes from ``tensors`` (name -> tensor)."""
+    sources = [tensors[k] for k in recipe.sources]
+    return recipe.combine(*sources) if recipe.combine else sources[0]
+
+
 ADAPTER = DeepseekVL2Names()
 
-__all__ = ["ADAPTER", "DeepseekVL2Names", "RULES"]
+__all__ = ["ADAPTER", "DeepseekVL2Names", "RULES", "built"]

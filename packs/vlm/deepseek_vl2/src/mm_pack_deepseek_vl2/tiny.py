@@ -126,12 +126,11 @@ def save_public_layout(model, out: Path) -> None:  # type: ignore[no-untyped-def
     from safetensors.torch import save_file
 
     from mmcore.engines import TensorInfo
-    from mmcore.engines.state_dict import materialize
-    from mm_pack_deepseek_vl2.names import DeepseekVL2Names
+    from mm_pack_deepseek_vl2.names import DeepseekVL2Names, built
 
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     plan = DeepseekVL2Names().to_hf({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in state.items()})
-    save_file({k: materialize(r, state.__getitem__).contiguous() for k, r in plan.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: built(r, state).contiguous() for k, r in plan.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
