@@ -1,0 +1,43 @@
+"""The model's own parts against independent statements of the released behaviour: the
+projector's 2 x 2 cell concatenation in ``F.unfold``'s order (channel-major, what the released
+weights were trained on), and the image's token layout (global rows with newlines, the
+separator, all tiles' rows across with newlines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mm_pack_deepseek_vl2.model import DeepseekVL2ForCausalLM, DownsampleProjector
+
+
+def test_projector_cells_are_unfolds_order_with_the_odd_grid_padded() -> None:
+    torch.manual_seed(0)
+    projector = DownsampleProjector({"input_dim": 6, "n_embed": 8, "depth": 2, "mlp_ratio": 1, "downsample_ratio": 2}, 6)
+    features = torch.randn(3, 25, 6)  # a 5 x 5 grid, as the released 27 x 27 is odd
+    grid = torch.nn.functional.pad(features.reshape(3, 5, 5, 6), (0, 0, 0, 1, 0, 1)).permute(0, 3, 1, 2)
+    cells = torch.nn.functional.unfold(grid, kernel_size=2, stride=2).permute(0, 2, 1)  # [views, 9, 6 * 4]
+    assert torch.allclose(projector(features), projector.layers(cells), atol=0, rtol=0)
+
+
+def test_image_tokens_are_laid_out_as_the_released_model_lays_them(tiny_dir: Path) -> None:
+    """Views tagged by (view, row, column): a 3 x 2 grid of tiles (3 across, 2 down), 3 x 3 tokens a view."""
+    model = DeepseekVL2ForCausalLM.from_pretrained(tiny_dir)
+    side, across, down = 3, 3, 2
+    views = 1 + across * down
+    tags = torch.tensor([[[v, r, c] for r in range(side) for c in range(side)] for v in range(views)], dtype=torch.float32)
+    width = model.image_newline.shape[0]
+    model.vision = torch.nn.Identity()
+    model.vision.forward = lambda pixels: type("Out", (), {"last_hidden_state": pixels})()  # type: ignore[method-assign]
+    model.projector = torch.nn.Identity()
+    with torch.no_grad():
+        model.image_newline.fill_(-1)
+        model.view_seperator.fill_(-2)
+        out = model.image_features(torch.nn.functional.pad(tags, (0, width - 3)), torch.tensor([[across, down]]))[:, :3].tolist()
+    newline, sep = [-1.0] * 3, [-2.0] * 3
+    want = [row for r in range(side) for row in ([[0, r, c] for c in range(side)] + [newline])] + [sep]
+    for tile_row in range(down):
+        for r in range(side):
+            want += [[1 + tile_row * across + t, r, c] for t in range(across) for c in range(side)] + [newline]
+    assert out == want and len(out) == side * (side + 1) + 1 + down * side * (across * side + 1)
