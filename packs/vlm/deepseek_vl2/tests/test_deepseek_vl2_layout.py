@@ -41,3 +41,33 @@ def test_image_tokens_are_laid_out_as_the_released_model_lays_them(tiny_dir: Pat
         for r in range(side):
             want += [[1 + tile_row * across + t, r, c] for t in range(across) for c in range(side)] + [newline]
     assert out == want and len(out) == side * (side + 1) + 1 + down * side * (across * side + 1)
+
+
+def test_generate_with_a_cache_answers_as_full_forwards_do(tiny_dir: Path, tmp_path: Path) -> None:
+    """``generate()`` (images at the prefill only, then the KV cache) picks the tokens greedy full
+    forwards pick, for the decoder without MLA and with it."""
+    from transformers import AutoTokenizer
+
+    from mmcore.data import Sample, Turn
+    from mmcore.testing.media import write_noise
+    from mmcore.testing.packing import encoded
+    from mm_pack_deepseek_vl2.family import DeepseekVL2Config, encoder
+    from mm_pack_deepseek_vl2.tiny import build_init_checkpoint
+
+    class Ctx:
+        config = DeepseekVL2Config()
+
+    build_init_checkpoint("tiny-mla", tmp_path / "mla", seed=1)
+    write_noise(tmp_path / "a.png", (70, 40), 0)
+    for folder in (tiny_dir, tmp_path / "mla"):
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        (row,) = encoded(encoder(Ctx(), folder, tokenizer), [Sample("x", 0, [Turn("user", "<image>What colour?")], {"images": [tmp_path / "a.png"]})])
+        model = DeepseekVL2ForCausalLM.from_pretrained(folder)
+        media = {"pixel_values": row["pixel_values"], "images_spatial_crop": row["images_spatial_crop"].long()}
+        ids = row["input_ids"][None]
+        with torch.no_grad():
+            got = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **media, max_new_tokens=5, do_sample=False, eos_token_id=[], pad_token_id=0)[0, ids.shape[1] :]
+            want = ids
+            for _ in range(5):
+                want = torch.cat([want, model(input_ids=want, **media).logits[:, -1:].argmax(-1)], dim=1)
+        assert got.tolist() == want[0, ids.shape[1] :].tolist(), folder
