@@ -71,3 +71,47 @@ def test_generate_with_a_cache_answers_as_full_forwards_do(tiny_dir: Path, tmp_p
             for _ in range(5):
                 want = torch.cat([want, model(input_ids=want, **media).logits[:, -1:].argmax(-1)], dim=1)
         assert got.tolist() == want[0, ids.shape[1] :].tolist(), folder
+
+
+def test_the_released_tiny_geometry_has_the_published_size() -> None:
+    """deepseek-vl2-tiny's config (SigLIP-SO400M, 12-layer MoE of 64 experts, no MLA), built on
+    the meta device: 3.355B parameters, plus SigLIP's unused attention-pool head (15.3M, left
+    out) the published 3.37B."""
+    from mm_pack_deepseek_vl2.model import DeepseekVL2Config
+
+    language = dict(
+        vocab_size=129280,
+        hidden_size=1280,
+        intermediate_size=6848,
+        moe_intermediate_size=896,
+        num_hidden_layers=12,
+        num_attention_heads=10,
+        num_key_value_heads=10,
+        n_routed_experts=64,
+        n_shared_experts=2,
+        num_experts_per_tok=6,
+        first_k_dense_replace=1,
+        use_mla=False,
+    )
+    vision = {"image_size": 384, "patch_size": 14, "width": 1152, "layers": 27, "heads": 16, "mlp_ratio": 3.7362}
+    config = DeepseekVL2Config(vision_config=vision, projector_config={"input_dim": 1152, "n_embed": 1280}, language_config=language)
+    with torch.device("meta"):
+        model = DeepseekVL2ForCausalLM(config)
+    width, mlp = 1152, int(1152 * 3.7362)
+    head = width + 4 * width * width + 4 * width + 2 * width + 2 * width * mlp + mlp + width  # probe, attention, norm, MLP
+    assert round((sum(p.numel() for p in model.parameters()) + head) / 1e9, 2) == 3.37
+
+
+def test_what_the_model_cannot_do_is_refused_in_one_line(tiny_dir: Path) -> None:
+    import pytest
+
+    from mm_pack_deepseek_vl2.model import DeepseekVL2Config
+
+    with pytest.raises(ValueError, match="only softmax routing"):
+        DeepseekVL2Config(language_config={"num_hidden_layers": 2, "scoring_func": "sigmoid", "topk_method": "noaux_tc"})
+    with pytest.raises(ValueError, match="tile_tag '1D'"):
+        DeepseekVL2Config(tile_tag="1D")
+    model = DeepseekVL2ForCausalLM.from_pretrained(tiny_dir)
+    ids = torch.full((1, 10), model.config.image_token_id)
+    with pytest.raises(ValueError, match=r"10 <image> tokens in input_ids, but the images make 25 features"):
+        model(input_ids=ids, pixel_values=torch.zeros(2, 3, 35, 35), images_spatial_crop=torch.tensor([[1, 1]]))
