@@ -116,3 +116,21 @@ def test_conformance_fails_the_break_naming_its_rule(outcomes: dict[tuple[str, s
     reports = [text for (name, test), text in outcomes.items() if name == pack and check in test]
     assert reports, f"the {check} check did not fail for {pack}: {sorted(outcomes)}"
     assert any(message in text for text in reports), reports
+
+
+def test_the_lora_rule_loads_the_base_through_export_class_only_where_no_library_has_the_named_class(tmp_path: Path) -> None:
+    """A pack's own model class (no transformers class of the name the base's config gives)
+    loads the LoRA rule's base through ``export_class``; a base whose named class imports keeps
+    it, and a loader function (no ``from_pretrained``) is not taken for a class."""
+    import json
+
+    import transformers
+
+    from mmcore.testing.conformance.base import _base_class
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
+    assert _base_class(tmp_path, "transformers:LlamaForCausalLM") is transformers.LlamaForCausalLM
+    with pytest.raises(Exception, match="NoSuchModelForCausalLM"):
+        _base_class(tmp_path, "json:loads")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert _base_class(tmp_path, "transformers:GPT2LMHeadModel") is transformers.LlamaForCausalLM

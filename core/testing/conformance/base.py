@@ -72,7 +72,8 @@ class ConformanceBase:
     overrides: ClassVar[tuple[str, ...]] = ()
     #: ``"library:Class"`` whose ``from_pretrained`` loads the export's ``model`` output (or
     #: ``"module:function"`` that loads it, for an export no hub library reads). Default: the
-    #: class the export names itself (``config.json`` architectures, ``model_index.json``).
+    #: class the export names itself (``config.json`` architectures, ``model_index.json``). The
+    #: LoRA rule loads the adapter on it where the class the base names is in no library.
     export_class: ClassVar[str] = ""
     #: Training is killed after this step, then resumed.
     kill_step: ClassVar[int] = 2
@@ -169,16 +170,16 @@ class ConformanceBase:
         return plugins.pack(self.pack_name)
 
 
-def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
+def _load_adapter_in_its_library(base: Path, adapter: Path, base_class: str | None = None) -> dict[str, Any]:
     """Load the adapter folder on ``base`` as its ecosystem does; the adapter tensors the library
-    holds afterwards (peft's saved names), required to equal the files' exactly."""
+    holds afterwards (peft's saved names), required to equal the files' exactly. ``base_class``:
+    the conformance class's ``export_class``, the base's loader where the class the folder names
+    is in no library (a pack's own model class)."""
     import torch
     from peft import PeftModel, get_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from mmcore.framework.registry import import_object
-
-    base_class = import_object(_named_class(base))
+    base_class = _base_class(base, base_class)
     if (adapter / "adapter_config.json").is_file():
         model = PeftModel.from_pretrained(base_class.from_pretrained(base), str(adapter))
         held = get_peft_model_state_dict(model)
@@ -197,6 +198,19 @@ def _load_adapter_in_its_library(base: Path, adapter: Path) -> dict[str, Any]:
     if differing:
         _fail("lora", "mmcore_export", f"the library holds {differing[0]} other than the export wrote")
     return saved
+
+
+def _base_class(base: Path, export_class: str | None) -> Any:
+    """The class the folder names, or where that does not import ``export_class`` (with a ``from_pretrained``)."""
+    from mmcore.framework.registry import import_object
+
+    try:
+        return import_object(_named_class(base))
+    except Exception:
+        own = import_object(export_class) if export_class else None
+        if own is None or not hasattr(own, "from_pretrained"):
+            raise
+        return own
 
 
 def _as_peft_reads(model: Any, saved: dict[str, Any]) -> dict[str, Any]:

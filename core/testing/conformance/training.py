@@ -133,7 +133,7 @@ class TrainingRules(ConformanceBase):
         export = self._manifest(straight, "export")
         if "adapter" not in export.get("outputs", {}):
             _fail("lora", "mmcore_export", "records no output 'adapter' after LoRA training (use mmcore.engines.export.export_checked or a kit's export)")
-        tensors = _load_adapter_in_its_library(straight / "download" / self._manifest(straight, "download")["outputs"]["model"], straight / "export" / export["outputs"]["adapter"])
+        tensors = _load_adapter_in_its_library(straight / "download" / self._manifest(straight, "download")["outputs"]["model"], straight / "export" / export["outputs"]["adapter"], self.export_class)
         if not any(k.endswith("lora_B.weight") and bool(v.abs().sum() > 0) for k, v in tensors.items()):
             _fail("lora", "mmcore_train", "every lora_B is still zero after training: the adapters did not learn")
         if plugins.has_infer(self.pack_name):  # the adapters on their base, from the checkpoint and from the export
