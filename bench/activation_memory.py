@@ -34,6 +34,24 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def megatron_text_config(layers: int, max_positions: int) -> object:
+    """The Qwen2-style decoder shape the megatron cases build (hidden 1024, 16 heads, 4 KV heads)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        rms_norm_eps=1e-6,
+        vocab_size=1024,
+        max_position_embeddings=max_positions,
+        rope_theta=1e6,
+        hidden_act="silu",
+    )
+
+
 def decoder(hidden: int, layers: int, max_positions: int) -> object:
     import torch
     import transformers
@@ -71,7 +89,6 @@ def recompute_case(mode: str, queue: object) -> None:
 
 def megatron_recompute_case(mode: str, queue: object) -> None:
     """The engine's wrapping of a megatron-core GPTModel's layers (its ``kept_ops`` for selective)."""
-    from types import SimpleNamespace
 
     import torch
     import torch.distributed as dist
@@ -84,18 +101,7 @@ def megatron_recompute_case(mode: str, queue: object) -> None:
     torch.set_num_threads(2)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     init_model_parallel(1, 1, seed=0)
-    config = SimpleNamespace(
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        rms_norm_eps=1e-6,
-        vocab_size=1024,
-        max_position_embeddings=4096,
-        rope_theta=1e6,
-        hidden_act="silu",
-    )
+    config = megatron_text_config(layers=8, max_positions=4096)
     model = gpt_model(config, 1, qkv_bias=True, parallel_output=True)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -169,7 +175,6 @@ def context_parallel_case(rank: int, world: int, init: str, queue: object, same_
     megatron-core GPTModel (M-RoPE, the engine's spec) on this rank's chunks of one row;
     ``same_attention`` (world 1): with the context-parallel attention module in place of
     megatron-core's local one (which saves the fp32 scores and probabilities whole)."""
-    from types import SimpleNamespace
 
     import torch
     import torch.distributed as dist
@@ -181,18 +186,7 @@ def context_parallel_case(rank: int, world: int, init: str, queue: object, same_
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     init_model_parallel(1, 1, seed=0, context_parallel=world)
-    text = SimpleNamespace(
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=4,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        rms_norm_eps=1e-6,
-        vocab_size=1024,
-        max_position_embeddings=8192,
-        rope_theta=1e6,
-        hidden_act="silu",
-    )
+    text = megatron_text_config(layers=4, max_positions=8192)
     model = gpt_model(text, 1, qkv_bias=True, parallel_output=True, mrope_section=[8, 12, 12], context_parallel=world)
     if same_attention:
         from mmcore.backends.megatron.context import attention_class
