@@ -105,7 +105,7 @@ def run_reference(out: Path, checkout: Path) -> None:
     mv2, cv2 = mods["modeling_qwen3_tts_tokenizer_v2"], mods["configuration_qwen3_tts_tokenizer_v2"]
     decoder = mv2.Qwen3TTSTokenizerV2Decoder(cv2.Qwen3TTSTokenizerV2DecoderConfig(**dcfg)).eval()
     decoder.load_state_dict({k.removeprefix("decoder."): v for k, v in load_file(str(out / "model/speech_tokenizer/model.safetensors")).items()}, strict=True)
-    pack, x, talker = torch.load(out / "pack.pt"), inputs(), model.talker
+    pack, x, talker = torch.load(out / "pack.pt", weights_only=True), inputs(), model.talker
     with torch.no_grad():
         logits = talker(inputs_embeds=x["embeds"], attention_mask=x["mask"]).logits
         keep = x["mask"].bool()
