@@ -58,9 +58,9 @@ PROMISES = {
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),
     "qwen3omni": ("eval/accuracy", "max", 1.0),
     "whisper": ("eval/wer", "min", 0.1),
-    # the export's greedy WER on 640 held-out clips. 8 runs (seeds 0-3 native, 8-11 AVX2, one thread): 6 at 0-0.011,
-    # seed 3 native 0.124 and seed 11 AVX2 0.116 (each merged one pair of neighbouring pitches), so 0.15, not
-    # whisper's 0.1; two threads not yet run; packs/audio/funasr/README.md
+    # the export's greedy WER on 640 held-out clips. 12 runs (seeds 0-3 native, 8-11 AVX2, one thread; 0-3 native,
+    # two threads): 9 at 0-0.011, seed 3 native 0.124 (0.104 at two threads) and seed 11 AVX2 0.116 (each merged one
+    # pair of neighbouring pitches), so 0.15, not whisper's 0.1; packs/audio/funasr/README.md
     "funasr": ("evaluate/wer", "min", 0.15),
     "wan": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
     # FLUX: the pictures' colour is the caption's; their shape is not yet (35 % measured)
