@@ -62,20 +62,26 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def load_strictly(module: nn.Module, state: dict, where: Path, described: str) -> None:  # type: ignore[type-arg]
+    """``module.load_state_dict(state, strict=True)``, a missing, unexpected or misshapen tensor
+    first told in one line naming ``where`` and the first such tensor."""
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
+        raise CheckpointError(f"{where}: the weights do not fit {described}: {what} ({len(missing)} missing, {len(unexpected)} unexpected)")
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise CheckpointError(f"{where}: {key} is {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in {described}")
+    module.load_state_dict(state, strict=True)
+
+
 def load_pretrained(model_dir: Path, dtype: torch.dtype | None = None) -> Qwen3TTS:
     """The folder's model with its weights loaded ``strict=True``; a missing, unexpected or
     misshapen tensor is one line naming the first of them."""
     model = build_model(Path(model_dir))
     state = read_weights(Path(model_dir))
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise CheckpointError(f"{model_dir}: the weights do not fit the model config.json describes: {what} ({len(missing)} missing, {len(unexpected)} unexpected)")
-    for key, value in state.items():
-        if value.shape != own[key].shape:
-            raise CheckpointError(f"{model_dir}: {key} is {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the model config.json describes")
-    model.load_state_dict(state, strict=True)
+    load_strictly(model, state, model_dir, "the model config.json describes")
     if dtype is not None:
         model.to(dtype)
     return model.eval()
@@ -96,13 +102,5 @@ def load_codec(model_dir: Path):  # type: ignore[no-untyped-def]
         raise CheckpointError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}; only the 12 Hz tokenizer (qwen3_tts_tokenizer_12hz) is supported")
     codec = SpeechTokenizer(cfg)
     state = {k: v for k, v in read_weights(folder).items() if k.startswith("decoder.")}
-    own = codec.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise CheckpointError(f"{folder}: the decoder weights do not fit its config.json: {what} ({len(missing)} missing, {len(unexpected)} unexpected)")
-    for key, value in state.items():
-        if value.shape != own[key].shape:
-            raise CheckpointError(f"{folder}: {key} is {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in the decoder its config.json describes")
-    codec.load_state_dict(state, strict=True)
+    load_strictly(codec, state, folder, "the decoder its config.json describes")
     return codec.eval()
