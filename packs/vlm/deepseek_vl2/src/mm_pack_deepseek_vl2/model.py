@@ -79,14 +79,31 @@ class DeepseekVL2Config(PreTrainedConfig):
 
 
 def language_config(fields: dict[str, Any]) -> Any:
-    """The transformers decoder config of a public ``language_config``."""
+    """The transformers decoder config of a public ``language_config``: DeepSeek-V2's softmax
+    routing on ``DeepseekV2`` (with MLA) or ``DeepseekOcr2Text`` (without); sigmoid routing with
+    the ``noaux_tc`` expert choice (a per-expert bias picks, the unbiased scores weigh) on
+    ``DeepseekV3``, whose router is the public gate's (MLA required, as V3 has it)."""
     import transformers
 
-    if fields.get("scoring_func", "softmax") != "softmax" or fields.get("norm_topk_prob"):
-        raise ValueError("language_config: only softmax routing without top-k renormalisation (DeepSeek-V2's, as transformers' DeepseekV2 routes) is supported")
     kept = {k: fields[k] for k in LANGUAGE_FIELDS if fields.get(k) is not None}
     rope = {"rope_type": "default", "rope_theta": float(fields.get("rope_theta", 10000.0))}
-    if fields.get("use_mla", True):
+    scoring = fields.get("scoring_func", "softmax")
+    if scoring == "sigmoid":
+        if fields.get("topk_method") != "noaux_tc" or not fields.get("use_mla", True):
+            raise ValueError(
+                f"language_config: sigmoid routing is read with topk_method 'noaux_tc' and MLA (DeepSeek-V3's router), not topk_method {fields.get('topk_method')!r}, use_mla {fields.get('use_mla', True)}"
+            )
+        # The public gate renormalises only when it picks more than one expert; V3's always does.
+        norm = bool(fields.get("norm_topk_prob")) and int(fields.get("num_experts_per_tok", 1)) > 1
+        kept.pop("topk_method")
+        mla = {k: fields[k] for k in MLA_FIELDS if k in fields}
+        config = transformers.DeepseekV3Config(**kept, **mla, norm_topk_prob=norm, rope_interleave=True, num_mtp_layers=0, rope_parameters=rope)
+    elif scoring != "softmax" or fields.get("norm_topk_prob"):
+        raise ValueError(
+            f"language_config: scoring_func {scoring!r} with norm_topk_prob {fields.get('norm_topk_prob')!r}: supported are softmax routing without "
+            "top-k renormalisation (DeepSeek-V2's) and sigmoid routing with topk_method 'noaux_tc' (DeepSeek-V3's)"
+        )
+    elif fields.get("use_mla", True):
         config = transformers.DeepseekV2Config(**kept, **{k: fields[k] for k in MLA_FIELDS if k in fields}, rope_parameters=rope)
     else:
         dense = int(fields.get("first_k_dense_replace", 1))
@@ -158,7 +175,8 @@ class DeepseekVL2Language(nn.Module):
         import transformers
 
         super().__init__()
-        decoder = transformers.DeepseekV2Model if isinstance(config, transformers.DeepseekV2Config) else transformers.DeepseekOcr2TextModel
+        decoders = {transformers.DeepseekV2Config: transformers.DeepseekV2Model, transformers.DeepseekV3Config: transformers.DeepseekV3Model}
+        decoder = decoders.get(type(config), transformers.DeepseekOcr2TextModel)
         self.model = decoder(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
@@ -176,7 +194,7 @@ class DeepseekVL2ForCausalLM(PreTrainedModel, GenerationMixin):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_attention_backend = True
-    _no_split_modules = ["SiglipEncoderLayer", "DeepseekV2DecoderLayer", "DeepseekOcr2TextDecoderLayer"]
+    _no_split_modules = ["SiglipEncoderLayer", "DeepseekV2DecoderLayer", "DeepseekV3DecoderLayer", "DeepseekOcr2TextDecoderLayer"]
 
     def __init__(self, config: DeepseekVL2Config) -> None:
         from transformers import SiglipVisionModel

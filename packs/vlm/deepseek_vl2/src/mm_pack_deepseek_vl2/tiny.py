@@ -47,6 +47,8 @@ PRESETS = {
     "tiny": {"hidden": 64, "layers": 2, "heads": 4, "vision": 32, "vision_layers": 2, "view": 35, "patch": 7, "tiles": [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (1, 3), (3, 2), (2, 3)], "mla": False},
     "demo": {"hidden": 96, "layers": 2, "heads": 4, "vision": 48, "vision_layers": 2, "view": 56, "patch": 8, "tiles": [(1, 1), (2, 1), (1, 2)], "mla": False},
     "tiny-mla": {"hidden": 64, "layers": 2, "heads": 4, "vision": 32, "vision_layers": 2, "view": 35, "patch": 7, "tiles": [(1, 1), (2, 1), (1, 2)], "mla": True},
+    # DeepSeek-V3's router (sigmoid scores, noaux_tc choice among the best groups), as the larger VL2 configs route
+    "tiny-sigmoid": {"hidden": 64, "layers": 2, "heads": 4, "vision": 32, "vision_layers": 2, "view": 35, "patch": 7, "tiles": [(1, 1), (2, 1), (1, 2)], "mla": True, "sigmoid": True},
 }
 
 
@@ -89,6 +91,8 @@ def public_config(preset: str, tokenizer) -> dict:  # type: ignore[no-untyped-de
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
+    if p.get("sigmoid"):
+        language.update(n_routed_experts=8, num_experts_per_tok=3, topk_method="noaux_tc", scoring_func="sigmoid", n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
     if p["mla"]:
         language.update(q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
     else:
@@ -145,6 +149,9 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     (out / "config.json").write_text(json.dumps(fields, indent=2))
     torch.manual_seed(seed)
     model = DeepseekVL2ForCausalLM(DeepseekVL2Config.from_pretrained(out))
+    for name, bias in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # zeros at init; a trained one is not
+            bias.copy_(torch.randn(bias.shape, generator=torch.Generator().manual_seed(seed)) * 0.1)
     save_public_layout(model, out)
     tokenizer.save_pretrained(out)
     p = pick_preset(PRESETS, preset)
