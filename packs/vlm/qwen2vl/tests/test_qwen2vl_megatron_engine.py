@@ -414,6 +414,42 @@ def test_megatron_data_parallel_on_mixed_media_follows_the_plain_run(mm, tmp_pat
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
 @pytest.mark.compares_runs
+@pytest.mark.matrix  # 2-process megatron runs; make test runs the data-parallel mixed-media run above and the CP attention alone
+def test_megatron_context_parallel_on_mixed_media_follows_the_plain_run(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Context parallelism on real SFT data: text-only samples beside images and videos in the
+    same micro-batch, so each rank's chunks hold some samples' media tokens and not others', with
+    the videos' 3-D M-RoPE positions cut per rank. CP=2 on two processes gives the plain
+    one-process run's losses and held-out figures."""
+    from mmcore.testing.media import write_mixed_mllm
+
+    data = write_mixed_mllm(tmp_path / "mixed", ("image", "video"))
+    run = [
+        "--pack",
+        "qwen2vl",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "convert.verify=false",
+        "training.steps=4",
+        "training.micro_batch_size=2",
+        "data.eval_fraction=0.25",
+        "training.eval_every=2",
+        "evaluate.enabled=false",
+    ]
+    mm("run", *run, "--run-dir", "plain")
+    mm("run", *run, "--run-dir", "cp", "--nproc-per-node", "2", "parallel.backend=megatron", "parallel.context_parallel=2")
+    assert manifest(tmp_path / "cp", "train")["metrics"]["context_parallel"] == 2
+    plain, ours = losses(tmp_path / "plain"), losses(tmp_path / "cp")
+    assert list(plain) == list(ours) == [1, 2, 3, 4]
+    for step in plain:  # fp32, the attention and the loss summed in another order
+        assert ours[step] == pytest.approx(plain[step], rel=1e-5), (step, plain, ours)
+    assert accuracies(tmp_path / "cp") == accuracies(tmp_path / "plain")
+
+
+@pytest.mark.skipif(not USABLE, reason=WHY)
+@pytest.mark.slow
+@pytest.mark.compares_runs
 @pytest.mark.matrix  # 2-process megatron runs; make test checks the attention alone (tests/test_megatron_context.py) and the refusal below
 def test_megatron_context_parallel_killed_resumes_at_tp2_on_the_plain_runs_losses(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """parallel.context_parallel=2: both processes take every sample (DP=1: the one-process run's
