@@ -124,6 +124,10 @@ class TrainingSection(Section):
         True,
         description="Where samples differ in media (vision patches, audio frames), give the data-parallel ranks of a step alike tower work: samples are sorted by it within windows of 64 global micro-batches before these are cut and shuffled, and dealt largest first (the global micro-batches stay the same at any number of processes); false: plain shuffling. The tower_balance metric says how alike.",
     )
+    prefetch: bool = Field(
+        True,
+        description="Read and collate the next step's micro-batches on a thread while this step computes (the data_time_s metric is then the wait for them); the batches and the run are the same either way. false: read them at the start of each step.",
+    )
     checkpoint_every: Steps = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
     log_every: Steps = Field(1, ge=1, description="Write a metrics row (metrics.jsonl, TensorBoard) every N steps, and at the last step.")
     eval_every: Steps = Field(0, ge=0, description="Measure the held-out split (eval/* metrics) every N steps and at the end (0: never during training; the evaluate stage still runs after export).")
@@ -333,6 +337,7 @@ class RunConfig(Section):
             # as 1 node of 2); how many data-parallel replicas there are is: they set the global
             # batch (tensor/pipeline/context groups and a Ulysses group share their samples)
             data["parallel"].pop(name, None)
+        data["training"].pop("prefetch", None)  # when batches are read, not what they are: a run resumes with it either way
         parallel = self.parallel
         data["parallel"]["data_parallel_replicas"] = self.world_size // (parallel.tensor_parallel * parallel.pipeline_parallel * parallel.context_parallel * parallel.ulysses)
         if data["training"]["epochs"] is not None:

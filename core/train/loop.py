@@ -36,6 +36,7 @@ from mmcore.train.guards import GlobalRngCheck, NonFinite, refuse_nonfinite_chec
 from mmcore.train.optim import build_optimizer, freeze, lr_lambda, run_schedule
 from mmcore.framework.pack import StageResult
 from mmcore.train.plot import plot_training
+from mmcore.train.prefetch import Prefetch
 from mmcore.run.rundir import Manifest
 from mmcore.train.sampler import EpochSampler, TokenBudgetSampler, planned_steps, sampler_notes
 from mmcore.train.progress import TrainProgress
@@ -107,11 +108,16 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     bar = TrainProgress(ctx, step, planned)  # absolute steps, the loss, elapsed and ETA
     rng_check = GlobalRngCheck.wanted(recipe, device)  # MMCORE_CHECK_GLOBAL_RNG=1 (conformance)
     rollouts = Rollouts.of(ctx, recipe, model, device, ready)  # GRPO: the step's answers sampled by the model
+    # training.prefetch: the next step's batches read and collated while this one computes (not
+    # for GRPO, whose later steps of a rollout reuse its batches)
+    prefetch = Prefetch(data, recipe.collate, cfg.grad_accum_steps) if rollouts is None and Prefetch.wanted(sampler, cfg.prefetch) else None
     for step in bar:
         # ---- step
         t0 = time.perf_counter()
         if rollouts is None or rollouts.draws(step):
-            micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device, ready)
+            micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device, ready, prefetch)
+            if prefetch is not None and step + 1 < planned:
+                prefetch.ahead(sampler)
             sampled = rollouts.sample(micro, step) if rollouts is not None else None
             if sampled is not None:
                 micro, global_tokens = sampled
@@ -167,6 +173,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         if cfg.eval_every and done % cfg.eval_every == 0 and done < planned:
             evals.record(done, backend.evaluate(ctx, recipe, done))
         crash_point("train-step", done)
+    if prefetch is not None:
+        prefetch.close()
     # ---- finish: the last checkpoint, then the backend's outputs for export
     final_step = max(planned, step)
     refuse_nonfinite_checkpoint(ready.trained, world, final_step, ckpt_root, device, group=ready.finite_group)
@@ -274,12 +282,13 @@ def computes_in_bf16(precision: str, accelerator: Any) -> bool:
 
 
 def step_batches(
-    ctx: StageContext, recipe: TrainRecipe, sampler: Any, data: Sequence[Any], step: int, device: "torch.device", ready: Prepared | None = None
+    ctx: StageContext, recipe: TrainRecipe, sampler: Any, data: Sequence[Any], step: int, device: "torch.device", ready: Prepared | None = None, prefetch: Prefetch | None = None
 ) -> tuple[list[dict[str, Any]], float, float, dict[str, float]]:
     """This rank's micro-batches of the step (on the CPU), the step's loss tokens over all
-    data-parallel ranks, the seconds spent reading and collating, and how the step's work spread
-    over the ranks (``tower_balance``, ``fillers``). ``ready``: where the backend placed this
-    rank (its data-parallel replica and group; default: every process is one).
+    data-parallel ranks, the seconds spent reading and collating (or waiting for ``prefetch``,
+    which read them ahead), and how the step's work spread over the ranks (``tower_balance``,
+    ``fillers``). ``ready``: where the backend placed this rank (its data-parallel replica and
+    group; default: every process is one).
 
     One reduction carries the loss tokens, each rank's tower work and which media kinds each
     micro-batch holds; a micro-batch lacking a kind another rank's holds is collated again with
@@ -293,8 +302,9 @@ def step_batches(
     group = ready.data_group if ready is not None else None
     t0 = time.perf_counter()
     drawn = [sampler.next_batch()[0] for _ in range(ctx.config.training.grad_accum_steps)]
-    samples = [[data[i] for i in indices] for indices in drawn]
-    micro = [recipe.collate(chosen) for chosen in samples]
+    ahead = prefetch.take(drawn) if prefetch is not None else None
+    samples, micro = ahead if ahead is not None else ([[data[i] for i in indices] for indices in drawn], None)
+    micro = micro if micro is not None else [recipe.collate(chosen) for chosen in samples]
     data_time = time.perf_counter() - t0
     fills = recipe.fill is not None and ranks > 1 and (ready is None or ready.fills)
     held = recipe.fill.presence(drawn) if fills else []

@@ -37,6 +37,11 @@ class PlannedSampler:
         self.position += 1
         return self._plan(epoch)[index][self.rank], epoch
 
+    def peek_batch(self, ahead: int = 0) -> list[int]:
+        """This rank's sample indices of the micro-batch ``ahead`` after the next, without moving."""
+        epoch, index = divmod(self.position + ahead, self.epoch_length())
+        return self._plan(epoch)[index][self.rank]
+
 
 class EpochSampler(PlannedSampler):
     """Deterministic shuffled micro-batches, sharded across ranks, resumable at any position.

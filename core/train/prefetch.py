@@ -1,0 +1,60 @@
+"""The next step's micro-batches read and collated on a thread while this step computes
+(``training.prefetch``).
+
+Reading samples and collating them is the part of a step the model waits for (``data_time_s``):
+a few milliseconds for the demos, tens for real-size images and clips, each step. The sampler's
+plan is fixed by its position, so the next step's sample indices are known before it starts
+(:meth:`~mmcore.train.sampler.PlannedSampler.peek_batch`): one worker thread reads and collates
+them while the current step runs forward and backward (torch releases the GIL in its kernels).
+
+Nothing about a run changes with it: the sampler is advanced by the step itself, as without a
+prefetch, so checkpoints hold the same position; the step takes the prefetched batches only if
+they are of the very indices it drew (otherwise it reads them itself); collation draws nothing
+from a random generator (randomness comes from ``sample_seeds``, set by the step); an error in
+reading or collating reaches the step that takes the batches, as it would have without the
+thread, and one for a step that never runs (past the last) is never raised.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+
+class Prefetch:
+    """One step ahead: :meth:`ahead` after a step drew its batches, :meth:`take` in the next."""
+
+    def __init__(self, data: Sequence[Any], collate: Callable[[list[Any]], dict[str, Any]], accum: int) -> None:
+        self.data, self.collate, self.accum = data, collate, accum
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmcore-prefetch")
+        self._next: tuple[list[list[int]], Future] | None = None
+
+    @staticmethod
+    def wanted(sampler: Any, enabled: bool) -> bool:
+        return enabled and callable(getattr(sampler, "peek_batch", None))
+
+    def _read(self, drawn: list[list[int]]) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+        samples = [[self.data[i] for i in indices] for indices in drawn]
+        return samples, [self.collate(chosen) for chosen in samples]
+
+    def ahead(self, sampler: Any) -> None:
+        """Start reading the micro-batches the sampler gives next (it is not advanced)."""
+        drawn = [sampler.peek_batch(a) for a in range(self.accum)]
+        self._next = (drawn, self._pool.submit(self._read, drawn))
+
+    def take(self, drawn: list[list[int]]) -> tuple[list[list[Any]], list[dict[str, Any]]] | None:
+        """The samples and micro-batches of ``drawn`` if they were read ahead, else None."""
+        pending, self._next = self._next, None
+        if pending is None:
+            return None
+        if pending[0] != drawn:
+            pending[1].cancel()
+            return None
+        return pending[1].result()
+
+    def close(self) -> None:
+        self._next = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["Prefetch"]
