@@ -34,6 +34,13 @@ class Qwen3TTS(nn.Module):
 
             self.speaker_encoder = SpeakerEncoder(cfg.get("speaker_encoder_config") or {})
 
+    def forward(self, batch: dict, reduction: str = "sum") -> dict:  # type: ignore[type-arg]
+        """The teacher-forced loss of a collated batch (:func:`mm_pack_qwen3tts.train.collate`):
+        the root forward, so a sharded model gathers its own parameters (FSDP2)."""
+        from mm_pack_qwen3tts.speech import batch_layouts, loss
+
+        return loss(self.talker, batch_layouts(self.ids, batch), reduction=reduction)
+
 
 def build_model(model_dir: Path, checkpoint: Path | None = None) -> Qwen3TTS:
     """The training model from a folder's config.json (random weights); with ``checkpoint``, its DCP loaded."""

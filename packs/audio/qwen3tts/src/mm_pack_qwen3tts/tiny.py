@@ -162,7 +162,7 @@ CORPUS = [
 def write_tokenizer(out: Path) -> None:
     """A byte-level BPE Qwen2 tokenizer (the public checkpoints ship Qwen2's: vocab.json,
     merges.txt) of 279 tokens, then ``<|endoftext|>`` 279, ``<|im_start|>`` 280 and
-    ``<|im_end|>`` 281, the ids :func:`tiny_config` names."""
+    ``<|im_end|>`` 281, the ids :func:`tiny_config` names, and ``assistant`` 282."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 
@@ -174,9 +174,10 @@ def write_tokenizer(out: Path) -> None:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     tok = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, unk_token=None, bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    ids = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    if ids != [279, 280, 281]:
-        raise RuntimeError(f"the tiny tokenizer's specials landed at {ids}, not 279-281")
+    tok.add_tokens(["assistant"])  # one id (282), as in Qwen2's vocabulary: the role is 3 ids
+    ids = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "assistant"])
+    if ids != [279, 280, 281, 282]:
+        raise RuntimeError(f"the tiny tokenizer's specials landed at {ids}, not 279-282")
     tok.save_pretrained(out)
 
 
