@@ -23,5 +23,6 @@ pack = PackSpec(
         "convert": Stage("mmcore.engines:convert_stage", parts={"adapter": "mm_pack_qwen3tts.adapter:ADAPTER", "build_model": "mm_pack_qwen3tts.model:build_model"}),
         "preprocess": "mm_pack_qwen3tts.data:preprocess",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen3tts.train:recipe"}),
+        "export": "mm_pack_qwen3tts.export:export",
     },
 )

@@ -125,7 +125,9 @@ def loss(talker: Talker, layouts: list[Layout], reduction: str = "mean") -> dict
         sub_loss = sub_loss / max(frames.shape[1] - 1, 1)
     valid = targets != -100
     hits = (logits.argmax(-1) == targets)[valid].sum()
-    return {"loss": talker_loss + SUB_TALKER_WEIGHT * sub_loss, "talker_loss": talker_loss, "sub_talker_loss": sub_loss, "hits": hits, "targets": valid.sum()}
+    out = {"loss": talker_loss + SUB_TALKER_WEIGHT * sub_loss, "talker_loss": talker_loss, "sub_talker_loss": sub_loss, "hits": hits, "targets": valid.sum()}
+    out["logits"] = torch.cat([logits[valid].flatten(), sub.flatten()])  # every supervised logit, both levels
+    return out
 
 
 def batch_layouts(ids: SpecialIds, batch: dict[str, torch.Tensor]) -> list[Layout]:
