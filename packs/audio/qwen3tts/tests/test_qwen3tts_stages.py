@@ -16,11 +16,10 @@ import torch
 from mmcore.testing import stage_manifest
 
 
-def test_run_converts_bit_identically_preprocesses_and_trains(mmcore_cli, tiny_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = mmcore_cli("run", "--pack", "qwen3tts", "--model", str(tiny_dir), "--run-dir", "r", "convert.verify=true", "training.steps=6", "training.eval_every=6")
+def test_every_stage_runs_then_infer_speaks_a_prompt(mmcore_cli, tiny_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    proc = mmcore_cli("run", "--pack", "qwen3tts", "--model", str(tiny_dir), "--run-dir", "r", "convert.verify=true", "training.steps=6", "training.eval_every=6", "generation.max_new_tokens=8")
     assert "verified: the round trip to mmcore and back is bit-identical for every tensor" in proc.stdout
     assert "key coverage: the 61 tensors of the training model, no more, shapes equal" in proc.stdout
-    assert "[evaluate] skipped: the qwen3tts pack has no evaluate stage" in proc.stdout
     assert stage_manifest(tmp_path / "r", "convert")["metrics"]["verified"] is True
     pre = stage_manifest(tmp_path / "r", "preprocess")["metrics"]
     assert pre["train_samples"] == 14 and pre["eval_samples"] == 2 and pre["frames"] > 50
@@ -44,6 +43,19 @@ def test_run_converts_bit_identically_preprocesses_and_trains(mmcore_cli, tiny_d
 
     trained = load_pretrained(out)
     assert not torch.equal(trained.talker.codec_head.weight, load_pretrained(tiny_dir).talker.codec_head.weight)  # it trained
+    # evaluate: code-level metrics of the export on the held-out texts, a report with audio players
+    metrics = stage_manifest(tmp_path / "r", "evaluate")["metrics"]
+    assert metrics["items"] == 2 and {"codebook0_accuracy", "exact_match_rate", "frame_match_rate"} <= set(metrics)
+    rows = [json.loads(line) for line in (tmp_path / "r/evaluate/results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["generated_frames"] > 0 and len(r["media"]) == 2 for r in rows)  # the reference clip and the generated wav
+    assert (tmp_path / "r/evaluate/report.html").read_text().count("<audio") == 4
+    # infer: a prompt -> a wav, and where it is
+    said = mmcore_cli("infer", "--run-dir", "r", "--checkpoint", "export", "--prompt", "one two", "generation.max_new_tokens=5")
+    wav = Path(said.stdout.split("audio: ")[1].split(",")[0])
+    from mmcore.data import load_audio
+
+    frames = int(said.stdout.split("frames: ")[1].split(",")[0])
+    assert wav.is_file() and 1 <= frames <= 5 and len(load_audio(wav, 24000)) == frames * 1920
 
 
 def chord_clips(folder: Path) -> list[dict]:  # type: ignore[type-arg]

@@ -79,7 +79,8 @@ class Encoder:
             raise StageError(f"the tokenizer's <|im_start|> is {ids[0]}, the config's im_start_token_id {self.im_start}")
         return ids
 
-    def slot(self, name: str | None, table: Mapping[str, int], what: str) -> int:
+    @staticmethod
+    def slot(name: str | None, table: Mapping[str, int], what: str) -> int:
         if name is None:
             return -1
         if name.lower() not in table:

@@ -24,5 +24,7 @@ pack = PackSpec(
         "preprocess": "mm_pack_qwen3tts.data:preprocess",
         "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_qwen3tts.train:recipe"}),
         "export": "mm_pack_qwen3tts.export:export",
+        "evaluate": "mm_pack_qwen3tts.generate:evaluate",
+        "infer": "mm_pack_qwen3tts.generate:infer",
     },
 )
