@@ -19,7 +19,7 @@ from mmcore import Manifest, StageContext, StageResult
 def side_files(model_dir: Path, out: Path) -> None:
     """Everything but the root weights: config, tokenizer files, and ``speech_tokenizer/`` whole
     (the codec is not trained)."""
-    from mmcore.engines.convert import copy_side_files
+    from mmcore.engines import copy_side_files
 
     copy_side_files(model_dir, out)
     for sub in Path(model_dir).iterdir():

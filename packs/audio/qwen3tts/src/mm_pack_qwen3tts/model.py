@@ -34,6 +34,11 @@ class Qwen3TTS(nn.Module):
 
             self.speaker_encoder = SpeakerEncoder(cfg.get("speaker_encoder_config") or {})
 
+    @classmethod
+    def from_pretrained(cls, model_dir: Path) -> "Qwen3TTS":
+        """A public-layout folder, loaded strictly (:func:`load_pretrained`)."""
+        return load_pretrained(model_dir)
+
     def forward(self, batch: dict, reduction: str = "sum") -> dict:  # type: ignore[type-arg]
         """The teacher-forced loss of a collated batch (:func:`mm_pack_qwen3tts.train.collate`):
         the root forward, so a sharded model gathers its own parameters (FSDP2)."""
