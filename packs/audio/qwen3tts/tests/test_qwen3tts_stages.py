@@ -121,3 +121,19 @@ def test_download_refuses_a_folder_without_weights_in_one_line(tiny_dir: Path, t
         runner.run_stage("download")
     message = str(info.value)
     assert "\n" not in message and f"{broken}: no model.safetensors (the talker's weights) at the top of the folder" in message, message
+
+
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # the two-process FSDP2 path: qwen2vl's tests are the representative cases in `make test`
+def test_two_process_fsdp2_trains_as_one_process(mmcore_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    common = ["--pack", "qwen3tts", "training.steps=3", "training.eval_every=3", "evaluate.enabled=false"]
+    mmcore_cli("run", *common, "--run-dir", "one", "training.micro_batch_size=2")
+    mmcore_cli("run", *common, "--run-dir", "two", "training.micro_batch_size=1", "--nproc-per-node", "2")
+    assert stage_manifest(tmp_path / "two", "train")["world_size"] == 2
+
+    def read(run: str) -> dict[int, float]:
+        rows = [json.loads(line) for line in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r} | {-r["step"] - 1: r["eval/held_out_loss"] for r in rows if "eval/held_out_loss" in r}
+
+    one, two = read("one"), read("two")
+    assert set(one) == set(two) and all(two[k] == pytest.approx(one[k], rel=1e-5) for k in one), (one, two)
