@@ -1,6 +1,6 @@
-"""The qwen3tts pack, declared (in progress): download, convert, preprocess (text ids and the
-speech tokenizer encoder's target codes) and train (the talker + code predictor, mmcore's loop)
-run; export, evaluate and infer do not exist yet and are skipped visibly by ``mmcore run``.
+"""The qwen3tts pack, declared: download and convert on mmcore's engines, preprocess (text ids and
+the speech tokenizer encoder's target codes), train (the talker + code predictor, mmcore's loop),
+export (the public layout), evaluate and infer (text -> codes -> wav). No extract stage.
 
 Importing this module must stay light (no torch, no transformers): ``mmcore list`` imports it.
 """
@@ -12,7 +12,7 @@ from mmcore import PackSpec, Stage
 pack = PackSpec(
     name="qwen3tts",
     category="audio",
-    summary="Qwen3-TTS speech generation (Qwen3 talker + multi-codebook code predictor); in progress: download, convert, preprocess, train",
+    summary="Qwen3-TTS speech generation (Qwen3 talker + multi-codebook code predictor, 12.5 Hz codes); no demo yet, no voice cloning",
     sdk="1.25",  # mmcore.engines.cached_forward
     config_class="mm_pack_qwen3tts.settings:Qwen3TTSConfig",
     presets={"tiny": "presets/tiny.yaml"},
