@@ -26,7 +26,7 @@ def codec(tiny_dir: Path):  # type: ignore[no-untyped-def]
 
 def test_the_decoder_loads_strictly_and_the_encoder_tensors_are_left(tiny_dir: Path, tmp_path: Path, codec) -> None:  # type: ignore[no-untyped-def]
     saved = load_file(str(tiny_dir / "speech_tokenizer/model.safetensors"))
-    assert set(codec.state_dict()) == set(saved)
+    assert set(codec.state_dict()) == {k for k in saved if k.startswith("decoder.")}
     for key in (
         "decoder.quantizer.rvq_first.vq.layers.0._codebook.embedding_sum",
         "decoder.quantizer.rvq_rest.output_proj.weight",
@@ -38,7 +38,7 @@ def test_the_decoder_loads_strictly_and_the_encoder_tensors_are_left(tiny_dir: P
         assert key in saved, key
     folder = tmp_path / "m"
     shutil.copytree(tiny_dir, folder)
-    state = {**saved, "encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.embed_sum": torch.zeros(2, 2)}
+    state = {**saved, "encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.embed_sum": torch.zeros(2, 2)}  # misshapen
     save_file(state, str(folder / "speech_tokenizer/model.safetensors"))
     load_codec(folder)  # the encoder's tensors are not the decoder's business
     state.pop("decoder.pre_conv.conv.weight")

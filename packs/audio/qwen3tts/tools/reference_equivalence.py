@@ -36,11 +36,23 @@ def inputs() -> dict[str, torch.Tensor]:
         "codes": torch.randint(0, 32, (5, 4), generator=g),
         "frames": torch.randint(0, 32, (1, 4, 9), generator=g),
         "mel": torch.randn(2, 40, 16, generator=g),
+        "clips": clips(),
     }
 
 
+def clips() -> list[torch.Tensor]:
+    """Two 24 kHz clips of different lengths (a chord with a little noise; 1.3 s and 0.7 s + 77 samples)."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for n, base in ((31200, 220.0), (16877, 330.0)):
+        t = torch.arange(n) / 24000
+        wave = sum(torch.sin(2 * torch.pi * base * k * t) for k in (1, 1.25, 1.5)) / 4
+        out.append(wave + 0.01 * torch.randn(n, generator=g))
+    return out
+
+
 def run_pack(out: Path) -> None:
-    from mm_pack_qwen3tts.model import load_codec, load_pretrained
+    from mm_pack_qwen3tts.model import load_codec, load_pretrained, load_speech_encoder
     from mm_pack_qwen3tts.speech import generate_codes
     from mm_pack_qwen3tts.tiny import build_tiny_checkpoint
 
@@ -59,6 +71,10 @@ def run_pack(out: Path) -> None:
             "wav64": codec.decoder.double()(x["frames"]),
             "speaker": base.speaker_encoder(x["mel"]),
         }
+    encoder = load_speech_encoder(out / "model")
+    res.update({f"codes{i}": encoder.encode(clip) for i, clip in enumerate(x["clips"])})
+    with torch.no_grad():
+        res["latents"] = encoder.encoder(x["clips"][0][None, None]).latents
     torch.save(res, out / "pack.pt")
     print({k: tuple(v.shape) for k, v in res.items()})
 
@@ -104,7 +120,7 @@ def run_reference(out: Path, checkout: Path) -> None:
     dcfg = json.loads((out / "model/speech_tokenizer/config.json").read_text())["decoder_config"]
     mv2, cv2 = mods["modeling_qwen3_tts_tokenizer_v2"], mods["configuration_qwen3_tts_tokenizer_v2"]
     decoder = mv2.Qwen3TTSTokenizerV2Decoder(cv2.Qwen3TTSTokenizerV2DecoderConfig(**dcfg)).eval()
-    decoder.load_state_dict({k.removeprefix("decoder."): v for k, v in load_file(str(out / "model/speech_tokenizer/model.safetensors")).items()}, strict=True)
+    decoder.load_state_dict({k.removeprefix("decoder."): v for k, v in load_file(str(out / "model/speech_tokenizer/model.safetensors")).items() if k.startswith("decoder.")}, strict=True)
     pack, x, talker = torch.load(out / "pack.pt", weights_only=True), inputs(), model.talker
     with torch.no_grad():
         logits = talker(inputs_embeds=x["embeds"], attention_mask=x["mask"]).logits
@@ -143,6 +159,25 @@ def run_reference(out: Path, checkout: Path) -> None:
         base.load_state_dict(load_file(str(out / "base/model.safetensors")), strict=True)
         speaker = base.speaker_encoder(x["mel"])
         print("speaker encoder embedding (Base): max |diff|", (speaker - pack["speaker"]).abs().max().item(), tuple(speaker.shape))
+        # the whole speech tokenizer (encoder.* and decoder.*) loaded strict=True into the reference's model
+        tok = mv2.Qwen3TTSTokenizerV2Model(cv2.Qwen3TTSTokenizerV2Config(**json.loads((out / "model/speech_tokenizer/config.json").read_text()))).eval()
+        tok.load_state_dict(load_file(str(out / "model/speech_tokenizer/model.safetensors")), strict=True)
+        mimi = tok.encoder  # transformers 4.57: encoder (SEANet), encoder_transformer, downsample
+        hidden = mimi.encoder_transformer(mimi.encoder(x["clips"][0][None, None]).transpose(1, 2))[0]
+        latents = mimi.downsample(hidden.transpose(1, 2))
+        print("encoder latents before quantization: max |diff|", (latents - pack["latents"]).abs().max().item(), "of max", latents.abs().max().item(), tuple(latents.shape))
+        longest = max(len(c) for c in x["clips"])
+        wavs = torch.stack([torch.nn.functional.pad(c, (0, longest - len(c))) for c in x["clips"]])
+        mask = torch.stack([torch.arange(longest) < len(c) for c in x["clips"]]).long()
+        codes = tok.encode(wavs, padding_mask=mask).audio_codes  # the reference's padded batch
+        for i, ref in enumerate(codes):
+            same = torch.equal(ref, pack[f"codes{i}"])
+            alone = tok.encode(x["clips"][i][None], padding_mask=torch.ones(1, len(x["clips"][i]), dtype=torch.long)).audio_codes[0]
+            differ = (ref != pack[f"codes{i}"]).any(-1).nonzero().flatten().tolist()
+            print(
+                f"encoder codes, clip {i} ({len(x['clips'][i])} samples): alone equal {torch.equal(alone, pack[f'codes{i}'])} {tuple(alone.shape)};"
+                f" in the reference's right-padded batch of 2 equal {same} (frames differing: {differ}); distinct ids per codebook {[len(set(col.tolist())) for col in ref.T]}"
+            )
 
 
 if __name__ == "__main__":

@@ -241,10 +241,8 @@ class CodecDecoder(nn.Module):
 
 
 class SpeechTokenizer(nn.Module):
-    """The decoding half of ``speech_tokenizer/model.safetensors``: its ``decoder.*`` tensors.
-    Its ``encoder.*`` tensors (the reference's transformers-4.57 ``MimiModel`` layout) are not
-    loaded: transformers 5.25 restructured ``MimiModel`` (``encoder.encoder_transformer`` ...), so
-    its names no longer equal the stored ones, and nothing here encodes audio yet."""
+    """The decoding half of ``speech_tokenizer/model.safetensors``: its ``decoder.*`` tensors
+    (the encoding half: :class:`~mm_pack_qwen3tts.encoder.SpeechEncoder`)."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()

@@ -34,6 +34,18 @@ class Qwen3TTS(nn.Module):
 
             self.speaker_encoder = SpeakerEncoder(cfg.get("speaker_encoder_config") or {})
 
+    @classmethod
+    def from_pretrained(cls, model_dir: Path) -> "Qwen3TTS":
+        """A public-layout folder, loaded strictly (:func:`load_pretrained`)."""
+        return load_pretrained(model_dir)
+
+    def forward(self, batch: dict, reduction: str = "sum") -> dict:  # type: ignore[type-arg]
+        """The teacher-forced loss of a collated batch (:func:`mm_pack_qwen3tts.train.collate`):
+        the root forward, so a sharded model gathers its own parameters (FSDP2)."""
+        from mm_pack_qwen3tts.speech import batch_layouts, loss
+
+        return loss(self.talker, batch_layouts(self.ids, batch), reduction=reduction)
+
 
 def build_model(model_dir: Path, checkpoint: Path | None = None) -> Qwen3TTS:
     """The training model from a folder's config.json (random weights); with ``checkpoint``, its DCP loaded."""
@@ -89,18 +101,45 @@ def load_pretrained(model_dir: Path, dtype: torch.dtype | None = None) -> Qwen3T
 
 def load_codec(model_dir: Path):  # type: ignore[no-untyped-def]
     """``speech_tokenizer/``'s decoder, its ``decoder.*`` tensors loaded ``strict=True`` (the
-    ``encoder.*`` ones are left: see :class:`~mm_pack_qwen3tts.codec.SpeechTokenizer`)."""
-    import json
-
+    ``encoder.*`` ones: :func:`load_speech_encoder`)."""
     from mm_pack_qwen3tts.codec import SpeechTokenizer
 
     folder = Path(model_dir) / "speech_tokenizer"
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{model_dir}: no speech_tokenizer/config.json (the 12 Hz codec that turns codes into a waveform)")
-    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    if cfg.get("model_type") != "qwen3_tts_tokenizer_12hz":
-        raise CheckpointError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}; only the 12 Hz tokenizer (qwen3_tts_tokenizer_12hz) is supported")
+    cfg = codec_config(model_dir)
     codec = SpeechTokenizer(cfg)
     state = {k: v for k, v in read_weights(folder).items() if k.startswith("decoder.")}
     load_strictly(codec, state, folder, "the decoder its config.json describes")
     return codec.eval()
+
+
+def codec_config(model_dir: Path) -> dict:  # type: ignore[type-arg]
+    import json
+
+    folder = Path(model_dir) / "speech_tokenizer"
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{model_dir}: no speech_tokenizer/config.json (the 12 Hz codec)")
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") != "qwen3_tts_tokenizer_12hz":
+        raise CheckpointError(f"{folder / 'config.json'}: model_type {cfg.get('model_type')!r}; only the 12 Hz tokenizer (qwen3_tts_tokenizer_12hz) is supported")
+    return cfg
+
+
+def load_speech_encoder(model_dir: Path):  # type: ignore[no-untyped-def]
+    """``speech_tokenizer/``'s encoder (audio -> codes), its ``encoder.*`` tensors (the public
+    transformers-4.57 names) renamed onto transformers 5.25's Mimi pieces and loaded
+    ``strict=True``; a tensor that is neither the encoder's nor ``decoder.*`` is an error too."""
+    from mm_pack_qwen3tts.encoder import SpeechEncoder, to_own
+
+    folder = Path(model_dir) / "speech_tokenizer"
+    encoder = SpeechEncoder(codec_config(model_dir))
+    state, stray = {}, []
+    for key, value in read_weights(folder).items():
+        own = to_own(key)
+        if own is not None:
+            state[own] = value
+        elif not key.startswith("decoder."):
+            stray.append(key)
+    if stray:
+        raise CheckpointError(f"{folder}: unexpected {stray[0]} ({len(stray)} tensors neither the encoder's nor the decoder's)")
+    load_strictly(encoder, state, folder, "the encoder its config.json describes (encoder.* keys)")
+    return encoder.eval()

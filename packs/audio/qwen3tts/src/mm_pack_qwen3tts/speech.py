@@ -81,25 +81,30 @@ def layout(ids: SpecialIds, text_ids: list[int], frames: torch.Tensor | None = N
 
 def embed(talker: Talker, lay: Layout) -> torch.Tensor:
     """T x H input embeddings of a layout."""
-    text = talker.text_embed(lay.text.clamp(min=0)) * (lay.text >= 0)[:, None]
-    codec = talker.model.codec_embedding(lay.codec.clamp(min=0)) * (lay.codec >= 0)[:, None]
+    device = talker.codec_head.weight.device
+    text_ids, codec_ids = lay.text.to(device), lay.codec.to(device)
+    text = talker.text_embed(text_ids.clamp(min=0)) * (text_ids >= 0)[:, None]
+    codec = talker.model.codec_embedding(codec_ids.clamp(min=0)) * (codec_ids >= 0)[:, None]
     out = text + codec
     if lay.speaker is not None:
         out = torch.cat([out[: lay.speaker_at], out[lay.speaker_at : lay.speaker_at + 1] + lay.speaker.to(out.dtype)[None], out[lay.speaker_at + 1 :]])
     if len(lay.frames):
         f = len(lay.frames)
-        out = torch.cat([out[: lay.first_frame], out[lay.first_frame : lay.first_frame + f] + talker.frame_embed(lay.frames), out[lay.first_frame + f :]])
+        out = torch.cat([out[: lay.first_frame], out[lay.first_frame : lay.first_frame + f] + talker.frame_embed(lay.frames.to(device)), out[lay.first_frame + f :]])
     return out
 
 
-def loss(talker: Talker, layouts: list[Layout]) -> dict[str, torch.Tensor]:
+def loss(talker: Talker, layouts: list[Layout], reduction: str = "mean") -> dict[str, torch.Tensor]:
     """Teacher-forced loss of a batch of layouts with frames (right-padded): ``loss`` (talker +
     0.3 x sub-talker), ``talker_loss`` (mean CE over codebook-0 targets, eos included) and
-    ``sub_talker_loss`` (mean CE over codebooks 1..G-1 of every frame)."""
+    ``sub_talker_loss`` (mean CE over codebooks 1..G-1 of every frame); ``hits`` and ``targets``:
+    codebook-0 targets the logits' argmax hits, and their count. ``reduction="sum"`` (training:
+    the engine divides by the targets of the whole step): ``loss`` = summed talker CE + 0.3 x
+    each frame's code-predictor CE summed over frames and averaged over its G-1 codebooks."""
     seqs = [embed(talker, lay) for lay in layouts]
     length = max(len(s) for s in seqs)
     embeds = torch.stack([F.pad(s, (0, 0, 0, length - len(s))) for s in seqs])
-    mask = torch.stack([torch.arange(length) < len(s) for s in seqs]).long()
+    mask = torch.stack([torch.arange(length) < len(s) for s in seqs]).long().to(embeds.device)
     hidden = talker.hidden(embeds[:, :-1], mask[:, :-1])
     targets = torch.full((len(seqs), length), -100, dtype=torch.long)
     rows, before, codes = [], [], []
@@ -111,11 +116,30 @@ def loss(talker: Talker, layouts: list[Layout]) -> dict[str, torch.Tensor]:
         before += list(range(lay.first_frame - 1, lay.first_frame + f - 1))
         codes.append(lay.frames)
     logits = talker.codec_head(hidden)
-    talker_loss = F.cross_entropy(logits.flatten(0, 1).float(), targets[:, 1:].flatten(), ignore_index=-100)
-    frames = torch.cat(codes)
+    targets = targets[:, 1:].to(logits.device)
+    talker_loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction=reduction)
+    frames = torch.cat(codes).to(logits.device)
     sub = talker.code_predictor.teacher_forced_logits(hidden[rows, before], frames, talker.model.codec_embedding(frames[:, 0]))
-    sub_loss = F.cross_entropy(sub.flatten(0, 1).float(), frames[:, 1:].flatten())
-    return {"loss": talker_loss + SUB_TALKER_WEIGHT * sub_loss, "talker_loss": talker_loss, "sub_talker_loss": sub_loss}
+    sub_loss = F.cross_entropy(sub.flatten(0, 1).float(), frames[:, 1:].flatten(), reduction=reduction)
+    if reduction == "sum":
+        sub_loss = sub_loss / max(frames.shape[1] - 1, 1)
+    valid = targets != -100
+    hits = (logits.argmax(-1) == targets)[valid].sum()
+    out = {"loss": talker_loss + SUB_TALKER_WEIGHT * sub_loss, "talker_loss": talker_loss, "sub_talker_loss": sub_loss, "hits": hits, "targets": valid.sum()}
+    out["logits"] = torch.cat([logits[valid].flatten(), sub.flatten()])  # every supervised logit, both levels
+    return out
+
+
+def batch_layouts(ids: SpecialIds, batch: dict[str, torch.Tensor]) -> list[Layout]:
+    """The layouts of a collated batch (``text_ids`` / ``codes`` right-padded, their lengths,
+    ``speaker`` / ``language`` ids or -1)."""
+    out = []
+    for b in range(len(batch["text_len"])):
+        speaker, language = int(batch["speaker"][b]), int(batch["language"][b])
+        text = batch["text_ids"][b, : int(batch["text_len"][b])].tolist()
+        frames = batch["codes"][b, : int(batch["frames"][b])].cpu()
+        out.append(layout(ids, text, frames, speaker=speaker if speaker >= 0 else None, language=language if language >= 0 else None))
+    return out
 
 
 def pick(logits: torch.Tensor, sampling: Sampling | None, generator: torch.Generator | None) -> int:

@@ -93,6 +93,42 @@ def tiny_codec_config() -> dict[str, Any]:
         "output_sample_rate": 24000,
         "decode_upsample_rate": 1920,
         "encode_downsample_rate": 1920,
+        "encoder_config": {  # the public fields (transformers 4.57 MimiConfig.to_dict()), tiny widths
+            "_frame_rate": 12.5,
+            "sampling_rate": 24000,
+            "audio_channels": 1,
+            "num_filters": 4,
+            "kernel_size": 7,
+            "last_kernel_size": 3,
+            "residual_kernel_size": 3,
+            "num_residual_layers": 1,
+            "dilation_growth_rate": 2,
+            "compress": 2,
+            "upsampling_ratios": [8, 6, 5, 4],
+            "use_causal_conv": True,
+            "pad_mode": "constant",
+            "use_conv_shortcut": False,
+            "trim_right_ratio": 1.0,
+            "hidden_size": 16,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "intermediate_size": 32,
+            "hidden_act": "gelu",
+            "norm_eps": 1e-5,
+            "layer_scale_initial_scale": 0.01,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 512,
+            "sliding_window": 8,
+            "attention_bias": False,
+            "num_quantizers": 6,  # more than encoder_valid_num_quantizers, as the public 32 vs 16
+            "num_semantic_quantizers": 1,
+            "codebook_size": CODES,
+            "codebook_dim": 8,
+            "vector_quantization_hidden_dimension": 8,
+            "upsample_groups": 16,
+        },
         "decoder_config": {
             "codebook_size": CODES,
             "codebook_dim": 16,
@@ -115,9 +151,40 @@ def tiny_codec_config() -> dict[str, Any]:
     }
 
 
+CORPUS = [
+    "zero one two three four five six seven eight nine ten.",
+    "hello world, this is a tiny speech test.",
+    "the quick brown fox jumps over the lazy dog.",
+    "Qwen three speaks text as twelve hertz speech codes.",
+] * 4
+
+
+def write_tokenizer(out: Path) -> None:
+    """A byte-level BPE Qwen2 tokenizer (the public checkpoints ship Qwen2's: vocab.json,
+    merges.txt) of 279 tokens, then ``<|endoftext|>`` 279, ``<|im_start|>`` 280 and
+    ``<|im_end|>`` 281, the ids :func:`tiny_config` names, and ``assistant`` 282."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=279, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tok = Qwen2Tokenizer(vocab=model["vocab"], merges=merges, unk_token=None, bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.add_tokens(["assistant"])  # one id (282), as in Qwen2's vocabulary: the role is 3 ids
+    ids = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "assistant"])
+    if ids != [279, 280, 281, 282]:
+        raise RuntimeError(f"the tiny tokenizer's specials landed at {ids}, not 279-282")
+    tok.save_pretrained(out)
+
+
 def build_tiny_checkpoint(out: Path, seed: int = 0, kind: str = "custom_voice") -> Path:
     """Write ``config.json`` + ``model.safetensors`` and ``speech_tokenizer/{config.json,
-    model.safetensors}`` (random weights, fp32; the codec's ``decoder.*`` only) into ``out``."""
+    model.safetensors}`` (random weights, fp32; the codec's ``decoder.*`` and ``encoder.*``, the
+    latter with the public transformers-4.57 Mimi names) into ``out``."""
     import torch
     from safetensors.torch import save_file
 
@@ -147,8 +214,22 @@ def build_tiny_checkpoint(out: Path, seed: int = 0, kind: str = "custom_voice") 
                 param.copy_(1 + torch.rand_like(param))
             elif not name.endswith(("norm.weight", "scale", "gamma")):
                 param.copy_(torch.randn_like(param) * 0.2)
+    from mm_pack_qwen3tts.encoder import SpeechEncoder, to_public
+
+    encoder = SpeechEncoder(tiny_codec_config())  # transformers' own (seeded) init: latents of std ~3
+    with torch.no_grad():
+        for name, tensor in encoder.state_dict().items():
+            if name.endswith("cluster_usage"):
+                tensor.copy_(1 + torch.rand_like(tensor))
+            elif name.endswith("embed_sum"):  # codewords = embed_sum / cluster_usage, near the projected latents
+                tensor.copy_(torch.randn_like(tensor) * 1.5)
+            elif name.endswith("layer_scale.scale"):  # 0.01 at init would hide the attention and MLP
+                tensor.copy_(0.5 + 0.5 * torch.rand_like(tensor))
+    state = {k: v.contiguous() for k, v in codec.state_dict().items()}
+    state.update({to_public(k): v.contiguous() for k, v in encoder.state_dict().items()})
     (codec_dir / "config.json").write_text(json.dumps(tiny_codec_config(), indent=2) + "\n", encoding="utf-8")
-    save_file({k: v.contiguous() for k, v in codec.state_dict().items()}, str(codec_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(state, str(codec_dir / "model.safetensors"), metadata={"format": "pt"})
+    write_tokenizer(out)
     return out
 
 
