@@ -50,7 +50,7 @@ def test_generated_pack_lists_and_runs_every_stage(generated) -> None:  # type: 
     assert "llava" in listed.stdout and "LlavaForConditionalGeneration" in listed.stdout
     run = mmcore(env, root, "run", "--pack", "llava", "--preset", "tiny")
     assert run.returncode == 0, run.stderr
-    assert "reloaded with transformers: logits max |diff| = 0" in run.stdout
+    assert "reloaded as LlavaForConditionalGeneration: logits max |diff| = 0" in run.stdout
     manifest = json.loads((root / "runs/llava-tiny/evaluate/manifest.json").read_text())
     assert manifest["status"] == "finished" and "accuracy" in manifest["metrics"]
 
@@ -95,4 +95,4 @@ def test_another_family_runs_from_its_class_alone(model_class: str, tmp_path: Pa
     env["MMCORE_HOME"] = str(tmp_path / "home")
     run = mmcore(env, tmp_path, "run", "--pack", "other", "--preset", "tiny")
     assert run.returncode == 0, run.stderr
-    assert "reloaded with transformers: logits max |diff| = 0" in run.stdout
+    assert "reloaded as LlavaNextForConditionalGeneration: logits max |diff| = 0" in run.stdout

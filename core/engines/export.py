@@ -52,7 +52,7 @@ def kept_adapter(ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path | 
 class CheckedExport:
     folder: Path
     trained: Any  # the model built from the training checkpoint (eval mode)
-    loaded: Any  # the export, reloaded with transformers (eval mode)
+    loaded: Any  # the export, reloaded by the pack's loader (eval mode)
     metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     adapter: Path | None = None  # the LoRA adapter folder, after LoRA training
@@ -127,7 +127,7 @@ def export_checked(
         trained,
         loaded,
         metrics={**stats, "logits_max_abs_diff": max_diff},
-        notes=[f"exported to {out} ({stats['shards']} shard(s)); reloaded with transformers: logits max |diff| = {max_diff:.3g}"],
+        notes=[f"exported to {out} ({stats['shards']} shard(s)); reloaded as {type(loaded).__name__}: logits max |diff| = {max_diff:.3g}"],
     )
     if kept is not None:  # export.merge_lora: the merged model is the export, the adapter beside it
         _publish_kept_adapter(ctx, done, kept, model_dir, load_exported=load_exported, probe=probe, logits=logits, side_files=side_files or copy_side_files)
@@ -237,7 +237,7 @@ def _export_adapter(
         del unmerged
         metrics.update(merged_shards=written["shards"], merged_logits_max_abs_diff=merged_diff, merge_rounding_max_abs_diff=rounding)
         notes.append(
-            f"merged model (fp32 merge, {ctx.config.export.dtype}) at {folder}: reloaded with transformers, logits max |diff| "
+            f"merged model (fp32 merge, {ctx.config.export.dtype}) at {folder}: reloaded, logits max |diff| "
             f"= {merged_diff:.3g}; merging itself moves logits by at most {rounding:.2g} (rounding of W + BA)"
         )
     return CheckedExport(folder, trained, loaded, metrics=metrics, notes=notes, adapter=out)
