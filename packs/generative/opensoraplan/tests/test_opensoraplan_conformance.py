@@ -8,3 +8,4 @@ class TestOpenSoraPlanConformance(PackConformance):
     # held-out clips with differing captions: the conditioning rule reads their loss with their own and with swapped captions
     overrides = ("data.demo_samples=5", "data.eval_fraction=0.2")
     infer_request = {"prompt": "a red square moves right"}
+    export_class = "mm_pack_opensoraplan.pipeline:OpenSoraPlanPipeline"  # the pack's own pipeline class (diffusers has none)

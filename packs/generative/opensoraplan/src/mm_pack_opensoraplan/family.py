@@ -100,6 +100,27 @@ def probe(model: Any, ctx: StageContext, generator: Any) -> dict[str, Any]:
     }
 
 
+def flops() -> Any:
+    """``(model, batch) -> FLOPs`` of a step: the weights on every video and text token; in a block
+    of ``sparse_n`` k, attention within each of the k groups (a k-th of the video and the text)."""
+    import math
+
+    from mmcore.train.flops import StepFlops, attention_flops, dense_flops
+
+    seen = StepFlops()
+
+    def count(model: Any, batch: dict[str, Any]) -> float:
+        c = model.config
+        samples, _, frames, height, width = batch["latents"].shape
+        tokens, caption = frames * (height // c.patch_size_thw[1]) * (width // c.patch_size_thw[2]), batch["text"].shape[1] - 2
+        total = dense_flops(seen.counts("", model), samples * (tokens + caption))
+        for blocks, k in zip(c.num_layers, model.sparse):
+            total += attention_flops(blocks, c.num_heads * c.head_dim, [math.ceil(tokens / k) + caption] * (samples * k))
+        return total
+
+    return count
+
+
 class OpenSoraPlanFamily(DiffusionFamily):
     """The kit's family with the pack's classes where it looks up diffusers'."""
 
@@ -118,6 +139,7 @@ FAMILY = OpenSoraPlanFamily(
     probe=probe,
     sample=text_to_video_sample,
     freeze_groups=FREEZE_GROUPS,
+    flops=flops,
     shard_layers=("transformer_blocks",),
     demo=write_moving_shapes,
     demo_checker=caption_agreement,
