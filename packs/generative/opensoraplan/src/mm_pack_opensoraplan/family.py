@@ -105,7 +105,7 @@ def flops() -> Any:
     of ``sparse_n`` k, attention within each of the k groups (a k-th of the video and the text)."""
     import math
 
-    from mmcore.train.flops import StepFlops, attention_flops, dense_flops
+    from mmcore.train import StepFlops, attention_flops, dense_flops
 
     seen = StepFlops()
 
@@ -140,7 +140,7 @@ FAMILY = OpenSoraPlanFamily(
     sample=text_to_video_sample,
     freeze_groups=FREEZE_GROUPS,
     flops=flops,
-    shard_layers=("transformer_blocks",),
+    shard_layers=("blocks",),  # the model's flat list of its stages' blocks
     demo=write_moving_shapes,
     demo_checker=caption_agreement,
 )

@@ -19,6 +19,8 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+import mm_pack_opensoraplan.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
+
 
 @dataclass
 class OpenSoraPlanPipelineOutput(BaseOutput):

@@ -53,8 +53,7 @@ def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
     from transformers.utils import logging as hf_logging
 
-    from mmcore.engines import unigram_tokenizer
-    from mmcore.engines.tiny import clip_tokenizer
+    from mmcore.engines import clip_tokenizer, unigram_tokenizer
 
     hf_logging.disable_progress_bar()
     diffusers_logging.disable_progress_bar()

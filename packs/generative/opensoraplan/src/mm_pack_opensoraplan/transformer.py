@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
 from diffusers.models.embeddings import PixArtAlphaTextProjection, TimestepEmbedding, Timesteps
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
@@ -98,7 +99,7 @@ def skip_linear(dim: int, zero_init: bool, eps: float, norm_cls: str) -> nn.Sequ
     return nn.Sequential(nn.Identity() if zero_init else make_norm(norm_cls, 2 * dim, eps), linear)
 
 
-class OpenSoraPlanTransformer3DModel(ModelMixin, ConfigMixin):
+class OpenSoraPlanTransformer3DModel(ModelMixin, ConfigMixin, PeftAdapterMixin):
     """Open-Sora Plan v1.5's ``SparseUMMDiT`` (8B: ``num_layers`` [2, 4, 6, 8, 6, 4, 2], 24 heads of 128)."""
 
     _supports_gradient_checkpointing = True
@@ -165,6 +166,11 @@ class OpenSoraPlanTransformer3DModel(ModelMixin, ConfigMixin):
         self.norm_final = make_norm(norm_cls, dim, norm_eps)
         self.norm_out = AdaNorm(timestep_embed_dim, dim, norm_eps, norm_cls)
         self.proj_out = nn.Linear(dim, patch_size_thw[0] * patch_size_thw[1] ** 2 * out)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """Every block of every stage, in order (what FSDP shards one by one)."""
+        return [block for stage in self.transformer_blocks for block in stage]
 
     def rope(self, frames: int, height: int, width: int, device: Any) -> tuple[torch.Tensor, ...]:
         """cos, sin of the frame, row and column of every token (t, h, w order), per RoPE band."""
