@@ -89,7 +89,7 @@ class NormZero(nn.Module):
         self.norm_enc = make_norm(norm_cls, dim, eps) if with_text else None
 
     def forward(self, x: torch.Tensor, text: torch.Tensor, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        shift, scale, gate, t_shift, t_scale, t_gate = self.linear(F.silu(temb)).float().chunk(6, dim=1)
+        shift, scale, gate, t_shift, t_scale, t_gate = self.linear(F.silu(temb).to(self.linear.weight.dtype)).float().chunk(6, dim=1)
         x = (self.norm(x).float() * (1 + scale[:, None]) + shift[:, None]).to(x.dtype)
         if self.norm_enc is not None:
             text = (self.norm_enc(text).float() * (1 + t_scale[:, None]) + t_shift[:, None]).to(text.dtype)

@@ -60,7 +60,7 @@ class AdaNorm(nn.Module):
         self.norm = make_norm(norm_cls, dim, eps)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        shift, scale = self.linear(F.silu(temb)).float().chunk(2, dim=1)
+        shift, scale = self.linear(F.silu(temb).to(self.linear.weight.dtype)).float().chunk(2, dim=1)  # the conditioning is float32
         return (self.norm(x).float() * (1 + scale[:, None]) + shift[:, None]).to(x.dtype)
 
 
