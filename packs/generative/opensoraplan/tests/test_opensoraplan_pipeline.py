@@ -73,6 +73,13 @@ def test_the_released_model_ema_pt_reads_strictly(tiny: Path, tmp_path: Path) ->
     with torch.no_grad():
         want = model(*inputs, return_dict=False)[0]
         assert torch.equal(imported.eval()(*inputs, return_dict=False)[0], want) and torch.equal(again(*inputs, return_dict=False)[0], want)
+    # and back: the transformer folder as a released-style model_ema.pt, the same names, shapes, dtypes and bits
+    from mm_pack_opensoraplan.public import export_public, public_state_dict
+
+    written = export_public(tmp_path / "transformer", tmp_path / "back.pt")
+    read = public_state_dict(tmp_path / "back.pt")
+    assert set(read) == set(model.state_dict()) and all(torch.equal(read[k], v) and read[k].dtype == v.dtype for k, v in model.state_dict().items())
+    assert set(written) == set(read)
     (tmp_path / "predictor.json").write_text(json.dumps({**config, "num_layers": [2, 4, 2]}))
     with pytest.raises(StageError, match=r"^Open-Sora Plan weights do not fit the config: \d+ missing \(e\.g\. transformer_blocks\.1\.[23]\.") as err:
         import_public(tmp_path / "model_ema.pt", tmp_path / "predictor.json", tmp_path / "other")

@@ -3,9 +3,12 @@
 names as :class:`~mm_pack_opensoraplan.transformer.OpenSoraPlanTransformer3DModel` has them) into
 the ``transformer/`` folder of a pipeline, loaded strictly.
 
-``python -m mm_pack_opensoraplan.public model_ema.pt transformer_config.json OUT`` writes
+``python -m mm_pack_opensoraplan.public import model_ema.pt predictor.json OUT`` writes
 ``OUT/config.json`` and ``OUT/diffusion_pytorch_model.safetensors``; put OUT as ``transformer/``
 beside a VAE, T5, CLIP and scheduler (see the README) and point ``model.source`` at that folder.
+``python -m mm_pack_opensoraplan.public export EXPORT/pipeline/transformer model_ema.pt`` writes
+a trained transformer back as the released file is: the same names, shapes and dtypes, one
+flat state dict (which MindSpeed-MM's converter and :func:`public_state_dict` read).
 """
 
 from __future__ import annotations
@@ -64,5 +67,17 @@ def import_public(weights: Path, config: Path, out: Path) -> Any:
     return model
 
 
+def export_public(transformer: Path, out: Path) -> dict[str, Any]:
+    """The diffusers folder ``transformer`` (an export's) as a released-style ``model_ema.pt``; returns its tensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = sorted(Path(transformer).glob("*.safetensors"))
+    state = {k: v for f in files for k, v in load_file(f).items()}
+    torch.save(state, out)
+    return state
+
+
 if __name__ == "__main__":  # pragma: no cover - a user's one-off conversion
-    import_public(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    verb, *paths = sys.argv[1:]
+    (import_public if verb == "import" else export_public)(*map(Path, paths))
