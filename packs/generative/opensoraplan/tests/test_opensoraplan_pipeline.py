@@ -93,4 +93,4 @@ def test_demo_keeps_its_promise(osp, tmp_path: Path) -> None:  # type: ignore[no
     from mmcore.testing import diffusion_demo_holds
 
     run = diffusion_demo_holds(osp, tmp_path, "opensoraplan", sensitivity=CAPTION_SENSITIVITY, agreement=0.8)
-    assert (run / "download/model/demo_vae.json").is_file()
+    assert manifest(run, "evaluate")["metrics"]["reconstruction_psnr"] > 17  # the demo VAE trained at init:demo (19.6 dB at seed 0)
