@@ -94,3 +94,12 @@ def test_demo_keeps_its_promise(osp, tmp_path: Path) -> None:  # type: ignore[no
 
     run = diffusion_demo_holds(osp, tmp_path, "opensoraplan", sensitivity=CAPTION_SENSITIVITY, agreement=0.8)
     assert manifest(run, "evaluate")["metrics"]["reconstruction_psnr"] > 17  # the demo VAE trained at init:demo (19.6 dB at seed 0)
+
+
+def test_a_folder_without_the_clip_encoder_is_one_line(osp, tiny: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    shutil.copytree(tiny, tmp_path / "pipe", ignore=lambda folder, names: [n for n in names if n == "text_encoder_2"])
+    proc = osp("download", "--pack", "opensoraplan", "--preset", "tiny", "--model", str(tmp_path / "pipe"), check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith("error: ") and "text_encoder_2" in last, proc.stderr
