@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from mmcore.framework.context import StageContext
 from mmcore.errors import StageError
@@ -67,7 +67,7 @@ class PipelineExport:
         # The folder must open in the generic loader users call, and hold the trained denoiser
         # exactly: every weight bit-identical once loaded (the pipeline's own, so one load; its
         # other models are the download's, untouched, and are not loaded: memory).
-        loaded = getattr(load_pipeline(out, only=subfolder), subfolder).eval()
+        loaded = getattr(load_pipeline(out, only=subfolder, classes=family.diffusers_class), subfolder).eval()
         ours, theirs = trained.state_dict(), loaded.state_dict()
         differing = [k for k in ours if k not in theirs or not torch.equal(ours[k], theirs[k])]
         if differing or set(theirs) != set(ours):
@@ -135,14 +135,16 @@ class PipelineExport:
         return StageResult(outputs=outputs, metrics=metrics, notes=notes)
 
 
-def load_pipeline(folder: Path, only: str | None = None) -> Any:
+def load_pipeline(folder: Path, only: str | None = None, classes: Callable[[str], Any] | None = None) -> Any:
     """``diffusers.DiffusionPipeline.from_pretrained(folder)``, the loader users call on a pipeline
     folder (it picks the class ``model_index.json`` names); what keeps it from loading is a
     one-line :class:`StageError` naming the folder, the ``_class_name`` and the cause. ``only``:
     the component the caller needs; the text and image encoders (``transformers`` models) are
     then passed as None, not loaded (the export checks the denoiser it wrote; the encoders it
     copied can be larger than it: UMT5-XXL's 5.7B parameters beside Wan2.1-1.3B). The VAE,
-    schedulers, tokenizers and processors still load."""
+    schedulers, tokenizers and processors still load. ``classes``: name -> pipeline class, for a
+    pack that carries its own (:meth:`DiffusionFamily.diffusers_class`; Open-Sora Plan): that
+    class's ``from_pretrained`` loads the folder."""
     import json
 
     import diffusers
@@ -153,13 +155,17 @@ def load_pipeline(folder: Path, only: str | None = None) -> Any:
         raise StageError(f"export: diffusers.DiffusionPipeline.from_pretrained cannot load {folder}: model_index.json: {type(exc).__name__}: {exc}") from None
     name = index.get("_class_name")
     cannot = f"export: diffusers.DiffusionPipeline.from_pretrained cannot load {folder}: model_index.json _class_name {name!r}"
-    named = getattr(diffusers, name, None) if isinstance(name, str) else None
+    try:
+        named = (classes or (lambda n: getattr(diffusers, n)))(name) if isinstance(name, str) else None
+    except AttributeError:
+        named = None
     if not (isinstance(named, type) and issubclass(named, diffusers.DiffusionPipeline)):
         raise StageError(f"{cannot} is not a diffusers pipeline")
     # the encoders (transformers models) only: some pipelines read their VAE's config in __init__
     skipped = {} if only is None else {part: None for part, entry in index.items() if part != only and isinstance(entry, list) and entry[:1] == ["transformers"] and _is_model(folder / part)}
     try:
-        return diffusers.DiffusionPipeline.from_pretrained(folder, **skipped)
+        loader = diffusers.DiffusionPipeline if getattr(diffusers, name, None) is named else named  # a pack's own class loads itself
+        return loader.from_pretrained(folder, **skipped)
     except Exception as exc:  # the library's own reason, in one line
         cause = " ".join(str(exc).split())[:300]
         raise StageError(f"{cannot}: {type(exc).__name__}: {cause}") from exc

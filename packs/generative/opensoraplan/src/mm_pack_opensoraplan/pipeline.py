@@ -1,0 +1,138 @@
+"""``OpenSoraPlanPipeline``: text-to-video with Open-Sora Plan v1.5's denoiser, as a diffusers
+pipeline folder (``model_index.json``; ``transformer/``, ``vae/``, ``text_encoder/`` + ``tokenizer/``
+(T5), ``text_encoder_2/`` + ``tokenizer_2/`` (CLIP with projection), ``scheduler/``).
+
+Sampling is the reference's (MindSpeed-MM ``OpenSoraPlanScheduler.sample``): noise levels
+``linspace(1, 0, steps + 1)`` shifted by ``shift * s / (1 + (shift - 1) s)``, timesteps
+``1000 s``, Euler steps of the predicted velocity, classifier-free guidance against the negative
+prompt with the guidance rescale (0.7). Text: T5's sequence with its attention mask, CLIP's
+projected pooled vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.utils import BaseOutput
+
+import mm_pack_opensoraplan.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
+
+
+@dataclass
+class OpenSoraPlanPipelineOutput(BaseOutput):
+    frames: Any
+
+
+def rescale_noise_cfg(guided: torch.Tensor, text: torch.Tensor, rescale: float) -> torch.Tensor:
+    """The guided velocity's per-sample std brought toward the conditional one's (by ``rescale``)."""
+    dims = list(range(1, text.ndim))
+    rescaled = guided * (text.std(dim=dims, keepdim=True) / guided.std(dim=dims, keepdim=True))
+    return rescale * rescaled + (1 - rescale) * guided
+
+
+class OpenSoraPlanPipeline(DiffusionPipeline):
+    model_cpu_offload_seq = "text_encoder->text_encoder_2->transformer->vae"
+
+    def __init__(self, transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, text_encoder_2: Any, tokenizer_2: Any, scheduler: Any) -> None:
+        super().__init__()
+        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, scheduler=scheduler)
+
+    # -- the frozen parts, as training caches them -----------------------------------------
+
+    def vae_scales(self) -> tuple[int, int]:
+        """(temporal, spatial) compression of the VAE."""
+        cfg = self.vae.config
+        return int(cfg.get("scale_factor_temporal", 4)), int(cfg.get("scale_factor_spatial", 8))
+
+    def latent_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, c = self.vae.config, like.shape[1]
+        mean = torch.tensor(cfg.get("latents_mean") or [0.0] * c).view(1, c, 1, 1, 1)
+        std = torch.tensor(cfg.get("latents_std") or [1.0] * c).view(1, c, 1, 1, 1)
+        return mean.to(like), std.to(like)
+
+    @torch.no_grad()
+    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
+        """[B, 3, F, H, W] in [-1, 1] -> normalised latents (the posterior's mode)."""
+        z = self.vae.encode(video.to(self.vae.dtype)).latent_dist.mode()
+        mean, std = self.latent_stats(z)
+        return (z - mean) / std
+
+    @torch.no_grad()
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, std = self.latent_stats(latents)
+        return self.vae.decode((latents * std + mean).to(self.vae.dtype)).sample
+
+    @torch.no_grad()
+    def encode_prompt(self, prompt: str | list[str], max_sequence_length: int = 512, device: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(T5 states [B, L, D], their mask [B, L], CLIP's pooled projection [B, P]), padded to
+        ``max_sequence_length`` and CLIP's 77 (or its tokenizer's length) as the reference does."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        device = device or self._execution_device
+        ids = self.tokenizer(prompts, padding="max_length", max_length=max_sequence_length, truncation=True, add_special_tokens=True, return_tensors="pt")
+        mask = ids.attention_mask.to(device)
+        states = self.text_encoder(ids.input_ids.to(device), attention_mask=mask).last_hidden_state
+        length = min(self.tokenizer_2.model_max_length, self.text_encoder_2.config.max_position_embeddings)
+        ids_2 = self.tokenizer_2(prompts, padding="max_length", max_length=length, truncation=True, return_tensors="pt")
+        pooled = self.text_encoder_2(ids_2.input_ids.to(device)).text_embeds
+        return states, mask, pooled
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def sigmas(self, steps: int) -> np.ndarray:
+        """The reference's levels: ``linspace(1, 0, steps + 1)`` shifted (the scheduler's ``shift``)."""
+        shift = float(self.scheduler.config.shift)
+        s = np.linspace(1.0, 0.0, steps + 1)
+        return shift * s / (1 + (shift - 1) * s)
+
+    def velocity(self, latents: torch.Tensor, sigma: float, text: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        states, mask, pooled = text
+        batch = states.shape[0]
+        model_in = latents.expand(batch, *latents.shape[1:]).to(self.transformer.dtype)
+        timestep = torch.full((batch,), sigma * 1000.0, device=latents.device)
+        return self.transformer(model_in, timestep, states, pooled, encoder_attention_mask=mask, return_dict=False)[0].float()
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str,
+        negative_prompt: str = "",
+        height: int = 576,
+        width: int = 1024,
+        num_frames: int = 121,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 7.0,
+        guidance_rescale: float = 0.7,
+        max_sequence_length: int = 512,
+        generator: Any = None,
+        latents: torch.Tensor | None = None,
+        output_type: str = "np",
+    ) -> OpenSoraPlanPipelineOutput:
+        device = self._execution_device
+        t_scale, s_scale = self.vae_scales()
+        cfg = guidance_scale > 1.0
+        text = self.encode_prompt([negative_prompt, prompt] if cfg else [prompt], max_sequence_length, device)
+        text = tuple(t.to(self.transformer.dtype) if t.is_floating_point() else t for t in text)
+        if latents is None:
+            channels = self.transformer.config.in_channels
+            shape = (1, channels, (num_frames - 1) // t_scale + 1, height // s_scale, width // s_scale)
+            latents = torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
+        latents = latents.float()
+        sigmas = self.sigmas(num_inference_steps)
+        for i in self.progress_bar(range(num_inference_steps)):
+            v = self.velocity(latents, float(sigmas[i]), text)
+            if cfg:
+                uncond, cond = v.chunk(2)
+                v = uncond + guidance_scale * (cond - uncond)
+                if guidance_rescale > 0:
+                    v = rescale_noise_cfg(v, cond, guidance_rescale)
+            latents = latents + float(sigmas[i + 1] - sigmas[i]) * v
+        if output_type == "latent":
+            return OpenSoraPlanPipelineOutput(frames=latents)
+        video = self.decode_latents(latents).float()
+        video = ((video + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, F, H, W, 3]
+        self.maybe_free_model_hooks()
+        return OpenSoraPlanPipelineOutput(frames=video)

@@ -1,0 +1,115 @@
+"""Tiny random-weight Open-Sora Plan pipelines built from config (how tests and the demo run offline).
+
+``init:tiny`` writes the folder ``OpenSoraPlanPipeline.from_pretrained`` loads: ``transformer/``
+(the sparse U-MMDiT, the public config fields), ``vae/``, ``text_encoder/`` (T5) +
+``tokenizer/``, ``text_encoder_2/`` (CLIP with projection) + ``tokenizer_2/``, ``scheduler/``.
+
+The VAE is diffusers' ``AutoencoderKLWan`` (the demo's: trained at ``init:demo`` to reconstruct
+moving-shape clips), not Open-Sora Plan's WF-VAE, which this pack does not implement: see the
+README.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmcore.engines import pick_preset
+
+CORPUS = [
+    *(f"a {c} {s} moves {m}" for c in ("red", "green", "blue") for s in ("square", "circle") for m in ("left", "right", "up", "down")),
+    "a yellow triangle",
+    "video of a cat, slow motion, bright light, white background",
+]
+
+PRESETS = {
+    "tiny": {"heads": 2, "head_dim": 16, "layers": [2, 2, 2], "sparse_n": [1, 2, 1]},
+    # the demo's: 4x4 patches of 8x8 latents a frame, 3 latent frames; the middle stage sparse (2 groups)
+    "demo": {"heads": 4, "head_dim": 16, "layers": [2, 2, 2], "sparse_n": [1, 2, 1], "demo_vae": True},
+}
+
+
+def transformer(p: dict[str, Any], channels: int, text_dim: int, pooled_dim: int) -> Any:
+    from mm_pack_opensoraplan.transformer import OpenSoraPlanTransformer3DModel
+
+    return OpenSoraPlanTransformer3DModel(
+        num_heads=p["heads"],
+        head_dim=p["head_dim"],
+        in_channels=channels,
+        out_channels=channels,
+        num_layers=p["layers"],
+        sparse_n=p["sparse_n"],
+        caption_channels=text_dim,
+        pooled_projection_dim=pooled_dim,
+        timestep_embed_dim=32,
+    )
+
+
+def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The seeded tokenizers, T5, CLIP, VAE and scheduler (built before the transformer)."""
+    import torch
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
+    from diffusers.utils import logging as diffusers_logging
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from transformers.utils import logging as hf_logging
+
+    from mmcore.engines import clip_tokenizer, unigram_tokenizer
+
+    hf_logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    tokenizer, tokenizer_2 = unigram_tokenizer(CORPUS), clip_tokenizer(CORPUS)
+    t5 = T5Config(
+        vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+    )
+    clip = CLIPTextConfig(
+        vocab_size=len(tokenizer_2),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        projection_dim=32,
+        pad_token_id=tokenizer_2.pad_token_id,
+        bos_token_id=tokenizer_2.bos_token_id,
+        eos_token_id=tokenizer_2.eos_token_id,
+    )
+    text_encoder, text_encoder_2 = T5EncoderModel(t5).eval(), CLIPTextModelWithProjection(clip).eval()
+    measured = None
+    if p.get("demo_vae"):  # 4x in space and time, residual; trained to reconstruct the demo's clips
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4)
+        measured = train_vae(vae, seed)
+    else:
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
+    parts = {
+        "vae": vae.eval(),
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "text_encoder_2": text_encoder_2,
+        "tokenizer_2": tokenizer_2,
+        "scheduler": FlowMatchEulerDiscreteScheduler(shift=7.0),  # the reference's inference shift
+    }
+    return {**parts, "measured": measured}
+
+
+def train_vae(vae: Any, seed: int) -> dict[str, Any]:
+    """Train the demo's VAE on moving-shape clips (:func:`mmcore.engines.train_demo_vae`), as the wan pack's demo does."""
+    from mmcore.data import moving_shape_clips
+    from mmcore.engines import train_demo_vae
+
+    clips, held_out = moving_shape_clips(96, seed + 1_000), moving_shape_clips(16, seed + 2_000)
+    return train_demo_vae(vae, clips, held_out, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
+
+
+def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
+    from mm_pack_opensoraplan.pipeline import OpenSoraPlanPipeline
+
+    p = pick_preset(PRESETS, preset)
+    parts = frozen_parts(p, seed)
+    measured = parts.pop("measured")
+    denoiser = transformer(p, parts["vae"].config.z_dim, parts["text_encoder"].config.d_model, parts["text_encoder_2"].config.projection_dim)
+    OpenSoraPlanPipeline(transformer=denoiser, **parts).save_pretrained(out)
+    if measured is not None:
+        from mmcore.engines import write_demo_vae_report
+
+        write_demo_vae_report(out, measured)
