@@ -139,6 +139,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "trained_checkpoint", "unigram_tokenizer", "user_text", "word_errors", "write_results",
         "write_safetensors_streaming",
         "cache_argument", "cached_forward", "DEMO_VAE_FILE", "demo_vae_report", "fit_demo_autoencoder", "set_latent_normalisation", "train_demo_vae", "write_demo_vae_report",
+        "load_strictly",
     }),
     # the train engine and its methods: recipe, sampler, LoRA, DPO, EMA, losses
     "mmcore.train": frozenset({

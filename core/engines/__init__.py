@@ -19,6 +19,7 @@ from mmcore.framework.facade import lazy_exports
 
 #: the SDK names of this façade -> the module that defines each (:mod:`mmcore.sdk`)
 _EXPORTS: dict[str, str] = {
+    "load_strictly": "mmcore.engines.coverage",
     **dict.fromkeys(
         (
             "DEMO_VAE_FILE",

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from mmcore.engines.state_dict import TensorInfo
+from mmcore.errors import StageError
 from mmcore.engines.download import remote_code
 
 if TYPE_CHECKING:
@@ -89,3 +90,28 @@ def model_from_config(folder: Path) -> "nn.Module | None":
 
 
 __all__ = ["expected_tensors", "coverage_problems", "build_on_meta", "model_from_config"]
+
+
+def load_strictly(module: "nn.Module", state: Mapping[str, Any], where: Any, described: str = "the model", *, error: type[Exception] = StageError, assign: bool = False) -> None:
+    """``module.load_state_dict(state, strict=True)`` for a pack that carries its own modeling
+    code and reads a public checkpoint: a missing, unexpected or misshapen tensor is first told in
+    one line naming ``where`` (the file or folder) and the first of each kind, as ``error``.
+
+    :param module: the model (or part) the checkpoint is for; on the meta device with ``assign``.
+    :param state: the checkpoint's tensors, under the module's names.
+    :param where: what the user passed (a path), for the message.
+    :param described: what the module is, for the message (e.g. "the model config.json describes").
+    :param error: the exception class raised (a pack's own, where its callers catch that).
+    :param assign: load by assigning the tensors (a module built on the meta device).
+    """
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    shapes = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or shapes:
+        what = [f"{len(missing)} missing (first {missing[0]})"] if missing else []
+        what += [f"{len(unexpected)} unexpected (first {unexpected[0]})"] if unexpected else []
+        if shapes:
+            first = shapes[0]
+            what.append(f"{len(shapes)} of another shape (first {first}: {tuple(state[first].shape)} in the checkpoint, {tuple(own[first].shape)} in {described})")
+        raise error(f"{where}: the weights do not fit {described}: {', '.join(what)}")
+    module.load_state_dict(state, strict=True, assign=assign)

@@ -50,9 +50,9 @@ def _broken(tiny_dir: Path, tmp_path: Path, edit) -> Path:  # type: ignore[no-un
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (lambda s: s.pop("talker.codec_head.weight"), "missing talker.codec_head.weight (1 missing, 0 unexpected)"),
-        (lambda s: s.update({"talker.extra.weight": torch.zeros(1)}), "unexpected talker.extra.weight"),
-        (lambda s: s.update({"talker.codec_head.weight": torch.zeros(3, 32)}), "talker.codec_head.weight is (3, 32) in the checkpoint"),
+        (lambda s: s.pop("talker.codec_head.weight"), "1 missing (first talker.codec_head.weight)"),
+        (lambda s: s.update({"talker.extra.weight": torch.zeros(1)}), "1 unexpected (first talker.extra.weight)"),
+        (lambda s: s.update({"talker.codec_head.weight": torch.zeros(3, 32)}), "1 of another shape (first talker.codec_head.weight: (3, 32) in the checkpoint"),
     ],
 )
 def test_a_checkpoint_that_does_not_fit_fails_in_one_line(tiny_dir: Path, tmp_path: Path, edit, expected: str) -> None:  # type: ignore[no-untyped-def]

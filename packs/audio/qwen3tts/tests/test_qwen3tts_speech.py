@@ -43,7 +43,7 @@ def test_the_decoder_loads_strictly_and_the_encoder_tensors_are_left(tiny_dir: P
     load_codec(folder)  # the encoder's tensors are not the decoder's business
     state.pop("decoder.pre_conv.conv.weight")
     save_file(state, str(folder / "speech_tokenizer/model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"missing decoder.pre_conv.conv.weight \(1 missing, 0 unexpected\)"):
+    with pytest.raises(CheckpointError, match=r"1 missing \(first decoder.pre_conv.conv.weight\)"):
         load_codec(folder)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mmcore.engines import load_strictly
 from mm_pack_qwen3tts.config import CheckpointError, SpecialIds, read_config, special_ids
 from mm_pack_qwen3tts.talker import Talker
 
@@ -74,26 +75,12 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_strictly(module: nn.Module, state: dict, where: Path, described: str) -> None:  # type: ignore[type-arg]
-    """``module.load_state_dict(state, strict=True)``, a missing, unexpected or misshapen tensor
-    first told in one line naming ``where`` and the first such tensor."""
-    own = module.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        what = f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}"
-        raise CheckpointError(f"{where}: the weights do not fit {described}: {what} ({len(missing)} missing, {len(unexpected)} unexpected)")
-    for key, value in state.items():
-        if value.shape != own[key].shape:
-            raise CheckpointError(f"{where}: {key} is {tuple(value.shape)} in the checkpoint, {tuple(own[key].shape)} in {described}")
-    module.load_state_dict(state, strict=True)
-
-
 def load_pretrained(model_dir: Path, dtype: torch.dtype | None = None) -> Qwen3TTS:
     """The folder's model with its weights loaded ``strict=True``; a missing, unexpected or
     misshapen tensor is one line naming the first of them."""
     model = build_model(Path(model_dir))
     state = read_weights(Path(model_dir))
-    load_strictly(model, state, model_dir, "the model config.json describes")
+    load_strictly(model, state, model_dir, "the model config.json describes", error=CheckpointError)
     if dtype is not None:
         model.to(dtype)
     return model.eval()
@@ -108,7 +95,7 @@ def load_codec(model_dir: Path):  # type: ignore[no-untyped-def]
     cfg = codec_config(model_dir)
     codec = SpeechTokenizer(cfg)
     state = {k: v for k, v in read_weights(folder).items() if k.startswith("decoder.")}
-    load_strictly(codec, state, folder, "the decoder its config.json describes")
+    load_strictly(codec, state, folder, "the decoder its config.json describes", error=CheckpointError)
     return codec.eval()
 
 
@@ -141,5 +128,5 @@ def load_speech_encoder(model_dir: Path):  # type: ignore[no-untyped-def]
             stray.append(key)
     if stray:
         raise CheckpointError(f"{folder}: unexpected {stray[0]} ({len(stray)} tensors neither the encoder's nor the decoder's)")
-    load_strictly(encoder, state, folder, "the encoder its config.json describes (encoder.* keys)")
+    load_strictly(encoder, state, folder, "the encoder its config.json describes (encoder.* keys)", error=CheckpointError)
     return encoder.eval()

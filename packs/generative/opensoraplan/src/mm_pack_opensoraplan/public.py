@@ -32,23 +32,6 @@ def public_state_dict(path: Path) -> dict[str, Any]:
     return {k.removeprefix("module."): v for k, v in blob.items()}
 
 
-def load_strictly(model: Any, state: dict[str, Any]) -> None:
-    """``state`` into ``model``: every name and shape present, nothing left over, or a one-line error."""
-    from mmcore import StageError
-
-    own = model.state_dict()
-    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    wrong = sorted(n for n in set(own) & set(state) if tuple(own[n].shape) != tuple(state[n].shape))
-    if missing or extra or wrong:
-        parts = [
-            f"{len(missing)} missing (e.g. {missing[0]})" if missing else "",
-            f"{len(extra)} unexpected (e.g. {extra[0]})" if extra else "",
-            f"{len(wrong)} of another shape (e.g. {wrong[0]})" if wrong else "",
-        ]
-        raise StageError(f"Open-Sora Plan weights do not fit the config: {', '.join(p for p in parts if p)}")
-    model.load_state_dict(state, strict=True, assign=True)
-
-
 def import_public(weights: Path, config: Path, out: Path) -> Any:
     """The transformer of ``config`` (its fields: the reference's predictor section) with the
     released ``weights``, saved as a diffusers model folder ``out``; returns the model."""
@@ -56,13 +39,14 @@ def import_public(weights: Path, config: Path, out: Path) -> Any:
 
     import torch
 
+    from mmcore.engines import load_strictly
     from mm_pack_opensoraplan.transformer import OpenSoraPlanTransformer3DModel
 
     allowed = set(inspect.signature(OpenSoraPlanTransformer3DModel.__init__).parameters) - {"self"}
     fields = {k: v for k, v in json.loads(Path(config).read_text()).items() if k in allowed}  # model_id, dtype ... dropped
     with torch.device("meta"):
         model = OpenSoraPlanTransformer3DModel(**fields)
-    load_strictly(model, public_state_dict(weights))
+    load_strictly(model, public_state_dict(weights), weights, f"the Open-Sora Plan transformer {Path(config).name} describes", assign=True)
     model.save_pretrained(out)
     return model
 
