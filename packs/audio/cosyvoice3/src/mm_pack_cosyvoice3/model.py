@@ -43,6 +43,22 @@ class CosyVoice3(nn.Module):
         self.flow = CausalMaskedDiffWithDiT(cfg.flow)
         self.hift = CausalHiFTGenerator(cfg.hift)
 
+    def forward(self, text, text_len, speech_token, speech_token_len, speech_feat=None, speech_feat_len=None, embedding=None, parts=("llm", "flow"), rng=None, streaming=False):  # type: ignore[no-untyped-def]
+        """The training losses of ``parts``: the LM's (teacher-forced, the reference's
+        label-smoothed loss; ``llm_acc`` its speech-token accuracy) and the flow's CFM loss on
+        the mel, its noise and prompt draws from torch's global RNG. One call through the root
+        module, so a sharded model gathers every part's parameters."""
+        out: dict[str, torch.Tensor] = {}
+        if "llm" in parts:
+            lm = self.llm(text, text_len, speech_token, speech_token_len, rng=rng)
+            out.update(llm_loss=lm["loss"], llm_acc=lm["acc"], llm_tokens=(lm["target"] != -1).sum())
+        if "flow" in parts:
+            frames = torch.minimum(speech_feat_len, speech_token_len * self.cfg.flow.token_mel_ratio)
+            tokens = frames // self.cfg.flow.token_mel_ratio
+            feat = speech_feat[:, : int(frames.max())]
+            out["flow_loss"] = self.flow(speech_token[:, : int(tokens.max())], tokens, feat, tokens * self.cfg.flow.token_mel_ratio, embedding, streaming=streaming)["loss"]
+        return out
+
 
 def read_configs(model_dir: Path):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config
