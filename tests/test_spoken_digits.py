@@ -34,3 +34,12 @@ def test_the_checker_fails_a_wrong_clip() -> None:
     assert digits_wer(["three one"], [said]) == pytest.approx(1 / 2)  # an inserted word
     assert transcribe_digits(np.zeros(24000), 24000) == ""  # silence says nothing
     assert digits_wer(["seven"], [transcribe_digits(rng.normal(0, 0.3, 24000), 24000)]) > 0  # noise is no digit
+
+
+def test_pitch_segments_find_each_syllable_at_its_pitch() -> None:
+    from mmcore.data import digit_pitch, pitch_segments
+
+    spans = pitch_segments(digits_clip([0, 9], np.random.default_rng(2), pace="speech", rate=24000), 24000)
+    assert len(spans) == 2 and spans[0][1] < spans[1][0]
+    for (_, _, f0), digit in zip(spans, [0, 9]):
+        assert abs(np.log2(f0 / digit_pitch(digit))) < 0.05

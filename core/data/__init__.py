@@ -163,6 +163,7 @@ _EXPORTS: dict[str, str] = {
             "digit_pitch",
             "digits_clip",
             "digits_wer",
+            "pitch_segments",
             "transcribe_digits",
             "write_spoken_digit_clips",
         ),

@@ -110,17 +110,20 @@ def segment_pitch(segment: Any, rate: int) -> float:
     return peak
 
 
+def pitch_segments(samples: Any, rate: int) -> list[tuple[int, int, float]]:
+    """``(start, end, pitch in Hz)`` of each syllable the checker hears (sample indices)."""
+    import numpy as np
+
+    samples = np.asarray(samples, dtype=np.float64).reshape(-1)
+    return [(a, b, segment_pitch(samples[a:b], rate)) for a, b in _segments(samples, rate)]
+
+
 def transcribe_digits(samples: Any, rate: int) -> str:
     """The digit words a spoken-digit waveform says, by pitch (the fixed checker)."""
     import numpy as np
 
-    samples = np.asarray(samples, dtype=np.float64).reshape(-1)
     pitches = np.log2([digit_pitch(d) for d in range(10)])
-    words = []
-    for a, b in _segments(samples, rate):
-        f0 = segment_pitch(samples[a:b], rate)
-        words.append(DIGIT_WORDS[int(np.argmin(np.abs(pitches - np.log2(f0))))])
-    return " ".join(words)
+    return " ".join(DIGIT_WORDS[int(np.argmin(np.abs(pitches - np.log2(f0))))] for _, _, f0 in pitch_segments(samples, rate))
 
 
 def digits_wer(references: Iterable[str], hypotheses: Iterable[str]) -> float:

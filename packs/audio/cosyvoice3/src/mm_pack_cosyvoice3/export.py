@@ -40,7 +40,7 @@ def probe_outputs(model: Any) -> dict[str, torch.Tensor]:
 
 def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     from mmcore.engines import trained_checkpoint
-    from mmcore.train import load_converted, merged_state
+    from mmcore.train import LoraPlan, load_converted, merged_state, write_peft_adapter
 
     from mm_pack_cosyvoice3.features import DEMO_TOKENIZER
     from mm_pack_cosyvoice3.model import PARTS, CheckpointError, build_model, load_pretrained, read_part, save_public
@@ -49,8 +49,14 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
     out = ctx.stage_dir / "cosyvoice3"
     shutil.rmtree(out, ignore_errors=True)
     trained = build_model(source)
-    load_converted(trained, trained_checkpoint(ctx, upstream))
-    if any("lora_" in name for name, _ in trained.named_parameters()):
+    checkpoint = trained_checkpoint(ctx, upstream)
+    load_converted(trained, checkpoint)
+    outputs, metrics = {"model": "cosyvoice3"}, {}
+    plan = LoraPlan.read(checkpoint)
+    if plan is not None:  # the adapters as peft saves them (on the download's folder), then merged into the public files
+        shutil.rmtree(ctx.stage_dir / "adapter", ignore_errors=True)
+        metrics.update(write_peft_adapter(trained, plan, ctx.stage_dir / "adapter", base_model=source))
+        outputs["adapter"] = "adapter"
         merged = merged_state(trained)
         trained = build_model(source)
         trained.load_state_dict(merged, strict=False)
@@ -83,4 +89,6 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         f"{out}: cosyvoice3.yaml, llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/ (keys, shapes and dtypes as the download's)",
         "loaded strictly by the pack's loader; LM logits, flow estimate and HiFT waveform equal the trained model's exactly (fp32)",
     ]
-    return StageResult(outputs={"model": "cosyvoice3"}, metrics={"tensors": sum(len(read_part(out, p)) for p in PARTS)}, notes=notes)
+    if plan is not None:
+        notes.append(f"LoRA: the adapters as peft saves them in {ctx.stage_dir / 'adapter'} (on the download's folder), merged into the .pt files")
+    return StageResult(outputs=outputs, metrics={**metrics, "tensors": sum(len(read_part(out, p)) for p in PARTS)}, notes=notes)

@@ -65,11 +65,11 @@ def log_mel(wav: Any, cfg: MelConfig) -> torch.Tensor:
 def frame_f0(wav: np.ndarray, sample_rate: int, hop: int, frames: int) -> torch.Tensor:
     """F0 (Hz) per mel frame, 0 where unvoiced: the fixed checker's segments and their pitch
     (``mmcore.data``; right for the demo's chords, a stand-in for a real pitch tracker)."""
-    from mmcore.data.spoken_digits import _segments, segment_pitch
+    from mmcore.data import pitch_segments
 
     f0 = torch.zeros(frames)
-    for a, b in _segments(np.asarray(wav, dtype=np.float64), sample_rate):
-        f0[a // hop : min(frames, -(-b // hop))] = segment_pitch(wav[a:b], sample_rate)
+    for a, b, pitch in pitch_segments(wav, sample_rate):
+        f0[a // hop : min(frames, -(-b // hop))] = pitch
     return f0
 
 

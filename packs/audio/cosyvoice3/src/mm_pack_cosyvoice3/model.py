@@ -138,6 +138,15 @@ def load_pretrained(model_dir: Path) -> CosyVoice3:
     return model.eval()
 
 
+class CosyVoice3Folder:
+    """``from_pretrained(folder)``: :func:`load_pretrained`, under the name loaders call (peft's
+    ``PeftModel.from_pretrained`` puts an exported LoRA adapter on the model it returns)."""
+
+    @staticmethod
+    def from_pretrained(folder: Path, **_: object) -> CosyVoice3:
+        return load_pretrained(Path(folder))
+
+
 def save_public(model: CosyVoice3, out_dir: Path) -> None:
     """Write ``llm.pt`` / ``flow.pt`` / ``hift.pt`` as the reference's torch.save of each state dict."""
     out_dir = Path(out_dir)
