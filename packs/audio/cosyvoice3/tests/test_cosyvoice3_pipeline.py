@@ -120,3 +120,17 @@ def test_bad_media_is_one_line_or_a_counted_skip(tiny_dir: Path, tmp_path: Path)
     assert "\n" not in message and "bad.wav" in message, message
     runner("skip", "data.on_bad_sample=skip", "data.eval_fraction=0").run_stage("preprocess")
     assert stage_manifest(tmp_path / "skip", "preprocess")["metrics"]["skipped"] == 1
+
+
+@pytest.mark.compares_runs
+@pytest.mark.matrix  # the whole demo (minutes): tools/demo_matrix.py runs it over seeds
+def test_the_demo_learns_speech_tokens_and_speaks(tmp_path: Path) -> None:
+    """The demo preset as `mmcore run --pack cosyvoice3` runs it: what the README promises (the
+    LM's held-out speech-token accuracy) and that evaluate speaks every held-out text."""
+    from mmcore.testing import StageCLI
+
+    StageCLI(tmp_path, timeout=1800)("run", "--pack", "cosyvoice3", "--run-dir", "demo")
+    train = stage_manifest(tmp_path / "demo", "train")["metrics"]
+    assert train["eval/speech_token_accuracy@0"] < 0.05 and train["eval/speech_token_accuracy"] >= 0.55, train
+    evaluate = stage_manifest(tmp_path / "demo", "evaluate")["metrics"]
+    assert evaluate["items"] == 20 and 0 <= evaluate["wer"], evaluate  # the WER is reported, not promised (README)
