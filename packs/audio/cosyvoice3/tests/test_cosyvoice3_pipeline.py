@@ -24,6 +24,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.matrix  # the conformance suite's tiny run covers these stages in make test (the export stage checks itself)
 def test_run_trains_two_steps_and_every_stage_succeeds(tiny_run: Path) -> None:
     r = tiny_run / "r"
     pre = stage_manifest(r, "preprocess")
@@ -37,6 +38,7 @@ def test_run_trains_two_steps_and_every_stage_succeeds(tiny_run: Path) -> None:
     assert "<audio" in (r / "evaluate/report.html").read_text()
 
 
+@pytest.mark.matrix  # the conformance suite's tiny run covers these stages in make test (the export stage checks itself)
 def test_export_has_the_public_layout_loads_strictly_and_equals_the_trained_model(tiny_run: Path) -> None:
     from mm_pack_cosyvoice3.export import probe_outputs
     from mm_pack_cosyvoice3.model import PARTS, build_model, load_pretrained, read_part
@@ -61,6 +63,7 @@ def test_export_has_the_public_layout_loads_strictly_and_equals_the_trained_mode
     assert all(torch.equal(v, read_part(out, "hift")[k]) for k, v in read_part(source, "hift").items())  # frozen
 
 
+@pytest.mark.matrix  # the conformance suite's tiny run covers these stages in make test (the export stage checks itself)
 def test_infer_writes_a_wav_and_says_where(tiny_run: Path) -> None:
     from mmcore.testing import StageCLI
 
