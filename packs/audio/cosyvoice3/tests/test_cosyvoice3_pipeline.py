@@ -134,6 +134,6 @@ def test_the_demo_learns_speech_tokens_and_speaks(tmp_path: Path) -> None:
 
     StageCLI(tmp_path, timeout=1800)("run", "--pack", "cosyvoice3", "--run-dir", "demo")
     train = stage_manifest(tmp_path / "demo", "train")["metrics"]
-    assert train["eval/speech_token_accuracy@0"] < 0.05 and train["eval/speech_token_accuracy"] >= 0.55, train
+    assert train["eval/speech_token_accuracy@0"] < 0.05 and train["eval/speech_token_accuracy"] >= 0.55, train  # 8 runs: final 0.675-0.722 (README)
     evaluate = stage_manifest(tmp_path / "demo", "evaluate")["metrics"]
     assert evaluate["items"] == 20 and 0 <= evaluate["wer"], evaluate  # the WER is reported, not promised (README)
