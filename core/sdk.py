@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.25"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.26"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -167,6 +167,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "write_moving_square_preferences", "write_moving_squares", "write_mp4", "write_shape_preferences",
         "write_shape_questions", "write_shape_tone_questions",
         "MOVING_SHAPES", "SHAPE_COLOURS", "caption_agreement", "moving_shape", "moving_shape_clips", "what_is_drawn", "write_moving_shapes",
+        "DIGIT_PACES", "DIGIT_RATE", "DIGIT_WORDS", "digit_pitch", "digits_clip", "digits_wer", "pitch_segments", "transcribe_digits", "write_spoken_digit_clips",  # 1.26
     }),
     # the kits: VLMFamily, DiffusionFamily and what they share
     "mmcore.kits": frozenset({

@@ -155,6 +155,20 @@ _EXPORTS: dict[str, str] = {
         ),
         "mmcore.data.audio",
     ),
+    **dict.fromkeys(
+        (
+            "DIGIT_PACES",
+            "DIGIT_RATE",
+            "DIGIT_WORDS",
+            "digit_pitch",
+            "digits_clip",
+            "digits_wer",
+            "pitch_segments",
+            "transcribe_digits",
+            "write_spoken_digit_clips",
+        ),
+        "mmcore.data.spoken_digits",
+    ),
     **dict.fromkeys(("preprocess_captioned_videos",), "mmcore.data.clips"),
     **dict.fromkeys(("read_captions",), "mmcore.data.captions"),
 }

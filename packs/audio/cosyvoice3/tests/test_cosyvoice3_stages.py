@@ -1,6 +1,5 @@
-"""The stages the pack declares so far: ``mmcore run`` (as a user runs it) downloads a local folder
-in the public layout and converts it with ``convert.verify``, the rest skipped visibly; a broken
-folder stops download (in process) with one line."""
+"""Download and convert: a local folder in the public layout converts with ``convert.verify``
+(bit-identical both ways); a broken folder stops download (in process) with one line."""
 
 from __future__ import annotations
 
@@ -12,13 +11,15 @@ import pytest
 from mmcore.testing import stage_manifest
 
 
-def test_run_downloads_and_converts_a_public_layout_folder_bit_identically(mmcore_cli, tiny_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc = mmcore_cli("run", "--pack", "cosyvoice3", "--model", str(tiny_dir), "--run-dir", "r", "convert.verify=true")
-    assert "verified: .pt -> DCP -> safetensors -> .pt is bit-identical for every tensor" in proc.stdout
-    for stage in ("preprocess", "train", "export", "evaluate"):
-        assert f"[{stage}] skipped: the cosyvoice3 pack has no {stage} stage" in proc.stdout
+def test_download_and_convert_of_a_public_layout_folder_are_bit_identical(tiny_dir: Path, tmp_path: Path) -> None:
+    from mmcore.testing import make_runner, plugins_with
+
+    runner = make_runner(plugins_with(installed_packs=True), "cosyvoice3", tmp_path / "r", preset="tiny", overrides=[f"model.source={tiny_dir}", "convert.verify=true"])
+    runner.run_stage("download")
+    runner.run_stage("convert")
     convert = stage_manifest(tmp_path / "r", "convert")
     assert convert["metrics"]["verified"] is True
+    assert any("bit-identical for every tensor" in note for note in convert["notes"])
     assert (tmp_path / "r/convert/dcp").is_dir() and not (tmp_path / "r/convert/safetensors").exists()
 
 

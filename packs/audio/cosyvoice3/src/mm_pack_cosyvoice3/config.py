@@ -14,7 +14,7 @@ import operator
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -164,11 +164,27 @@ class HiftConfig:
 
 
 @dataclass
+class MelConfig:
+    """``feat_extractor`` (matcha's ``mel_spectrogram``): the flow's 80-bin log mel."""
+
+    n_fft: int = 1920
+    num_mels: int = 80
+    sampling_rate: int = 24000
+    hop_size: int = 480
+    win_size: int = 1920
+    fmin: float = 0
+    fmax: float | None = None
+    center: bool = False
+
+
+@dataclass
 class CosyVoice3Config:
     sample_rate: int
     lm: LMConfig
     flow: FlowConfig
     hift: HiftConfig
+    mel: MelConfig = field(default_factory=MelConfig)
+    token_frame_rate: int = 25
 
 
 def _pick(cls: type, node: dict[str, Any], **extra: Any) -> Any:
@@ -193,4 +209,39 @@ def parse_config(path: Path) -> CosyVoice3Config:
     istft = hift.get("istft_params") or {}
     f0 = hift.get("f0_predictor") or {}
     hf = _pick(HiftConfig, hift, n_fft=istft.get("n_fft", 16), hop_len=istft.get("hop_len", 4), f0_cond_channels=f0.get("cond_channels", 512), f0_num_class=f0.get("num_class", 1))
-    return CosyVoice3Config(sample_rate=int(data.get("sample_rate", hf.sampling_rate)), lm=lm, flow=fl, hift=hf)
+    sample_rate = int(data.get("sample_rate", hf.sampling_rate))
+    mel = _pick(MelConfig, {"sampling_rate": sample_rate, **(data.get("feat_extractor") or {})})
+    return CosyVoice3Config(sample_rate=sample_rate, lm=lm, flow=fl, hift=hf, mel=mel, token_frame_rate=int(data.get("token_frame_rate", 25)))
+
+
+# ---------------------------------------------------------------- the run configuration (mmcore)
+
+from pydantic import Field  # noqa: E402
+
+from mmcore.config import RunConfig, Section, TrainingSection  # noqa: E402
+from mmcore.data import MLLMDataSection  # noqa: E402
+
+
+class SpeechData(MLLMDataSection):
+    """Records ``{"audio": "a.wav", "text": "..."}`` (JSON list or JSONL); optional
+    ``speech_token`` (ids a real speech tokenizer gave) and ``embedding`` (a speaker vector)."""
+
+    eval_fraction: float = Field(0.1, ge=0, lt=1, description="Fraction of training records held out for evaluation.")
+
+
+class SpeechTraining(TrainingSection):
+    parts: list[Literal["llm", "flow"]] = Field(
+        default_factory=lambda: ["llm", "flow"],
+        description="Which models train: llm (the speech-token LM), flow (the flow-matching mel decoder), or both (their losses summed; their parameters are disjoint). HiFT never trains here.",
+    )
+
+
+class SpeechGeneration(Section):
+    sampling: Literal["greedy", "ras"] = Field("greedy", description="The LM's decoding: greedy, or CosyVoice's repetition-aware sampling (seeded).")
+    flow_steps: int = Field(10, ge=1, description="Euler steps of the flow's ODE solve.")
+
+
+class CosyVoice3RunConfig(RunConfig):
+    data: SpeechData = Field(default_factory=SpeechData)
+    training: SpeechTraining = Field(default_factory=SpeechTraining)
+    speech: SpeechGeneration = Field(default_factory=SpeechGeneration)

@@ -43,6 +43,22 @@ class CosyVoice3(nn.Module):
         self.flow = CausalMaskedDiffWithDiT(cfg.flow)
         self.hift = CausalHiFTGenerator(cfg.hift)
 
+    def forward(self, text, text_len, speech_token, speech_token_len, speech_feat=None, speech_feat_len=None, embedding=None, parts=("llm", "flow"), rng=None, streaming=False):  # type: ignore[no-untyped-def]
+        """The training losses of ``parts``: the LM's (teacher-forced, the reference's
+        label-smoothed loss; ``llm_acc`` its speech-token accuracy) and the flow's CFM loss on
+        the mel, its noise and prompt draws from torch's global RNG. One call through the root
+        module, so a sharded model gathers every part's parameters."""
+        out: dict[str, torch.Tensor] = {}
+        if "llm" in parts:
+            lm = self.llm(text, text_len, speech_token, speech_token_len, rng=rng)
+            out.update(llm_loss=lm["loss"], llm_acc=lm["acc"], llm_tokens=(lm["target"] != -1).sum())
+        if "flow" in parts:
+            frames = torch.minimum(speech_feat_len, speech_token_len * self.cfg.flow.token_mel_ratio)
+            tokens = frames // self.cfg.flow.token_mel_ratio
+            feat = speech_feat[:, : int(frames.max())]
+            out["flow_loss"] = self.flow(speech_token[:, : int(tokens.max())], tokens, feat, tokens * self.cfg.flow.token_mel_ratio, embedding, streaming=streaming)["loss"]
+        return out
+
 
 def read_configs(model_dir: Path):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config
@@ -120,6 +136,15 @@ def load_pretrained(model_dir: Path) -> CosyVoice3:
     for part in PARTS:
         load_part_strict(getattr(model, part), read_part(model_dir, part), Path(model_dir) / f"{part}.pt")
     return model.eval()
+
+
+class CosyVoice3Folder:
+    """``from_pretrained(folder)``: :func:`load_pretrained`, under the name loaders call (peft's
+    ``PeftModel.from_pretrained`` puts an exported LoRA adapter on the model it returns)."""
+
+    @staticmethod
+    def from_pretrained(folder: Path, **_: object) -> CosyVoice3:
+        return load_pretrained(Path(folder))
 
 
 def save_public(model: CosyVoice3, out_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""The stages the pack runs so far: ``download`` and ``convert``.
+"""The ``download`` and ``convert`` stages (the others: preprocess, train, export, generate).
 
 ``download`` resolves ``model.source`` as mmcore's engine does (``init:tiny``, a hub id) but checks
 the folder as a CosyVoice3 one (``cosyvoice3.yaml``, ``CosyVoice-BlankEN/config.json``, the three
@@ -21,12 +21,13 @@ from mmcore import StageError, StageResult
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
-    """``model.source: init:tiny``: the tiny random CosyVoice3 folder in the public layout."""
-    from mm_pack_cosyvoice3.tiny import build_tiny_checkpoint
+    """``model.source: init:tiny``: the tiny random CosyVoice3 folder in the public layout;
+    ``init:demo``: the demo's (a larger tiny, with its fitted speech tokenizer and HiFT)."""
+    from mm_pack_cosyvoice3.demo import build_demo_checkpoint, build_tiny_with_tokenizer
 
-    if preset != "tiny":
-        raise StageError(f"init:{preset}: the cosyvoice3 pack builds only init:tiny")
-    build_tiny_checkpoint(Path(out), seed=seed)
+    if preset not in ("tiny", "demo"):
+        raise StageError(f"init:{preset}: the cosyvoice3 pack builds init:tiny and init:demo")
+    (build_demo_checkpoint if preset == "demo" else build_tiny_with_tokenizer)(Path(out), seed=seed)
 
 
 def download(ctx: Any, upstream: Mapping[str, Any]) -> StageResult:

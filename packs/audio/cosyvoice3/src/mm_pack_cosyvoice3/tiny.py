@@ -24,6 +24,16 @@ token_mel_ratio: 2
 chunk_size: 25
 num_decoding_left_chunks: -1
 
+feat_extractor: !name:matcha.utils.audio.mel_spectrogram
+    n_fft: 1920
+    num_mels: 80
+    sampling_rate: !ref <sample_rate>
+    hop_size: 480
+    win_size: 1920
+    fmin: 0
+    fmax: null
+    center: False
+
 llm: !new:cosyvoice.llm.llm.CosyVoice3LM
     llm_input_size: !ref <llm_input_size>
     llm_output_size: !ref <llm_output_size>
@@ -80,7 +90,7 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
 
 hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
     in_channels: 80
-    base_channels: 32
+    base_channels: {hift_channels}
     nb_harmonics: 8
     sampling_rate: !ref <sample_rate>
     nsf_alpha: 0.1
@@ -101,7 +111,7 @@ hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
     f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
         num_class: 1
         in_channels: 80
-        cond_channels: 16
+        cond_channels: {f0_channels}
 """
 
 CORPUS = ["hello world, this is a tiny speech test.", "the quick brown fox jumps over the lazy dog.", "CosyVoice three speaks text as speech tokens."] * 4
@@ -126,7 +136,7 @@ def write_tokenizer(out: Path, vocab_size: int = 300) -> int:
     return len(tok)
 
 
-def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech_tokens: int = 64, tie_word_embeddings: bool = True) -> Path:
+def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech_tokens: int = 64, tie_word_embeddings: bool = True, hift_channels: int = 32, f0_channels: int = 16) -> Path:
     """Write the tiny folder (yaml, llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/) and return it."""
     from transformers import Qwen2Config
 
@@ -147,7 +157,7 @@ def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech
     )
     qwen_dir.mkdir(parents=True, exist_ok=True)
     qwen.to_json_file(str(qwen_dir / "config.json"))
-    (out_dir / YAML).write_text(TINY_YAML.format(hidden=hidden, speech_tokens=speech_tokens))
+    (out_dir / YAML).write_text(TINY_YAML.format(hidden=hidden, speech_tokens=speech_tokens, hift_channels=hift_channels, f0_channels=f0_channels))
     cfg, qwen = read_configs(out_dir)
     torch.manual_seed(seed)
     model = CosyVoice3(cfg, qwen)
