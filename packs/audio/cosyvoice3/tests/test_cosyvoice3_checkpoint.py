@@ -66,7 +66,7 @@ def test_bad_checkpoint_fails_in_one_line(tiny_dir: Path, tmp_path: Path, damage
     expected = {
         "missing_key": "1 missing (first input_embedding.weight)",
         "extra_key": "1 unexpected",
-        "shape": "(3, 80) in the file",
+        "shape": "(3, 80) in the checkpoint",
         "not_a_state_dict": "holds a list",
         "no_yaml": "no cosyvoice3.yaml",
     }

@@ -68,10 +68,10 @@ def test_a_bad_encoder_fails_in_one_line(tiny_dir: Path, tmp_path: Path) -> None
     with pytest.raises(CheckpointError, match=r"1 missing \(first encoder\.downsample\.conv\.weight\)"):
         load_speech_encoder(folder)
     save_file({**state, "extra.weight": torch.zeros(1)}, str(path))
-    with pytest.raises(CheckpointError, match=r"unexpected \(first extra\.weight\)"):
+    with pytest.raises(CheckpointError, match=r"unexpected extra\.weight"):
         load_speech_encoder(folder)
     shaped = dict(state)
     shaped["encoder.encoder_transformer.layers.0.mlp.fc1.weight"] = torch.zeros(3, 3)
     save_file(shaped, str(path))
-    with pytest.raises(CheckpointError, match=r"fc1\.weight is \(3, 3\) in the checkpoint"):
+    with pytest.raises(CheckpointError, match=r"fc1\.weight: \(3, 3\) in the checkpoint"):
         load_speech_encoder(folder)

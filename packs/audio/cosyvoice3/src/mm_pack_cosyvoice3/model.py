@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mmcore.engines import load_strictly
 from mm_pack_cosyvoice3.config import CosyVoice3Config, parse_config
 from mm_pack_cosyvoice3.flow import CausalMaskedDiffWithDiT
 from mm_pack_cosyvoice3.hift import CausalHiFTGenerator
@@ -112,29 +113,11 @@ def read_part(model_dir: Path, part: str) -> dict[str, torch.Tensor]:
     return public_keys(part, state)
 
 
-def load_part_strict(module: nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
-    if missing or unexpected or shapes:
-        what = []
-        if missing:
-            what.append(f"{len(missing)} missing (first {missing[0]})")
-        if unexpected:
-            what.append(f"{len(unexpected)} unexpected (first {unexpected[0]})")
-        if shapes:
-            k = shapes[0]
-            what.append(f"{len(shapes)} of another shape (first {k}: {tuple(state[k].shape)} in the file, {tuple(expected[k].shape)} in {YAML})")
-        raise CheckpointError(f"{where}: does not fit the model {YAML} describes: " + "; ".join(what))
-    module.load_state_dict(state, strict=True)
-
-
 def load_pretrained(model_dir: Path) -> CosyVoice3:
     """The three public state dicts loaded with strict=True into the model the folder describes."""
     model = build_model(model_dir)
     for part in PARTS:
-        load_part_strict(getattr(model, part), read_part(model_dir, part), Path(model_dir) / f"{part}.pt")
+        load_strictly(getattr(model, part), read_part(model_dir, part), Path(model_dir) / f"{part}.pt", f"the model {YAML} describes", error=CheckpointError)
     return model.eval()
 
 
