@@ -29,6 +29,7 @@ def synthesize(
     sampling: str = "greedy",
     generator: torch.Generator | None = None,
     n_timesteps: int = 10,
+    vocoder: str = "hift",
     max_token_text_ratio: float = 20.0,
     min_token_text_ratio: float = 2.0,
 ) -> Speech:
@@ -44,7 +45,12 @@ def synthesize(
     spk = speaker_embedding if speaker_embedding is not None else torch.zeros(1, flow.spk_embed_dim)
     feat = prompt_feat if prompt_feat is not None else torch.zeros(1, 0, flow.output_size)
     mel = model.flow.inference(torch.tensor([tokens]), prompt, feat, spk, n_timesteps=n_timesteps)
-    wav, _ = model.hift(mel)
+    if vocoder == "griffin_lim":
+        from mm_pack_cosyvoice3.features import griffin_lim
+
+        wav = griffin_lim(mel[0].float(), model.cfg.mel)[None]
+    else:
+        wav, _ = model.hift(mel)
     return Speech(tokens=tokens, mel=mel, wav=wav[0], sample_rate=model.cfg.sample_rate)
 
 
