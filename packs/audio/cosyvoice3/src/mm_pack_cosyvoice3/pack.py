@@ -16,6 +16,8 @@ pack = PackSpec(
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
     distributed_stages=("train",),
+    # how the export speaks (decoding, flow steps, vocoder) is part of what evaluate measures
+    stage_sections={"evaluate": ("evaluate", "generation", "speech"), "infer": ("generation", "speech")},
     stages={
         "download": "mm_pack_cosyvoice3.stages:download",
         "convert": "mm_pack_cosyvoice3.stages:convert",
