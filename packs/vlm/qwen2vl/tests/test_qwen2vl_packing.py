@@ -81,7 +81,8 @@ def test_without_isolation_the_samples_would_see_each_other(batch_parts) -> None
 def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.max_tokens: rows of mixed samples filled to 512 tokens by the length-aware
     sampler, through the varlen attention path; killed after step 2 and resumed, the losses equal
-    the straight run's.
+    the straight run's, bit for bit, the straight run reading each step's batches at the step
+    (``training.prefetch=false``) and the killed one a step ahead on a thread (the default).
     Ulysses sequence parallelism (parallel.ulysses=2 on 2 processes: one row, each rank's decoder
     on half its tokens, samples crossing the halves' boundary, the vision tower's pictures and
     video frames split between the two) computes the same losses, killed with kill -9 after
@@ -108,7 +109,7 @@ def test_token_budget_packing_trains_and_resumes_to_the_same_losses(mm, tmp_path
         rows = [json.loads(x) for x in (tmp_path / run / "train/metrics.jsonl").read_text().splitlines()]
         return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
-    mm("run", *args, "--run-dir", "straight")
+    mm("run", *args, "training.prefetch=false", "--run-dir", "straight")
     straight = losses("straight")
     assert list(straight) == [1, 2, 3, 4]
     assert mm("run", *args, "--run-dir", "killed", check=False, MMCORE_TEST_KILL="train-step:2").returncode != 0
