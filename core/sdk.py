@@ -167,7 +167,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "write_moving_square_preferences", "write_moving_squares", "write_mp4", "write_shape_preferences",
         "write_shape_questions", "write_shape_tone_questions",
         "MOVING_SHAPES", "SHAPE_COLOURS", "caption_agreement", "moving_shape", "moving_shape_clips", "what_is_drawn", "write_moving_shapes",
-        "DIGIT_PACES", "DIGIT_RATE", "DIGIT_WORDS", "digit_pitch", "digits_clip", "digits_wer", "pitch_segments", "transcribe_digits", "write_spoken_digit_clips",  # 1.26
+        "DIGIT_PACES", "DIGIT_RATE", "DIGIT_WORDS", "digit_pitch", "digits_clip", "digits_wer", "pitch_segments", "transcribe_digits", "write_spoken_digit_clips", "SpokenText", "read_spoken_texts",  # 1.26
     }),
     # the kits: VLMFamily, DiffusionFamily and what they share
     "mmcore.kits": frozenset({

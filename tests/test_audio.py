@@ -65,3 +65,32 @@ def test_unreadable_audio_is_a_media_error_naming_the_file(tmp_path: Path) -> No
     (tmp_path / "cut.mp3").write_bytes(full[:40])
     with pytest.raises(MediaError, match="cut.mp3"):
         load_audio(tmp_path / "cut.mp3")
+
+
+def test_speech_records_are_read_and_bad_ones_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``read_spoken_texts``: each bad record is one BadSample naming its file and index, in order."""
+    from mmcore.config import DataSection
+    from mmcore.data import BadSample, SpokenText, read_spoken_texts
+
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    lines = [
+        '{"audio": "a.wav", "text": " seven one "}',
+        '{"audio": {"path": "a.wav"}, "text": "two", "speaker": "x"}',
+        "[1, 2]",
+        '{"text": "no clip"}',
+        '{"audio": "a.wav", "text": "  "}',
+        '{"audio": "../a.wav", "text": "out"}',
+        '{"audio": "gone.wav", "text": "gone"}',
+        "{not json",
+    ]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    got = list(read_spoken_texts(data, DataSection()))
+    assert [type(x).__name__ for x in got] == ["SpokenText", "SpokenText"] + ["BadSample"] * 6
+    first, second = got[0], got[1]
+    assert isinstance(first, SpokenText) and first.text == "seven one" and first.audio == (tmp_path / "a.wav").resolve()
+    assert isinstance(second, SpokenText) and second.record["speaker"] == "x"
+    reasons = [x.reason for x in got[2:] if isinstance(x, BadSample)]
+    assert [x.index for x in got[2:]] == [2, 3, 4, 5, 6, 7]
+    assert "expected an object" in reasons[0] and "no 'audio' path" in reasons[1] and "'text' is empty" in reasons[2]
+    assert "escapes the dataset folder" in reasons[3] and "not found" in reasons[4]

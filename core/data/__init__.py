@@ -152,6 +152,8 @@ _EXPORTS: dict[str, str] = {
         (
             "load_audio",
             "write_audio",
+            "SpokenText",
+            "read_spoken_texts",
         ),
         "mmcore.data.audio",
     ),

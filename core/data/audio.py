@@ -8,12 +8,16 @@ naming the file, for the bad-sample policy.
 from __future__ import annotations
 
 import wave
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from mmcore.data.media import MediaError, check_seconds
 
-__all__ = ["MediaError", "load_audio", "write_audio"]
+if TYPE_CHECKING:
+    from mmcore.data.badsamples import BadSample
+
+__all__ = ["MediaError", "load_audio", "write_audio", "SpokenText", "read_spoken_texts"]
 
 # The encoder (and its sample format) per suffix when writing.
 _CODECS = {".flac": ("flac", "s16"), ".mp3": ("libmp3lame", "fltp"), ".m4a": ("aac", "fltp"), ".ogg": ("libopus", "flt"), ".opus": ("libopus", "flt")}
@@ -84,3 +88,41 @@ def write_audio(path: Path, samples: Any, sampling_rate: int) -> Path:
         for packet in stream.encode(None):
             container.mux(packet)
     return path
+
+
+@dataclass
+class SpokenText:
+    """One record of a speech dataset: its clip (resolved, inside the media root) and its text;
+    ``record`` is the whole record, for a pack's own fields (speaker, speech tokens, ...)."""
+
+    file: str
+    index: int
+    audio: Path
+    text: str
+    record: dict[str, Any]
+
+
+def read_spoken_texts(path: Path, section: Any) -> Iterator["SpokenText | BadSample"]:
+    """``{"audio": "a.wav" | {"path": "a.wav"}, "text": "..."}`` records of a JSON list or JSONL
+    file, in order; a record without a clip path or with an empty text is a :class:`BadSample`
+    naming the file and record (``section``: the data section, for the media root)."""
+    from mmcore.data.badsamples import BadSample
+    from mmcore.data.mllm import BadJSON, BadRecord, load_records, media_root, resolve_media
+
+    root = media_root(path, section)
+    for index, record in enumerate(load_records(path)):
+        if isinstance(record, BadJSON) or not isinstance(record, dict):
+            why = str(record) if isinstance(record, BadJSON) else f"expected an object, got {type(record).__name__}"
+            yield BadSample(str(path), index, why)
+            continue
+        audio, text = record.get("audio"), record.get("text")
+        audio = audio.get("path") if isinstance(audio, dict) else audio
+        if not isinstance(audio, str) or not audio:
+            yield BadSample(str(path), index, "no 'audio' path (or an object with a 'path')")
+        elif not isinstance(text, str) or not text.strip():
+            yield BadSample(str(path), index, "the 'text' is empty or not a string")
+        else:
+            try:
+                yield SpokenText(str(path), index, resolve_media(audio, root, "audio"), text.strip(), record)
+            except BadRecord as bad:  # a path that escapes the media root or names no file
+                yield BadSample(str(path), index, str(bad))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from mmcore import Manifest, StageContext, StageError, StageResult
-from mmcore.data import BadJSON, BadRecord, BadSample, BadSamples, Failed, MediaError, ShardWriter, held_out, load_records, map_in_order, media_root, resolve_media
+from mmcore.data import BadRecord, BadSample, BadSamples, Failed, MediaError, ShardWriter, held_out, map_in_order, read_spoken_texts
 
 
 @dataclass
@@ -31,25 +31,16 @@ class Utterance:
 
 
 def read_utterances(path: Path, cfg: Any) -> Iterator[Utterance | BadSample]:
-    root = media_root(path, cfg)
-    for index, record in enumerate(load_records(path)):
-        if isinstance(record, BadJSON):
-            yield BadSample(str(path), index, str(record))
+    """The records (:func:`mmcore.data.read_spoken_texts`), with their optional ``speech_token`` and ``embedding``."""
+    for item in read_spoken_texts(path, cfg):
+        if isinstance(item, BadSample):
+            yield item
             continue
-        try:
-            if not isinstance(record, dict):
-                raise BadRecord(f"expected an object, got {type(record).__name__}")
-            audio, text = record.get("audio"), record.get("text")
-            if not isinstance(audio, str) or not audio:
-                raise BadRecord("no 'audio' path")
-            if not isinstance(text, str) or not text.strip():
-                raise BadRecord("the 'text' is empty or not a string")
-            tokens, emb = record.get("speech_token"), record.get("embedding")
-            if tokens is not None and not (isinstance(tokens, list) and all(isinstance(t, int) and t >= 0 for t in tokens) and tokens):
-                raise BadRecord("'speech_token' must be a non-empty list of ids")
-            yield Utterance(str(path), index, resolve_media(audio, root, "audio"), text.strip(), tokens, emb)
-        except BadRecord as bad:
-            yield BadSample(str(path), index, str(bad))
+        tokens, emb = item.record.get("speech_token"), item.record.get("embedding")
+        if tokens is not None and not (isinstance(tokens, list) and all(isinstance(t, int) and t >= 0 for t in tokens) and tokens):
+            yield BadSample(item.file, item.index, "'speech_token' must be a non-empty list of ids")
+            continue
+        yield Utterance(item.file, item.index, item.audio, item.text, tokens, emb)
 
 
 class Encoder:

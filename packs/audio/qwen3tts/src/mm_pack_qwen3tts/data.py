@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from mmcore import Manifest, StageContext, StageError, StageResult
-from mmcore.data import BadJSON, BadRecord, BadSample, BadSamples, Failed, MediaError, ShardWriter, held_out, load_records, map_in_order, media_root, resolve_media
+from mmcore.data import BadRecord, BadSample, BadSamples, Failed, MediaError, ShardWriter, held_out, map_in_order, read_spoken_texts
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
@@ -36,26 +36,14 @@ class Record:
 
 
 def read_records(path: Path, cfg: Any) -> Iterator[Record | BadSample]:
-    root = media_root(path, cfg)
-    for index, record in enumerate(load_records(path)):
-        if isinstance(record, BadJSON):
-            yield BadSample(str(path), index, str(record))
-            continue
-        try:
-            if not isinstance(record, dict):
-                raise BadRecord(f"expected an object, got {type(record).__name__}")
-            audio = record.get("audio")
-            audio = audio.get("path") if isinstance(audio, dict) else audio
-            if not isinstance(audio, str) or not audio:
-                raise BadRecord("no 'audio' path (or an object with a 'path')")
-            text = record.get("text")
-            if not isinstance(text, str) or not text.strip():
-                raise BadRecord("the 'text' is empty or not a string")
-            if record.get("ref_audio"):
-                raise BadRecord("'ref_audio' (a Base model's speaker prompt) is not supported: the speaker encoder's mel front end is not implemented")
-            yield Record(str(path), index, resolve_media(audio, root, "audio"), text.strip(), record.get("speaker") or cfg.speaker, record.get("language") or cfg.language)
-        except BadRecord as bad:
-            yield BadSample(str(path), index, str(bad))
+    """The records (:func:`mmcore.data.read_spoken_texts`), with their ``speaker`` and ``language``."""
+    for item in read_spoken_texts(path, cfg):
+        if isinstance(item, BadSample):
+            yield item
+        elif item.record.get("ref_audio"):
+            yield BadSample(item.file, item.index, "'ref_audio' (a Base model's speaker prompt) is not supported: the speaker encoder's mel front end is not implemented")
+        else:
+            yield Record(item.file, item.index, item.audio, item.text, item.record.get("speaker") or cfg.speaker, item.record.get("language") or cfg.language)
 
 
 class Encoder:
