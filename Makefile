@@ -50,7 +50,7 @@ PARALLEL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: $(VENV)/.installed
 	$(BIN)/ruff check --quiet .
 	$(BIN)/ruff format --check --quiet .
-	$(PARALLEL) $(BIN)/python -m pytest -q $(WORKERS) --durations=15 -m "not matrix"
+	$(PARALLEL) $(BIN)/python -m pytest -q $(WORKERS) --durations=40 -m "not matrix"
 	@echo "isa_sample tests again with: $$($(BIN)/python tools/other_isa.py)"
 	$(PARALLEL) $(OTHER_ISA) $(BIN)/python -m pytest -q $(WORKERS) -m isa_sample
 

@@ -64,6 +64,7 @@ def test_two_process_fsdp2_matches_one_process(flux, tmp_path: Path) -> None:  #
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # 4 min under CI's load; tools/demo_matrix.py holds its promise, the tiny run below the user's path after it
 @pytest.mark.compares_runs
 def test_demo_held_out_loss_falls_and_the_export_generates_in_plain_diffusers(flux, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # The README's promise: the held-out velocity error at fixed noise falls below 0.6x its
@@ -72,6 +73,19 @@ def test_demo_held_out_loss_falls_and_the_export_generates_in_plain_diffusers(fl
     run = diffusion_demo_holds(flux, tmp_path, "flux", sensitivity=1.5)  # one image per held-out caption
     evaluate = json.loads((run / "evaluate/manifest.json").read_text())["metrics"]
     assert evaluate["colour_agreement"] >= 0.8 and (run / "evaluate/samples/sample-0.png").is_file(), evaluate
+    export_generates_and_infer_agrees(flux, run, "demo")
+
+
+def test_the_export_generates_in_plain_diffusers_and_infer_agrees(flux, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The user's path after training, on the tiny preset (the demo's promise is the matrix test above)."""
+    flux("run", *TINY, "data.demo_samples=8", "data.eval_fraction=0.25", "--run-dir", "tiny")
+    run = tmp_path / "tiny"
+    assert json.loads((run / "export/manifest.json").read_text())["metrics"]["weights_identical"]
+    assert (run / "evaluate/samples/sample-0.png").is_file()
+    export_generates_and_infer_agrees(flux, run, "tiny")
+
+
+def export_generates_and_infer_agrees(flux, run: Path, run_dir: str) -> None:  # type: ignore[no-untyped-def]
     from diffusers import FluxPipeline
 
     pipe = FluxPipeline.from_pretrained(run / "export/pipeline")
@@ -80,7 +94,7 @@ def test_demo_held_out_loss_falls_and_the_export_generates_in_plain_diffusers(fl
     # `mmcore infer`: the same image from the training checkpoint and from the export (same seed)
     pictures = []
     for which in ("latest", "export"):
-        proc = flux("infer", "--run-dir", "demo", "--checkpoint", which, "--prompt", "a blue square", "--num-inference-steps", "3")
+        proc = flux("infer", "--run-dir", run_dir, "--checkpoint", which, "--prompt", "a blue square", "--num-inference-steps", "3")
         from PIL import Image
 
         pictures.append(np.asarray(Image.open(Path(proc.stdout.split("image: ")[1].split(",")[0].strip()))).astype(int))

@@ -202,6 +202,7 @@ def test_megatron_freezes_what_fsdp2_freezes(mm, tmp_path: Path) -> None:  # typ
 
 @pytest.mark.skipif(not USABLE, reason=WHY)
 @pytest.mark.slow
+@pytest.mark.matrix  # 2 min; LoRA on megatron's parallel layers, merged and loaded by peft, is make test's test_lora_on_the_parallel_layers_exports_what_peft_loads
 def test_megatron_lora_adapts_the_chosen_linears_only(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """training.lora.target_modules on megatron picks training modules as on FSDP2 (globs typed
     as a user types them); they must make up whole Megatron linears, the same in every layer.
