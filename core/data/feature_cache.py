@@ -104,12 +104,12 @@ class FeatureCache:
         self._handles: dict[str, Any] = {}
 
     def get(self, key: str) -> Any:
-        from safetensors import safe_open
+        from mmcore.data.shards import ShardFile  # read by offset, not mapped: see ShardFile
 
         name = self.index["files"][key]
         if name not in self._handles:
-            self._handles[name] = safe_open(str(self.folder / name), "pt")
-        return self._handles[name].get_tensor(key)
+            self._handles[name] = ShardFile(self.folder / name)
+        return self._handles[name].tensor(key)
 
     def refs(self, sample: int) -> dict[str, list[str]]:
         return self.index["samples"][sample]

@@ -1,6 +1,6 @@
 """Processed samples on disk: safetensors shards plus a JSON index with each sample's length.
 
-Written once by a preprocess/extract stage, read memory-mapped by training. No pickle: every
+Written once by a preprocess/extract stage, read by offset by training (:class:`ShardFile`). No pickle: every
 field of a sample is a tensor. The index keeps lengths so samplers can bucket or pack without
 opening the shards.
 """
@@ -8,6 +8,7 @@ opening the shards.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,7 @@ class ShardWriter:
 
 
 class ShardDataset:
-    """Map-style dataset over a folder written by :class:`ShardWriter` (memory-mapped reads).
+    """Map-style dataset over a folder written by :class:`ShardWriter` (each tensor read by offset).
 
     ``indices`` are record numbers of the index; by default every sample, fillers left out
     (:meth:`fillers` has those, :meth:`with_fillers` every record in order).
@@ -107,7 +108,7 @@ class ShardDataset:
         shard = record["shard"]
         handle = self._handles.get(shard)
         if handle is None:
-            handle = self._handles[shard] = MappedShard(self.folder / f"shard-{shard:05d}.safetensors")
+            handle = self._handles[shard] = ShardFile(self.folder / f"shard-{shard:05d}.safetensors")
         return {name: handle.tensor(f"{number}/{name}") for name in record["fields"]}
 
     def subset(self, indices: list[int]) -> "ShardDataset":
@@ -126,30 +127,44 @@ class ShardDataset:
         return self.subset([i for i in range(len(self)) if self.meta(i).get("split", "train") == name])
 
 
-class MappedShard:
-    """One shard file mapped into memory once (private pages: a write to a tensor never reaches
-    the file), its header parsed once; each tensor a view of its bytes, as safetensors' own
-    ``get_tensor`` returns them, at a few microseconds instead of ~40 (a demo's batch of 16
-    samples reads 64 tensors: ``bench/data_path.py``)."""
+class ShardFile:
+    """One safetensors file read by offset: its header parsed once, each tensor read with one
+    ``pread`` into memory of its own (a few microseconds for a demo's sample: ``bench/data_path.py``).
+
+    Not memory-mapped: a mapping's pages count as the process's resident memory once read, so an
+    epoch over mapped shards showed as that much more RSS (``top``'s RES, ``wait4``'s peak, what
+    a scheduler that kills on RSS reads) though the pages were clean page cache; read like this,
+    the process holds only the batches in flight (BENCHMARKS.md, the peers rows)."""
 
     def __init__(self, path: Path) -> None:
-        import torch
-
         from mmcore.checkpoint.safetensors_files import _dtype, _read_raw_header
 
         header, start = _read_raw_header(path)
-        size = path.stat().st_size
-        storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=size)
-        self.bytes = torch.empty(0, dtype=torch.uint8).set_(storage)
         self.entries = {key: (_dtype(e["dtype"]), tuple(e["shape"]), start + e["data_offsets"][0], start + e["data_offsets"][1]) for key, e in header.items()}
         self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
 
     def tensor(self, key: str) -> "torch.Tensor":
+        import torch
+
         try:
             dtype, shape, begin, end = self.entries[key]
         except KeyError:
             raise StageError(f"{self.path}: no tensor {key!r}; the shard does not match {INDEX} (rerun the stage that writes them)") from None
-        return self.bytes[begin:end].view(dtype).view(shape)
+        if end == begin:
+            return torch.empty(shape, dtype=dtype)
+        buffer = bytearray(end - begin)
+        if os.preadv(self._fd, [buffer], begin) != end - begin:
+            raise StageError(f"{self.path}: shorter than its header says (tensor {key!r}); rerun the stage that writes it")
+        return torch.frombuffer(buffer, dtype=dtype).view(shape)
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def split_key(file: str | Path, index: int) -> str:
