@@ -71,12 +71,16 @@ data files, steps, micro-batch, cut-off, learning rate (constant), AdamW, clippi
 Where mmcore is behind, profiled on 2026-12-05 (AMD EPYC, 1 thread, the full job: 800 samples, 100 steps; `/proc/PID/status`):
 
 - **Peak RSS**: qwen2vl `mmcore run` 886 MiB = 528 anonymous + 359 file-backed; the train stage alone in its own process 678 =
-  322 + 356; the Trainer script 670 = 551 + 121. mmcore holds less private memory than the script (which keeps every sample's
-  pixels in memory) but reads its preprocessed shards (231 MB) through mmap, and those pages count as resident as an epoch
-  touches them (clean page cache, not private memory); and `mmcore run` runs the stages in one process, where preprocess leaves
-  ~200 MiB of freed-but-held heap (`gc.collect()` + `malloc_trim(0)` after each stage: 768 -> 609 MiB at 30 steps). Whisper:
-  531 (359 + 171) for `mmcore run`, 462 for train alone, 453 for the script. LLaMA-Factory (617 MiB) keeps images as paths and
-  runs the image processor in its collator at every step, which is why its throughput is lower.
+  322 + 356; the Trainer script 670 = 551 + 121. mmcore held less private memory than the script (which keeps every sample's
+  pixels in memory) but read its preprocessed shards (231 MB) through mmap, and a mapping's pages count as resident once an epoch
+  touches them (clean page cache, not private memory); and `mmcore run` runs the stages in one process, where preprocess left
+  ~200 MiB of freed-but-held heap. Both are fixed: `gc.collect()` + `malloc_trim(0)` after each stage (768 -> 609 MiB at 30 steps),
+  and since 2026-12-07 shards and feature caches are read by offset (one `pread` per tensor, `mmcore.data.shards.ShardFile`), not
+  mapped: the quick job (240 samples, 30 steps, 1 thread, a loaded 2-core Xeon) peaked at 524 MiB mapped and 459 MiB read by offset
+  (the Trainer script 505), the held-out loss the same to the bit. Whisper, quick, read by offset: `mmcore run` 470 MiB (325
+  anonymous + 145 file-backed, the peak at export, which holds the trained and the reloaded model) vs the script's 425 (305 + 120).
+  LLaMA-Factory (617 MiB) keeps images as paths and runs the image processor in its collator at every step, which is why its
+  throughput is lower.
 - **Time to first step**: `mmcore run` runs download (2.0 s), convert to DCP (4.4 s, most of it importing torch and transformers)
   and preprocess (qwen2vl 3.4 s, whisper 6.5 s: PyAV decoding and log-mel features of 800 clips, written as shards) before the
   first step, 0.25-0.4 s after train starts; the scripts encode in memory and start training. LLaMA-Factory spends ~19 s importing
