@@ -144,10 +144,41 @@ def sha256_json(data: Any) -> str:
 
 def fsync_tree(folder: Path) -> None:
     """Flush every file under ``folder`` and the folder itself to disk: one pass at the end,
-    while the kernel has written most pages back in the background already."""
-    for path in [*sorted(p for p in folder.rglob("*") if p.is_file()), folder]:
+    while the kernel has written most pages back in the background already.
+
+    On Linux a tree of many files (a converted DCP checkpoint: one file per tensor) is flushed by
+    one ``syncfs`` of its file system: fsyncing the files one by one waits for each file's
+    journal commit in turn, which made HF -> DCP of a Qwen2-VL-2B-shaped checkpoint (4 layers,
+    106 files, 1 GiB) take 1.65-2.1 s where ``cp -r`` + ``sync`` took 1.18; ``syncfs`` took
+    1.18-1.48 (bench/convert_speed.py). A few files, or no ``syncfs``, are fsynced one by one."""
+    paths = [*sorted(p for p in folder.rglob("*") if p.is_file()), folder]
+    if len(paths) > _FSYNC_ONE_BY_ONE and _syncfs(folder):
+        return
+    for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+_FSYNC_ONE_BY_ONE = 16  # files: at most this many are fsynced each, more by one syncfs
+
+
+def _syncfs(folder: Path) -> bool:
+    """``syncfs(2)`` on the file system holding ``folder``: True once it returned 0; False where
+    the C library has none (not Linux / glibc) or it failed (then fsync file by file)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs  # the process's own C library
+    except (OSError, AttributeError):
+        return False
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        return syncfs(fd) == 0
+    finally:
+        os.close(fd)
