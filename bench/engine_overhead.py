@@ -16,6 +16,8 @@ progress bar, checkpoint bookkeeping), not the data path's (that is ``bench/data
 Each repetition runs both (order alternating), ``--warmup`` steps discarded, then ``--steps``
 steps timed; the figure is the median over repetitions of mmcore's median step time over the
 bare loop's (a median per side: on a shared 2-core machine a mean moves with the odd slow step). Goal (issue 20): <= 1.03.
+A second row per case, ``-cpu``, is the same ratio in the process's CPU seconds (every thread's):
+what the loop itself costs, which other jobs on a shared machine hardly move.
 
 Cases: ``qwen2vl`` and ``wan`` demo models, and ``qwen2vl-1s``: the qwen2vl demo data on a
 wider model (hidden 768, 6 layers) whose step takes about a second here.
@@ -49,13 +51,13 @@ class TimedBatches:
 
     def __init__(self, batches: list[dict[str, Any]]) -> None:
         self.batches = batches
-        self.fetched: list[tuple[int, float]] = []
+        self.fetched: list[tuple[int, float, float]] = []
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        self.fetched.append((i, time.perf_counter()))
+        self.fetched.append((i, time.perf_counter(), time.process_time()))
         return self.batches[i]
 
 
@@ -83,7 +85,7 @@ class Case:
         self.order: list[int] = []
 
     # ---- mmcore: the train stage, its recipe's data swapped for the pre-collated batches
-    def mmcore_step_times(self) -> list[float]:
+    def mmcore_step_times(self) -> tuple[list[float], list[float]]:
         import mmcore.train.loop as engine
 
         original = engine.run_training
@@ -110,12 +112,11 @@ class Case:
         finally:
             engine.run_training = original
         fetched = timed[-1].fetched
-        self.order = [i for i, _ in fetched]
-        stamps = [t for _, t in fetched]
-        return [b - a for a, b in zip(stamps, stamps[1:])][self.warmup :]
+        self.order = [i for i, _, _ in fetched]
+        return _intervals([t for _, t, _ in fetched], self.warmup), _intervals([c for _, _, c in fetched], self.warmup)
 
     # ---- bare: the same model and batches, a loop written by hand
-    def bare_step_times(self) -> list[float]:
+    def bare_step_times(self) -> tuple[list[float], list[float]]:
         import torch
 
         from mmcore.checkpoint.training import seed_everything
@@ -135,9 +136,10 @@ class Case:
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         warmup = max(cfg.warmup_steps, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-        stamps = []
+        stamps, cpu = [], []
         for i in self.order:
             stamps.append(time.perf_counter())
+            cpu.append(time.process_time())
             batch = self.batches[i]
             loss = recipe.loss(model, batch) / batch["num_loss_tokens"]
             loss.backward()
@@ -147,7 +149,13 @@ class Case:
             optimizer.zero_grad(set_to_none=True)
             loss.item()
         stamps.append(time.perf_counter())
-        return [b - a for a, b in zip(stamps, stamps[1:])][self.warmup : self.warmup + self.steps]
+        cpu.append(time.process_time())
+        return _intervals(stamps, self.warmup)[: self.steps], _intervals(cpu, self.warmup)[: self.steps]
+
+
+def _intervals(stamps: list[float], skip: int) -> list[float]:
+    """Step times from the stamps taken at each step's start, the first ``skip`` left out."""
+    return [b - a for a, b in zip(stamps, stamps[1:])][skip:]
 
 
 def main() -> None:
@@ -159,17 +167,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name in args.cases.split(","):
             case = Case(name, Path(tmp), args.quick)
-            mm, bare = [], []
+            mm, bare, mm_cpu, bare_cpu = [], [], [], []
             for rep in range(reps):
                 sides = ("mmcore", "bare") if rep % 2 == 0 else ("bare", "mmcore")
                 if case.batches is None:
                     sides = ("mmcore", "bare")  # the first mmcore run collates the shared batches
                 got = {}
                 for side in sides:
-                    times = case.mmcore_step_times() if side == "mmcore" else case.bare_step_times()
+                    times, cpu = case.mmcore_step_times() if side == "mmcore" else case.bare_step_times()
                     got[side] = statistics.median(times)  # robust to the odd slow step (a page fault burst, a neighbour)
+                    got[side + "-cpu"] = statistics.median(cpu)
                 mm.append(got["mmcore"])
                 bare.append(got["bare"])
+                mm_cpu.append(got["mmcore-cpu"])
+                bare_cpu.append(got["bare-cpu"])
             emit(
                 figure(
                     f"engine_overhead/{name}",
@@ -181,6 +192,20 @@ def main() -> None:
                     goal=("<=", 1.03),
                     how=f"median of {case.steps} steps after {case.warmup} warm-up, {reps} repetitions alternating, {args.threads} threads, fp32, "
                     "same pre-collated batches, model and frozen parameters on both sides",
+                )
+            )
+            # The process's CPU seconds a step (every thread's: the loop's, the prefetch's, the
+            # progress bar's): what the loop costs, hardly moved by other jobs on the machine, which
+            # move the wall-clock figure above (no goal of its own: the goal is the wall clock's).
+            emit(
+                figure(
+                    f"engine_overhead/{name}-cpu",
+                    f"train step CPU time, {name} ({CASES[name][0]} {CASES[name][1]} data)",
+                    "CPU s/step",
+                    mm_cpu,
+                    bare_cpu,
+                    baseline_name="bare PyTorch loop",
+                    how=f"process CPU time (all threads), median of {case.steps} steps after {case.warmup} warm-up, {reps} repetitions alternating, {args.threads} threads",
                 )
             )
 
