@@ -32,6 +32,7 @@ BENCHMARKS: list[tuple[str, str, list[str] | None]] = [
     ("packing", "3. packing vs pad-to-longest", []),
     ("caches", "4. feature caches vs live encoders (demo sizes)", ["--packs", "wan"]),
     ("whisper_encoder_cache", "4. whisper encoder cache at real size", []),
+    ("vision_tower_cache", "4. Qwen2-VL vision tower cache at the 2B model's widths", []),
     ("data_path", "5. data path: preprocess rate, batch wait share", ["--packs", "qwen2vl"]),
     ("startup", "6. start-up and environment creation", []),
     ("sharded_load_memory", "7. sharded loading memory, 1 vs 2 ranks", None),
