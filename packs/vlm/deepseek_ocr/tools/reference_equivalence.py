@@ -20,9 +20,13 @@ What runs, in fp32 on CPU, the pack's ``init:tiny`` weights loaded strictly into
 * the reference's feature recipe ``cat(clip[:, 1:], sam.flatten(2).permute(0, 2, 1))`` and
   layout of ``DeepseekOCRForCausalLM._pixel_values_to_embedding`` (tiles' rows with newlines,
   the global view's rows with newlines, the separator), written out here since that file needs vLLM;
-* the logits of a prompt whose ``<image>`` slots take either column's image tokens.
+* the logits of a prompt whose ``<image>`` slots take either column's image tokens;
+* the reference's tiling (``dynamic_preprocess`` and ``find_closest_aspect_ratio`` of
+  ``process/image_process.py``, read out of that file: it imports torchvision and a hub tokenizer
+  at the top) against :func:`~mm_pack_deepseek_ocr.processing.views` in Gundam mode (640-pixel
+  tiles, 2..6 tiles as its vLLM config) on images of several sizes: grids and tile pixels.
 
-Prints max |diff| of each.
+Prints max |diff| of each, and the tiling's agreement.
 """
 
 from __future__ import annotations
@@ -110,6 +114,37 @@ def reference_features(sam, clip, projector, pixel_values, tiles, across: int, d
     return torch.cat([t, g, separator[None, :]], dim=0), glob, local
 
 
+def reference_tiling(folder: Path) -> dict:
+    """``dynamic_preprocess`` and its helper, executed from the reference's source alone."""
+    import ast
+    import math
+
+    from PIL import Image
+
+    source = (folder / "process" / "image_process.py").read_text()
+    wanted = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name in ("find_closest_aspect_ratio", "dynamic_preprocess")]
+    namespace = {"math": math, "Image": Image, "MIN_CROPS": 2, "MAX_CROPS": 6}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(folder / "process" / "image_process.py"), "exec"), namespace)  # noqa: S102 - the reference's own code, run to compare
+    return namespace
+
+
+def compare_tiling(folder: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from mm_pack_deepseek_ocr.processing import views
+
+    reference = reference_tiling(folder)
+    rng = np.random.default_rng(0)
+    sizes = [(700, 500), (1200, 800), (2000, 700), (700, 2000), (1000, 1000), (2000, 2000), (641, 640), (1500, 1100)]
+    for width, height in sizes:
+        image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        _, tiles, grid, count = views(image, 1024, 640, True, 16, 2, 6)
+        ref_tiles, ref_grid = reference["dynamic_preprocess"](image, image_size=640)
+        same = tuple(ref_grid) == grid and len(tiles) == len(ref_tiles) and all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(tiles, ref_tiles))
+        print(f"tiling {width} x {height}: grid {grid} (reference {tuple(ref_grid)}), {len(tiles)} tiles, {count} tokens: {'identical' if same else 'DIFFERENT'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reference", type=Path, required=True, help="the DeepSeek-OCR-vllm folder (holding deepencoder/)")
@@ -146,6 +181,7 @@ def main() -> None:
     print(f"tile features (positions resized):                      max |diff| {(local - ref_local).abs().max().item():.3e}")
     print(f"laid-out image tokens:                                  max |diff| {(ours - ref).abs().max().item():.3e}")
     print(f"logits (decoder: transformers' class in both):          max |diff| {(logits - ref_logits).abs().max().item():.3e}")
+    compare_tiling(args.reference)
 
 
 if __name__ == "__main__":

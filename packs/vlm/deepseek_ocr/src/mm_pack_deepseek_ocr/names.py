@@ -82,10 +82,6 @@ class DeepseekOcrNames(FusedExpertsAdapter):
                 out[f"model.vision_model.transformer.layers.{match[1]}.self_attn.qkv_proj.{match[3]}"] = Recipe(sources, TensorInfo((3 * info.shape[0], *info.shape[1:]), info.dtype), _joined)
         return out
 
-    def peft_name(self, model_key: str) -> str:
-        """LoRA adapter keys under the public names of the decoder (``model.layers.``)."""
-        return self._rename(model_key, False)
-
 
 def built(recipe: Recipe, tensors: dict[str, Any]) -> Any:
     """The tensor a plan's recipe makes from ``tensors`` (name -> tensor)."""
