@@ -113,3 +113,23 @@ def test_the_config_keeps_the_public_fields(tiny_dir: Path, tmp_path: Path) -> N
     assert not {"text_config", "sam_config", "clip_config"} & set(saved)
     for key in ("vision_config", "projector_config", "language_config", "n_routed_experts", "first_k_dense_replace", "image_token_id"):
         assert saved[key] == public[key], key
+
+
+def test_the_released_config_builds_the_released_checkpoint(tmp_path: Path) -> None:
+    """deepseek-ai/DeepSeek-OCR's config.json (as published) on the meta device: its 2710 public
+    tensors with the released shapes and 3,336,106,240 parameters, the hub's own count."""
+    from mmcore.engines.state_dict import TensorInfo
+    from mm_pack_deepseek_ocr.model import DeepseekOcrConfig
+
+    (tmp_path / "config.json").write_text((Path(__file__).parent / "released_config.json").read_text())
+    config = DeepseekOcrConfig.from_pretrained(tmp_path)
+    assert config.text_config.rope_parameters["rope_theta"] == 10000.0 and config.text_config.head_dim == 128 and config.image_token_id == 128815
+    with torch.device("meta"):
+        model = DeepseekOcrForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == 3_336_106_240
+    plan = copy.deepcopy(ADAPTER).to_hf({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in model.state_dict().items()})
+    shapes = {k: r.info.shape for k, r in plan.items()}
+    assert len(shapes) == 2710 and {re.sub(r"\.\d+", ".<n>", k).replace("net_2", "net_<n>").replace("net_3", "net_<n>") for k in shapes} == RELEASED
+    assert shapes["model.sam_model.pos_embed"] == (1, 64, 64, 768) and shapes["model.sam_model.blocks.2.attn.rel_pos_h"] == (127, 64) and shapes["model.sam_model.blocks.0.attn.rel_pos_h"] == (27, 64)
+    assert shapes["model.vision_model.embeddings.position_embedding.weight"] == (257, 1024) and shapes["model.sam_model.net_3.weight"] == (1024, 512, 3, 3)
+    assert shapes["model.layers.11.mlp.experts.63.down_proj.weight"] == (1280, 896) and shapes["model.vision_model.transformer.layers.23.self_attn.qkv_proj.weight"] == (3072, 1024)

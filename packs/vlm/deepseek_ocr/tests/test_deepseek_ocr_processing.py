@@ -81,3 +81,19 @@ def test_the_encoder_expands_images_the_model_takes(tiny_dir: Path, tmp_path: Pa
     # the reference's order: the tiles' rows (each closed by a newline), the global view's, the separator
     newline, sep = model.model.image_newline, model.model.view_seperator
     assert torch.equal(features[6], newline) and torch.equal(features[21 + 4], newline) and torch.equal(features[len(wide.ids) - 1], sep)
+
+
+def test_a_rank_without_tiles_calls_the_towers_as_one_with_tiles(tiny_dir: Path) -> None:
+    """Under FSDP2 (crop mode, several ranks) a micro-batch without tiles runs the DeepEncoder a
+    second time, as a rank holding tiles does, and its features stay exactly what they were."""
+    from mm_pack_deepseek_ocr.model import DeepseekOcrForCausalLM
+
+    model = DeepseekOcrForCausalLM.from_pretrained(tiny_dir)
+    calls = []
+    model.model.sam_model.register_forward_hook(lambda *a: calls.append(1))
+    pixels, crop = torch.randn(2, 3, 64, 64), torch.ones(2, 2, dtype=torch.long)
+    with torch.no_grad():
+        alone = model.model.image_features(pixels, crop)
+        model.model.always_tiles = True
+        uniform = model.model.image_features(pixels, crop)
+    assert len(calls) == 3 and torch.equal(alone, uniform)

@@ -91,6 +91,13 @@ def sam_patches(batch: dict[str, Any]) -> float:
     return float(sum(v.shape[0] * (v.shape[-1] // 16) * (v.shape[-2] // 16) for v in views))
 
 
+def prepare_model(ctx: StageContext, model: Any, upstream: Any) -> None:
+    """Crop mode on several ranks: every micro-batch calls the towers for tiles (see ``DeepseekOcrModel.always_tiles``)."""
+    import torch.distributed as dist
+
+    model.model.always_tiles = bool(ctx.config.data.crop_mode and dist.is_initialized() and dist.get_world_size() > 1)
+
+
 class DeepseekOcrFamily(VLMFamily):
     """The kit's family on the pack's own model class and config (no transformers class exists)."""
 
@@ -114,6 +121,7 @@ FAMILY = DeepseekOcrFamily(
     freeze_groups=FREEZE_GROUPS,
     shard_layers=("model.sam_model.layers", "model.vision_model.transformer.layers", "model.language_model.layers"),
     collate_extra=tile_grid,
+    prepare_model=prepare_model,
     towers={"model.sam_model": sam_patches},
     demo=write_shape_questions,
     preference_demo=write_shape_preferences,

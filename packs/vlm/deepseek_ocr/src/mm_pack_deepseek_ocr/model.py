@@ -217,6 +217,10 @@ class DeepseekOcrModel(nn.Module):
         self.view_seperator = nn.Parameter(torch.zeros(width))
         decoder = transformers.DeepseekV2Model if isinstance(config.text_config, transformers.DeepseekV2Config) else transformers.DeepseekOcr2TextModel
         self.language_model = decoder(config.text_config)
+        # Under FSDP2 every rank must call the towers alike: with crop mode on several ranks, a
+        # micro-batch without tiles encodes its first global view once more in their place (its
+        # result enters as an exact zero), as a rank holding tiles calls the towers twice.
+        self.always_tiles = False
 
     def encode(self, views: torch.Tensor) -> torch.Tensor:
         """Projected features of square views ([V, 3, S, S] -> [V, cells, D]): ``[clip, sam]`` per cell."""
@@ -229,6 +233,8 @@ class DeepseekOcrModel(nn.Module):
         dtype = self.projector.layers.weight.dtype
         glob = self.encode(pixel_values.to(dtype))
         tiles = self.encode(pixel_values_local.to(dtype)) if pixel_values_local is not None and len(pixel_values_local) else None
+        if tiles is None and self.always_tiles:
+            glob = glob + 0.0 * self.encode(pixel_values[:1].to(dtype)).sum()
         width = glob.shape[-1]
         newline, sep = self.image_newline.to(glob.dtype), self.view_seperator.to(glob.dtype)[None]
         out, at = [], 0
