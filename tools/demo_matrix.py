@@ -48,6 +48,7 @@ PROMISES = {
     "qwen3vl": ("eval/accuracy", "max", 1.0),
     "qwen3_5": ("eval/accuracy", "max", 1.0),
     "deepseek-ocr2": ("eval/accuracy", "max", 1.0),
+    "deepseek-ocr": ("eval/accuracy", "max", 1.0),
     "deepseek-vl2": ("eval/accuracy", "max", 1.0),
     "kimi-k2.5": ("eval/accuracy", "max", 1.0),
     "janus": ("eval/accuracy", "max", 1.0),
