@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.26"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.27"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -140,6 +140,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "write_safetensors_streaming",
         "cache_argument", "cached_forward", "DEMO_VAE_FILE", "demo_vae_report", "fit_demo_autoencoder", "set_latent_normalisation", "train_demo_vae", "write_demo_vae_report",
         "load_strictly",
+        "train_demo_vae_until",  # 1.27
     }),
     # the train engine and its methods: recipe, sampler, LoRA, DPO, EMA, losses
     "mmcore.train": frozenset({

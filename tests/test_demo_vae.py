@@ -62,3 +62,28 @@ def test_a_vae_with_statistics_buffers_is_normalised_there() -> None:
     assert torch.equal(vae.latents_mean, mean) and torch.equal(vae.latents_std, std) and vae.config.scaling_factor == 1.0
     z = torch.randn(1, 4, 2, 3, 3)
     assert torch.allclose(normalise_latents(vae, z), (z - mean.view(1, -1, 1, 1, 1)) / std.view(1, -1, 1, 1, 1))
+
+
+def test_a_demo_vae_below_its_floor_is_fitted_afresh() -> None:
+    """``train_demo_vae_until`` keeps the first fit that reaches the drawn-pixel floor and fits a
+    fresh VAE (``make_vae(k)``, batches from ``seed + 1000 k``) while none does, ``tries`` at most."""
+    from mmcore.data import moving_shape_clips
+    from mmcore.engines import train_demo_vae, train_demo_vae_until
+
+    clips, held = [c[:1] for c in moving_shape_clips(8, 0)], [c[:1] for c in moving_shape_clips(2, 1)]
+    made: list[int] = []
+
+    def make_vae(attempt: int):  # type: ignore[no-untyped-def]
+        made.append(attempt)
+        return small_vae(attempt)
+
+    vae, measured = train_demo_vae_until(make_vae, clips, held, drawn_psnr_floor=-100.0, steps=2, batch=4, seed=5)
+    assert made == [0] and measured["tries"] == 1 and "drawn_psnr" in measured
+    alone = train_demo_vae(small_vae(0), clips, held, steps=2, batch=4, seed=5)
+    assert {k: measured[k] for k in alone if k != "seconds"} == {k: alone[k] for k in alone if k != "seconds"}
+    made.clear()
+    vae, measured = train_demo_vae_until(make_vae, clips, held, drawn_psnr_floor=100.0, tries=3, steps=2, batch=4, seed=5)
+    assert made == [0, 1, 2] and measured["tries"] == 3 and measured["drawn_psnr_floor"] == 100.0
+    again = small_vae(2)
+    assert train_demo_vae(again, clips, held, steps=2, batch=4, seed=2005)["train_drawn_psnr"] == measured["train_drawn_psnr"]  # the third fit: make_vae(2), seed + 2000
+    assert all(torch.equal(a, b) for a, b in zip(vae.state_dict().values(), again.state_dict().values()))

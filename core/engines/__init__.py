@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
             "fit_demo_autoencoder",
             "set_latent_normalisation",
             "train_demo_vae",
+            "train_demo_vae_until",
             "write_demo_vae_report",
         ),
         "mmcore.engines.demo_vae",

@@ -94,6 +94,10 @@ def test_demo_keeps_its_promise(osp, tmp_path: Path) -> None:  # type: ignore[no
 
     run = diffusion_demo_holds(osp, tmp_path, "opensoraplan", sensitivity=CAPTION_SENSITIVITY, agreement=0.8)
     assert manifest(run, "evaluate")["metrics"]["reconstruction_psnr"] > 17  # the demo VAE trained at init:demo (19.6 dB at seed 0)
+    from mm_pack_opensoraplan.tiny import DRAWN_PSNR_FLOOR
+    from mmcore.engines import demo_vae_report
+
+    assert demo_vae_report(run / "download/model")["train_drawn_psnr"] >= DRAWN_PSNR_FLOOR  # it draws the shapes in their colours
 
 
 def test_a_folder_without_the_clip_encoder_is_one_line(osp, tiny: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
