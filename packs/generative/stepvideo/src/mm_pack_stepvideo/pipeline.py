@@ -1,0 +1,136 @@
+"""``StepVideoPipeline``: text-to-video with Step-Video-T2V's DiT as a diffusers pipeline folder
+(``model_index.json``; ``transformer/``, ``vae/``, ``text_encoder/`` + ``tokenizer/`` (Step-LLM's
+place), ``text_encoder_2/`` + ``tokenizer_2/`` (HunyuanCLIP: a transformers ``BertModel``),
+``scheduler/`` (its ``shift``)).
+
+Text, as the reference's caption server makes it: Step-LLM's last hidden states over the prompt
+padded to ``max_sequence_length`` (320 there) with their mask; HunyuanCLIP's last hidden states
+over all its positions (77 there), every one attended: the transformer's text mask is CLIP's ones
+then Step-LLM's mask.
+
+Sampling, as the reference's ``FlowMatchDiscreteScheduler`` (not reversed, its default): noise
+levels ``s = linspace(1, 0, steps + 1)`` shifted by ``shift * s / (1 + (shift - 1) s)`` (13 in its
+README), the transformer called at time ``1 - s`` (0 = noise), Euler steps along its velocity
+(data - noise), classifier-free guidance against the negative prompt (no rescale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.utils import BaseOutput
+
+import mm_pack_stepvideo.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
+
+
+@dataclass
+class StepVideoPipelineOutput(BaseOutput):
+    frames: Any
+
+
+class StepVideoPipeline(DiffusionPipeline):
+    model_cpu_offload_seq = "text_encoder->text_encoder_2->transformer->vae"
+
+    def __init__(self, transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, text_encoder_2: Any, tokenizer_2: Any, scheduler: Any) -> None:
+        super().__init__()
+        self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, scheduler=scheduler)
+
+    # -- the frozen parts, as training caches them -----------------------------------------
+
+    def vae_scales(self) -> tuple[int, int]:
+        """(temporal, spatial) compression of the VAE (Step-Video's own: 8, 16)."""
+        cfg = self.vae.config
+        return int(cfg.get("scale_factor_temporal", 4)), int(cfg.get("scale_factor_spatial", 8))
+
+    def latent_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, c = self.vae.config, like.shape[1]
+        mean = torch.tensor(cfg.get("latents_mean") or [0.0] * c).view(1, c, 1, 1, 1)
+        std = torch.tensor(cfg.get("latents_std") or [1.0] * c).view(1, c, 1, 1, 1)
+        return mean.to(like), std.to(like)
+
+    @torch.no_grad()
+    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
+        """[B, 3, F, H, W] in [-1, 1] -> normalised latents (the posterior's mode)."""
+        z = self.vae.encode(video.to(self.vae.dtype)).latent_dist.mode()
+        mean, std = self.latent_stats(z)
+        return (z - mean) / std
+
+    @torch.no_grad()
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        mean, std = self.latent_stats(latents)
+        return self.vae.decode((latents * std + mean).to(self.vae.dtype)).sample
+
+    def clip_length(self) -> int:
+        return min(self.tokenizer_2.model_max_length, self.text_encoder_2.config.max_position_embeddings)
+
+    @torch.no_grad()
+    def encode_prompt(self, prompt: str | list[str], max_sequence_length: int = 320, device: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(Step-LLM's states [B, L, D], their mask [B, L], HunyuanCLIP's states [B, L2, D2])."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        device = device or self._execution_device
+        ids = self.tokenizer(prompts, padding="max_length", max_length=max_sequence_length, truncation=True, return_tensors="pt")
+        mask = ids.attention_mask.to(device)
+        states = self.text_encoder(ids.input_ids.to(device), attention_mask=mask).last_hidden_state
+        ids_2 = self.tokenizer_2(prompts, padding="max_length", max_length=self.clip_length(), truncation=True, return_tensors="pt")
+        clip = self.text_encoder_2(ids_2.input_ids.to(device), attention_mask=ids_2.attention_mask.to(device)).last_hidden_state
+        return states, mask, clip
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def sigmas(self, steps: int) -> np.ndarray:
+        """Noise levels, 1 -> 0: ``linspace(1, 0, steps + 1)`` shifted (the scheduler's ``shift``)."""
+        shift = float(self.scheduler.config.shift)
+        s = np.linspace(1.0, 0.0, steps + 1)
+        return shift * s / (1 + (shift - 1) * s)
+
+    def velocity(self, latents: torch.Tensor, sigma: float, text: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The transformer's velocity (data - noise) at noise level ``sigma`` (its time ``1 - sigma``)."""
+        states, mask, clip = text
+        batch = states.shape[0]
+        model_in = latents.expand(batch, *latents.shape[1:]).to(self.transformer.dtype)
+        timestep = torch.full((batch,), 1.0 - sigma, device=latents.device, dtype=self.transformer.dtype)
+        full_mask = torch.cat([torch.ones(batch, clip.shape[1], dtype=mask.dtype, device=mask.device), mask], dim=1)
+        return self.transformer(model_in, timestep, states, clip, full_mask, return_dict=False)[0].float()
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str,
+        negative_prompt: str = "",
+        height: int = 544,
+        width: int = 992,
+        num_frames: int = 204,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 9.0,
+        max_sequence_length: int = 320,
+        generator: Any = None,
+        latents: torch.Tensor | None = None,
+        output_type: str = "np",
+    ) -> StepVideoPipelineOutput:
+        device = self._execution_device
+        t_scale, s_scale = self.vae_scales()
+        cfg = guidance_scale > 1.0
+        text = self.encode_prompt([prompt, negative_prompt] if cfg else [prompt], max_sequence_length, device)
+        text = tuple(t.to(self.transformer.dtype) if t.is_floating_point() else t for t in text)
+        if latents is None:
+            channels = self.transformer.config.in_channels
+            shape = (1, channels, (num_frames - 1) // t_scale + 1, height // s_scale, width // s_scale)
+            latents = torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
+        latents = latents.float()
+        sigmas = self.sigmas(num_inference_steps)
+        for i in self.progress_bar(range(num_inference_steps)):
+            v = self.velocity(latents, float(sigmas[i]), text)
+            if cfg:
+                cond, uncond = v.chunk(2)
+                v = uncond + guidance_scale * (cond - uncond)
+            latents = latents + float(sigmas[i] - sigmas[i + 1]) * v
+        if output_type == "latent":
+            return StepVideoPipelineOutput(frames=latents)
+        video = self.decode_latents(latents).float()
+        video = ((video + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, F, H, W, 3]
+        self.maybe_free_model_hooks()
+        return StepVideoPipelineOutput(frames=video)

@@ -1,0 +1,119 @@
+"""Tiny random-weight Step-Video pipelines built from config (how tests and the demo run offline).
+
+``init:tiny`` writes the folder ``StepVideoPipeline.from_pretrained`` loads: ``transformer/`` (the
+DiT, the released config fields at small sizes), ``vae/``, ``text_encoder/`` + ``tokenizer/``,
+``text_encoder_2/`` + ``tokenizer_2/``, ``scheduler/``.
+
+Stand-ins, not Step-Video's own parts: Step-LLM (a custom decoder with no transformers class) is a
+tiny transformers ``LlamaModel`` (a causal decoder whose last hidden states are read, as
+Step-LLM's are); HunyuanCLIP is transformers' ``BertModel`` as the reference loads it, at a tiny
+size, with a small unigram tokenizer in place of its BERT one; the VAE is diffusers'
+``AutoencoderKLWan`` (the demo's trained at ``init:demo`` to reconstruct moving-shape clips), not
+Step-Video's 16x16x8 Video-VAE, which this pack does not implement (see the README). The
+caption widths keep the released model's ratio: Step-LLM's states wider than CLIP's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmcore.engines import pick_preset
+
+CORPUS = [
+    *(f"a {c} {s} moves {m}" for c in ("red", "green", "blue") for s in ("square", "circle") for m in ("left", "right", "up", "down")),
+    "a yellow triangle",
+    "video of a cat, slow motion, bright light, white background",
+]
+
+PRESETS = {
+    "tiny": {"heads": 2, "head_dim": 16, "layers": 2, "rope_split": (8, 4, 4)},
+    # the demo's: 2x2 patches of 8x8 latents a frame (16 tokens), 3 latent frames
+    "demo": {"heads": 4, "head_dim": 16, "layers": 3, "rope_split": (8, 4, 4), "demo_vae": True},
+}
+
+LLM_DIM, CLIP_DIM, CLIP_LENGTH = 48, 32, 16
+
+
+def transformer(p: dict[str, Any], channels: int) -> Any:
+    from mm_pack_stepvideo.transformer import StepVideoTransformer3DModel
+
+    return StepVideoTransformer3DModel(
+        num_attention_heads=p["heads"],
+        attention_head_dim=p["head_dim"],
+        in_channels=channels,
+        out_channels=channels,
+        num_layers=p["layers"],
+        patch_size=2,
+        caption_channels=[LLM_DIM, CLIP_DIM],
+        rope_split=list(p["rope_split"]),
+    )
+
+
+def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The seeded tokenizers, Step-LLM stand-in, HunyuanCLIP (BERT), VAE and scheduler (built before the transformer)."""
+    import torch
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
+    from diffusers.utils import logging as diffusers_logging
+    from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
+    from transformers.utils import logging as hf_logging
+
+    from mmcore.engines import unigram_tokenizer
+
+    hf_logging.disable_progress_bar()
+    diffusers_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    tokenizer, tokenizer_2 = unigram_tokenizer(CORPUS), unigram_tokenizer(CORPUS)
+    tokenizer_2.model_max_length = CLIP_LENGTH
+    llm = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=LLM_DIM,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    bert = BertConfig(
+        vocab_size=len(tokenizer_2), hidden_size=CLIP_DIM, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_LENGTH, pad_token_id=tokenizer_2.pad_token_id
+    )
+    text_encoder, text_encoder_2 = LlamaModel(llm).eval(), BertModel(bert, add_pooling_layer=False).eval()
+    measured = None
+    if p.get("demo_vae"):  # 4x in space and time, residual; trained to reconstruct the demo's clips
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4)
+        measured = train_vae(vae, seed)
+    else:  # 4x in space and time, random
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4).eval()
+    parts = {
+        "vae": vae.eval(),
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "text_encoder_2": text_encoder_2,
+        "tokenizer_2": tokenizer_2,
+        "scheduler": FlowMatchEulerDiscreteScheduler(shift=13.0),  # the reference README's time_shift
+    }
+    return {**parts, "measured": measured}
+
+
+def train_vae(vae: Any, seed: int) -> dict[str, Any]:
+    """Train the demo's VAE on moving-shape clips (:func:`mmcore.engines.train_demo_vae`), as the wan pack's demo does."""
+    from mmcore.data import moving_shape_clips
+    from mmcore.engines import train_demo_vae
+
+    clips, held_out = moving_shape_clips(96, seed + 1_000), moving_shape_clips(16, seed + 2_000)
+    return train_demo_vae(vae, clips, held_out, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
+
+
+def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
+    from mm_pack_stepvideo.pipeline import StepVideoPipeline
+
+    p = pick_preset(PRESETS, preset)
+    parts = frozen_parts(p, seed)
+    measured = parts.pop("measured")
+    denoiser = transformer(p, parts["vae"].config.z_dim)
+    StepVideoPipeline(transformer=denoiser, **parts).save_pretrained(out)
+    if measured is not None:
+        from mmcore.engines import write_demo_vae_report
+
+        write_demo_vae_report(out, measured)
