@@ -184,6 +184,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "pipeline_components", "rotary_positions_3d", "tiny_pipeline", "unpack_latents", "vae_compression", "vae_compression_of", "vae_latents",
         # 1.22: Flow-GRPO in the diffusion kit
         "DiffusionGRPORecipe", "FlowGrpoSection", "vae_frames",
+        "VideoLatents", "denormalise_latents",  # 1.27: a pack's own pipeline's clips <-> latents
     }),
     # megatron-core (optional extra): a family's Megatron part, its tensor table, MindSpeed-MM checkpoints
     "mmcore.backends.megatron": frozenset({

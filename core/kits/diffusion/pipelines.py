@@ -60,21 +60,53 @@ def vae_latents(vae: Any, frames: Any) -> Any:
         return normalise_latents(vae, z)[0]
 
 
+def denormalise_latents(vae: Any, latents: Any) -> Any:
+    """The inverse of :func:`normalise_latents`: the denoiser's latents [B, C, (F,) H, W] as the
+    VAE's raw latents, what ``vae.decode`` takes."""
+    import torch
+
+    cfg = vae.config
+    scale = cfg.get("scaling_factor", None) or 1.0
+    mean, std = latent_statistics(vae)
+    if mean is None:
+        return latents / scale + (cfg.get("shift_factor", None) or 0.0)
+    view = (1, -1) + (1,) * (latents.ndim - 2)
+    return latents * torch.as_tensor(std, dtype=latents.dtype).view(view) / scale + torch.as_tensor(mean, dtype=latents.dtype).view(view)
+
+
+class VideoLatents:
+    """For a pack's own ``DiffusionPipeline`` with a video ``vae`` (Open-Sora Plan's, Step-Video's):
+    clips to the denoiser's latents and back, as :func:`normalise_latents` and
+    :func:`denormalise_latents` define them, and the VAE's compression."""
+
+    vae: Any
+
+    def vae_scales(self) -> tuple[int, int]:
+        """(temporal, spatial) compression of the VAE (:func:`vae_compression`)."""
+        return vae_compression(self.vae)
+
+    def encode_video(self, video: Any) -> Any:
+        """[B, 3, F, H, W] in [-1, 1] -> normalised latents (the posterior's mode: deterministic, so a cache is)."""
+        import torch
+
+        with torch.no_grad():
+            return normalise_latents(self.vae, self.vae.encode(video.to(self.vae.dtype)).latent_dist.mode())
+
+    def decode_latents(self, latents: Any) -> Any:
+        """Normalised latents -> the VAE's decoding, [B, 3, F, H, W] in about [-1, 1]."""
+        import torch
+
+        with torch.no_grad():
+            return self.vae.decode(denormalise_latents(self.vae, latents).to(self.vae.dtype)).sample
+
+
 def vae_frames(vae: Any, latents: Any) -> Any:
     """The inverse of :func:`vae_latents` for a batch: normalised latents [B, C, (F,) H, W] ->
     decoded frames, float32 [B, F, H, W, 3] in [0, 1] (an image VAE's pictures: F = 1), as the
     pipelines decode them (:func:`normalise_latents` undone, then ``vae.decode``)."""
     import torch
 
-    cfg = vae.config
-    scale = cfg.get("scaling_factor", None) or 1.0
-    mean, std = latent_statistics(vae)
-    z = latents.float()
-    if mean is None:
-        z = z / scale + (cfg.get("shift_factor", None) or 0.0)
-    else:
-        view = (1, -1) + (1,) * (z.ndim - 2)
-        z = z * torch.as_tensor(std, dtype=z.dtype).view(view) / scale + torch.as_tensor(mean, dtype=z.dtype).view(view)
+    z = denormalise_latents(vae, latents.float())
     with torch.no_grad():
         pixels = vae.decode(z.to(vae.dtype)).sample.float()
     pixels = ((pixels + 1) / 2).clamp(0, 1)

@@ -19,6 +19,8 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+from mmcore.kits import VideoLatents
+
 import mm_pack_opensoraplan.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
 
 
@@ -34,7 +36,7 @@ def rescale_noise_cfg(guided: torch.Tensor, text: torch.Tensor, rescale: float) 
     return rescale * rescaled + (1 - rescale) * guided
 
 
-class OpenSoraPlanPipeline(DiffusionPipeline):
+class OpenSoraPlanPipeline(VideoLatents, DiffusionPipeline):
     model_cpu_offload_seq = "text_encoder->text_encoder_2->transformer->vae"
 
     def __init__(self, transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, text_encoder_2: Any, tokenizer_2: Any, scheduler: Any) -> None:
@@ -42,29 +44,6 @@ class OpenSoraPlanPipeline(DiffusionPipeline):
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, scheduler=scheduler)
 
     # -- the frozen parts, as training caches them -----------------------------------------
-
-    def vae_scales(self) -> tuple[int, int]:
-        """(temporal, spatial) compression of the VAE."""
-        cfg = self.vae.config
-        return int(cfg.get("scale_factor_temporal", 4)), int(cfg.get("scale_factor_spatial", 8))
-
-    def latent_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, c = self.vae.config, like.shape[1]
-        mean = torch.tensor(cfg.get("latents_mean") or [0.0] * c).view(1, c, 1, 1, 1)
-        std = torch.tensor(cfg.get("latents_std") or [1.0] * c).view(1, c, 1, 1, 1)
-        return mean.to(like), std.to(like)
-
-    @torch.no_grad()
-    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
-        """[B, 3, F, H, W] in [-1, 1] -> normalised latents (the posterior's mode)."""
-        z = self.vae.encode(video.to(self.vae.dtype)).latent_dist.mode()
-        mean, std = self.latent_stats(z)
-        return (z - mean) / std
-
-    @torch.no_grad()
-    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        mean, std = self.latent_stats(latents)
-        return self.vae.decode((latents * std + mean).to(self.vae.dtype)).sample
 
     @torch.no_grad()
     def encode_prompt(self, prompt: str | list[str], max_sequence_length: int = 512, device: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -24,6 +24,8 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+from mmcore.kits import VideoLatents
+
 import mm_pack_stepvideo.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
 
 
@@ -32,7 +34,7 @@ class StepVideoPipelineOutput(BaseOutput):
     frames: Any
 
 
-class StepVideoPipeline(DiffusionPipeline):
+class StepVideoPipeline(VideoLatents, DiffusionPipeline):
     model_cpu_offload_seq = "text_encoder->text_encoder_2->transformer->vae"
 
     def __init__(self, transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, text_encoder_2: Any, tokenizer_2: Any, scheduler: Any) -> None:
@@ -40,29 +42,6 @@ class StepVideoPipeline(DiffusionPipeline):
         self.register_modules(transformer=transformer, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, scheduler=scheduler)
 
     # -- the frozen parts, as training caches them -----------------------------------------
-
-    def vae_scales(self) -> tuple[int, int]:
-        """(temporal, spatial) compression of the VAE (Step-Video's own: 8, 16)."""
-        cfg = self.vae.config
-        return int(cfg.get("scale_factor_temporal", 4)), int(cfg.get("scale_factor_spatial", 8))
-
-    def latent_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, c = self.vae.config, like.shape[1]
-        mean = torch.tensor(cfg.get("latents_mean") or [0.0] * c).view(1, c, 1, 1, 1)
-        std = torch.tensor(cfg.get("latents_std") or [1.0] * c).view(1, c, 1, 1, 1)
-        return mean.to(like), std.to(like)
-
-    @torch.no_grad()
-    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
-        """[B, 3, F, H, W] in [-1, 1] -> normalised latents (the posterior's mode)."""
-        z = self.vae.encode(video.to(self.vae.dtype)).latent_dist.mode()
-        mean, std = self.latent_stats(z)
-        return (z - mean) / std
-
-    @torch.no_grad()
-    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        mean, std = self.latent_stats(latents)
-        return self.vae.decode((latents * std + mean).to(self.vae.dtype)).sample
 
     def clip_length(self) -> int:
         return min(self.tokenizer_2.model_max_length, self.text_encoder_2.config.max_position_embeddings)
