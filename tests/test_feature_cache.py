@@ -93,3 +93,25 @@ def test_shard_reads_are_safetensors_tensors_and_rows_pad_as_one_at_a_time(tmp_p
         assert torch.equal(batch["input_ids"][row, :n], sample["input_ids"]) and (batch["input_ids"][row, n:] == 7).all()
         assert torch.equal(batch["labels"][row, :n], sample["labels"]) and (batch["labels"][row, n:] == IGNORE).all()
         assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (batch["input_ids"].shape[1] - n)
+
+
+def test_a_dataset_of_more_shards_than_may_be_open_reads_every_one_right(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Shards are read by offset through descriptors of which a process keeps at most
+    MAX_OPEN_SHARDS (a dataset of thousands of shards must not run into the open-file limit):
+    reading across more shards than that, in an order that keeps evicting, gives every tensor."""
+    from safetensors import safe_open
+
+    from mmcore.data import shards
+
+    monkeypatch.setattr(shards, "MAX_OPEN_SHARDS", 2)
+    writer = ShardWriter(tmp_path / "data", max_shard_bytes=64)  # a shard per sample or two
+    for n in range(10):
+        writer.add({"input_ids": torch.arange(n, n + 20)}, length=20)
+    writer.close()
+    data = ShardDataset(tmp_path / "data")
+    assert data.index["num_shards"] >= 5
+    for i in [0, 9, 3, 7, 1, 9, 5, 0, 8, 2, 6, 4]:
+        record = data.meta(i)
+        with safe_open(str(tmp_path / "data" / f"shard-{record['shard']:05d}.safetensors"), framework="pt") as handle:
+            assert torch.equal(data[i]["input_ids"], handle.get_tensor(f"{data.indices[i]}/input_ids")), i
+    assert len(shards._OPEN) <= 2

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,7 +136,9 @@ class ShardFile:
     Not memory-mapped: a mapping's pages count as the process's resident memory once read, so an
     epoch over mapped shards showed as that much more RSS (``top``'s RES, ``wait4``'s peak, what
     a scheduler that kills on RSS reads) though the pages were clean page cache; read like this,
-    the process holds only the batches in flight (BENCHMARKS.md, the peers rows)."""
+    the process holds only the batches in flight (BENCHMARKS.md, the peers rows). At most
+    :data:`MAX_OPEN_SHARDS` files are open at once in a process (the least recently read closed
+    first), so a dataset of thousands of shards stays under the open-file limit."""
 
     def __init__(self, path: Path) -> None:
         from mmcore.checkpoint.safetensors_files import _dtype, _read_raw_header
@@ -142,7 +146,7 @@ class ShardFile:
         header, start = _read_raw_header(path)
         self.entries = {key: (_dtype(e["dtype"]), tuple(e["shape"]), start + e["data_offsets"][0], start + e["data_offsets"][1]) for key, e in header.items()}
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY)
+        self._fd: int | None = None
 
     def tensor(self, key: str) -> "torch.Tensor":
         import torch
@@ -154,17 +158,31 @@ class ShardFile:
         if end == begin:
             return torch.empty(shape, dtype=dtype)
         buffer = bytearray(end - begin)
-        if os.preadv(self._fd, [buffer], begin) != end - begin:
-            raise StageError(f"{self.path}: shorter than its header says (tensor {key!r}); rerun the stage that writes it")
+        with _OPEN_LOCK:  # the prefetch thread and the loop read at once: no descriptor closed under a read
+            if os.preadv(self._descriptor(), [buffer], begin) != end - begin:
+                raise StageError(f"{self.path}: shorter than its header says (tensor {key!r}); rerun the stage that writes it")
         return torch.frombuffer(buffer, dtype=dtype).view(shape)
 
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            _OPEN[id(self)] = self
+            while len(_OPEN) > MAX_OPEN_SHARDS:
+                _OPEN.popitem(last=False)[1]._close()
+        else:
+            _OPEN.move_to_end(id(self))
+        return self._fd
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
         if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            os.close(fd)
+
+
+#: shard files open at once in a process (:class:`ShardFile`)
+MAX_OPEN_SHARDS = 64
+_OPEN: "OrderedDict[int, ShardFile]" = OrderedDict()  # open files, the most recently read last
+_OPEN_LOCK = threading.Lock()
 
 
 def split_key(file: str | Path, index: int) -> str:
