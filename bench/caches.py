@@ -8,11 +8,14 @@ every step, on each pack's demo (``mmcore run --pack P --preset demo``), same se
 
 Each pack runs twice in a scratch folder (same config but ``extract.enabled``), ``--steps``
 steps each; the steady-state steps (first ``--warmup`` dropped) are split into ``--reps``
-consecutive blocks, and the figure is the median over blocks of live / cached mean step time
-(goal >= 3). The two runs' losses are compared too (they compute the same thing).
+consecutive blocks, and the figure is the median over blocks of live / cached mean step time.
+The two runs' losses are compared too (they compute the same thing).
 
-Step times at the demo sizes understate what a cache saves at real sizes, where the frozen
-part is most of the compute: ``bench/whisper_encoder_cache.py`` measures whisper-base.
+Only wan's row has a goal (>= 3): its demo's frozen VAE and text encoder are most of a step, as
+at real sizes. The towers of the whisper, qwen2vl and qwen2.5omni demos are a small share of
+their steps by the demos' design, so those rows are records: what a cache saves at a real size
+is measured where that size runs, ``bench/whisper_encoder_cache.py`` (whisper-base, goal >= 3)
+and ``bench/vision_tower_cache.py`` (Qwen2-VL-2B's widths, goal: the FLOP count's ratio).
 
     python bench/caches.py [--quick] [--packs wan,whisper,qwen2vl,qwen2.5omni] [--steps 40]
 """
@@ -106,7 +109,7 @@ def main() -> None:
                     blocks(tl[args.warmup :], reps),
                     baseline_name=f"{replaced} every step",
                     ratio_is="baseline/mmcore",
-                    goal=(">=", 3.0),
+                    goal=(">=", 3.0) if pack == "wan" else None,
                     how=f"{steps} steps per run, first {args.warmup} dropped, {reps} consecutive blocks, {args.threads} threads, demo preset sizes",
                     extract_once_s=round(extract_s, 2),
                     max_loss_rel_diff=max(abs(a - b) / abs(b) for a, b in zip(lc, ll)),

@@ -9,6 +9,10 @@ on the same machine in the same run, each side a fresh command.
   ``Trainer`` script.
 * ``whisper``: fine-tuning the whisper pack's ``demo`` model on its demo data (synthetic spoken
   digits, wav + transcript JSONL). Peer: a transformers ``Seq2SeqTrainer`` script.
+* ``wan``: text-to-video fine-tuning of the wan pack's ``demo`` pipeline (random transformer,
+  the demo's fitted VAE) on captioned moving shapes (mp4 + caption JSON). Peer: a plain
+  diffusers script (``bench/peers_diffusers.py``; its docstring says why not diffusers' or
+  finetrainers' own).
 
 The same steps, micro-batch, cut-off length, image pixels, learning rate (constant, no warm-up),
 AdamW (no weight decay, clip 1.0), fp32, seed and threads on every side; every parameter trained.
@@ -20,15 +24,15 @@ AdamW (no weight decay, clip 1.0), fp32, seed and threads on every side; every p
   run through ``bench/peers_llamafactory.py`` (its ``run_exp``, as ``llamafactory-cli train``
   does, plus a step log); a row saying why where it does not install.
 * trainer: ``bench/peers_trainer.py`` / ``bench/peers_whisper.py``, plain transformers
-  scripts in mmcore's environment.
+  scripts in mmcore's environment; diffusers: ``bench/peers_diffusers.py``, likewise.
 
 Per side and repetition (the sides' order rotating): **time to first step** (launch to the end of
-optimizer step 1, wall clock), **steady throughput** (qwen2vl: non-pad input tokens/s; whisper:
-samples/s; over the steps after the warm-up, step end to step end), **peak RSS** (the command's
+optimizer step 1, wall clock), **steady throughput** (qwen2vl: non-pad input tokens/s; whisper
+and wan: samples/s; over the steps after the warm-up, step end to step end), **peak RSS** (the command's
 largest process, ``wait4``) and the **held-out loss** of the saved model after the last step (one
 evaluation code path for every side). Ratios are mmcore/peer per repetition, their median and IQR.
 
-    python bench/peers.py [--quick] [--reps 5] [--cases qwen2vl,whisper] [--peers llamafactory,trainer]
+    python bench/peers.py [--quick] [--reps 5] [--cases qwen2vl,whisper,wan] [--peers llamafactory,trainer,diffusers]
 """
 
 from __future__ import annotations
@@ -61,7 +65,12 @@ data files, steps, micro-batch, cut-off, learning rate (constant), AdamW, clippi
   only) and the Qwen2-VL processor built without its torchvision video processor (the image processor stands in where
   LLaMA-Factory checks for one; the data has no videos). Versions are in the rows' baseline column.
 - **transformers Trainer / Seq2SeqTrainer**: `bench/peers_trainer.py` (qwen2vl) and `bench/peers_whisper.py` (whisper), scripts
-  as a user writes them, in mmcore's environment. No ms-swift row and no wan row against diffusers' training script yet.
+  as a user writes them, in mmcore's environment. No ms-swift row.
+- **diffusers script** (`peers/wan-*-vs-diffusers`): `bench/peers_diffusers.py`, a Wan fine-tuning loop from diffusers' parts as
+  its examples write one (the VAE and UMT5 encode each batch every step; logit-normal levels, shift 3). diffusers has no Wan
+  training example, and finetrainers (Hugging Face's video trainer, which has one) does not run on a CPU: without an accelerator
+  its device falls back to "cuda", and its 0.2.0 wheel lacks a package its `__init__` imports. mmcore encodes the clips once
+  (its extract stage) and trains from the cache.
 - **Held-out loss**: one evaluation code path for every side's saved model, over the tokens every side trains on. LLaMA-Factory's
   `qwen2_vl` template (and the Trainer script, which follows it) also trains on the `\n` after each answer's `<|im_end|>`; mmcore
   does not, so that token is left out. **Throughput**: qwen2vl counts non-pad input tokens (the peers' `num_input_tokens_seen`;
@@ -209,6 +218,14 @@ class Job:
             from mm_pack_qwen2vl.tiny import build_init_checkpoint
 
             write_data(self.data, self.samples, self.held_out)
+        elif self.case == "wan":
+            from mm_pack_wan.tiny import build_init_checkpoint
+
+            from mmcore.data.synthetic import write_moving_shapes
+
+            records = json.loads(write_moving_shapes(self.data, self.samples + self.held_out, seed=0).read_text())
+            (self.data / "train.json").write_text(json.dumps(records[: self.samples]))
+            (self.data / "eval.json").write_text(json.dumps(records[self.samples :]))
         else:
             from mm_pack_whisper.demo import write_demo_dataset
             from mm_pack_whisper.tiny import build_init_checkpoint
@@ -241,6 +258,10 @@ class Job:
             from peers_trainer import held_out_loss
 
             return held_out_loss(self.model, saved, self.data / "eval.json", self.cutoff, self.batch)
+        if self.case == "wan":
+            from peers_diffusers import held_out_loss
+
+            return held_out_loss(self.model, saved, self.data / "eval.json", self.batch, WAN_TEXT_TOKENS)
         from peers_whisper import held_out_loss
 
         return held_out_loss(self.model, saved, self.data / "eval.jsonl", self.batch)
@@ -268,8 +289,14 @@ def run_mmcore(job: Job, out: Path) -> dict[str, float]:
         "convert.verify=false",
         "evaluate.enabled=false",
         *([f"data.cutoff_len={job.cutoff}", f"data.image_max_pixels={job.pixels}"] if job.case == "qwen2vl" else []),
+        # every clip trained, every caption read (the script drops none), levels as the script draws them
+        *(
+            ["data.eval_fraction=0", f"data.max_sequence_length={WAN_TEXT_TOKENS}", "training.caption_dropout=0", "training.timestep_sampling=logit_normal", "training.flow_shift=3.0"]
+            if job.case == "wan"
+            else []
+        ),
     ]
-    train = job.data / ("train.json" if job.case == "qwen2vl" else "train.jsonl")
+    train = job.data / ("train.jsonl" if job.case == "whisper" else "train.json")
     cmd = [sys.executable, "-m", "mmcore", "run", "--pack", job.case, "--preset", "demo", "--model", str(job.model), "--data", str(train), "--run-dir", str(run), "--offline", *overrides]
     start, rss = launch(cmd, out / "log.txt", job.env)
     rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
@@ -279,7 +306,8 @@ def run_mmcore(job: Job, out: Path) -> dict[str, float]:
         lengths = [s["length"] for s in json.loads((run / "preprocess/dataset/index.json").read_text())["samples"] if s["split"] == "train"]
         per_step *= sum(lengths) / len(lengths)
     amount = {step: step * per_step for step in times}
-    return {"first": times[1] - start, "speed": steady(times, amount, job.warm, job.steps), "rss": rss / 1024, "saved": str(run / "export/hf")}
+    saved = run / ("export/pipeline" if job.case == "wan" else "export/hf")
+    return {"first": times[1] - start, "speed": steady(times, amount, job.warm, job.steps), "rss": rss / 1024, "saved": str(saved)}
 
 
 def run_peer(job: Job, out: Path, python: Path, script: str) -> dict[str, float]:
@@ -295,7 +323,9 @@ def run_peer(job: Job, out: Path, python: Path, script: str) -> dict[str, float]
 CASES = {  # case: {peer: its script}, what the job is, the unit of its speed
     "qwen2vl": ({"llamafactory": "peers_llamafactory.py", "trainer": "peers_trainer.py"}, "qwen2vl SFT", "tokens/s"),
     "whisper": ({"trainer": "peers_whisper.py"}, "whisper fine-tuning", "samples/s"),
+    "wan": ({"diffusers": "peers_diffusers.py"}, "wan text-to-video fine-tuning", "samples/s"),
 }
+WAN_TEXT_TOKENS = 16  # the wan demo's data.max_sequence_length
 FIGURES = (  # (key, id part, what, unit (None: the case's speed unit), goal)
     ("first", "first-step", "time to first step (launch to the end of step 1)", "s", None),
     ("speed", "speed", "steady throughput", None, (">=", 1.0)),
@@ -318,7 +348,11 @@ def measure(job: Job, reps: int, pythons: dict[str, Path], names: dict[str, str]
             print(
                 f"# {job.case} rep {rep} {side}: first step {got['first']:.2f} s, {got['speed']:.0f} {speed_unit}, {got['rss']:.0f} MiB, held-out loss {got['loss']:.4f}", file=sys.stderr, flush=True
             )
-    data = "112x112 coloured shapes, LLaMA-Factory MLLM JSON" if job.case == "qwen2vl" else "the whisper demo's synthetic spoken digits (wav + transcript JSONL)"
+    data = {
+        "qwen2vl": "112x112 coloured shapes, LLaMA-Factory MLLM JSON",
+        "whisper": "the whisper demo's synthetic spoken digits (wav + transcript JSONL)",
+        "wan": "32x32 9-frame moving shapes (mp4 + caption JSON)",
+    }[job.case]
     how = (
         f"{job.case} pack's demo model (random weights), {job.samples} samples of {data}, {job.steps} steps of {job.batch}"
         + (f", cut-off {job.cutoff}" if job.case == "qwen2vl" else "")
@@ -334,16 +368,21 @@ def measure(job: Job, reps: int, pythons: dict[str, Path], names: dict[str, str]
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated: qwen2vl, whisper")
-    p.add_argument("--peers", default="llamafactory,trainer", help="comma-separated: llamafactory, trainer")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated: qwen2vl, whisper, wan")
+    p.add_argument("--peers", default="llamafactory,trainer,diffusers", help="comma-separated: llamafactory, trainer, diffusers")
     p.add_argument("--env-cache", default=str(Path.home() / ".cache/mmcore-bench"), help="where LLaMA-Factory's environment is made once and kept")
     args = p.parse_args()
     reps = args.reps or (2 if args.quick else 5)
     wanted = [name for name in args.peers.split(",") if name]
+    import diffusers
     import transformers
 
-    pythons = {"trainer": Path(sys.executable)}
-    names = {"trainer": f"transformers {transformers.__version__} Trainer script", "llamafactory": "LLaMA-Factory"}
+    pythons = {"trainer": Path(sys.executable), "diffusers": Path(sys.executable)}
+    names = {
+        "trainer": f"transformers {transformers.__version__} Trainer script",
+        "llamafactory": "LLaMA-Factory",
+        "diffusers": f"diffusers {diffusers.__version__} script (no Wan example in diffusers; finetrainers does not run on a CPU)",
+    }
     if "llamafactory" in wanted and "qwen2vl" in args.cases:
         python, said = llamafactory_env(Path(args.env_cache))
         if python is None:  # the row says why, with mmcore's own figure beside it

@@ -8,6 +8,7 @@ model's own greedy transcripts and with the references (WER).
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,7 +34,12 @@ def export(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
         logits=lambda model, batch: forward(model, batch).logits,
     )
     if len(held_out):
-        agreement, wer = pipeline_check(ctx, done.folder, done.trained, held_out, data.index, loaded=done.loaded if done.adapter == done.folder else None)
+        loaded = done.loaded if done.adapter == done.folder else None
+        # The pipeline loads the folder itself; the reloaded copy would be a third model in memory
+        # beside the trained one and the pipeline's, and it made export the run's peak RSS.
+        done.loaded = None
+        gc.collect()  # a transformers model holds reference cycles: freed only by the collector
+        agreement, wer = pipeline_check(ctx, done.folder, done.trained, held_out, data.index, loaded=loaded)
         done.metrics.update(pipeline_agreement=agreement, pipeline_wer=wer)
         done.notes.append(f"pipeline('automatic-speech-recognition') on the held-out audio files: WER {wer:.1%}, same text as the trained model's generate() for {agreement:.0%} of clips")
     return StageResult(outputs=done.outputs, metrics=done.metrics, notes=done.notes)
