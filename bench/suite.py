@@ -5,6 +5,7 @@ commit) and ``BENCHMARKS.md`` (the table a person reads).
     make bench          # everything at full size (~35 min on 2 cores)
     make bench-quick    # smaller sizes, fewer repetitions (~5 min): a smoke run, not the record
     python bench/suite.py [--quick] [--only engine_overhead,convert_speed] [--threads 2]
+    python bench/suite.py --carry NAMES --carry-from OLD.json --why "..."   # no run: rows kept from OLD
 
 A benchmark that fails is a row saying so (the suite carries on and exits non-zero at the end).
 """
@@ -102,6 +103,10 @@ def markdown(results: dict[str, Any]) -> str:
             + "."
             for r in results.get("reruns", [])
         ],
+        *[
+            f"Not rerun, carried over ({c['why']}): {c['benchmark']} from {c['date']} at `{c['commit']}`" + (f", on {c['machine']}" if c.get("machine") else "") + "."
+            for c in results.get("carried", [])
+        ],
         "",
         "Each figure is a ratio against a baseline measured in the same run: each repetition measures both sides (alternating, after warm-up);",
         "**ratio** is the median of the repetitions' ratios, with their interquartile range. mmcore and baseline columns are medians.",
@@ -133,13 +138,36 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def carry(results: dict[str, Any], old: dict[str, Any], names: list[str], why: str) -> None:
+    """``names``' rows taken from ``old`` (an earlier results.json) into ``results`` in place of
+    whatever this run has for them, each with where and when ``old`` measured it."""
+    for name in names:
+        source = next((r for r in reversed(old.get("reruns", [])) if name in r["benchmarks"]), None)
+        machine = (source or {}).get("machine") or "{cpu}, {cores} cores, torch dispatching to {torch_isa}".format(**old["machine"])
+        results["figures"] = [f for f in results["figures"] if f.get("benchmark") != name] + [f for f in old["figures"] if f.get("benchmark") == name]
+        results["failures"] = [f for f in results["failures"] if f["benchmark"] != name] + [f for f in old["failures"] if f["benchmark"] == name]
+        date, commit_ = (source["date"], source["commit"]) if source else (old["date"], old["commit"])
+        results.setdefault("carried", []).append({"benchmark": name, "date": date, "commit": commit_, "machine": machine, "why": why})
+    order = {name: i for i, (name, _, _) in enumerate(BENCHMARKS)}
+    results["figures"].sort(key=lambda f: order.get(f.get("benchmark", ""), len(order)))
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--only", default="", help="comma-separated benchmark names (default: all)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one benchmark may take")
     p.add_argument("--markdown", default=str(REPO / "BENCHMARKS.md"))
     p.add_argument("--json", default=str(HERE / "results.json"))
+    p.add_argument("--carry", default="", help="comma-separated benchmark names: no run; their rows in --json replaced by --carry-from's")
+    p.add_argument("--carry-from", help="an earlier results.json (e.g. from git show)")
+    p.add_argument("--why", default="not rerun", help="why they were carried over (said in BENCHMARKS.md)")
     args = p.parse_args()
+    if args.carry:
+        results = json.loads(Path(args.json).read_text())
+        carry(results, json.loads(Path(args.carry_from).read_text()), [n for n in args.carry.split(",") if n], args.why)
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        Path(args.markdown).write_text(markdown(results))
+        return
     only = [name for name in args.only.split(",") if name]
     unknown = [name for name in only if name not in {b for b, _, _ in BENCHMARKS}]
     if unknown:
