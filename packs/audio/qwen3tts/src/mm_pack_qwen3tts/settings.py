@@ -20,7 +20,7 @@ class Qwen3TTSData(MLLMDataSection):
 class Qwen3TTSSpeech(Section):
     vocoder: Literal["codec", "griffin_lim"] = Field(
         "codec",
-        description="What turns codes into a waveform: the speech tokenizer's decoder, or Griffin-Lim over each codebook-0 code's spectrum (speech_tokenizer/demo/spectra.safetensors, written by init:demo; no learned weights).",
+        description="What turns codes into a waveform: the speech tokenizer's decoder, or Griffin-Lim over the demo codec's code spectra (speech_tokenizer/demo/spectra.safetensors, written by init:demo; no learned weights).",
     )
 
 
