@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.27"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.28"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -141,6 +141,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "cache_argument", "cached_forward", "DEMO_VAE_FILE", "demo_vae_report", "fit_demo_autoencoder", "set_latent_normalisation", "train_demo_vae", "write_demo_vae_report",
         "load_strictly",
         "train_demo_vae_until",  # 1.27
+        "kmeans_codebook",  # 1.28
     }),
     # the train engine and its methods: recipe, sampler, LoRA, DPO, EMA, losses
     "mmcore.train": frozenset({
@@ -169,6 +170,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "write_shape_questions", "write_shape_tone_questions",
         "MOVING_SHAPES", "SHAPE_COLOURS", "caption_agreement", "moving_shape", "moving_shape_clips", "what_is_drawn", "write_moving_shapes",
         "DIGIT_PACES", "DIGIT_RATE", "DIGIT_WORDS", "digit_pitch", "digits_clip", "digits_wer", "pitch_segments", "transcribe_digits", "write_spoken_digit_clips", "SpokenText", "read_spoken_texts",  # 1.26
+        "griffin_lim",  # 1.28
     }),
     # the kits: VLMFamily, DiffusionFamily and what they share
     "mmcore.kits": frozenset({

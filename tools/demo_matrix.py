@@ -68,6 +68,10 @@ PROMISES = {
     # Griffin-Lim) is reported, not promised: 0.745 / 0.884 / 0.898 / 1.0 (seeds 0-3 native, one
     # thread), so a bound of 0.95 missed once; packs/audio/cosyvoice3/README.md
     "cosyvoice3": ("eval/speech_token_accuracy", "max", 0.55),
+    # text -> codes -> speech: the talker's held-out teacher-forced codebook-0 accuracy, and the
+    # fixed pitch checker's WER on the speech of 50 held-out texts (none a training text), voiced
+    # by Griffin-Lim over the demo codec's code spectra; packs/audio/qwen3tts/README.md
+    "qwen3tts": [("eval/codebook0_accuracy", "max", 0.9), ("evaluate/wer", "min", 0.25)],
     "wan": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
     # FLUX: the pictures' colour is the caption's; their shape is not yet (35 % measured)
     "flux": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/colour_agreement", "max", 0.8)],

@@ -152,6 +152,7 @@ _EXPORTS: dict[str, str] = {
         (
             "load_audio",
             "write_audio",
+            "griffin_lim",
             "SpokenText",
             "read_spoken_texts",
         ),

@@ -126,3 +126,27 @@ def read_spoken_texts(path: Path, section: Any) -> Iterator["SpokenText | BadSam
                 yield SpokenText(str(path), index, resolve_media(audio, root, "audio"), text.strip(), record)
             except BadRecord as bad:  # a path that escapes the media root or names no file
                 yield BadSample(str(path), index, str(bad))
+
+
+def griffin_lim(magnitude: Any, n_fft: int, hop: int, win: int, iterations: int = 32, length: int | None = None) -> Any:
+    """A waveform whose STFT magnitude is about ``magnitude`` (torch, bins x frames, ``n_fft // 2
+    + 1`` bins, centred frames ``hop`` apart, Hann window of ``win``), by Griffin-Lim: from zero
+    phase (deterministic), ``iterations`` rounds of keeping the magnitudes and taking the phase of
+    the STFT of the inverse STFT. No learned weights: a speech demo voices its spectra with it
+    where no trained vocoder is at hand. ``length`` samples (default frames x hop), float32,
+    peak-normalised to 0.5."""
+    import torch
+
+    magnitude = torch.as_tensor(magnitude).double().clamp(min=0)
+    window = torch.hann_window(win, dtype=torch.float64)
+    length = magnitude.shape[1] * hop if length is None else length
+
+    def inverse(spec: Any) -> Any:
+        return torch.istft(spec, n_fft, hop, win, window=window, center=True, length=length)
+
+    spec = magnitude.to(torch.complex128)
+    for _ in range(iterations):
+        again = torch.stft(inverse(spec), n_fft, hop, win, window=window, center=True, return_complex=True)[:, : magnitude.shape[1]]
+        spec = magnitude * again / again.abs().clamp(min=1e-8)
+    wav = inverse(spec)
+    return (wav / wav.abs().max().clamp(min=1e-8) * 0.5).float()

@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
             "DEMO_VAE_FILE",
             "demo_vae_report",
             "fit_demo_autoencoder",
+            "kmeans_codebook",
             "set_latent_normalisation",
             "train_demo_vae",
             "train_demo_vae_until",

@@ -185,3 +185,25 @@ def demo_vae_report(folder: Path) -> dict[str, Any] | None:
 
 
 __all__ = ["DEMO_VAE_FILE", "train_demo_vae", "train_demo_vae_until", "set_latent_normalisation", "write_demo_vae_report", "demo_vae_report"]
+
+
+def kmeans_codebook(points: Any, size: int, seed: int, iterations: int = 30) -> Any:
+    """A demo codebook of ``size`` centroids fitted to ``points`` (torch, N x D) by k-means: a
+    k-means++ start drawn from a generator seeded with ``seed``, then ``iterations`` rounds of
+    Lloyd's (a centroid no point chose keeps its place). Deterministic on one machine and thread
+    count; for the demo tokenizers and codecs fitted once at ``init:demo``."""
+    import torch
+
+    points = torch.as_tensor(points).float()
+    draw = torch.Generator().manual_seed(seed)
+    centroids = points[torch.randint(len(points), (1,), generator=draw)]
+    while len(centroids) < size:
+        gap = torch.cdist(points, centroids).min(dim=1).values ** 2
+        centroids = torch.cat([centroids, points[torch.multinomial(gap + 1e-12, 1, generator=draw)]])
+    for _ in range(iterations):
+        chosen = torch.cdist(points, centroids).argmin(dim=1)
+        for k in range(size):
+            members = points[chosen == k]
+            if len(members):
+                centroids[k] = members.mean(dim=0)
+    return centroids

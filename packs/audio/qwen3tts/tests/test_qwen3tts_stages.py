@@ -18,7 +18,20 @@ from mmcore.testing import stage_manifest
 
 def test_every_stage_runs_then_infer_speaks_a_prompt(mmcore_cli, tiny_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     proc = mmcore_cli(
-        "run", "--pack", "qwen3tts", "--model", str(tiny_dir), "--run-dir", "r", "convert.verify=true", "training.steps=6", "training.eval_every=6", "generation.max_new_tokens=8", "evaluate.limit=1"
+        "run",
+        "--pack",
+        "qwen3tts",
+        "--preset",
+        "tiny",
+        "--model",
+        str(tiny_dir),
+        "--run-dir",
+        "r",
+        "convert.verify=true",
+        "training.steps=6",
+        "training.eval_every=6",
+        "generation.max_new_tokens=8",
+        "evaluate.limit=1",
     )
     assert "verified: the round trip to mmcore and back is bit-identical for every tensor" in proc.stdout
     assert "key coverage: the 61 tensors of the training model, no more, shapes equal" in proc.stdout
@@ -47,7 +60,7 @@ def test_every_stage_runs_then_infer_speaks_a_prompt(mmcore_cli, tiny_dir: Path,
     assert not torch.equal(trained.talker.codec_head.weight, load_pretrained(tiny_dir).talker.codec_head.weight)  # it trained
     # evaluate: code-level metrics of the export on the held-out texts, a report with audio players
     metrics = stage_manifest(tmp_path / "r", "evaluate")["metrics"]
-    assert metrics["items"] == 1 and {"codebook0_accuracy", "exact_match_rate", "frame_match_rate"} <= set(metrics)
+    assert metrics["items"] == 1 and {"wer", "codebook0_accuracy", "exact_match_rate", "frame_match_rate"} <= set(metrics)
     rows = [json.loads(line) for line in (tmp_path / "r/evaluate/results.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["generated_frames"] > 0 and len(rows[0]["media"]) == 2  # the reference clip and the generated wav
     assert (tmp_path / "r/evaluate/report.html").read_text().count("<audio") == 2
@@ -58,6 +71,7 @@ def test_every_stage_runs_then_infer_speaks_a_prompt(mmcore_cli, tiny_dir: Path,
 
     frames = int(said.stdout.split("frames: ")[1].split(",")[0])
     assert wav.is_file() and 1 <= frames <= 5 and len(load_audio(wav, 24000)) == frames * 1920
+    assert "heard: " in said.stdout  # what the fixed checker made of it (random weights: anything)
 
 
 def chord_clips(folder: Path) -> list[dict]:  # type: ignore[type-arg]

@@ -133,21 +133,11 @@ def speech_tokenizer(model_dir: Path, mel: MelConfig, rate: int) -> SpeechTokeni
 
 
 def griffin_lim(mel: torch.Tensor, cfg: MelConfig, iterations: int = 32) -> torch.Tensor:
-    """A waveform whose log mel is about ``mel`` (num_mels x frames, the flow's output), by
-    Griffin-Lim: the mel filterbank's pseudo-inverse gives linear magnitudes, then ``iterations``
-    rounds of keeping the magnitudes and taking the phase of the STFT of the inverse STFT, from
-    zero phase (deterministic). No learned weights: ``speech.vocoder: griffin_lim`` voices a mel
-    where no trained vocoder is at hand (the demo's). Peak-normalised to 0.5."""
+    """A waveform whose log mel is about ``mel`` (num_mels x frames, the flow's output): the mel
+    filterbank's pseudo-inverse gives linear magnitudes, which :func:`mmcore.data.griffin_lim`
+    voices (no learned weights: ``speech.vocoder: griffin_lim`` voices a mel where no trained
+    vocoder is at hand, the demo's). Peak-normalised to 0.5."""
+    from mmcore.data import griffin_lim as voice
+
     magnitude = (torch.linalg.pinv(mel_filters(cfg).double()) @ torch.exp(mel.double())).clamp(min=0)
-    window = torch.hann_window(cfg.win_size, dtype=torch.float64)
-    length = mel.shape[1] * cfg.hop_size
-
-    def inverse(spec: torch.Tensor) -> torch.Tensor:
-        return torch.istft(spec, cfg.n_fft, cfg.hop_size, cfg.win_size, window=window, center=True, length=length)
-
-    spec = magnitude.to(torch.complex128)
-    for _ in range(iterations):
-        again = torch.stft(inverse(spec), cfg.n_fft, cfg.hop_size, cfg.win_size, window=window, center=True, return_complex=True)[:, : magnitude.shape[1]]
-        spec = magnitude * again / again.abs().clamp(min=1e-8)
-    wav = inverse(spec)
-    return (wav / wav.abs().max().clamp(min=1e-8) * 0.5).float()
+    return voice(magnitude, cfg.n_fft, cfg.hop_size, cfg.win_size, iterations, length=mel.shape[1] * cfg.hop_size)

@@ -139,25 +139,28 @@ def preprocess(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResu
 
 
 def write_demo_dataset(folder: Path, samples: int, seed: int, eval_fraction: float = 0.1) -> tuple[Path, Path]:
-    """Synthetic 24 kHz clips (``train.jsonl``, ``eval.jsonl``): a chord per word of one to three
-    digit names, each digit at a pitch of its own; for running every stage, not for listening."""
+    """Synthetic 24 kHz clips (``train.jsonl``, ``eval.jsonl``) of one to three digit names: the
+    demo's chord syllables (:func:`mm_pack_qwen3tts.demo.digits_wave`), each on whole codec
+    frames. No held-out text occurs in training, so evaluate hears texts the talker never saw."""
     import numpy as np
 
+    from mm_pack_qwen3tts.demo import digits_wave, random_digits
     from mmcore.data import write_audio
 
     rng = np.random.default_rng(seed)
-    records = []
-    for i in range(samples):
-        digits = [int(d) for d in rng.integers(0, 10, size=int(rng.integers(1, 4)))]
-        parts = []
-        for d in digits:
-            t = np.arange(int(24000 * 0.16)) / 24000
-            pitch = 180 * 2 ** (d / 2.5)
-            parts += [np.sin(np.pi * t / t[-1]) * (np.sin(2 * np.pi * pitch * t) + 0.5 * np.sin(3 * np.pi * pitch * t)) / 3, np.zeros(2400)]
-        name = f"clips/{i:05d}.wav"
-        write_audio(folder / name, np.concatenate(parts).astype(np.float32), 24000)
-        records.append({"audio": name, "text": " ".join(WORDS[d] for d in digits)})
-    cut = int(len(records) * (1 - eval_fraction))
+    cut = int(samples * (1 - eval_fraction))
+    records: list[dict[str, str]] = []
+    seen: set[str] = set()
+    while len(records) < samples:
+        digits = random_digits(rng)
+        text = " ".join(WORDS[d] for d in digits)
+        if len(records) >= cut and text in seen and len(seen) < 1110:  # 10 + 100 + 1000 texts exist
+            continue
+        if len(records) < cut:
+            seen.add(text)
+        name = f"clips/{len(records):05d}.wav"
+        write_audio(folder / name, digits_wave(digits), 24000)
+        records.append({"audio": name, "text": text})
     train, held = folder / "train.jsonl", folder / "eval.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in records[:cut]))
     held.write_text("".join(json.dumps(r) + "\n" for r in records[cut:]))

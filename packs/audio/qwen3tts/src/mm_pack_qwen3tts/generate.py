@@ -1,5 +1,11 @@
 """Speaking: ``mmcore infer --prompt "..."`` (text -> codes -> a 24 kHz wav), and the evaluate
-stage (held-out texts -> codes -> wav; code-level metrics, since the codec's audio is not scored).
+stage (held-out texts -> codes -> wav, heard by a fixed checker; code-level metrics too).
+
+The waveform comes from ``speech.vocoder``: the speech tokenizer's decoder (``codec``), or
+Griffin-Lim over the demo's code spectra (``griffin_lim``, :mod:`mm_pack_qwen3tts.demo`). The
+fixed checker (:func:`mmcore.data.transcribe_digits`: energy segments, each one's pitch -> the
+nearest digit) transcribes every wav: ``wer`` (and ``heard`` per item, per infer answer) means
+something for the spoken-digit demo only.
 
 Evaluate measures, on the held-out split (or ``evaluate.datasets``): the teacher-forced
 codebook-0 accuracy (as training's held-out metric), and for the generated codes (greedy, or
@@ -30,6 +36,22 @@ def load(ctx: StageContext, upstream: Mapping[str, Manifest], source: ModelSourc
         folder = Path(source.path)
         model = load_exported(folder)
     return model.eval(), load_codec(folder), folder
+
+
+def vocoder(ctx: StageContext, folder: Path, codec: Any) -> Any:
+    """``codes (F x Q) -> waveform`` as ``speech.vocoder`` says."""
+    if ctx.config.speech.vocoder == "griffin_lim":
+        from mm_pack_qwen3tts.demo import load_spectra, voice
+
+        spectra = load_spectra(folder)
+        return lambda codes: voice(codes, spectra)
+    return codec.decode
+
+
+def heard(wav: Any, rate: int) -> str:
+    from mmcore.data import transcribe_digits
+
+    return transcribe_digits(wav.float().numpy(), rate)
 
 
 def options(ctx: StageContext) -> dict[str, Any]:
@@ -64,6 +86,7 @@ def infer(ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSourc
     from mmcore.data import BadRecord
 
     network, codec, folder = load(ctx, upstream, model)
+    decode = vocoder(ctx, folder, codec)
     tokenizer = Qwen2TokenizerFast.from_pretrained(folder)
     try:
         where = slots(network, ctx.config.data.speaker, ctx.config.data.language)
@@ -79,8 +102,10 @@ def infer(ctx: StageContext, upstream: Mapping[str, Manifest], model: ModelSourc
         if not len(codes):
             answers.append({"error": "the talker stopped before the first frame"})
             continue
-        path = Speech(codes, codec.decode(codes), codec.sample_rate).write(ctx.stage_dir / f"{i:03d}.wav")
-        answers.append({"audio": str(path), "frames": len(codes), "seconds": round(len(codes) * codec.decoder.samples_per_frame / codec.sample_rate, 2)})
+        speech = Speech(codes, decode(codes), codec.sample_rate)
+        path = speech.write(ctx.stage_dir / f"{i:03d}.wav")
+        seconds = round(len(codes) * codec.decoder.samples_per_frame / codec.sample_rate, 2)
+        answers.append({"audio": str(path), "frames": len(codes), "seconds": seconds, "heard": heard(speech.wav, codec.sample_rate)})
     return answers
 
 
@@ -114,11 +139,14 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
     from mm_pack_qwen3tts.train import collate
     from mmcore.engines import empty_evaluation, keep_media, write_results
 
+    from mmcore.data import digits_wer
+
     network, codec, folder = load(ctx, upstream, ModelSource("export", upstream["export"].output("model")))
+    decode = vocoder(ctx, folder, codec)
     items, skipped = held_out(ctx, upstream, folder)
     if not items:
         return empty_evaluation(ctx, skipped)
-    rows, hits, targets, exact, frames_same, frames_total = [], 0, 0, 0, 0, 0
+    rows, refs, hyps, hits, targets, exact, frames_same, frames_total = [], [], [], 0, 0, 0, 0, 0
     for k, (name, sample, meta) in enumerate(ctx.progress(items, total=len(items), description="evaluate", unit="text")):
         batch = collate([{**sample, "speaker": meta.get("speaker", -1), "language": meta.get("language", -1)}])
         with torch.no_grad():
@@ -131,29 +159,44 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
         exact += int(codes.shape == target.shape and same == len(target))
         frames_same, frames_total = frames_same + same, frames_total + len(target)
         media = keep_media(ctx.stage_dir, [meta["audio"]]) if meta.get("audio") else []
+        said = ""
         if len(codes):
-            wav = Speech(codes, codec.decode(codes), codec.sample_rate).write(ctx.stage_dir / "wavs" / f"{k:04d}.wav")
+            speech = Speech(codes, decode(codes), codec.sample_rate)
+            wav = speech.write(ctx.stage_dir / "wavs" / f"{k:04d}.wav")
             media.append({"kind": "audio", "src": str(wav.relative_to(ctx.stage_dir))})
+            said = heard(speech.wav, codec.sample_rate)
+        refs.append(meta["text"])
+        hyps.append(said)
         rows.append(
             {
                 "item": name,
                 "media": media,
                 "text": meta["text"],
+                "heard": said,
+                "word_errors": round(digits_wer([meta["text"]], [said]) * len(meta["text"].split())),
                 "target_frames": len(target),
                 "generated_frames": len(codes),
                 "frames_equal": same,
                 "exact": same == len(target) and len(codes) == len(target),
             }
         )
-    metrics = {"items": len(rows), "skipped": skipped, "codebook0_accuracy": hits / max(targets, 1), "exact_match_rate": exact / len(rows), "frame_match_rate": frames_same / max(frames_total, 1)}
+    metrics = {
+        "items": len(rows),
+        "skipped": skipped,
+        "wer": digits_wer(refs, hyps),
+        "checker": "spoken digits by pitch (mmcore.data.transcribe_digits)",
+        "codebook0_accuracy": hits / max(targets, 1),
+        "exact_match_rate": exact / len(rows),
+        "frame_match_rate": frames_same / max(frames_total, 1),
+    }
     how = "greedy" if ctx.config.generation.temperature == 0 else f"sampled at temperature {ctx.config.generation.temperature}"
     write_results(
         ctx.stage_dir,
         rows,
         metrics,
-        title=f"qwen3tts: codes of the export {folder.name}/ for the held-out texts ({how})",
-        columns=("item", "text", "target_frames", "generated_frames", "frames_equal", "exact"),
+        title=f"qwen3tts: the export {folder.name}/ speaks the held-out texts ({how}, vocoder {ctx.config.speech.vocoder})",
+        columns=("item", "text", "heard", "word_errors", "target_frames", "generated_frames", "frames_equal", "exact"),
         ctx=ctx,
     )
-    note = f"{len(rows)} held-out text(s), {how}: codes equal to the target for {metrics['exact_match_rate']:.0%}, frames equal {metrics['frame_match_rate']:.0%}; teacher-forced codebook-0 accuracy {metrics['codebook0_accuracy']:.1%}"
+    note = f"{len(rows)} held-out text(s), {how}, vocoder {ctx.config.speech.vocoder}: the fixed checker's WER {metrics['wer']:.1%}; codes equal to the target for {metrics['exact_match_rate']:.0%}, frames equal {metrics['frame_match_rate']:.0%}; teacher-forced codebook-0 accuracy {metrics['codebook0_accuracy']:.1%}"
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])

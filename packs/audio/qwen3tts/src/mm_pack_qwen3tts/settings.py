@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
-from mmcore.config import RunConfig
+from mmcore.config import RunConfig, Section
 from mmcore.data import MLLMDataSection
 
 
@@ -15,5 +17,13 @@ class Qwen3TTSData(MLLMDataSection):
     language: str | None = Field(None, description="Language (a name of codec_language_id) of records that name none; null: the reference's 'auto'.")
 
 
+class Qwen3TTSSpeech(Section):
+    vocoder: Literal["codec", "griffin_lim"] = Field(
+        "codec",
+        description="What turns codes into a waveform: the speech tokenizer's decoder, or Griffin-Lim over the demo codec's code spectra (speech_tokenizer/demo/spectra.safetensors, written by init:demo; no learned weights).",
+    )
+
+
 class Qwen3TTSConfig(RunConfig):
     data: Qwen3TTSData = Field(default_factory=Qwen3TTSData)
+    speech: Qwen3TTSSpeech = Field(default_factory=Qwen3TTSSpeech)

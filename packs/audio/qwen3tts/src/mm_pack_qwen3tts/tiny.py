@@ -234,9 +234,15 @@ def build_tiny_checkpoint(out: Path, seed: int = 0, kind: str = "custom_voice") 
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
-    """``model.source: init:tiny``."""
+    """``model.source: init:tiny``, or ``init:demo`` (:mod:`mm_pack_qwen3tts.demo`: the tiny
+    checkpoint with the demo's fitted encoder and code spectra)."""
     from mmcore import StageError
 
-    if preset != "tiny":
-        raise StageError(f"init:{preset}: the qwen3tts pack builds only init:tiny")
-    build_tiny_checkpoint(Path(out), seed=seed)
+    if preset == "demo":
+        from mm_pack_qwen3tts.demo import build_demo_checkpoint
+
+        build_demo_checkpoint(Path(out), seed=seed)
+    elif preset == "tiny":
+        build_tiny_checkpoint(Path(out), seed=seed)
+    else:
+        raise StageError(f"init:{preset}: the qwen3tts pack builds init:tiny and init:demo")
