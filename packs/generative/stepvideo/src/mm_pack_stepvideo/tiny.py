@@ -102,10 +102,11 @@ def make_vae() -> Any:
     return AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4)
 
 
-#: the demo VAE's floor: PSNR (dB) over the training clips' drawn pixels (the shapes), as the
-#: opensoraplan demo's. A fit below it draws the shapes in the wrong or their mean colour, and
-#: the samples of a denoiser trained on its latents cannot show their caption's colour
-DRAWN_PSNR_FLOOR = 16.0
+#: the demo VAE's floor: PSNR (dB) over the training clips' drawn pixels (the shapes). Higher
+#: than the opensoraplan demo's 16: native seed 3's first fit scored 17.2 and gave back 5 of 32
+#: blue training clips green (its samples then drew 3 of 4 blue captions green); seed 1's, 21.9,
+#: kept every colour
+DRAWN_PSNR_FLOOR = 19.0
 
 
 def train_vae(seed: int) -> tuple[Any, dict[str, Any]]:
