@@ -53,7 +53,7 @@ def transformer(p: dict[str, Any], channels: int) -> Any:
 def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
     """The seeded tokenizers, Step-LLM stand-in, HunyuanCLIP (BERT), VAE and scheduler (built before the transformer)."""
     import torch
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
+    from diffusers import FlowMatchEulerDiscreteScheduler
     from diffusers.utils import logging as diffusers_logging
     from transformers import BertConfig, BertModel, LlamaConfig, LlamaModel
     from transformers.utils import logging as hf_logging
@@ -80,11 +80,10 @@ def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
     )
     text_encoder, text_encoder_2 = LlamaModel(llm).eval(), BertModel(bert, add_pooling_layer=False).eval()
     measured = None
-    if p.get("demo_vae"):  # 4x in space and time, residual; trained to reconstruct the demo's clips
-        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4)
-        measured = train_vae(vae, seed)
-    else:  # 4x in space and time, random
-        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4).eval()
+    if p.get("demo_vae"):  # trained to reconstruct the demo's clips
+        vae, measured = train_vae(seed)
+    else:
+        vae = make_vae().eval()
     parts = {
         "vae": vae.eval(),
         "text_encoder": text_encoder,
@@ -96,13 +95,36 @@ def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
     return {**parts, "measured": measured}
 
 
-def train_vae(vae: Any, seed: int) -> dict[str, Any]:
-    """Train the demo's VAE on moving-shape clips (:func:`mmcore.engines.train_demo_vae`), as the wan pack's demo does."""
+def make_vae() -> Any:
+    """4x in space and time, residual (the wan and opensoraplan demos' VAE)."""
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4)
+
+
+#: the demo VAE's floor: PSNR (dB) over the training clips' drawn pixels (the shapes). Higher
+#: than the opensoraplan demo's 16: native seed 3's first fit scored 17.2 and gave back 5 of 32
+#: blue training clips green (its samples then drew 3 of 4 blue captions green); seed 1's, 21.9,
+#: kept every colour
+DRAWN_PSNR_FLOOR = 19.0
+
+
+def train_vae(seed: int) -> tuple[Any, dict[str, Any]]:
+    """The demo's VAE trained on moving-shape clips (:func:`mmcore.engines.train_demo_vae_until`,
+    as the opensoraplan demo's), fitted afresh (3 fits at most) while it draws the shapes without
+    their colour."""
+    import torch
+
     from mmcore.data import moving_shape_clips
-    from mmcore.engines import train_demo_vae
+    from mmcore.engines import train_demo_vae_until
+
+    def make(attempt: int) -> Any:
+        if attempt:  # the first from the seeded state frozen_parts left, as before the floor; a refit from its own seed
+            torch.manual_seed(seed + 1000 * attempt)
+        return make_vae()
 
     clips, held_out = moving_shape_clips(96, seed + 1_000), moving_shape_clips(16, seed + 2_000)
-    return train_demo_vae(vae, clips, held_out, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
+    return train_demo_vae_until(make, clips, held_out, drawn_psnr_floor=DRAWN_PSNR_FLOOR, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
