@@ -239,6 +239,9 @@ class SpeechTraining(TrainingSection):
 class SpeechGeneration(Section):
     sampling: Literal["greedy", "ras"] = Field("greedy", description="The LM's decoding: greedy, or CosyVoice's repetition-aware sampling (seeded).")
     flow_steps: int = Field(10, ge=1, description="Euler steps of the flow's ODE solve.")
+    cfg_rate: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="The flow's classifier-free guidance strength at inference; null: the checkpoint yaml's inference_cfg_rate (0.7 in CosyVoice3's)."
+    )
     vocoder: Literal["hift", "griffin_lim"] = Field(
         "hift",
         description="What turns the flow's mel into a waveform: the checkpoint's HiFT, or Griffin-Lim (no learned weights; for a checkpoint whose HiFT is untrained, as the demo's).",

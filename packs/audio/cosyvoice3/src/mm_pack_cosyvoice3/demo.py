@@ -32,13 +32,34 @@ FIT_CLIPS = 96
 VOCODER_STEPS = 200
 F0_STEPS = 400
 CROP_FRAMES = 24  # 0.48 s crops for the vocoder
+# the flow's DiT: at 32 wide its CFM loss stays near 1.0 and its mels' tone bins jitter (README)
+DIT_DIM, DIT_HEADS = 128, 4
+# every clip's peak: TTS corpora are loudness-normalised, and the demo's speech tokens say nothing
+# of loudness (features.DemoSpeechTokenizer), so a clip's level (0.3-0.9 as drawn) would be left
+# for the flow to draw; measured on one seed it changed the spoken WER little (README)
+LEVEL = 0.6
+# ten digits, silence and the frame pairs that straddle a syllable's edge: with 64 codes k-means
+# split a digit over two to six codes by its detuning (README); 16 give each digit one, mostly
+TOKENIZER_CODES = 16
+
+
+def levelled(wav: np.ndarray) -> np.ndarray:
+    """``wav`` scaled to the demo's peak ``LEVEL``."""
+    return wav * (LEVEL / max(float(np.abs(wav).max()), 1e-8))
 
 
 def write_demo_dataset(folder: Path, samples: int, seed: int, eval_fraction: float = 0.1) -> tuple[Path, Path]:
-    """Write ``train.jsonl``, ``eval.jsonl`` and their 24 kHz wav files under ``folder``."""
-    from mmcore.data import write_spoken_digit_clips
+    """Write ``train.jsonl``, ``eval.jsonl`` and their 24 kHz wav files under ``folder``: the clips
+    of ``mmcore.data.write_spoken_digit_clips`` (the same draws), each levelled to ``LEVEL``."""
+    from mmcore.data import DIGIT_WORDS, digits_clip, write_audio
 
-    records = [{"audio": name, "text": text} for name, text in write_spoken_digit_clips(folder, samples, seed, pace=PACE, rate=RATE)]
+    rng = np.random.default_rng(seed)
+    records = []
+    for i in range(samples):
+        digits = [int(d) for d in rng.integers(0, 10, size=int(rng.integers(1, 5)))]
+        name = f"clips/{i:05d}.wav"
+        write_audio(Path(folder) / name, levelled(digits_clip(digits, rng, pace=PACE, rate=RATE)), RATE)
+        records.append({"audio": name, "text": " ".join(DIGIT_WORDS[d] for d in digits)})
     cut = int(len(records) * (1 - eval_fraction))
     train, held_out = folder / "train.jsonl", folder / "eval.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in records[:cut]))
@@ -53,7 +74,7 @@ def fit_clips(seed: int, count: int = FIT_CLIPS) -> list[np.ndarray]:
     clips = []
     for _ in range(count):
         digits = [int(d) for d in rng.integers(0, 10, size=int(rng.integers(1, 5)))]
-        clips.append(np.clip(digits_clip(digits, rng, pace=PACE, rate=RATE), -1, 1).astype(np.float32))
+        clips.append(levelled(digits_clip(digits, rng, pace=PACE, rate=RATE)).astype(np.float32))
     return clips
 
 
@@ -130,12 +151,12 @@ def log_mel_torch(wav: torch.Tensor, cfg: Any) -> torch.Tensor:
 
 
 def fit_tokenizer(out_dir: Path, cfg: Any, clips: list[np.ndarray], seed: int) -> None:
-    """The demo speech tokenizer of ``cfg.lm.speech_token_size`` codes, fitted on ``clips`` and
-    saved in the folder."""
+    """The demo speech tokenizer of ``TOKENIZER_CODES`` codes (at most ``cfg.lm.speech_token_size``),
+    fitted on ``clips`` and saved in the folder."""
     from mm_pack_cosyvoice3.features import DEMO_TOKENIZER, DemoSpeechTokenizer, log_mel, pad_to_tokens
 
     mels = [log_mel(pad_to_tokens(c, RATE, cfg.token_frame_rate), cfg.mel) for c in clips]
-    DemoSpeechTokenizer.fit(mels, cfg.lm.speech_token_size, cfg.mel, seed).save(Path(out_dir) / DEMO_TOKENIZER)
+    DemoSpeechTokenizer.fit(mels, min(TOKENIZER_CODES, cfg.lm.speech_token_size), cfg.mel, seed).save(Path(out_dir) / DEMO_TOKENIZER)
 
 
 def build_tiny_with_tokenizer(out_dir: Path, seed: int = 0) -> Path:
@@ -153,7 +174,7 @@ def build_demo_checkpoint(out_dir: Path, seed: int = 0) -> Path:
     from mm_pack_cosyvoice3.model import load_pretrained, save_public
     from mm_pack_cosyvoice3.tiny import build_tiny_checkpoint
 
-    out_dir = build_tiny_checkpoint(Path(out_dir), seed=seed, hidden=64, speech_tokens=64, f0_channels=64)
+    out_dir = build_tiny_checkpoint(Path(out_dir), seed=seed, hidden=64, speech_tokens=64, f0_channels=64, dit_dim=DIT_DIM, dit_heads=DIT_HEADS)
     model = load_pretrained(out_dir)
     cfg = model.cfg
     clips = fit_clips(seed)

@@ -82,16 +82,36 @@ class SpeechTokenizer(Protocol):
 
 
 class DemoSpeechTokenizer:
-    """A k-means codebook over pairs of mel frames (one token per 40 ms): each clip's log mel is
-    shifted so its loudest bin is 0 (the demo's clips differ in loudness, not in what they say)."""
+    """A k-means codebook over pairs of mel frames (one token per 40 ms) of what a frame *sounds
+    like*, not how loud it is: each frame's log mel is shifted so its own loudest bin is 0,
+    clamped ``DEPTH`` below it and blurred along frequency (Gaussian, ``BLUR`` bins: a digit's
+    +-2 % detuning moves its tone up to half a bin at 2 kHz, which k-means would otherwise split
+    into codes of their own), and a frame whose loudest bin is within ``GATE`` of the clip's
+    noise floor (the median of all its bins: most bins of most frames hold only noise) is silence,
+    one fixed vector. The demo's clips differ in loudness (0.3-0.9 over a fixed noise floor) and
+    in which digit sets the clip's loudest bin; neither reaches these features, so a digit's
+    frames fall on one code whatever the clip."""
+
+    GATE = 2.0
+    DEPTH = 1.5
+    BLUR = 1.0
+    KIND = "cosyvoice3 demo speech tokenizer: frame-normalised log mel pairs"
 
     def __init__(self, centroids: torch.Tensor, mel: MelConfig, rate: int = 25) -> None:
         self.centroids, self.mel, self.rate = centroids.float(), mel, rate
 
-    @staticmethod
-    def features(mel: torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def features(cls, mel: torch.Tensor) -> torch.Tensor:
         mel = mel[: mel.shape[0] // 2 * 2]
-        return (mel - mel.max()).reshape(-1, 2 * mel.shape[1]).clamp(min=-12)
+        peak = mel.max(dim=1, keepdim=True).values
+        shape = (mel - peak).clamp(min=-cls.DEPTH)
+        voiced = peak > mel.median() + cls.GATE
+        shape = torch.where(voiced, shape, torch.full_like(shape, -cls.DEPTH))
+        if cls.BLUR > 0:
+            taps = torch.arange(-3, 4, dtype=shape.dtype)
+            kernel = torch.exp(-0.5 * (taps / cls.BLUR) ** 2)
+            shape = torch.nn.functional.conv1d(shape[:, None] + cls.DEPTH, (kernel / kernel.sum())[None, None], padding=3)[:, 0] - cls.DEPTH
+        return shape.reshape(-1, 2 * mel.shape[1])
 
     def tokens_of_mel(self, mel: torch.Tensor) -> list[int]:
         return torch.cdist(self.features(mel), self.centroids).argmin(dim=1).tolist()
@@ -119,7 +139,7 @@ class DemoSpeechTokenizer:
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
 
-        save_file({"centroids": self.centroids.contiguous()}, str(path), metadata={"kind": "cosyvoice3 demo speech tokenizer", "rate": str(self.rate)})
+        save_file({"centroids": self.centroids.contiguous()}, str(path), metadata={"kind": self.KIND, "rate": str(self.rate)})
 
 
 def speech_tokenizer(model_dir: Path, mel: MelConfig, rate: int) -> SpeechTokenizer | None:
@@ -127,9 +147,15 @@ def speech_tokenizer(model_dir: Path, mel: MelConfig, rate: int) -> SpeechTokeni
     path = Path(model_dir) / DEMO_TOKENIZER
     if not path.is_file():
         return None
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
-    return DemoSpeechTokenizer(load_file(str(path))["centroids"], mel, rate)
+    with safe_open(str(path), "pt") as f:
+        kind = (f.metadata() or {}).get("kind")
+        if kind != DemoSpeechTokenizer.KIND:
+            from mmcore import StageError
+
+            raise StageError(f"{path}: a demo speech tokenizer of another kind ({kind!r}); refit it (init:demo)")
+        return DemoSpeechTokenizer(f.get_tensor("centroids"), mel, rate)
 
 
 def griffin_lim(mel: torch.Tensor, cfg: MelConfig, iterations: int = 32) -> torch.Tensor:

@@ -206,12 +206,13 @@ class CausalConditionalCFM(nn.Module):
         return 1 - torch.cos(span * 0.5 * torch.pi) if self.cfg.t_scheduler == "cosine" else span
 
     @torch.inference_mode()
-    def forward(self, mu, mask, spks, cond, n_timesteps: int = 10, streaming: bool = False, noise=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def forward(self, mu, mask, spks, cond, n_timesteps: int = 10, streaming: bool = False, noise=None, cfg_rate: float | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
         """Euler ODE solve from noise with classifier-free guidance (the unconditional half has
-        mu, speaker and prompt zeroed); (B, 80, T) mel."""
+        mu, speaker and prompt zeroed; ``cfg_rate`` None: the yaml's ``inference_cfg_rate``); (B, 80, T) mel."""
         x = (noise if noise is not None else fixed_noise(mu.shape[1], mu.shape[2])).to(mu)
         span = self.t_span(n_timesteps, mu.dtype, mu.device)
-        t, dt, rate = span[0:1], span[1] - span[0], self.cfg.inference_cfg_rate
+        t, dt = span[0:1], span[1] - span[0]
+        rate = self.cfg.inference_cfg_rate if cfg_rate is None else cfg_rate
         zeros = torch.zeros_like
         for step in range(1, len(span)):
             both = self.estimator(
@@ -269,7 +270,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
         return {"loss": loss}
 
     @torch.inference_mode()
-    def inference(self, token, prompt_token, prompt_feat, embedding, n_timesteps: int = 10, streaming: bool = False, noise=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def inference(self, token, prompt_token, prompt_feat, embedding, n_timesteps: int = 10, streaming: bool = False, noise=None, cfg_rate: float | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
         """Mel (1 x 80 x T) for ``token`` (1 x N), continuing ``prompt_feat`` (1 x T_p x 80)."""
         token = torch.cat([prompt_token, token], dim=1)
         h, _, spks = self.encode(token, torch.tensor([token.shape[1]], device=token.device), embedding)
@@ -277,5 +278,5 @@ class CausalMaskedDiffWithDiT(nn.Module):
         conds = torch.zeros(1, h.shape[1], self.cfg.output_size, device=h.device, dtype=h.dtype)
         conds[:, :n_prompt] = prompt_feat
         mask = torch.ones(1, 1, h.shape[1], device=h.device, dtype=h.dtype)
-        feat = self.decoder(h.transpose(1, 2).contiguous(), mask, spks, conds.transpose(1, 2), n_timesteps, streaming, noise)
+        feat = self.decoder(h.transpose(1, 2).contiguous(), mask, spks, conds.transpose(1, 2), n_timesteps, streaming, noise, cfg_rate)
         return feat[:, :, n_prompt:].float()

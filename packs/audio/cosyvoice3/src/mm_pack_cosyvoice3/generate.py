@@ -36,7 +36,7 @@ def speak(model: Any, encoder: Any, text: str, ctx: StageContext, index: int) ->
 
     gen = ctx.config.speech
     generator = torch.Generator().manual_seed(ctx.seed * 100_003 + index)
-    return synthesize(model, encoder.text_ids(text), sampling=gen.sampling, generator=generator, n_timesteps=gen.flow_steps, vocoder=gen.vocoder)
+    return synthesize(model, encoder.text_ids(text), sampling=gen.sampling, generator=generator, n_timesteps=gen.flow_steps, vocoder=gen.vocoder, cfg_rate=gen.cfg_rate)
 
 
 def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult:
@@ -71,7 +71,7 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
     write_results(
         ctx.stage_dir, rows, metrics, title=f"cosyvoice3: the export {Path(folder).name}/ speaks the held-out texts", columns=("item", "text", "heard", "word_errors", "speech_tokens"), ctx=ctx
     )
-    note = f"{len(rows)} held-out text(s) spoken ({ctx.config.speech.sampling}, {ctx.config.speech.flow_steps} flow steps, vocoder {ctx.config.speech.vocoder}); the fixed checker's WER {metrics['wer']:.1%}; wavs under {ctx.stage_dir / 'speech'}"
+    note = f"{len(rows)} held-out text(s) spoken ({ctx.config.speech.sampling}, {ctx.config.speech.flow_steps} flow steps, CFG {ctx.config.speech.cfg_rate if ctx.config.speech.cfg_rate is not None else 'of the yaml'}, vocoder {ctx.config.speech.vocoder}); the fixed checker's WER {metrics['wer']:.1%}; wavs under {ctx.stage_dir / 'speech'}"
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])
 
 

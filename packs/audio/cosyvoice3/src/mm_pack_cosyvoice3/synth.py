@@ -30,11 +30,13 @@ def synthesize(
     generator: torch.Generator | None = None,
     n_timesteps: int = 10,
     vocoder: str = "hift",
+    cfg_rate: float | None = None,
     max_token_text_ratio: float = 20.0,
     min_token_text_ratio: float = 2.0,
 ) -> Speech:
     """Speak ``text_ids`` (the tokenizer's ids, CosyVoice3's ``<|endofprompt|>`` convention left to
-    the caller). Without a prompt the speaker embedding is zeros and the mel has no prompt frames."""
+    the caller). Without a prompt the speaker embedding is zeros and the mel has no prompt frames;
+    ``cfg_rate`` None: the yaml's ``inference_cfg_rate``."""
     model.eval()
     text = torch.tensor([text_ids], dtype=torch.long)
     prompt = torch.tensor([prompt_speech or []], dtype=torch.long)
@@ -44,7 +46,7 @@ def synthesize(
     flow = model.cfg.flow
     spk = speaker_embedding if speaker_embedding is not None else torch.zeros(1, flow.spk_embed_dim)
     feat = prompt_feat if prompt_feat is not None else torch.zeros(1, 0, flow.output_size)
-    mel = model.flow.inference(torch.tensor([tokens]), prompt, feat, spk, n_timesteps=n_timesteps)
+    mel = model.flow.inference(torch.tensor([tokens]), prompt, feat, spk, n_timesteps=n_timesteps, cfg_rate=cfg_rate)
     if vocoder == "griffin_lim":
         from mm_pack_cosyvoice3.features import griffin_lim
 

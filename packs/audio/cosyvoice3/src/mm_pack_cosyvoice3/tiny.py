@@ -76,10 +76,10 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
                 inference_cfg_rate: 0.7
                 reg_loss_type: 'l1'
         estimator: !new:cosyvoice.flow.DiT.dit.DiT
-            dim: 32
+            dim: {dit_dim}
             depth: 2
-            heads: 2
-            dim_head: 16
+            heads: {dit_heads}
+            dim_head: {dit_dim_head}
             ff_mult: 2
             mel_dim: 80
             mu_dim: 80
@@ -136,7 +136,9 @@ def write_tokenizer(out: Path, vocab_size: int = 300) -> int:
     return len(tok)
 
 
-def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech_tokens: int = 64, tie_word_embeddings: bool = True, hift_channels: int = 32, f0_channels: int = 16) -> Path:
+def build_tiny_checkpoint(
+    out_dir: Path, seed: int = 0, hidden: int = 32, speech_tokens: int = 64, tie_word_embeddings: bool = True, hift_channels: int = 32, f0_channels: int = 16, dit_dim: int = 32, dit_heads: int = 2
+) -> Path:
     """Write the tiny folder (yaml, llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/) and return it."""
     from transformers import Qwen2Config
 
@@ -157,7 +159,9 @@ def build_tiny_checkpoint(out_dir: Path, seed: int = 0, hidden: int = 32, speech
     )
     qwen_dir.mkdir(parents=True, exist_ok=True)
     qwen.to_json_file(str(qwen_dir / "config.json"))
-    (out_dir / YAML).write_text(TINY_YAML.format(hidden=hidden, speech_tokens=speech_tokens, hift_channels=hift_channels, f0_channels=f0_channels))
+    (out_dir / YAML).write_text(
+        TINY_YAML.format(hidden=hidden, speech_tokens=speech_tokens, hift_channels=hift_channels, f0_channels=f0_channels, dit_dim=dit_dim, dit_heads=dit_heads, dit_dim_head=dit_dim // dit_heads)
+    )
     cfg, qwen = read_configs(out_dir)
     torch.manual_seed(seed)
     model = CosyVoice3(cfg, qwen)
