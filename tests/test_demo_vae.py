@@ -66,7 +66,8 @@ def test_a_vae_with_statistics_buffers_is_normalised_there() -> None:
 
 def test_a_demo_vae_below_its_floor_is_fitted_afresh() -> None:
     """``train_demo_vae_until`` keeps the first fit that reaches the drawn-pixel floor and fits a
-    fresh VAE (``make_vae(k)``, batches from ``seed + 1000 k``) while none does, ``tries`` at most."""
+    fresh VAE (``make_vae(k)``, batches from ``seed + 1000 k``) while none does, ``tries`` at most;
+    where none reaches it, the fit nearest it."""
     from mmcore.data import moving_shape_clips
     from mmcore.engines import train_demo_vae, train_demo_vae_until
 
@@ -84,6 +85,9 @@ def test_a_demo_vae_below_its_floor_is_fitted_afresh() -> None:
     made.clear()
     vae, measured = train_demo_vae_until(make_vae, clips, held, drawn_psnr_floor=100.0, tries=3, steps=2, batch=4, seed=5)
     assert made == [0, 1, 2] and measured["tries"] == 3 and measured["drawn_psnr_floor"] == 100.0
-    again = small_vae(2)
-    assert train_demo_vae(again, clips, held, steps=2, batch=4, seed=2005)["train_drawn_psnr"] == measured["train_drawn_psnr"]  # the third fit: make_vae(2), seed + 2000
-    assert all(torch.equal(a, b) for a, b in zip(vae.state_dict().values(), again.state_dict().values()))
+    # none reaches the floor: the fit nearest it is kept (fit k: make_vae(k), batches from seed + 1000 k)
+    fits = [small_vae(k) for k in range(3)]
+    psnrs = [train_demo_vae(fit, clips, held, steps=2, batch=4, seed=5 + 1000 * k)["train_drawn_psnr"] for k, fit in enumerate(fits)]
+    best = max(range(3), key=lambda k: psnrs[k])
+    assert measured["kept"] == best + 1 and measured["train_drawn_psnr"] == psnrs[best]
+    assert all(torch.equal(a, b) for a, b in zip(vae.state_dict().values(), fits[best].state_dict().values()))
