@@ -52,7 +52,10 @@ def test_codes_decode_causally_to_1920_samples_per_frame(codec) -> None:  # type
     wav = codec.decode(codes)
     assert wav.shape == (9 * 1920,) and wav.abs().max() <= 1 and wav.std() > 0
     exact = copy.deepcopy(codec).double()  # in float32 the random stack amplifies rounding to ~1e-3
-    assert torch.equal(exact.decode(codes[:5]), exact.decode(codes)[: 5 * 1920])
+    # Not bit for bit: the convolutions' kernels block 5 and 9 frames differently on some CPUs
+    # (1.1e-12 measured on an AMD EPYC). A decoder that looked ahead would move the first 5
+    # frames' samples (peak 1.0) by far more than the 1e-9 allowed.
+    torch.testing.assert_close(exact.decode(codes[:5]), exact.decode(codes)[: 5 * 1920], rtol=0, atol=1e-9)
 
 
 def test_text_to_codes_to_a_wav_file_of_the_right_length(tiny_model, codec, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
