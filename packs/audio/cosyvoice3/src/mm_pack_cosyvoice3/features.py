@@ -121,20 +121,10 @@ class DemoSpeechTokenizer:
 
     @classmethod
     def fit(cls, mels: list[torch.Tensor], size: int, mel: MelConfig, seed: int, iterations: int = 30) -> "DemoSpeechTokenizer":
-        """k-means (k-means++ start, seeded; deterministic on one thread) of the clips' frame pairs."""
-        points = torch.cat([cls.features(m) for m in mels])
-        g = torch.Generator().manual_seed(seed)
-        centroids = points[torch.randint(len(points), (1,), generator=g)]
-        while len(centroids) < size:
-            d = torch.cdist(points, centroids).min(dim=1).values ** 2
-            centroids = torch.cat([centroids, points[torch.multinomial(d + 1e-12, 1, generator=g)]])
-        for _ in range(iterations):
-            assign = torch.cdist(points, centroids).argmin(dim=1)
-            for k in range(size):
-                members = points[assign == k]
-                if len(members):
-                    centroids[k] = members.mean(dim=0)
-        return cls(centroids, mel)
+        """k-means (core's :func:`~mmcore.engines.kmeans_codebook`) of the clips' frame pairs."""
+        from mmcore.engines import kmeans_codebook
+
+        return cls(kmeans_codebook(torch.cat([cls.features(m) for m in mels]), size, seed, iterations), mel)
 
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
