@@ -104,7 +104,10 @@ def markdown(results: dict[str, Any]) -> str:
             for r in results.get("reruns", [])
         ],
         *[
-            f"Not rerun, carried over ({c['why']}): {c['benchmark']} from {c['date']} at `{c['commit']}`" + (f", on {c['machine']}" if c.get("machine") else "") + "."
+            f"Not rerun, carried over ({c['why']}): {c['benchmark']} from {c['date']} at `{c['commit']}`"
+            + (f", on {c['machine']}" if c.get("machine") else "")
+            + (f", {c['threads']} thread(s) on both sides" if c.get("threads") not in (None, results["threads"]) else "")
+            + "."
             for c in results.get("carried", [])
         ],
         "",
@@ -147,7 +150,9 @@ def carry(results: dict[str, Any], old: dict[str, Any], names: list[str], why: s
         results["figures"] = [f for f in results["figures"] if f.get("benchmark") != name] + [f for f in old["figures"] if f.get("benchmark") == name]
         results["failures"] = [f for f in results["failures"] if f["benchmark"] != name] + [f for f in old["failures"] if f["benchmark"] == name]
         date, commit_ = (source["date"], source["commit"]) if source else (old["date"], old["commit"])
-        results.setdefault("carried", []).append({"benchmark": name, "date": date, "commit": commit_, "machine": machine, "why": why})
+        threads = (source or {}).get("threads", old.get("threads"))
+        carried = [c for c in results.get("carried", []) if c["benchmark"] != name]
+        results["carried"] = [*carried, {"benchmark": name, "date": date, "commit": commit_, "machine": machine, "threads": threads, "why": why}]
     order = {name: i for i, (name, _, _) in enumerate(BENCHMARKS)}
     results["figures"].sort(key=lambda f: order.get(f.get("benchmark", ""), len(order)))
 
