@@ -72,7 +72,14 @@ def test_the_released_model_ema_pt_reads_strictly(tiny: Path, tmp_path: Path) ->
     inputs = (torch.randn(1, 16, 2, 4, 4), torch.tensor([300.0]), torch.randn(1, 5, 32), torch.randn(1, 32))
     with torch.no_grad():
         want = model(*inputs, return_dict=False)[0]
-        assert torch.equal(imported.eval()(*inputs, return_dict=False)[0], want) and torch.equal(again(*inputs, return_dict=False)[0], want)
+        # the imported model keeps torch.load's tensors where they lie (assign=True: no second
+        # copy of an 8B model), and kernels over that storage block differently on some CPUs
+        # (4.8e-7 of 1.8 on an AMD EPYC): its weights are compared bit for bit, its output to
+        # 1e-5; the folder it wrote, loaded as training loads it, gives the output bit for bit
+        theirs = imported.state_dict()
+        assert theirs.keys() == model.state_dict().keys() and all(torch.equal(theirs[k], v) for k, v in model.state_dict().items())
+        torch.testing.assert_close(imported.eval()(*inputs, return_dict=False)[0], want, rtol=0, atol=1e-5)
+        assert torch.equal(again(*inputs, return_dict=False)[0], want)
     # and back: the transformer folder as a released-style model_ema.pt, the same names, shapes, dtypes and bits
     from mm_pack_opensoraplan.public import export_public, public_state_dict
 
