@@ -199,7 +199,8 @@ def main() -> None:
         if old.get("quick") == args.quick and (old.get("machine", {}).get("cpu") == here["cpu"] or set(only) <= EXACT | SAME_RUN):
             if set(only) <= EXACT | SAME_RUN:
                 results["machine"] = old["machine"]  # the table's timings stay the other machine's
-            results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns", "threads") if k in old})
+            results.update({k: old[k] for k in ("date", "commit", "figures", "failures", "skipped", "seconds", "reruns", "threads", "carried") if k in old})
+            results["carried"] = [c for c in results.get("carried", []) if c["benchmark"] not in only]  # measured again now
             results["machine"]["threads"] = results["threads"]  # the table's header is the first run's; a rerun's own count goes on its line
             results["figures"] = [f for f in results["figures"] if f.get("benchmark") not in only]
             results["failures"] = [f for f in results["failures"] if f["benchmark"] not in only]
