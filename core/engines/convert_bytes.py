@@ -13,7 +13,6 @@ and takes the torch path in :mod:`mmcore.engines.convert`.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -103,8 +102,22 @@ def dcp_to_hf(
     ensure_free_space(out_dir, sum(stored[r.sources[0]][4] for r in plan.values()), "the exported model")
     names = ["model.safetensors"] if len(groups) == 1 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     total = 0
-    for name, group in zip(names, progress(groups) if progress else groups):
-        total += _write_shard(out_dir / name, [(key, stored[plan[key].sources[0]]) for key in group])
+    written: list[tuple[Path, Path]] = []
+    try:
+        for name, group in zip(names, progress(groups) if progress else groups):
+            tmp = out_dir / f".{name}.tmp"
+            written.append((tmp, out_dir / name))
+            total += _write_shard(tmp, [(key, stored[plan[key].sources[0]]) for key in group])
+        # flushed together at the end, as cp + sync: each shard's fsync in turn kept the kernel from
+        # writing one shard back while the next was copied (4.1 GiB: 6.4 s against cp's 2.2)
+        fsync_tree(out_dir)
+    except BaseException:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, final in written:  # only whole, durable shards get their names
+        tmp.replace(final)
+    fsync_dir(out_dir)
     if len(names) > 1:
         weight_map = {key: name for name, group in zip(names, groups) for key in group}
         (out_dir / SAFE_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
@@ -112,8 +125,8 @@ def dcp_to_hf(
 
 
 def _write_shard(path: Path, tensors: list[tuple[str, tuple[str, tuple[int, ...], Path, int, int]]]) -> int:
-    """A safetensors file as :func:`~mmcore.checkpoint.safetensors_files.write_safetensors_streaming`
-    writes it (the same header bytes), each tensor's bytes copied from its archive."""
+    """A safetensors file at ``path`` as :func:`~mmcore.checkpoint.safetensors_files.write_safetensors_streaming`
+    writes it (the same header bytes), each tensor's bytes copied from its archive; not yet flushed."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for key, (code, shape, _, _, nbytes) in tensors:
@@ -121,10 +134,9 @@ def _write_shard(path: Path, tensors: list[tuple[str, tuple[str, tuple[int, ...]
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    tmp = path.with_name(f".{path.name}.tmp")
     sources: dict[Path, Any] = {}
     try:
-        with open(tmp, "wb") as out:
+        with open(path, "wb") as out:
             out.write(len(blob).to_bytes(8, "little"))
             out.write(blob)
             for _, (_, _, file, start, nbytes) in tensors:
@@ -132,13 +144,9 @@ def _write_shard(path: Path, tensors: list[tuple[str, tuple[str, tuple[int, ...]
                     sources[file] = open(file, "rb")
                 copy_bytes(sources[file], start, out, nbytes)
                 crash_point("safetensors-tensor")
-            out.flush()
-            os.fsync(out.fileno())
     finally:
         for handle in sources.values():
             handle.close()
-    tmp.replace(path)
-    fsync_dir(path.parent)
     return offset
 
 
