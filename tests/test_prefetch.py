@@ -55,3 +55,23 @@ def test_a_read_error_reaches_the_step_that_takes_the_batches() -> None:
         prefetch.take([sampler.next_batch()[0]])
     prefetch.ahead(sampler)  # read ahead for a step that never runs: nothing is raised
     prefetch.close()
+
+
+def test_the_prefetch_thread_collates_on_one_thread_and_the_step_keeps_its_own() -> None:
+    """A second OpenMP team beside the step's made a 2-thread run slower than no prefetch at
+    all (prefetch.py says by how much); the step's thread count must not change with it."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        sampler = EpochSampler(8, seed=0, rank=0, world=1, batch=2)
+        prefetch = Prefetch(list(range(8)), lambda items: {"threads": torch.get_num_threads()}, accum=1)
+        prefetch.ahead(sampler)
+        _, micro = prefetch.take([sampler.next_batch()[0]])
+        prefetch.close()
+        assert micro[0]["threads"] == 1
+        torch.ones(64, 64, requires_grad=True).pow(2).sum().backward()  # a step's backward after it
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -26,7 +26,7 @@ class Prefetch:
 
     def __init__(self, data: Sequence[Any], collate: Callable[[list[Any]], dict[str, Any]], accum: int) -> None:
         self.data, self.collate, self.accum = data, collate, accum
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmcore-prefetch")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmcore-prefetch", initializer=_one_intraop_thread)
         self._next: tuple[list[list[int]], Future] | None = None
 
     @staticmethod
@@ -55,6 +55,17 @@ class Prefetch:
     def close(self) -> None:
         self._next = None
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _one_intraop_thread() -> None:
+    """The prefetch thread's torch ops run on one thread (its own OpenMP and MKL setting; the
+    step's threads keep theirs). With the default, its first parallel op (a ``torch.cat`` of a
+    batch's pixels) started a second OpenMP team beside the step's: on 2 cores at 2 threads the
+    qwen2vl peers job stepped in 48-53 ms with the prefetch, 28-35 without and 28 with this
+    (``bench/peers.py``'s job, 200 steps; the collation it hides takes 1.2 ms)."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 __all__ = ["Prefetch"]
