@@ -110,7 +110,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     rollouts = Rollouts.of(ctx, recipe, model, device, ready)  # GRPO: the step's answers sampled by the model
     # training.prefetch: the next step's batches read and collated while this one computes (not
     # for GRPO, whose later steps of a rollout reuse its batches)
-    prefetch = Prefetch(data, recipe.collate, cfg.grad_accum_steps) if rollouts is None and Prefetch.wanted(sampler, cfg.prefetch) else None
+    prefetch = Prefetch(data, recipe.collate, cfg.grad_accum_steps, step_on_cpu=device.type == "cpu") if rollouts is None and Prefetch.wanted(sampler, cfg.prefetch) else None
     for step in bar:
         # ---- step
         t0 = time.perf_counter()

@@ -24,9 +24,11 @@ from typing import Any, Callable, Sequence
 class Prefetch:
     """One step ahead: :meth:`ahead` after a step drew its batches, :meth:`take` in the next."""
 
-    def __init__(self, data: Sequence[Any], collate: Callable[[list[Any]], dict[str, Any]], accum: int) -> None:
+    def __init__(self, data: Sequence[Any], collate: Callable[[list[Any]], dict[str, Any]], accum: int, *, step_on_cpu: bool = True) -> None:
+        """``step_on_cpu``: the step computes on the CPU's cores, so the thread collates on one
+        of them (:func:`_one_intraop_thread`); on an accelerator they are the collation's."""
         self.data, self.collate, self.accum = data, collate, accum
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmcore-prefetch", initializer=_one_intraop_thread)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmcore-prefetch", initializer=_one_intraop_thread if step_on_cpu else None)
         self._next: tuple[list[list[int]], Future] | None = None
 
     @staticmethod
@@ -59,10 +61,11 @@ class Prefetch:
 
 def _one_intraop_thread() -> None:
     """The prefetch thread's torch ops run on one thread (its own OpenMP and MKL setting; the
-    step's threads keep theirs). With the default, its first parallel op (a ``torch.cat`` of a
-    batch's pixels) started a second OpenMP team beside the step's: on 2 cores at 2 threads the
-    qwen2vl peers job stepped in 48-53 ms with the prefetch, 28-35 without and 28 with this
-    (``bench/peers.py``'s job, 200 steps; the collation it hides takes 1.2 ms)."""
+    step's threads keep theirs) where the step computes on the CPU. With the default, its first
+    parallel op (a ``torch.cat`` of a batch's pixels) started a second OpenMP team beside the
+    step's, on the same cores: on 2 cores at 2 threads the qwen2vl peers job stepped in 48-53 ms
+    with the prefetch, 28-35 without and 28 with this (``bench/peers.py``'s job, 200 steps; the
+    collation it hides takes 1.2 ms)."""
     import torch
 
     torch.set_num_threads(1)
