@@ -160,6 +160,10 @@ def voice(codes: torch.Tensor, tables: dict[str, torch.Tensor]) -> torch.Tensor:
         known = index.get((first, second))
         frames.append(tables["pair_spectra"][known] if known is not None else spectra[min(max(first, 0), len(spectra) - 1)])
     magnitude = torch.cat(frames).T
+    # a silent STFT frame centred on the end: without it the last samples lie under the edge of a
+    # single window, whose near-zero square the inverse STFT divides by, and a last frame with any
+    # sound became a click that the peak normalisation turned every digit before it silent beside
+    magnitude = torch.cat([magnitude, torch.zeros(len(magnitude), 1, dtype=magnitude.dtype)], dim=1)
     return griffin_lim(magnitude, N_FFT, HOP, WIN, length=len(codes) * FRAME)
 
 
