@@ -65,8 +65,8 @@ PROMISES = {
     "funasr": ("evaluate/wer", "min", 0.15),
     # text -> speech: the LM's held-out teacher-forced speech-token accuracy (chance 1/16 of the
     # demo tokenizer's codes), and the spoken held-out texts' WER by the fixed pitch checker
-    # (evaluate/wer, voiced by Griffin-Lim). 8/8 (seeds 0-3 native, 8-11 AVX2, one thread): WER 0.596-0.776,
-    # so the margin is thin; the flow's mel is what is left (packs/audio/cosyvoice3/README.md)
+    # (evaluate/wer, voiced by Griffin-Lim). 12/12 (seeds 0-3 native, 8-11 AVX2, one thread; 4-7 native, two
+    # threads): WER 0.583-0.776, so the margin is thin; the flow's mel is what is left (packs/audio/cosyvoice3/README.md)
     "cosyvoice3": [("eval/speech_token_accuracy", "max", 0.55), ("evaluate/wer", "min", 0.85)],
     # text -> codes -> speech: the talker's held-out teacher-forced codebook-0 accuracy, and the
     # fixed pitch checker's WER on the speech of 50 held-out texts (none a training text), voiced
