@@ -94,10 +94,13 @@ Where mmcore is behind, profiled on 2026-12-05 (AMD EPYC, 1 thread, the full job
   and preprocess (qwen2vl 3.4 s, whisper 6.5 s: PyAV decoding and log-mel features of 800 clips, written as shards) before the
   first step, 0.25-0.4 s after train starts; the scripts encode in memory and start training. LLaMA-Factory spends ~19 s importing
   its stack before it logs anything.
-- **Throughput vs the Trainer scripts**: within this machine's run-to-run noise (other agents' jobs shared the 2 cores; the rows'
-  IQRs straddle 1, and the whisper ratio was 0.97 in one run, 1.05 in the next); a quiet back-to-back pair measured 70.3 ms
-  (mmcore) vs 67.7 ms (Trainer) a qwen2vl step, 4 % slower: the per-step fixed costs of the `engine_overhead` rows (issue 47,
-  item 2). Against LLaMA-Factory mmcore is ahead (its collator runs the image processor every step).
+- **Throughput vs the Trainer scripts**: at one thread within this machine's run-to-run noise (2026-12-05: 70.3 vs 67.7 ms a
+  qwen2vl step). At two threads (2026-12-07) mmcore fell to 0.535 of the Trainer script: its prefetch thread's collation
+  (`training.prefetch`) ran its torch ops (the batch's pixel `torch.cat`) on a second OpenMP team beside the step's, on the same
+  2 cores, and a step took 44-60 ms against 25-26 (28-35 with the prefetch off; the collation it hides takes 1.2 ms). The prefetch
+  thread now runs its torch ops on one thread where the step computes on the CPU: 25.0-26.3 ms against the script's 25.8-26.5 in a
+  quick pair, 1.06x in the rows above. Whisper stays at 0.92 (not profiled yet). Against LLaMA-Factory mmcore is ahead (its
+  collator runs the image processor every step).
 """
 LLAMAFACTORY = "llamafactory==0.9.5"
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 210, 40)}
