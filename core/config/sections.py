@@ -126,7 +126,7 @@ class TrainingSection(Section):
     )
     prefetch: bool = Field(
         True,
-        description="Read and collate the next step's micro-batches on a thread while this step computes (the data_time_s metric is then the wait for them); the batches and the run are the same either way. false: read them at the start of each step.",
+        description="Read and collate the next step's micro-batches on a thread while this step computes (the data_time_s metric is then the wait for them); the batches and the run are the same either way. Where the step computes on the CPU the thread runs its torch ops on one core (a second OpenMP team beside the step's slowed it). false: read them at the start of each step.",
     )
     checkpoint_every: Steps = Field(0, ge=0, description="Save a resumable checkpoint every N steps (0: only at the end).")
     log_every: Steps = Field(1, ge=1, description="Write a metrics row (metrics.jsonl, TensorBoard) every N steps, and at the last step.")
