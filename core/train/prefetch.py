@@ -60,15 +60,26 @@ class Prefetch:
 
 
 def _one_intraop_thread() -> None:
-    """The prefetch thread's torch ops run on one thread (its own OpenMP and MKL setting; the
-    step's threads keep theirs) where the step computes on the CPU. With the default, its first
-    parallel op (a ``torch.cat`` of a batch's pixels) started a second OpenMP team beside the
-    step's, on the same cores: on 2 cores at 2 threads the qwen2vl peers job stepped in 48-53 ms
-    with the prefetch, 28-35 without and 28 with this (``bench/peers.py``'s job, 200 steps; the
-    collation it hides takes 1.2 ms)."""
+    """The prefetch thread's torch ops run on one thread where the step computes on the CPU:
+    this thread's own OpenMP setting, through the OpenMP runtime torch loaded. With the default,
+    its first parallel op (a ``torch.cat`` of a batch's pixels) started a second OpenMP team
+    beside the step's, on the same cores: on 2 cores at 2 threads the qwen2vl peers job stepped
+    in 48-53 ms with the prefetch, 28-35 without and 28 with this (``bench/peers.py``'s job, 200
+    steps; the collation it hides takes 1.2 ms). Not ``torch.set_num_threads(1)``: it also sets
+    process-wide state (the thread pool some CPU kernels use), which changed later runs' numbers
+    in the same process. Where no such runtime is found, the thread keeps the default."""
+    import ctypes
+    from pathlib import Path
+
     import torch
 
-    torch.set_num_threads(1)
+    torch.get_num_threads()  # torch sets each thread's count once, lazily: before ours, not over it
+    for library in sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*")):
+        try:
+            ctypes.CDLL(str(library)).omp_set_num_threads(1)
+            return
+        except (OSError, AttributeError):
+            continue
 
 
 __all__ = ["Prefetch"]
