@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.28"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.29"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;

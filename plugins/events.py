@@ -59,8 +59,8 @@ def mmcore_stage_skipped(stage, run_dir, reason):
 
 
 @hookimpl
-def mmcore_log_metrics(ctx, step, metrics):
-    _log_line(ctx.stage_dir / "metrics.jsonl", {"step": step, "time": time.time(), **metrics})
+def mmcore_log_metrics(ctx, step, metrics, wall_time):
+    _log_line(ctx.stage_dir / "metrics.jsonl", {"step": step, "time": wall_time, **metrics})
 
 
 @hookimpl

@@ -88,14 +88,14 @@ def mmcore_stage_started(ctx):
 
 
 @hookimpl
-def mmcore_log_metrics(ctx, step, metrics):
+def mmcore_log_metrics(ctx, step, metrics, wall_time):
     if not active(ctx, NAME):
         return
     from mlflow.entities import Metric
 
     run = _open(ctx)
     held = _held.get(str(ctx.stage_dir), set())
-    now = int(time.time() * 1000)
+    now = int(wall_time * 1000)
     batch = [Metric(f"{ctx.stage}/{k}", v, now, step) for k, v in numbers(metrics).items() if (f"{ctx.stage}/{k}", step) not in held]
     if batch:
         run["client"].log_batch(run["run_id"], metrics=batch)
@@ -114,7 +114,7 @@ def mmcore_metrics_resumed(ctx, step):
             held.update((key, m.step) for m in client.get_metric_history(run_id, key))
     _held[str(ctx.stage_dir)] = held
     for at, values in kept_rows(ctx, step):  # what the store lacks of the kept steps (MLflow writes each at once: rarely any)
-        mmcore_log_metrics(ctx, at, values)
+        mmcore_log_metrics(ctx, at, values, time.time())
 
 
 @hookimpl

@@ -25,7 +25,7 @@ def _writer(ctx: Any) -> Any:
 
 
 @hookimpl
-def mmcore_log_metrics(ctx, step, metrics):
+def mmcore_log_metrics(ctx, step, metrics, wall_time):
     if not active(ctx, "tensorboard"):
         return
     from tensorboard.compat.proto.summary_pb2 import Summary
@@ -34,7 +34,7 @@ def mmcore_log_metrics(ctx, step, metrics):
     # tags): a summary per scalar cost the train loop ~0.1 ms each, every step
     values = [Summary.Value(tag=f"{ctx.stage}/{name}", simple_value=float(value)) for name, value in metrics.items() if isinstance(value, (int, float))]
     if values:
-        _writer(ctx)._get_file_writer().add_summary(Summary(value=values), step)
+        _writer(ctx)._get_file_writer().add_summary(Summary(value=values), step, walltime=wall_time)
 
 
 @hookimpl

@@ -42,8 +42,13 @@ def recipe(ctx, upstream):  # type: ignore[no-untyped-def]
         x = torch.tensor(samples)
         return {"x": x, "y": x.sum(dim=1, keepdim=True), "num_loss_tokens": len(samples)}
 
+    counted = ctx.config.run.name == "counted"  # 8 FLOPs a sample, for the tflops and mfu metrics
     return TrainRecipe(
-        build_model=build, dataset=lambda ctx, up: rows, collate=collate, loss=lambda model, batch: model(batch["x"]).sum() if unbounded else ((model(batch["x"]) - batch["y"]) ** 2).sum()
+        build_model=build,
+        dataset=lambda ctx, up: rows,
+        collate=collate,
+        loss=lambda model, batch: model(batch["x"]).sum() if unbounded else ((model(batch["x"]) - batch["y"]) ** 2).sum(),
+        flops=(lambda model, batch: 8.0 * len(batch["x"])) if counted else None,
     )
 
 
@@ -97,3 +102,29 @@ def test_skip_leaves_out_the_nan_step_and_counts_it(tmp_path: Path) -> None:
 def test_stop_is_the_default_for_a_nan_sample(tmp_path: Path) -> None:
     with pytest.raises(MmcoreError, match=r"training stopped at step \d: the loss is nan; no update was made"):
         train(tmp_path / "run", "run.name=nan-sample", "training.steps=4", "training.lr=0.01")
+
+
+def test_a_stopped_run_keeps_every_row_logged_before_the_bad_step(tmp_path: Path) -> None:
+    # no checkpoint, a run shorter than a second: the loop still holds its rows (it hands them to
+    # the sinks in bursts, mmcore.train.metric_log) when the guard stops it; they must reach the file
+    import json
+
+    run = tmp_path / "run"
+    with pytest.raises(MmcoreError) as info:
+        train(run, "run.name=nan-sample", "training.steps=4", "training.lr=0.01", "training.checkpoint_every=0", "run.seed=1")  # seed 1: the nan sample comes third
+    stopped = int(re.match(r"training stopped at step (\d+)", info.value.one_line()).group(1))  # type: ignore[union-attr]
+    rows = [json.loads(line) for line in (run / "train/metrics.jsonl").read_text().splitlines()]
+    assert stopped > 1 and [r["step"] for r in rows] == list(range(1, stopped)), rows
+    times = [r["time"] for r in rows]
+    assert times == sorted(times) and all(math.isfinite(r["loss"]) for r in rows)
+
+
+def test_each_row_has_the_steps_flop_rate_and_its_share_of_the_stated_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.setenv("MMCORE_PEAK_TFLOPS", "1e-9")  # a device of 1000 FLOP/s: asked once a run, used every step
+    train(tmp_path / "run", "run.name=counted", "training.steps=3")
+    rows = [json.loads(line) for line in (tmp_path / "run/train/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:  # one sample a step (micro_batch_size 1): 8 FLOPs in step_time_s
+        assert r["tflops"] == pytest.approx(8.0 / r["step_time_s"] / 1e12, rel=1e-6) and r["mfu"] == pytest.approx(r["tflops"] * 1e12 / 1e3, rel=1e-9)

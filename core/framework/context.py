@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, TypeVar
@@ -115,10 +116,11 @@ class StageContext:
     def inputs(self) -> list[str]:
         return list(self._inputs)
 
-    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Hand metrics to every metric sink (main process only)."""
+    def log_metrics(self, step: int, metrics: Mapping[str, Any], *, wall_time: float | None = None) -> None:
+        """Hand metrics to every metric sink (main process only). ``wall_time``: when they were
+        measured (``time.time()``; default: now), for a caller that hands rows over later."""
         if self.world.is_main and self.plugins is not None:
-            self.plugins.pm.hook.mmcore_log_metrics(ctx=self, step=step, metrics=dict(metrics))
+            self.plugins.pm.hook.mmcore_log_metrics(ctx=self, step=step, metrics=dict(metrics), wall_time=time.time() if wall_time is None else wall_time)
 
     def resumed_metrics_at(self, step: int) -> None:
         """Training resumed from step ``step``'s checkpoint: every metric sink forgets what an

@@ -250,15 +250,19 @@ def mmcore_stage_skipped(pack: str, stage: str, run_dir: str, reason: str) -> No
 
 
 @hookspec
-def mmcore_log_metrics(ctx: StageContext, step: int, metrics: Mapping[str, Any]) -> None:
+def mmcore_log_metrics(ctx: StageContext, step: int, metrics: Mapping[str, Any], wall_time: float) -> None:
     """Metrics from a stage (train loss, lr, grad-norm, throughput...), on the main process.
 
     Metric sinks (JSONL, TensorBoard, ...) implement this; stages call it through
-    ``ctx.log_metrics(step, metrics)``.
+    ``ctx.log_metrics(step, metrics)``. The train loop hands its rows over in bursts, at most a
+    second apart and before each checkpoint (:mod:`mmcore.train.metric_log`), so a row may
+    arrive after later steps ran: take its time from ``wall_time``, not the clock.
 
     :param ctx: The stage's context.
     :param step: The step the metrics belong to (optimizer steps for training).
     :param metrics: Name -> number.
+    :param wall_time: When the metrics were measured, in seconds since the epoch
+        (``time.time()``). Since SDK 1.29; an implementation may leave it out of its signature.
     """
 
 

@@ -38,7 +38,10 @@ def last_logged_step(path: Path) -> int | None:
 
 def unfinished(run_root: Path, stage_dir: Path) -> str | None:
     """``interrupted at step N (checkpoint M)`` (``running ...`` while a process holds the run
-    directory's lock) for a stage that logged steps or saved a checkpoint; None otherwise."""
+    directory's lock) for a stage that logged steps or saved a checkpoint; None otherwise. N is
+    the last step in ``metrics.jsonl``: the train loop writes its rows at most a second apart and
+    before each checkpoint (:mod:`mmcore.train.metric_log`), so a killed run may have done up to
+    a second of steps more, never fewer than its checkpoint."""
     step = last_logged_step(stage_dir / "metrics.jsonl")
     newest = newest_complete(stage_dir / CHECKPOINTS)
     saved = _step_of(newest) if newest is not None else None

@@ -58,11 +58,11 @@ class StepFlops:
         return self._counts[key]
 
 
-def utilisation(flops: float, seconds: float, accelerator: Any) -> dict[str, float]:
-    """Achieved TFLOP/s of this process, and the model FLOPs utilisation where the device's peak is known."""
+def utilisation(flops: float, seconds: float, peak: float | None) -> dict[str, float]:
+    """Achieved TFLOP/s of this process, and the model FLOPs utilisation where the device's
+    ``peak`` FLOP/s is known (``Accelerator.peak_flops()``, asked once a run)."""
     achieved = flops / max(seconds, 1e-9)
     out = {"tflops": achieved / 1e12}
-    peak = accelerator.peak_flops()
     if peak:
         out["mfu"] = achieved / peak
     return out

@@ -32,6 +32,7 @@ from mmcore.errors import StageError
 from mmcore.framework.faults import crash_point
 from mmcore.train.flops import utilisation
 from mmcore.backends.fsdp2 import _check_same_adapters  # noqa: F401  (its old place: tests and callers import it here)
+from mmcore.train.metric_log import MetricLog
 from mmcore.train.guards import GlobalRngCheck, NonFinite, refuse_nonfinite_checkpoint
 from mmcore.train.optim import build_optimizer, freeze, lr_lambda, run_schedule
 from mmcore.framework.pack import StageResult
@@ -104,6 +105,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     if step == 0:
         evals.record(0, backend.evaluate(ctx, recipe, 0))
     accelerator.reset_peak_memory()
+    peak_flops = accelerator.peak_flops() if recipe.flops is not None else None
     history: list[dict[str, float]] = []
     bar = TrainProgress(ctx, step, planned)  # absolute steps, the loss, elapsed and ETA
     rng_check = GlobalRngCheck.wanted(recipe, device)  # MMCORE_CHECK_GLOBAL_RNG=1 (conformance)
@@ -111,68 +113,71 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     # training.prefetch: the next step's batches read and collated while this one computes (not
     # for GRPO, whose later steps of a rollout reuse its batches)
     prefetch = Prefetch(data, recipe.collate, cfg.grad_accum_steps, step_on_cpu=device.type == "cpu") if rollouts is None and Prefetch.wanted(sampler, cfg.prefetch) else None
-    for step in bar:
-        # ---- step
-        t0 = time.perf_counter()
-        if rollouts is None or rollouts.draws(step):
-            micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device, ready, prefetch)
-            if prefetch is not None and step + 1 < planned:
-                prefetch.ahead(sampler)
-            sampled = rollouts.sample(micro, step) if rollouts is not None else None
-            if sampled is not None:
-                micro, global_tokens = sampled
-        else:  # the rollout's later steps (training.grpo.epochs)
-            micro, global_tokens, data_time, spread = rollouts.reuse()
-        if rollouts is not None and rollouts.fresh_optimizer(step):
-            optimizer.state.clear()  # the warm-up's moments are of another loss (training.grpo.fresh_optimizer)
-        before = rng_check.state() if rng_check else []
-        loss_sum, flops = backend.forward_backward(micro, global_tokens)
-        if rng_check:
-            rng_check.check(step + 1, before)
-        grad_norm = backend.clip_gradients(cfg.max_grad_norm)  # model-wide: the same on every rank
-        total, finite_everywhere = backend.reduce_loss(loss_sum)  # before the update: every rank updates, stops or skips alike
-        bar.loss = step_loss = total / global_tokens  # a float already: the progress line costs no sync
-        seen = step_loss if finite_everywhere or not math.isfinite(step_loss) else float("nan")  # another rank's loss was not finite
-        applies = nonfinite.check(step + 1, seen, grad_norm)
-        if applies:
-            optimizer.step()
-            last_loss = step_loss
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if ema is not None and applies:
-            ema.update(step + 1)
-        extra = _step_metrics(recipe, device, world)
-        elapsed = time.perf_counter() - t0
-        done = step + 1
-        metrics = {
-            "loss": step_loss,
-            "lr": scheduler.get_last_lr()[0],
-            "grad_norm": grad_norm,
-            f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
-            "step_time_s": elapsed,
-            "data_time_s": data_time,
-            "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
-        }
-        metrics.update({name: total / (global_tokens if count is None else count) for name, (total, count) in extra.items() if count != 0})
-        metrics.update(spread)
-        if rollouts is not None and rollouts.seconds:
-            metrics["rollout_share"] = rollouts.seconds / elapsed  # sampling the answers, of the whole step
-        if nonfinite.skipped:
-            metrics["skipped_steps"] = nonfinite.skipped
-        filled += int(spread.get("fillers", 0))
-        if recipe.flops is not None:
-            metrics.update(utilisation(flops, elapsed, accelerator))
-        history.append({"step": done, **metrics})
-        metrics.update({"epoch": sampler.position / sampler.epoch_length()} if cfg.epochs is not None else {})  # passes over the data so far
-        if done % cfg.log_every == 0 or done == planned:
-            ctx.log_metrics(done, metrics)
-        # ---- checkpoint
-        if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < planned:
-            refuse_nonfinite_checkpoint(ready.trained, world, done, ckpt_root, device, group=ready.finite_group)
-            backend.save(ckpt_root, done, optimizer, scheduler, sampler, last_loss, ema)
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < planned:
-            evals.record(done, backend.evaluate(ctx, recipe, done))
-        crash_point("train-step", done)
+    with MetricLog(ctx) as log:  # the sinks get the rows in bursts (mmcore.train.metric_log)
+        for step in bar:
+            # ---- step
+            t0 = time.perf_counter()
+            if rollouts is None or rollouts.draws(step):
+                micro, global_tokens, data_time, spread = step_batches(ctx, recipe, sampler, data, step, device, ready, prefetch)
+                if prefetch is not None and step + 1 < planned:
+                    prefetch.ahead(sampler)
+                sampled = rollouts.sample(micro, step) if rollouts is not None else None
+                if sampled is not None:
+                    micro, global_tokens = sampled
+            else:  # the rollout's later steps (training.grpo.epochs)
+                micro, global_tokens, data_time, spread = rollouts.reuse()
+            if rollouts is not None and rollouts.fresh_optimizer(step):
+                optimizer.state.clear()  # the warm-up's moments are of another loss (training.grpo.fresh_optimizer)
+            before = rng_check.state() if rng_check else []
+            loss_sum, flops = backend.forward_backward(micro, global_tokens)
+            if rng_check:
+                rng_check.check(step + 1, before)
+            grad_norm = backend.clip_gradients(cfg.max_grad_norm)  # model-wide: the same on every rank
+            total, finite_everywhere = backend.reduce_loss(loss_sum)  # before the update: every rank updates, stops or skips alike
+            bar.loss = step_loss = total / global_tokens  # a float already: the progress line costs no sync
+            seen = step_loss if finite_everywhere or not math.isfinite(step_loss) else float("nan")  # another rank's loss was not finite
+            applies = nonfinite.check(step + 1, seen, grad_norm)
+            if applies:
+                optimizer.step()
+                last_loss = step_loss
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ema is not None and applies:
+                ema.update(step + 1)
+            extra = _step_metrics(recipe, device, world)
+            elapsed = time.perf_counter() - t0
+            done = step + 1
+            metrics = {
+                "loss": step_loss,
+                "lr": scheduler.get_last_lr()[0],
+                "grad_norm": grad_norm,
+                f"{recipe.loss_unit}_per_s": global_tokens / elapsed,
+                "step_time_s": elapsed,
+                "data_time_s": data_time,
+                "peak_memory_gb": accelerator.peak_memory_bytes() / 2**30,
+            }
+            metrics.update({name: total / (global_tokens if count is None else count) for name, (total, count) in extra.items() if count != 0})
+            metrics.update(spread)
+            if rollouts is not None and rollouts.seconds:
+                metrics["rollout_share"] = rollouts.seconds / elapsed  # sampling the answers, of the whole step
+            if nonfinite.skipped:
+                metrics["skipped_steps"] = nonfinite.skipped
+            filled += int(spread.get("fillers", 0))
+            if recipe.flops is not None:
+                metrics.update(utilisation(flops, elapsed, peak_flops))
+            history.append({"step": done, **metrics})
+            metrics.update({"epoch": sampler.position / sampler.epoch_length()} if cfg.epochs is not None else {})  # passes over the data so far
+            if done % cfg.log_every == 0 or done == planned:
+                log.add(done, metrics)
+            # ---- checkpoint
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < planned:
+                log.flush()  # every row up to the checkpoint written: a resume from it logs only later steps
+                refuse_nonfinite_checkpoint(ready.trained, world, done, ckpt_root, device, group=ready.finite_group)
+                backend.save(ckpt_root, done, optimizer, scheduler, sampler, last_loss, ema)
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < planned:
+                log.flush()
+                evals.record(done, backend.evaluate(ctx, recipe, done))
+            crash_point("train-step", done)
     if prefetch is not None:
         prefetch.close()
     # ---- finish: the last checkpoint, then the backend's outputs for export
