@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmcore.data.audio import MediaError, load_audio, write_audio
+from mmcore.data.audio import MediaError, ffmpeg_audio, load_audio, write_audio
 from mmcore.testing import media
 
 
@@ -55,6 +55,26 @@ def test_24_bit_8_khz_wav_is_upsampled(tmp_path: Path) -> None:
     assert len(samples) == pytest.approx(8000, abs=64)
     assert dominant_hz(samples, 16000) == pytest.approx(440, abs=2)
     assert np.abs(samples).max() == pytest.approx(0.5, abs=0.02)
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_a_plain_wav_at_the_models_rate_reads_as_ffmpeg_decodes_it_without_loading_ffmpeg(tmp_path: Path, channels: int) -> None:
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    pcm = rng.integers(-32768, 32768, size=(16000, channels)).astype("<i2")
+    pcm[:2] = [[-32768] * channels, [32767] * channels]  # the ends of the range
+    with wave.open(str(tmp_path / "p.wav"), "wb") as out:
+        out.setnchannels(channels)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(pcm.tobytes())
+    read, decoded = load_audio(tmp_path / "p.wav", 16000), ffmpeg_audio(tmp_path / "p.wav", 16000)
+    assert read.dtype == decoded.dtype == np.float32 and read.tobytes() == decoded.tobytes()  # the same bits
+    # FFmpeg's libraries (PyAV) stay out of a process that reads only such files: ~19 MiB of its memory
+    code = f"import sys; from pathlib import Path; from mmcore.data.audio import load_audio; load_audio(Path({str(tmp_path / 'p.wav')!r}), 16000); print('av' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
 def test_unreadable_audio_is_a_media_error_naming_the_file(tmp_path: Path) -> None:
