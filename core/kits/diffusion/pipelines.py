@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def is_video_vae(vae: Any) -> bool:
@@ -98,6 +98,44 @@ class VideoLatents:
 
         with torch.no_grad():
             return self.vae.decode(denormalise_latents(self.vae, latents).to(self.vae.dtype)).sample
+
+    # -- sampling: the flow-matching Euler loop both pipelines run, their denoisers' calls their own
+
+    def shifted_sigmas(self, steps: int) -> Any:
+        """Noise levels 1 -> 0 for ``steps`` Euler steps: ``linspace(1, 0, steps + 1)`` shifted by
+        the scheduler's ``shift`` (``shift * s / (1 + (shift - 1) * s)``, SD3's time shift)."""
+        import numpy as np
+
+        shift = float(self.scheduler.config.shift)  # type: ignore[attr-defined]
+        s = np.linspace(1.0, 0.0, steps + 1)
+        return shift * s / (1 + (shift - 1) * s)
+
+    def initial_latents(self, num_frames: int, height: int, width: int, generator: Any, latents: Any = None) -> Any:
+        """float32 latents to start from: ``latents`` as given, or the VAE's grid of a clip of that
+        size drawn from ``generator`` on the CPU (the same noise on any device)."""
+        import torch
+
+        if latents is None:
+            t_scale, s_scale = self.vae_scales()
+            shape = (1, self.transformer.config.in_channels, (num_frames - 1) // t_scale + 1, height // s_scale, width // s_scale)  # type: ignore[attr-defined]
+            latents = torch.randn(shape, generator=generator, dtype=torch.float32).to(self._execution_device)  # type: ignore[attr-defined]
+        return latents.float()
+
+    def euler(self, latents: Any, sigmas: Any, velocity: Callable[[Any, float], Any], toward_noise: bool) -> Any:
+        """Euler's steps from ``sigmas[0]`` to ``sigmas[-1]``: ``velocity(latents, sigma)`` (guidance
+        applied) is the latents' rate of change as the noise level grows (``toward_noise``:
+        noise - data, Open-Sora Plan's) or as it falls (data - noise, Step-Video's)."""
+        sign = 1.0 if toward_noise else -1.0  # exact: a step's size only changes sign
+        for i in self.progress_bar(range(len(sigmas) - 1)):  # type: ignore[attr-defined]
+            latents = latents + float(sigmas[i + 1] - sigmas[i]) * sign * velocity(latents, float(sigmas[i]))
+        return latents
+
+    def video_frames(self, latents: Any) -> Any:
+        """Normalised latents -> frames [B, F, H, W, 3] in [0, 1] (numpy), the offloaded models freed."""
+        video = self.decode_latents(latents).float()
+        video = ((video + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).cpu().numpy()
+        self.maybe_free_model_hooks()  # type: ignore[attr-defined]
+        return video
 
 
 def vae_frames(vae: Any, latents: Any) -> Any:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
@@ -60,12 +59,6 @@ class StepVideoPipeline(VideoLatents, DiffusionPipeline):
 
     # -- sampling ------------------------------------------------------------------------------
 
-    def sigmas(self, steps: int) -> np.ndarray:
-        """Noise levels, 1 -> 0: ``linspace(1, 0, steps + 1)`` shifted (the scheduler's ``shift``)."""
-        shift = float(self.scheduler.config.shift)
-        s = np.linspace(1.0, 0.0, steps + 1)
-        return shift * s / (1 + (shift - 1) * s)
-
     def velocity(self, latents: torch.Tensor, sigma: float, text: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The transformer's velocity (data - noise) at noise level ``sigma`` (its time ``1 - sigma``)."""
         states, mask, clip = text
@@ -90,26 +83,17 @@ class StepVideoPipeline(VideoLatents, DiffusionPipeline):
         latents: torch.Tensor | None = None,
         output_type: str = "np",
     ) -> StepVideoPipelineOutput:
-        device = self._execution_device
-        t_scale, s_scale = self.vae_scales()
         cfg = guidance_scale > 1.0
-        text = self.encode_prompt([prompt, negative_prompt] if cfg else [prompt], max_sequence_length, device)
+        text = self.encode_prompt([prompt, negative_prompt] if cfg else [prompt], max_sequence_length, self._execution_device)
         text = tuple(t.to(self.transformer.dtype) if t.is_floating_point() else t for t in text)
-        if latents is None:
-            channels = self.transformer.config.in_channels
-            shape = (1, channels, (num_frames - 1) // t_scale + 1, height // s_scale, width // s_scale)
-            latents = torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
-        latents = latents.float()
-        sigmas = self.sigmas(num_inference_steps)
-        for i in self.progress_bar(range(num_inference_steps)):
-            v = self.velocity(latents, float(sigmas[i]), text)
-            if cfg:
-                cond, uncond = v.chunk(2)
-                v = uncond + guidance_scale * (cond - uncond)
-            latents = latents + float(sigmas[i] - sigmas[i + 1]) * v
-        if output_type == "latent":
-            return StepVideoPipelineOutput(frames=latents)
-        video = self.decode_latents(latents).float()
-        video = ((video + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).cpu().numpy()  # [B, F, H, W, 3]
-        self.maybe_free_model_hooks()
-        return StepVideoPipelineOutput(frames=video)
+
+        def guided(x: torch.Tensor, sigma: float) -> torch.Tensor:
+            v = self.velocity(x, sigma, text)
+            if not cfg:
+                return v
+            cond, uncond = v.chunk(2)
+            return uncond + guidance_scale * (cond - uncond)
+
+        latents = self.initial_latents(num_frames, height, width, generator, latents)
+        latents = self.euler(latents, self.shifted_sigmas(num_inference_steps), guided, toward_noise=False)  # the velocity is data - noise
+        return StepVideoPipelineOutput(frames=latents if output_type == "latent" else self.video_frames(latents))
