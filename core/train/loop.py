@@ -316,10 +316,11 @@ def step_batches(
     work = [0.0] * ranks if recipe.work_of is not None and ranks > 1 else []
     if work:
         work[rank] = sum(recipe.work_of(i) for indices in drawn for i in indices)
-    counts = torch.tensor([float(sum(b["num_loss_tokens"] for b in micro)), *work, *held], dtype=_count_dtype(device), device=device)
-    if world.distributed or group is not None:
-        dist.all_reduce(counts, group=group)
-    reduced = counts.tolist()
+    reduced = [float(sum(b["num_loss_tokens"] for b in micro)), *work, *held]
+    if world.distributed or group is not None:  # one process: the sums are its own (no tensor, no copy to the device)
+        together = torch.tensor(reduced, dtype=_count_dtype(device), device=device)
+        dist.all_reduce(together, group=group)
+        reduced = together.tolist()
     t1 = time.perf_counter()
     spread: dict[str, float] = {}
     if work:
