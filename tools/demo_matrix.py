@@ -73,8 +73,9 @@ PROMISES = {
     # text -> codes -> speech: the talker's held-out teacher-forced codebook-0 accuracy, and the
     # fixed pitch checker's WER on the speech of 50 held-out texts (none a training text), voiced
     # by Griffin-Lim over the demo codec's code spectra (a silent STFT frame on the end: without
-    # it AVX2 seed 8 missed at 0.30, a click at the end silencing 13 texts). With it 8/8 (AVX2
-    # seeds 8-11, native 0-1 one thread, native 4-5 two threads): WER 0.107, 0.040, 0.121, 0.033, 0.06, 0.193, 0.013, 0.047; native seeds 2-3 and 6-7 (two threads) not rerun; packs/audio/qwen3tts/README.md
+    # it AVX2 seed 8 missed at 0.30, a click at the end silencing 13 texts). With it 12/12 (AVX2
+    # seeds 8-11, native 0-3 one thread, native 4-7 two threads): WER 0.107, 0.040, 0.121, 0.033, 0.06, 0.193, 0.160,
+    # 0.080, 0.013, 0.047, 0.167, 0.073; accuracy 0.9 by step 450 in every run; packs/audio/qwen3tts/README.md
     "qwen3tts": [("eval/codebook0_accuracy", "max", 0.9), ("evaluate/wer", "min", 0.25)],
     "wan": [("eval_loss_ratio", "min", 0.6), ("eval/caption_sensitivity", "max", 1.5), ("evaluate/caption_agreement", "max", 0.8)],
     # FLUX: the pictures' colour is the caption's; their shape is not yet (35 % measured)
