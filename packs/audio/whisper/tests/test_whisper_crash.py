@@ -74,7 +74,11 @@ def test_a_run_killed_between_checkpoints_logs_each_step_once(straight: Path) ->
     run = straight.parent / "between"
     every_two = [*OVERRIDES, "training.checkpoint_every=2"]
     proc = run_mmcore(straight.parent, run_args("whisper", "tiny", run, every_two), {"MMCORE_TEST_KILL": "train-step:3"}, 900)
-    assert proc.returncode != 0 and [json.loads(line)["step"] for line in (run / "train/metrics.jsonl").read_text().splitlines()].count(3) == 1
+    # the rows reach the file before each checkpoint (step 2's); step 3's only if its burst went out
+    # before the kill (mmcore.train.metric_log: at most a second apart): then the resume must not
+    # log it twice
+    logged = [json.loads(line)["step"] for line in (run / "train/metrics.jsonl").read_text().splitlines() if "loss" in json.loads(line)]
+    assert proc.returncode != 0 and logged in ([1, 2], [1, 2, 3]), logged
     proc = run_mmcore(straight.parent, run_args("whisper", "tiny", run, every_two), {}, 900)
     assert proc.returncode == 0 and "resumed from step 2" in proc.stdout, proc.stdout + proc.stderr
     steps = [json.loads(line)["step"] for line in (run / "train/metrics.jsonl").read_text().splitlines() if "loss" in json.loads(line)]

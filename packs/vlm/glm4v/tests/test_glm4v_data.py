@@ -157,14 +157,23 @@ def test_an_export_of_glm45v_stores_experts_as_its_save_pretrained_does(tmp_path
 
 
 def test_lora_on_glm45v_mlp_names_is_a_clear_error_not_other_layers(tmp_path: Path) -> None:
-    """peft 0.21 would move targets named like MLP projections onto GLM-4.5V's fused experts."""
+    """peft 0.21 moved targets named like MLP projections onto GLM-4.5V's fused experts: that is
+    a clear error; peft 0.22 adapts the planned layer (then exactly it, no other)."""
+    from peft.tuners.lora import LoraLayer
+
     from mmcore import StageError
     from mmcore.train.lora import LoraPlan, inject
     from mm_pack_glm4v.tiny import build_init_checkpoint
 
     build_init_checkpoint("tiny-moe", tmp_path / "hub", seed=0)
     model = FAMILY.build_model(tmp_path / "hub")
-    with pytest.raises(StageError, match="peft adapted other layers than the ones planned"):
-        inject(model, LoraPlan(r=4, alpha=8, dropout=0.0, init="default", targets=["model.language_model.layers.1.mlp.shared_experts.down_proj"]))
+    planned = "model.language_model.layers.1.mlp.shared_experts.down_proj"
+    try:
+        model = inject(model, LoraPlan(r=4, alpha=8, dropout=0.0, init="default", targets=[planned]))
+    except StageError as error:  # peft 0.21
+        assert "peft adapted other layers than the ones planned" in str(error)
+    else:
+        adapted = {n for n, m in model.named_modules() if isinstance(m, LoraLayer) and not n.endswith(".base_layer")}
+        assert [n.removeprefix("base_model.model.") for n in adapted] == [planned], adapted
     attention = [n for n, _ in FAMILY.build_model(tmp_path / "hub").named_modules() if n.endswith("self_attn.q_proj")]
     inject(FAMILY.build_model(tmp_path / "hub"), LoraPlan(r=4, alpha=8, dropout=0.0, init="default", targets=attention))
