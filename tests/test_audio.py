@@ -77,6 +77,16 @@ def test_a_plain_wav_at_the_models_rate_reads_as_ffmpeg_decodes_it_without_loadi
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
+def test_a_streamed_wav_whose_header_claims_more_than_it_holds_reads_what_it_holds(tmp_path: Path) -> None:
+    path = write_audio(tmp_path / "s.wav", tone(1.0, 16000), 16000)
+    whole = load_audio(path, 16000)
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"data") + 4
+    raw[at : at + 4] = (0xFFFFFFF0).to_bytes(4, "little")  # a live stream's writer did not know the length (about 37 h)
+    path.write_bytes(bytes(raw))
+    assert load_audio(path, 16000).tobytes() == whole.tobytes()
+
+
 def test_unreadable_audio_is_a_media_error_naming_the_file(tmp_path: Path) -> None:
     (tmp_path / "broken.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really")
     with pytest.raises(MediaError, match="broken.wav"):

@@ -78,14 +78,14 @@ def _plain_wav(path: Path, sampling_rate: int) -> Any:
         with wave.open(str(path), "rb") as clip:
             if clip.getsampwidth() != 2 or clip.getframerate() != sampling_rate or clip.getcomptype() != "NONE":
                 return None
-            channels, frames = clip.getnchannels(), clip.getnframes()
-            check_seconds(path, frames / sampling_rate, "audio")
-            data = clip.readframes(frames)
+            channels = clip.getnchannels()
+            data = clip.readframes(clip.getnframes())  # what the file holds: a streamed wav's header may say more
     except (wave.Error, EOFError, OSError):
         return None  # not a plain PCM wav (WAVE_FORMAT_EXTENSIBLE, float, a bad header): FFmpeg reads it or says why
     usable = len(data) // (2 * channels) * channels
     if usable == 0:
         raise MediaError(f"audio {path} decodes to no samples")
+    check_seconds(path, usable / channels / sampling_rate, "audio")
     samples = np.frombuffer(data, dtype="<i2", count=usable).reshape(-1, channels).T.astype(np.float32) / np.float32(32768)
     return samples.mean(axis=0).astype(np.float32, copy=False)
 
