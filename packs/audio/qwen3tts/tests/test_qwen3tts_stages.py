@@ -41,7 +41,7 @@ def test_every_stage_runs_then_infer_speaks_a_prompt(mmcore_cli, tiny_dir: Path,
     rows = [json.loads(line) for line in (tmp_path / "r/train/metrics.jsonl").read_text().splitlines()]
     held = [r for r in rows if "eval/held_out_loss" in r]
     assert [r["step"] for r in held] == [0, 6] and held[-1]["eval/held_out_loss"] < held[0]["eval/held_out_loss"]
-    assert all(0 <= r["eval/codebook0_accuracy"] <= 1 for r in held)
+    assert all(0 <= r["eval/codebook0_accuracy"] <= 1 and 0 <= r["eval/code_predictor_accuracy"] <= 1 for r in held)
     # export: the public layout, same names, shapes and dtypes; the codec and tokenizer as downloaded
     assert stage_manifest(tmp_path / "r", "export")["metrics"]["logits_max_abs_diff"] == 0.0  # reloaded strictly by the pack
     out = tmp_path / "r/export/hf"
@@ -60,7 +60,8 @@ def test_every_stage_runs_then_infer_speaks_a_prompt(mmcore_cli, tiny_dir: Path,
     assert not torch.equal(trained.talker.codec_head.weight, load_pretrained(tiny_dir).talker.codec_head.weight)  # it trained
     # evaluate: code-level metrics of the export on the held-out texts, a report with audio players
     metrics = stage_manifest(tmp_path / "r", "evaluate")["metrics"]
-    assert metrics["items"] == 1 and {"wer", "codebook0_accuracy", "exact_match_rate", "frame_match_rate"} <= set(metrics)
+    assert metrics["items"] == 1 and {"wer", "codebook0_accuracy", "code_predictor_accuracy", "exact_match_rate", "frame_match_rate"} <= set(metrics)
+    assert metrics["frame_match_rate"] <= metrics["codebook0_match_rate"] <= 1  # a frame equal to the target's has its codebook 0
     rows = [json.loads(line) for line in (tmp_path / "r/evaluate/results.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["generated_frames"] > 0 and len(rows[0]["media"]) == 2  # the reference clip and the generated wav
     assert (tmp_path / "r/evaluate/report.html").read_text().count("<audio") == 2

@@ -52,6 +52,25 @@ def test_loss_is_the_mean_cross_entropy_of_the_next_frame_and_is_padding_invaria
     talker.zero_grad(set_to_none=True)
 
 
+def test_the_code_predictor_accuracy_counts_what_its_greedy_steps_pick_on_the_target_frames(tiny_model) -> None:  # type: ignore[no-untyped-def]
+    talker, ids = tiny_model.talker, tiny_model.ids
+    short, long = layout(ids, TEXT, _frames(3, 1), speaker=SPEAKER), layout(ids, TEXT + [20, 21], _frames(5, 2), language=34)
+    out = loss(talker, [short, long])
+    picked_right = 0
+    with torch.no_grad():
+        for lay in (short, long):  # decoding's own steps (generate_codes), each fed the target's codes
+            hidden = talker.hidden(embed(talker, lay)[None])
+            for p, frame in enumerate(lay.frames.tolist()):
+                h = hidden[:, lay.first_frame - 1 + p][:, None]
+                sub_in, cache = torch.cat([h, talker.model.codec_embedding(torch.tensor([[frame[0]]]))], dim=1), None
+                for k in range(1, talker.groups):
+                    sub_hidden, cache = talker.code_predictor.step(sub_in, cache)
+                    picked_right += int(talker.code_predictor.lm_head[k - 1](sub_hidden[0, -1]).argmax()) == frame[k]
+                    sub_in = talker.code_predictor.embed(k, torch.tensor([[frame[k]]]))
+    assert out["sub_targets"] == (3 + 5) * (talker.groups - 1)
+    assert int(out["sub_hits"]) == picked_right
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_kv_cached_greedy_generation_equals_a_full_recompute(tiny_model, streaming: bool) -> None:  # type: ignore[no-untyped-def]
     talker, ids = tiny_model.talker, tiny_model.ids

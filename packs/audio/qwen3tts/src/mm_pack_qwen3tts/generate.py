@@ -8,10 +8,12 @@ nearest digit) transcribes every wav: ``wer`` (and ``heard`` per item, per infer
 something for the spoken-digit demo only.
 
 Evaluate measures, on the held-out split (or ``evaluate.datasets``): the teacher-forced
-codebook-0 accuracy (as training's held-out metric), and for the generated codes (greedy, or
-sampled with ``generation.temperature`` > 0) the exact-match rate (every frame of every codebook
-and the length equal to the target codes) and the share of target frames whose codes the
-generated frame at the same position equals. ``report.html`` plays the reference clip and the
+accuracy of codebook 0 and of codebooks 1..G-1 (as training's held-out metrics), and for the
+generated codes (greedy, or sampled with ``generation.temperature`` > 0) the exact-match rate
+(every frame of every codebook and the length equal to the target codes), the share of target
+frames whose codes the generated frame at the same position equals, and the same for codebook 0
+alone (``codebook0_match_rate``: where it is high and the frames' is not, the code predictor's
+codebooks differ). ``report.html`` plays the reference clip and the
 generated wav of each item.
 """
 
@@ -146,16 +148,18 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
     items, skipped = held_out(ctx, upstream, folder)
     if not items:
         return empty_evaluation(ctx, skipped)
-    rows, refs, hyps, hits, targets, exact, frames_same, frames_total = [], [], [], 0, 0, 0, 0, 0
+    rows, refs, hyps, hits, targets, sub_hits, sub_targets, exact, frames_same, first_same, frames_total = [], [], [], 0, 0, 0, 0, 0, 0, 0, 0
     for k, (name, sample, meta) in enumerate(ctx.progress(items, total=len(items), description="evaluate", unit="text")):
         batch = collate([{**sample, "speaker": meta.get("speaker", -1), "language": meta.get("language", -1)}])
         with torch.no_grad():
             out = network(batch)
         hits, targets = hits + int(out["hits"]), targets + int(out["targets"])
+        sub_hits, sub_targets = sub_hits + int(out["sub_hits"]), sub_targets + int(out["sub_targets"])
         target = sample["codes"]
         where = {"speaker": none_if_negative(int(meta.get("speaker", -1))), "language": none_if_negative(int(meta.get("language", -1)))}
         codes = generate_codes(network.talker, network.ids, sample["text_ids"].tolist(), max_frames=max(ctx.config.generation.max_new_tokens, 2 * len(target)), **where, **options(ctx))
         same = int((codes[: len(target)] == target[: len(codes)]).all(-1).sum())
+        first_same += int((codes[: len(target), 0] == target[: len(codes), 0]).sum())
         exact += int(codes.shape == target.shape and same == len(target))
         frames_same, frames_total = frames_same + same, frames_total + len(target)
         media = keep_media(ctx.stage_dir, [meta["audio"]]) if meta.get("audio") else []
@@ -186,8 +190,10 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
         "wer": digits_wer(refs, hyps),
         "checker": "spoken digits by pitch (mmcore.data.transcribe_digits)",
         "codebook0_accuracy": hits / max(targets, 1),
+        "code_predictor_accuracy": sub_hits / max(sub_targets, 1),
         "exact_match_rate": exact / len(rows),
         "frame_match_rate": frames_same / max(frames_total, 1),
+        "codebook0_match_rate": first_same / max(frames_total, 1),
     }
     how = "greedy" if ctx.config.generation.temperature == 0 else f"sampled at temperature {ctx.config.generation.temperature}"
     write_results(
@@ -198,5 +204,5 @@ def evaluate(ctx: StageContext, upstream: Mapping[str, Manifest]) -> StageResult
         columns=("item", "text", "heard", "word_errors", "target_frames", "generated_frames", "frames_equal", "exact"),
         ctx=ctx,
     )
-    note = f"{len(rows)} held-out text(s), {how}, vocoder {ctx.config.speech.vocoder}: the fixed checker's WER {metrics['wer']:.1%}; codes equal to the target for {metrics['exact_match_rate']:.0%}, frames equal {metrics['frame_match_rate']:.0%}; teacher-forced codebook-0 accuracy {metrics['codebook0_accuracy']:.1%}"
+    note = f"{len(rows)} held-out text(s), {how}, vocoder {ctx.config.speech.vocoder}: the fixed checker's WER {metrics['wer']:.1%}; codes equal to the target for {metrics['exact_match_rate']:.0%}, frames equal {metrics['frame_match_rate']:.0%}; codebook 0 alone {metrics['codebook0_match_rate']:.0%}; teacher-forced accuracy of codebook 0 {metrics['codebook0_accuracy']:.1%}, of codebooks 1-{network.talker.groups - 1} {metrics['code_predictor_accuracy']:.1%}"
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json", "report": "report.html"}, metrics=metrics, notes=[note])

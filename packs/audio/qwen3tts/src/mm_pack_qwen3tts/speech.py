@@ -98,7 +98,8 @@ def loss(talker: Talker, layouts: list[Layout], reduction: str = "mean") -> dict
     """Teacher-forced loss of a batch of layouts with frames (right-padded): ``loss`` (talker +
     0.3 x sub-talker), ``talker_loss`` (mean CE over codebook-0 targets, eos included) and
     ``sub_talker_loss`` (mean CE over codebooks 1..G-1 of every frame); ``hits`` and ``targets``:
-    codebook-0 targets the logits' argmax hits, and their count. ``reduction="sum"`` (training:
+    codebook-0 targets the logits' argmax hits, and their count; ``sub_hits`` and ``sub_targets``:
+    the same for the code predictor's codebooks 1..G-1 (the frame's codebook 0 given). ``reduction="sum"`` (training:
     the engine divides by the targets of the whole step): ``loss`` = summed talker CE + 0.3 x
     each frame's code-predictor CE summed over frames and averaged over its G-1 codebooks."""
     seqs = [embed(talker, lay) for lay in layouts]
@@ -126,6 +127,7 @@ def loss(talker: Talker, layouts: list[Layout], reduction: str = "mean") -> dict
     valid = targets != -100
     hits = (logits.argmax(-1) == targets)[valid].sum()
     out = {"loss": talker_loss + SUB_TALKER_WEIGHT * sub_loss, "talker_loss": talker_loss, "sub_talker_loss": sub_loss, "hits": hits, "targets": valid.sum()}
+    out["sub_hits"], out["sub_targets"] = (sub.argmax(-1) == frames[:, 1:]).sum(), frames[:, 1:].numel()
     out["logits"] = torch.cat([logits[valid].flatten(), sub.flatten()])  # every supervised logit, both levels
     return out
 

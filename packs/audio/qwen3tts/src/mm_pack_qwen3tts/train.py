@@ -6,8 +6,9 @@ codebook-0 targets, eos included): the hidden state at p predicts frame p+1's co
 through the code predictor, its codebooks 1..G-1 (weight 0.3), as decoding uses them. The
 reference's ``finetuning/sft_12hz.py`` shifts its labels twice (pre-shifted labels into
 transformers' causal-LM loss, which shifts again) and feeds the code predictor the hidden state
-that has already read the frame; the pack does not follow it there. Held-out metric:
-teacher-forced codebook-0 accuracy (``codebook0_accuracy``) and the held-out loss.
+that has already read the frame; the pack does not follow it there. Held-out metrics:
+teacher-forced accuracy of codebook 0 (``codebook0_accuracy``) and of codebooks 1..G-1
+(``code_predictor_accuracy``), and the held-out loss.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ class Samples:
 
 
 def held_out_metrics(ctx: StageContext, model: Any, held: Samples) -> dict[str, float]:
-    """Teacher-forced codebook-0 accuracy and mean loss over the held-out split (the work split across ranks)."""
+    """Teacher-forced accuracy of codebook 0 (the talker's) and of codebooks 1..G-1 (the code
+    predictor's, each frame's codebook 0 given), and the mean loss, over the held-out split (the
+    work split across ranks)."""
     import torch
 
     from mmcore.engines import sharded_sums
@@ -71,10 +74,10 @@ def held_out_metrics(ctx: StageContext, model: Any, held: Samples) -> dict[str, 
     def measure(i: int) -> list[float]:
         with torch.no_grad():
             out = model(collate([held[i]]))
-        return [float(out["hits"]), float(out["targets"]), float(out["loss"])]
+        return [float(out["hits"]), float(out["targets"]), float(out["loss"]), float(out["sub_hits"]), float(out["sub_targets"])]
 
-    hits, targets, loss = sharded_sums(ctx, len(held), measure, 3)
-    return {"codebook0_accuracy": hits / max(targets, 1), "held_out_loss": loss / max(targets, 1)}
+    hits, targets, loss, sub_hits, sub_targets = sharded_sums(ctx, len(held), measure, 5)
+    return {"codebook0_accuracy": hits / max(targets, 1), "code_predictor_accuracy": sub_hits / max(sub_targets, 1), "held_out_loss": loss / max(targets, 1)}
 
 
 def shard_modules(model: Any) -> list[Any]:
