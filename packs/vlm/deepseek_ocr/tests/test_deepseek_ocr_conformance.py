@@ -8,8 +8,8 @@ class TestDeepseekOcrConformance(PackConformance):
     overrides = ("data.demo_samples=8",)
     mixed_media = ("image",)
     # 52-pixel tiles: the mixed data's 48 x 48 images stay whole while its wider ones are cut, so
-    # samples with and without tiles mix (it passed with DeepseekOcrModel.always_tiles off too:
-    # it does not show that a rank without tiles would fail without it)
+    # samples with and without tiles mix (it passed with DeepseekOcrModel.always_tiles off too;
+    # test_deepseek_ocr_train's tiles-on-one-process test is the one that fails without it)
     mixed_overrides = ("data.image_size=52",)
     export_class = "mm_pack_deepseek_ocr.model:DeepseekOcrForCausalLM"  # no transformers class: the pack's own loads the public layout
     # the 2-CI-minute budget: infer runs on the same kit path as the other VLM packs' (make
