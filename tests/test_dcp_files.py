@@ -151,3 +151,27 @@ def test_a_tree_of_many_files_is_flushed_by_one_syncfs_and_a_few_files_one_by_on
     fsynced.clear()
     files.fsync_tree(tmp_path / "many")
     assert len(fsynced) == 20 + 1  # the files and the top folder (as before syncfs)
+
+
+def test_shards_copied_on_threads_fail_together_and_leave_no_shard(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """DCP -> HF copies its shards on threads (``COPY_THREADS``): a copy that fails (here the disk
+    full at the third tensor) raises its error once the other shards' copies stopped, and no
+    shard, whole or partial, is left under any name."""
+    import errno
+
+    _hub(tmp_path / "hf")
+    convert_bytes.hf_to_dcp(tmp_path / "hf", tmp_path / "dcp", ADAPTER)
+    real_copy, calls = convert_bytes.copy_bytes, []
+
+    def copy_until_full(*args):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_copy(*args)
+
+    monkeypatch.setattr(convert_bytes, "copy_bytes", copy_until_full)
+    monkeypatch.setattr(convert_bytes, "COPY_THREADS", 2)
+    with pytest.raises(OSError, match="No space left"):
+        convert_bytes.dcp_to_hf(tmp_path / "dcp", tmp_path / "back", ADAPTER, max_shard_bytes=1 << 16)
+    assert list((tmp_path / "back").iterdir()) == []
+    assert convert_bytes.in_parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]  # results in the jobs' order

@@ -198,7 +198,8 @@ class ArchiveWriter:
 
 
 def copy_bytes(src: BinaryIO, src_offset: int, dst: BinaryIO, count: int) -> None:
-    """``count`` bytes of ``src`` from ``src_offset`` appended to ``dst`` (in the kernel where it can)."""
+    """``count`` bytes of ``src`` from ``src_offset`` appended to ``dst`` (in the kernel where it
+    can); ``src``'s position is not used, so threads may copy from one handle."""
     dst.flush()
     done, out_offset = 0, dst.tell()
     try:
@@ -208,10 +209,9 @@ def copy_bytes(src: BinaryIO, src_offset: int, dst: BinaryIO, count: int) -> Non
                 raise OSError("copy_file_range copied nothing")
             done += n
     except (OSError, AttributeError):
-        src.seek(src_offset + done)
         dst.seek(out_offset + done)
-        while done < count:
-            chunk = src.read(min(64 << 20, count - done))
+        while done < count:  # pread: ``src`` may be shared by threads copying other ranges of it
+            chunk = os.pread(src.fileno(), min(64 << 20, count - done), src_offset + done)
             if not chunk:
                 raise StageError(f"{src.name}: truncated: {count - done} bytes missing")
             dst.write(chunk)

@@ -13,8 +13,11 @@ and takes the torch path in :mod:`mmcore.engines.convert`.
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from mmcore.checkpoint.dcp_files import DTYPES, MAX_RECORD, copy_bytes, metadata_pickle, whole_tensors, write_tensor_file
 from mmcore.engines.state_dict import RenameAdapter, StateDictAdapter, TensorInfo
@@ -23,6 +26,7 @@ from mmcore.framework.faults import crash_point
 from mmcore.framework.files import ensure_free_space, fsync_dir, fsync_tree
 
 MODEL_PREFIX = "model."  # as mmcore.checkpoint.dcp_tensors (which imports torch to read)
+T = TypeVar("T")
 
 
 def _renames(adapter: StateDictAdapter) -> bool:
@@ -57,15 +61,17 @@ def hf_to_dcp(hf_dir: Path, out_dir: Path, adapter: StateDictAdapter, *, progres
     total = sum(where[r.sources[0]][4] for r in plan.values())
     ensure_free_space(out_dir, total, "the converted checkpoint")
     files: dict[Path, Any] = {}
-    tensors = {}
+
+    def write(i: int, key: str, source: str) -> tuple[str, tuple[str, tuple[int, ...], str, int]]:
+        crash_point("convert-tensor", i + 1)
+        path, code, shape, offset, nbytes = where[source]
+        name = f"__0_{i}.distcp"
+        return MODEL_PREFIX + key, (code, shape, name, write_tensor_file(out_dir / name, code, shape, files[path], offset, nbytes))
+
     try:
-        for i, (key, recipe) in enumerate(progress(list(plan.items())) if progress else plan.items()):
-            crash_point("convert-tensor", i + 1)
-            path, code, shape, offset, nbytes = where[recipe.sources[0]]
-            if path not in files:
-                files[path] = open(path, "rb")
-            name = f"__0_{i}.distcp"
-            tensors[MODEL_PREFIX + key] = (code, shape, name, write_tensor_file(out_dir / name, code, shape, files[path], offset, nbytes))
+        for path in {where[recipe.sources[0]][0] for recipe in plan.values()}:
+            files[path] = open(path, "rb")
+        tensors = dict(in_parallel([partial(write, i, key, recipe.sources[0]) for i, (key, recipe) in enumerate(plan.items())], progress))
     finally:
         for handle in files.values():
             handle.close()
@@ -101,13 +107,10 @@ def dcp_to_hf(
     out_dir.mkdir(parents=True, exist_ok=True)
     ensure_free_space(out_dir, sum(stored[r.sources[0]][4] for r in plan.values()), "the exported model")
     names = ["model.safetensors"] if len(groups) == 1 else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-    total = 0
-    written: list[tuple[Path, Path]] = []
+    written = [(out_dir / f".{name}.tmp", out_dir / name) for name in names]
     try:
-        for name, group in zip(names, progress(groups) if progress else groups):
-            tmp = out_dir / f".{name}.tmp"
-            written.append((tmp, out_dir / name))
-            total += _write_shard(tmp, [(key, stored[plan[key].sources[0]]) for key in group])
+        jobs = [partial(_write_shard, tmp, [(key, stored[plan[key].sources[0]]) for key in group]) for (tmp, _), group in zip(written, groups)]
+        total = sum(in_parallel(jobs, progress))
         # flushed together at the end, as cp + sync: each shard's fsync in turn kept the kernel from
         # writing one shard back while the next was copied (4.1 GiB in 1 GiB shards: the flushes took
         # 1.6-1.9 s, now 0.8-0.9; bench/convert_speed.py)
@@ -123,6 +126,28 @@ def dcp_to_hf(
         weight_map = {key: name for name, group in zip(names, groups) for key in group}
         (out_dir / SAFE_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return {"tensors": len(plan), "bytes": total, "shards": len(names)}
+
+
+#: files copied at once. ``copy_file_range`` releases the GIL and the kernel copies one file's
+#: pages on one core, as ``cp`` does; with the shards (or tensor files) copied on two threads the
+#: copy goes on two cores (bench/convert_speed.py)
+COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def in_parallel(jobs: Sequence[Callable[[], T]], progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> list[T]:
+    """Every job's result, in order, the jobs run on :data:`COPY_THREADS` threads (``progress``
+    counts them done in order); the first error is raised once the running jobs have stopped
+    and the waiting ones were dropped."""
+    if COPY_THREADS == 1 or len(jobs) <= 1:
+        return [job() for job in (progress(jobs) if progress else jobs)]
+    with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="mmcore-copy") as pool:
+        futures = [pool.submit(job) for job in jobs]
+        try:
+            return [future.result() for future in (progress(futures) if progress else futures)]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def _write_shard(path: Path, tensors: list[tuple[str, tuple[str, tuple[int, ...], Path, int, int]]]) -> int:
