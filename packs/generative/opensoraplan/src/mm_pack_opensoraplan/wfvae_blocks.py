@@ -76,11 +76,11 @@ class ChannelLayerNorm(nn.Module):
 
 
 def normalize(channels: int, norm_type: str) -> nn.Module:
-    if norm_type == "layernorm":
+    if norm_type in ("layernorm", "aelayernorm"):  # MindSpeed-MM's v1.5 config calls this one "aelayernorm"
         return ChannelLayerNorm(channels)
     if norm_type == "groupnorm":
         return nn.GroupNorm(32, channels, eps=1e-6)
-    raise ValueError(f"WF-VAE config: norm_type {norm_type!r} is not 'layernorm' or 'groupnorm'")
+    raise ValueError(f"WF-VAE config: norm_type {norm_type!r} is not 'layernorm' (or 'aelayernorm') or 'groupnorm'")
 
 
 class ResnetBlock2D(nn.Module):

@@ -60,7 +60,12 @@ def read_tensors(path: Path, mmap: bool = False) -> dict[str, Any]:
 
         return load_file(path)
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError:
+            if not mmap:
+                raise
+            saved = torch.load(path, map_location="cpu", weights_only=True)  # a pickle of the legacy format cannot be mapped
     except Exception as exc:  # a pickle of objects other than tensors and containers, or garbage
         raise ValueError(f"{path}: unreadable as a checkpoint of tensors ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     return released_tensors(saved, path)
