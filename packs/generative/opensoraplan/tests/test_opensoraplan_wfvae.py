@@ -156,3 +156,11 @@ def test_the_pipeline_extract_and_download_take_a_wfvae_folder(osp, pipe_dir: Pa
     proc = osp("download", "--pack", "opensoraplan", "--preset", "tiny", "--model", str(tmp_path / "bad"), "--run-dir", str(tmp_path / "bad_run"), check=False)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and last.startswith("error: ") and str(path) in last and "decoder.mid.1.q.conv.weight" in last, proc.stderr
+
+
+def test_a_config_the_model_cannot_take_is_one_line_naming_it(tmp_path: Path) -> None:
+    save_released(tiny_wfvae(), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "scale": [1.0, 1.0, 1.0]}))
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'config.json'}: WF-VAE config: scale \(3\) and shift \(8\) need latent_dim \(8\) values each$"):
+        load_wfvae(tmp_path)

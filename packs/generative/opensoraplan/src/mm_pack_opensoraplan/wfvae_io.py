@@ -107,12 +107,13 @@ def build(folder: Path, device: Any = None) -> Any:
         config = WFVAEModel.load_config(folder)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{folder}: no readable WF-VAE config.json ({type(exc).__name__})") from None
-    if device is None:
-        return WFVAEModel.from_config(config)
     import torch
 
-    with torch.device(device):
-        return WFVAEModel.from_config(config)
+    try:
+        with torch.device(device or "cpu"):
+            return WFVAEModel.from_config(config)
+    except ValueError as exc:  # the model's own config checks, named by field
+        raise ValueError(f"{folder / 'config.json'}: {exc}") from None
 
 
 def check_wfvae_folder(folder: Path) -> None:
