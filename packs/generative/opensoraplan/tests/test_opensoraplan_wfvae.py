@@ -69,8 +69,8 @@ def test_the_released_layout_loads_strictly_and_round_trips(tmp_path: Path) -> N
 
 def test_compression_is_the_released_models_and_the_first_frame_causal() -> None:
     """8k + 1 frames of 8h x 8w -> k + 1 latent frames of h x w and back; frame 0 is encoded (and
-    decoded) alone: later frames change nothing of it; latents normalise as the reference's
-    pipeline does, (z - shift) * scale."""
+    decoded) alone: later frames change nothing of it; encoding in chunks of frames gives the
+    same latents; latents normalise as the reference's pipeline does, (z - shift) * scale."""
     from mmcore.kits import denormalise_latents, normalise_latents
 
     vae = randomised()
@@ -90,6 +90,14 @@ def test_compression_is_the_released_models_and_the_first_frame_causal() -> None
     scale, shift = torch.tensor(vae.config.scale).view(1, -1, 1, 1, 1), torch.tensor(vae.config.shift).view(1, -1, 1, 1, 1)
     torch.testing.assert_close(normalise_latents(vae, z), (z - shift) * scale, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(denormalise_latents(vae, normalise_latents(vae, z)), z, rtol=1e-6, atol=1e-6)
+    for chunk in (8, 16):  # chunked causal encoding: the whole clip's latents, for any chunk the time compression divides
+        vae.enable_tiling(chunk)
+        with torch.no_grad():
+            torch.testing.assert_close(vae.encode(x).latent_dist.parameters, post.parameters, rtol=1e-5, atol=1e-5)
+            assert torch.equal(vae.encode(x[:, :, :1]).latent_dist.mode(), z_image)
+    vae.disable_tiling()
+    with pytest.raises(ValueError, match="chunk_frames 12 is not a positive multiple of 8"):
+        vae.enable_tiling(12)
     with pytest.raises(ValueError, match=r"8k \+ 1 frames"):
         vae.encode(clip(5))
     with pytest.raises(ValueError, match="l1_dowmsample_block 'Downsample' is not ported"):
@@ -143,7 +151,9 @@ def test_the_pipeline_extract_and_download_take_a_wfvae_folder(osp, pipe_dir: Pa
     video = frames.permute(3, 0, 1, 2)[None].float() / 127.5 - 1.0
     with torch.no_grad():
         want = normalise_latents(pipe.vae, pipe.vae.encode(video).latent_dist.mode())[0]
-    assert latents.shape == (8, 2, 4, 4) and torch.equal(latents, want)
+    assert encoders.pipe.vae.encode_chunk_frames == 8  # extract encodes in the reference's chunks: the same latents
+    assert latents.shape == (8, 2, 4, 4)
+    torch.testing.assert_close(latents, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(StageError, match=r"^bucket of 5 frames: the VAE compresses 8x in time after the first frame: frames must be 8k \+ 1 \(data.buckets\)$"):
         encoders.latents(frames[:5])
 

@@ -55,6 +55,10 @@ class Encoders:
         self.pipe = OpenSoraPlanPipeline.from_pretrained(model_dir, transformer=None)
         for part in (self.pipe.vae, self.pipe.text_encoder, self.pipe.text_encoder_2):
             part.eval()
+        from mm_pack_opensoraplan.wfvae import WFVAEModel
+
+        if isinstance(self.pipe.vae, WFVAEModel) and self.pipe.vae.config.norm_type != "groupnorm":
+            self.pipe.vae.enable_tiling(8)  # the reference's chunks: the same latents at a lower memory peak
         self.max_sequence_length = max_sequence_length
 
     def latents(self, frames: Any) -> Any:

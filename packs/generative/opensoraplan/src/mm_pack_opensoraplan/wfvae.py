@@ -23,8 +23,9 @@ Config fields are the reference's ``WFVAEModel`` arguments; the state dict's key
 std``), so this class carries ``latents_mean = shift`` and ``latents_std = 1 / scale`` (not saved):
 the same map up to float rounding (one ulp).
 
-Not ported: the reference's tiled encode / decode (``use_tiling``: chunks of frames with cached
-causal context, for long clips on little memory); a clip is encoded and decoded whole. Only the
+Tiling: ``enable_tiling`` encodes in chunks of frames with the same latents (each causal layer
+keeps what its next window needs: :class:`~mm_pack_opensoraplan.wfvae_blocks.Streaming`); decoding
+is whole-clip (the reference's tiled decoder needs a look-ahead frame: not ported). Only the
 3-D energy-flow blocks are (the released 8x8x8 model's); the 4x8x8 variant (2-D ``l1`` blocks,
 WF-VAE-L of Open-Sora Plan v1.3) is a config error.
 """
@@ -210,12 +211,42 @@ class WFVAEModel(ModelMixin, ConfigMixin):
 
     spatial_compression_ratio = 8
     temporal_compression_ratio = 8
+    #: frames an encoder pass takes (after frame 0, encoded alone); None: the whole clip at once
+    encode_chunk_frames: int | None = None
+
+    def enable_tiling(self, chunk_frames: int = 8) -> None:
+        """Encode in chunks of ``chunk_frames`` frames (a multiple of 8), each convolution
+        keeping the frames the next chunk needs: the same latents at a lower memory peak (the
+        reference's ``enable_tiling`` encodes chunks of 8 frames under MindSpeed-MM's v1.5
+        config). Layer norm only: a group norm's statistics span the whole clip."""
+        if chunk_frames <= 0 or chunk_frames % 8:
+            raise ValueError(f"WF-VAE tiling: chunk_frames {chunk_frames} is not a positive multiple of 8 (the encoder's time compression)")
+        if self.config.norm_type == "groupnorm":
+            raise ValueError("WF-VAE tiling: norm_type groupnorm normalises over the whole clip, so chunks would change the latents")
+        self.encode_chunk_frames = chunk_frames
+
+    def disable_tiling(self) -> None:
+        self.encode_chunk_frames = None
+
+    def _encode_chunks(self, x: torch.Tensor) -> torch.Tensor:
+        from mm_pack_opensoraplan.wfvae_blocks import Streaming
+
+        stateful = [m for m in self.encoder.modules() if isinstance(m, Streaming)]
+        step = self.encode_chunk_frames or x.shape[2]
+        try:
+            for m in stateful:
+                m.streaming, m.tail = True, None
+            return torch.cat([self.encoder(x[:, :, start : start + (step if start else 1)]) for start in [0, *range(1, x.shape[2], step)]], dim=2)
+        finally:
+            for m in stateful:
+                m.streaming, m.tail = False, None
 
     def encode(self, x: torch.Tensor, return_dict: bool = True) -> Any:
         """[B, 3, 8k + 1, 8h, 8w] in [-1, 1] -> the posterior over [B, latent_dim, k + 1, h, w]."""
         if x.dim() != 5 or x.shape[1] != 3 or (x.shape[2] - 1) % 8 or x.shape[3] % 8 or x.shape[4] % 8:
             raise ValueError(f"WF-VAE encode: a clip [B, 3, 8k + 1 frames, H, W] with H, W multiples of 8, got {list(x.shape)}")
-        posterior = DiagonalGaussianDistribution(self.encoder(x))
+        moments = self._encode_chunks(x) if self.encode_chunk_frames else self.encoder(x)
+        posterior = DiagonalGaussianDistribution(moments)
         return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
 
     def decode(self, z: torch.Tensor, return_dict: bool = True) -> Any:

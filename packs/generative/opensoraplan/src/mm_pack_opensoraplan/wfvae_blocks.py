@@ -50,7 +50,26 @@ class FrameConv2d(nn.Conv2d):
         return per_frame(super().forward, x)  # type: ignore[arg-type]
 
 
-class CausalConv3d(nn.Module):
+class Streaming:
+    """Chunked causal time: with ``streaming`` set, a clip comes in chunks of frames in order, and
+    the frames of the (padded) sequence that no output window has used up yet wait in ``tail``
+    for the next chunk; the first chunk alone is padded. The outputs are the whole clip's."""
+
+    streaming = False
+    tail: torch.Tensor | None = None
+
+    def causal(self, x: torch.Tensor, pad: int, kernel: int, stride: int) -> torch.Tensor:
+        if self.streaming and self.tail is not None:
+            x = torch.cat([self.tail, x], dim=2)
+        elif pad:
+            x = torch.cat([x[:, :, :1].expand(-1, -1, pad, -1, -1), x], dim=2)
+        if self.streaming:
+            used = ((x.shape[2] - kernel) // stride + 1) * stride  # where the next window starts
+            self.tail = x[:, :, used:]
+        return x
+
+
+class CausalConv3d(Streaming, nn.Module):
     """A 3-D convolution padded in time by repeating the first frame (kernel_t - 1 times)."""
 
     def __init__(self, chan_in: int, chan_out: int, kernel_size: int, stride: int = 1, padding: int = 0, bias: bool = True) -> None:
@@ -59,9 +78,7 @@ class CausalConv3d(nn.Module):
         self.conv = nn.Conv3d(chan_in, chan_out, kernel_size, stride=stride, padding=(0, padding, padding), bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.time_pad:
-            x = torch.cat([x[:, :, :1].expand(-1, -1, self.time_pad, -1, -1), x], dim=2)
-        return self.conv(x)
+        return self.conv(self.causal(x, self.time_pad, self.time_pad + 1, self.conv.stride[0]))
 
 
 class ChannelLayerNorm(nn.Module):
@@ -171,7 +188,7 @@ class Spatial2xTime2x3DUpsample(nn.Module):
         return self.conv(first)
 
 
-class HaarWaveletTransform3D(nn.Module):
+class HaarWaveletTransform3D(Streaming, nn.Module):
     """[B, C, T, H, W] -> [B, 8C, (T+1)/2, H/2, W/2]: the 8 Haar sub-bands (band-major: channel
     ``band * C + c``) of 2x2x2 blocks, the first frame repeated once before the clip (causal).
     The filters are the reference's frozen parameters (``h_conv.conv.weight`` ...)."""
@@ -188,8 +205,7 @@ class HaarWaveletTransform3D(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c = x.shape[:2]
         weight = torch.cat([getattr(self, f"{n}_conv").conv.weight for n in HAAR_3D])
-        x = x.reshape(b * c, 1, *x.shape[2:])
-        x = torch.cat([x[:, :, :1], x], dim=2)
+        x = self.causal(x.reshape(b * c, 1, *x.shape[2:]), 1, 2, 2)
         y = F.conv3d(x, weight.to(x.dtype), stride=2)  # [(B C), 8, T', H', W']
         return y.unflatten(0, (b, c)).transpose(1, 2).flatten(1, 2)
 
