@@ -156,8 +156,9 @@ class Decoder(nn.Module):
 
 
 class WFVAEModel(ModelMixin, ConfigMixin):
-    """The WF-VAE; config fields are the reference ``WFVAEModel``'s (defaults: its own, the
-    released v1.5 model's are in its ``config.json``). ``from_pretrained`` reads a folder of the
+    """The WF-VAE; config fields are the reference ``WFVAEModel``'s, with its defaults except the
+    ``l1_*`` blocks (the 3-D ones, the only ones ported) and ``scale`` / ``shift`` (absent: ones
+    and zeros, no normalisation); the released v1.5 model's values are in its ``config.json``. ``from_pretrained`` reads a folder of the
     released layout (``config.json`` + ``checkpoint.ckpt``) or of ``save_pretrained``'s
     (``config.json`` + ``diffusion_pytorch_model.safetensors``), strictly
     (:mod:`mm_pack_opensoraplan.wfvae_io`)."""
@@ -232,7 +233,7 @@ class WFVAEModel(ModelMixin, ConfigMixin):
         from mm_pack_opensoraplan.wfvae_blocks import Streaming
 
         stateful = [m for m in self.encoder.modules() if isinstance(m, Streaming)]
-        step = self.encode_chunk_frames or x.shape[2]
+        step = self.encode_chunk_frames
         try:
             for m in stateful:
                 m.streaming, m.tail = True, None
