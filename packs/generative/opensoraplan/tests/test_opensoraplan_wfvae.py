@@ -69,8 +69,8 @@ def test_the_released_layout_loads_strictly_and_round_trips(tmp_path: Path) -> N
 
 def test_compression_is_the_released_models_and_the_first_frame_causal() -> None:
     """8k + 1 frames of 8h x 8w -> k + 1 latent frames of h x w and back; frame 0 is encoded (and
-    decoded) alone: later frames change nothing of it; encoding in chunks of frames gives the
-    same latents; latents normalise as the reference's pipeline does, (z - shift) * scale."""
+    decoded) alone: later frames change nothing of it; encoding and decoding in chunks of frames
+    give the same latents and frames; latents normalise as the reference's pipeline does, (z - shift) * scale."""
     from mmcore.kits import denormalise_latents, normalise_latents
 
     vae = randomised()
@@ -90,11 +90,14 @@ def test_compression_is_the_released_models_and_the_first_frame_causal() -> None
     scale, shift = torch.tensor(vae.config.scale).view(1, -1, 1, 1, 1), torch.tensor(vae.config.shift).view(1, -1, 1, 1, 1)
     torch.testing.assert_close(normalise_latents(vae, z), (z - shift) * scale, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(denormalise_latents(vae, normalise_latents(vae, z)), z, rtol=1e-6, atol=1e-6)
-    for chunk in (8, 16):  # chunked causal encoding: the whole clip's latents, for any chunk the time compression divides
-        vae.enable_tiling(chunk)
+    # in chunks (tiling): the whole clip's latents and frames, whatever the chunks, the decoder's
+    # one-frame look-ahead (time interpolation) held back at a chunk's end
+    for chunk, latent_chunk in ((8, 1), (16, 2)):
+        vae.enable_tiling(chunk, latent_chunk)
         with torch.no_grad():
             torch.testing.assert_close(vae.encode(x).latent_dist.parameters, post.parameters, rtol=1e-5, atol=1e-5)
             assert torch.equal(vae.encode(x[:, :, :1]).latent_dist.mode(), z_image)
+            torch.testing.assert_close(vae.decode(z).sample, dec, rtol=1e-5, atol=1e-5)
     vae.disable_tiling()
     with pytest.raises(ValueError, match="chunk_frames 12 is not a positive multiple of 8"):
         vae.enable_tiling(12)

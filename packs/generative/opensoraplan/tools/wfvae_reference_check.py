@@ -15,8 +15,8 @@ encoders' mean and log-variance and the decoders' clips are compared in float32,
 clip and a single frame (an image), the decoders on the reference's latent. Then, with layernorm,
 the reference's tiled encode and decode (``enable_tiling``: frame chunks with cached causal context,
 what MindSpeed-MM's v1.5 config runs) against this pack's whole-clip ones, for 33 and 65 frames:
-tiling is memory only, the same map; and this pack's own tiled encode (``enable_tiling(8)``) against
-the reference's.
+tiling is memory only, the same map; and this pack's own tiled encode and decode (``enable_tiling(8, 2)``)
+against the reference's.
 """
 
 import sys
@@ -111,15 +111,16 @@ def check_tiled() -> None:
             tiled = ref.encode(x).latent_dist
             tiled_dec = ref.decode(tiled.mode()).sample
             whole, whole_dec = ours.encode(x).latent_dist, ours.decode(tiled.mode()).sample
-            ours.enable_tiling(8)
-            ours_tiled = ours.encode(x).latent_dist
+            ours.enable_tiling(8, 2)
+            ours_tiled, ours_tiled_dec = ours.encode(x).latent_dist, ours.decode(tiled.mode()).sample
             ours.disable_tiling()
         ref.enable_tiling(False)
         print(
             f"layernorm {frames} frames, the reference tiled (chunks {ref.t_chunk_enc} frames encoding, {ref.t_chunk_dec} latent frames decoding) vs this pack whole:"
             f" max |diff| mean {(tiled.mean - whole.mean).abs().max().item():.3g} logvar {(tiled.logvar - whole.logvar).abs().max().item():.3g}"
             f" decode {(tiled_dec - whole_dec).abs().max().item():.3g}; this pack's tiled encode (8 frames):"
-            f" mean {(tiled.mean - ours_tiled.mean).abs().max().item():.3g} logvar {(tiled.logvar - ours_tiled.logvar).abs().max().item():.3g}"
+            f" mean {(tiled.mean - ours_tiled.mean).abs().max().item():.3g} logvar {(tiled.logvar - ours_tiled.logvar).abs().max().item():.3g},"
+            f" its tiled decode (2 latent frames) {(tiled_dec - ours_tiled_dec).abs().max().item():.3g}"
         )
 
 

@@ -23,9 +23,10 @@ Config fields are the reference's ``WFVAEModel`` arguments; the state dict's key
 std``), so this class carries ``latents_mean = shift`` and ``latents_std = 1 / scale`` (not saved):
 the same map up to float rounding (one ulp).
 
-Tiling: ``enable_tiling`` encodes in chunks of frames with the same latents (each causal layer
-keeps what its next window needs: :class:`~mm_pack_opensoraplan.wfvae_blocks.Streaming`); decoding
-is whole-clip (the reference's tiled decoder needs a look-ahead frame: not ported). Only the
+Tiling: ``enable_tiling`` encodes and decodes in chunks of frames with the same latents and clips
+(each causal layer keeps what its next window needs, the decoder's time upsampling holds back the
+frame that needs the next chunk's first: :class:`~mm_pack_opensoraplan.wfvae_blocks.Streaming`,
+:meth:`Decoder.align`). Only the
 3-D energy-flow blocks are (the released 8x8x8 model's); the 4x8x8 variant (2-D ``l1`` blocks,
 WF-VAE-L of Open-Sora Plan v1.3) is a config error.
 """
@@ -144,14 +145,28 @@ class Decoder(nn.Module):
         self.inverse_wavelet_transform_l1 = InverseHaarWaveletTransform3D()
         self.inverse_wavelet_transform_l2 = InverseHaarWaveletTransform3D()
 
+    #: streaming (chunks of latent frames): frames of an energy-flow branch not yet matched by the
+    #: main path, which the upsamplers' look-ahead holds one frame behind
+    pending: dict[str, torch.Tensor] | None = None
+
+    def align(self, name: str, branch: torch.Tensor, frames: int) -> torch.Tensor:
+        if self.pending is None:
+            return branch
+        held = self.pending.get(name)
+        branch = branch if held is None else torch.cat([held, branch], dim=2)
+        self.pending[name] = branch[:, :, frames:]
+        return branch[:, :, :frames]
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         e = self.energy_flow_hidden_size
         h = self.mid(self.conv_in(z))
         l2 = self.inverse_wavelet_transform_l2(self.connect_l2(h[:, -e:]))
         h = self.up2(h[:, :-e])
         l1_coeffs = self.connect_l1(h[:, -e:])
+        l2 = self.align("l2", l2, l1_coeffs.shape[2])
         l1 = self.inverse_wavelet_transform_l1(torch.cat([l1_coeffs[:, :3] + l2, l1_coeffs[:, 3:]], dim=1))
         h = self.conv_out(silu(self.norm_out(self.layer(self.up1(h[:, :-e])))))
+        l1 = self.align("l1", l1, h.shape[2])
         return self.inverse_wavelet_transform_out(torch.cat([h[:, :3] + l1, h[:, 3:]], dim=1))
 
 
@@ -212,47 +227,60 @@ class WFVAEModel(ModelMixin, ConfigMixin):
 
     spatial_compression_ratio = 8
     temporal_compression_ratio = 8
-    #: frames an encoder pass takes (after frame 0, encoded alone); None: the whole clip at once
+    #: frames an encoder pass takes, latent frames a decoder pass takes (after frame 0, alone); None: the whole clip at once
     encode_chunk_frames: int | None = None
+    decode_chunk_frames: int | None = None
 
-    def enable_tiling(self, chunk_frames: int = 8) -> None:
-        """Encode in chunks of ``chunk_frames`` frames (a multiple of 8), each convolution
-        keeping the frames the next chunk needs: the same latents at a lower memory peak (the
-        reference's ``enable_tiling`` encodes chunks of 8 frames under MindSpeed-MM's v1.5
-        config). Layer norm only: a group norm's statistics span the whole clip."""
-        if chunk_frames <= 0 or chunk_frames % 8:
-            raise ValueError(f"WF-VAE tiling: chunk_frames {chunk_frames} is not a positive multiple of 8 (the encoder's time compression)")
+    def enable_tiling(self, chunk_frames: int = 8, latent_chunk_frames: int = 2) -> None:
+        """Encode in chunks of ``chunk_frames`` frames (a multiple of 8) and decode in chunks of
+        ``latent_chunk_frames`` latent frames, each layer keeping what its next window needs: the
+        same latents and clips at a lower memory peak (the reference's ``enable_tiling`` chose 8
+        and 2 for the clips its check ran). Layer norm only: a group norm's statistics span the clip."""
+        if chunk_frames <= 0 or chunk_frames % 8 or latent_chunk_frames <= 0:
+            raise ValueError(
+                f"WF-VAE tiling: chunk_frames {chunk_frames} is not a positive multiple of 8 (the encoder's time compression) or latent_chunk_frames {latent_chunk_frames} is not positive"
+            )
         if self.config.norm_type == "groupnorm":
             raise ValueError("WF-VAE tiling: norm_type groupnorm normalises over the whole clip, so chunks would change the latents")
-        self.encode_chunk_frames = chunk_frames
+        self.encode_chunk_frames, self.decode_chunk_frames = chunk_frames, latent_chunk_frames
 
     def disable_tiling(self) -> None:
-        self.encode_chunk_frames = None
+        self.encode_chunk_frames = self.decode_chunk_frames = None
 
-    def _encode_chunks(self, x: torch.Tensor) -> torch.Tensor:
+    def _chunked(self, part: nn.Module, x: torch.Tensor, step: int) -> torch.Tensor:
+        """``part`` over frame 0, then chunks of ``step`` frames, its layers streaming (:class:`~mm_pack_opensoraplan.wfvae_blocks.Streaming`)."""
         from mm_pack_opensoraplan.wfvae_blocks import Streaming
 
-        stateful = [m for m in self.encoder.modules() if isinstance(m, Streaming)]
-        step = self.encode_chunk_frames
+        stateful = [m for m in part.modules() if isinstance(m, Streaming)]
+        starts = [0, *range(1, x.shape[2], step)]
+        out = []
         try:
             for m in stateful:
-                m.streaming, m.tail = True, None
-            return torch.cat([self.encoder(x[:, :, start : start + (step if start else 1)]) for start in [0, *range(1, x.shape[2], step)]], dim=2)
+                m.stream(True)
+            if isinstance(part, Decoder):
+                part.pending = {}
+            for i, start in enumerate(starts):
+                for m in stateful:
+                    m.final = i == len(starts) - 1
+                out.append(part(x[:, :, start : start + (step if start else 1)]))
         finally:
             for m in stateful:
-                m.streaming, m.tail = False, None
+                m.stream(False)
+            if isinstance(part, Decoder):
+                part.pending = None
+        return torch.cat(out, dim=2)
 
     def encode(self, x: torch.Tensor, return_dict: bool = True) -> Any:
         """[B, 3, 8k + 1, 8h, 8w] in [-1, 1] -> the posterior over [B, latent_dim, k + 1, h, w]."""
         if x.dim() != 5 or x.shape[1] != 3 or (x.shape[2] - 1) % 8 or x.shape[3] % 8 or x.shape[4] % 8:
             raise ValueError(f"WF-VAE encode: a clip [B, 3, 8k + 1 frames, H, W] with H, W multiples of 8, got {list(x.shape)}")
-        moments = self._encode_chunks(x) if self.encode_chunk_frames else self.encoder(x)
+        moments = self._chunked(self.encoder, x, self.encode_chunk_frames) if self.encode_chunk_frames else self.encoder(x)
         posterior = DiagonalGaussianDistribution(moments)
         return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
 
     def decode(self, z: torch.Tensor, return_dict: bool = True) -> Any:
         """[B, latent_dim, k + 1, h, w] -> the clip [B, 3, 8k + 1, 8h, 8w]."""
-        dec = self.decoder(z)
+        dec = self._chunked(self.decoder, z, self.decode_chunk_frames) if self.decode_chunk_frames else self.decoder(z)
         return WFVAEDecoderOutput(sample=dec) if return_dict else (dec,)
 
     def forward(self, sample: torch.Tensor, sample_posterior: bool = False, generator: torch.Generator | None = None) -> Any:

@@ -57,6 +57,11 @@ class Streaming:
 
     streaming = False
     tail: torch.Tensor | None = None
+    started = False  # a chunk went through (the first one alone is padded or trimmed)
+    final = False  # the clip's last chunk: nothing is held back for a next one
+
+    def stream(self, on: bool) -> None:
+        self.streaming, self.tail, self.started, self.final = on, None, False, False
 
     def causal(self, x: torch.Tensor, pad: int, kernel: int, stride: int) -> torch.Tensor:
         if self.streaming and self.tail is not None:
@@ -172,8 +177,12 @@ class Spatial2xTime2x3DDownsample(nn.Module):
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
-class Spatial2xTime2x3DUpsample(nn.Module):
-    """T -> 2T - 1 frames (the first frame stays one frame), 2x rows and columns, then a causal 3x3x3 convolution."""
+class Spatial2xTime2x3DUpsample(Streaming, nn.Module):
+    """T -> 2T - 1 frames (the first frame stays one frame), 2x rows and columns, then a causal 3x3x3 convolution.
+
+    Time interpolation (of frames 1..T-1) looks one frame ahead: streaming, the last output of a
+    chunk waits for the next chunk's first frame (``tail`` keeps the frame it needs), and is the
+    clamped end only in the ``final`` chunk."""
 
     def __init__(self, in_channels: int, out_channels: int, t_interpolation: str) -> None:
         super().__init__()
@@ -181,11 +190,24 @@ class Spatial2xTime2x3DUpsample(nn.Module):
         self.conv = CausalConv3d(in_channels, out_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        first = F.interpolate(x[:, :, :1], scale_factor=(1, 2, 2), mode="trilinear")
-        if x.shape[2] > 1:
-            rest = F.interpolate(x[:, :, 1:], scale_factor=(2, 1, 1), mode=self.t_interpolation)
-            first = torch.cat([first, F.interpolate(rest, scale_factor=(1, 2, 2), mode="trilinear")], dim=2)
-        return self.conv(first)
+        def space(y: torch.Tensor) -> torch.Tensor:
+            return F.interpolate(y, scale_factor=(1, 2, 2), mode="trilinear")
+
+        parts = []
+        if not (self.streaming and self.started):
+            parts.append(space(x[:, :, :1]))
+            x = x[:, :, 1:]
+        held = self.tail if self.streaming else None
+        if x.shape[2]:
+            window = x if held is None else torch.cat([held, x], dim=2)
+            out = F.interpolate(window, scale_factor=(2, 1, 1), mode=self.t_interpolation)
+            # a window's first output is clamped where a frame came before it: that one went out with the last chunk
+            out = out[:, :, (0 if held is None else 1) : (None if not self.streaming or self.final else -1)]
+            parts.append(space(out))
+            if self.streaming:
+                self.tail = window[:, :, -1:]
+        self.started = True
+        return self.conv(torch.cat(parts, dim=2))
 
 
 class HaarWaveletTransform3D(Streaming, nn.Module):
@@ -210,7 +232,7 @@ class HaarWaveletTransform3D(Streaming, nn.Module):
         return y.unflatten(0, (b, c)).transpose(1, 2).flatten(1, 2)
 
 
-class InverseHaarWaveletTransform3D(nn.Module):
+class InverseHaarWaveletTransform3D(Streaming, nn.Module):
     """The inverse of :class:`HaarWaveletTransform3D`: [B, 8C, T, H, W] -> [B, C, 2T - 1, 2H, 2W]
     (the repeated first frame dropped). The filters are buffers (``h``, ``g`` ...), as the reference's."""
 
@@ -224,5 +246,8 @@ class InverseHaarWaveletTransform3D(nn.Module):
         c = c8 // 8
         weight = torch.cat([getattr(self, n) for n in HAAR_3D])  # [8 bands in, 1 out, 2, 2, 2]
         x = coeffs.unflatten(1, (8, c)).transpose(1, 2).flatten(0, 1)  # [(B C), 8, T, H, W]
-        y = F.conv_transpose3d(x, weight.to(x.dtype), stride=2)[:, :, 1:]
+        y = F.conv_transpose3d(x, weight.to(x.dtype), stride=2)
+        if not (self.streaming and self.started):  # the first frame's repeat, as the encoder padded it
+            y = y[:, :, 1:]
+        self.started = True
         return y.reshape(b, c, *y.shape[2:])
