@@ -55,13 +55,20 @@ class Encoders:
         self.pipe = OpenSoraPlanPipeline.from_pretrained(model_dir, transformer=None)
         for part in (self.pipe.vae, self.pipe.text_encoder, self.pipe.text_encoder_2):
             part.eval()
+        from mm_pack_opensoraplan.wfvae import WFVAEModel
+
+        if isinstance(self.pipe.vae, WFVAEModel) and self.pipe.vae.config.norm_type != "groupnorm":
+            self.pipe.vae.enable_tiling(8)  # the reference's chunks: the same latents at a lower memory peak
         self.max_sequence_length = max_sequence_length
 
     def latents(self, frames: Any) -> Any:
         """uint8 (F, H, W, 3) -> normalised latents (C, F', H', W'), as the pipeline decodes them."""
         import torch
 
-        side = 2 * self.pipe.vae_scales()[1]
+        t_scale, s_scale = self.pipe.vae_scales()
+        side = 2 * s_scale
+        if (frames.shape[0] - 1) % t_scale:
+            raise StageError(f"bucket of {frames.shape[0]} frames: the VAE compresses {t_scale}x in time after the first frame: frames must be {t_scale}k + 1 (data.buckets)")
         if frames.shape[1] % side or frames.shape[2] % side:
             raise StageError(
                 f"bucket {frames.shape[1]}x{frames.shape[2]}: the VAE compresses {side // 2}x and the transformer patches 2x2 latents: height and width must be multiples of {side} (data.buckets)"
@@ -75,6 +82,24 @@ class Encoders:
 
         states, mask, pooled = self.pipe.encode_prompt(caption, self.max_sequence_length, device=torch.device("cpu"))
         return pack_text(states[0], mask[0], pooled[0])
+
+
+def download_stage(ctx: StageContext, upstream: Any, **options: Any) -> Any:
+    """mmcore's download stage, then, where ``vae/`` is a WF-VAE (the released model's VAE), its
+    weights checked against its config.json (names and shapes; one line naming what does not fit)."""
+    from mmcore.engines import download_stage as download
+
+    from mm_pack_opensoraplan.wfvae_io import check_wfvae_folder, is_wfvae_folder
+
+    result = download(ctx, upstream, **options)
+    folder = Path(result.outputs["model"])
+    vae = (folder if folder.is_absolute() else ctx.stage_dir / folder) / "vae"
+    if ctx.world.is_local_main and is_wfvae_folder(vae):
+        try:
+            check_wfvae_folder(vae)
+        except ValueError as exc:
+            raise StageError(str(exc)) from None
+    return result
 
 
 def predict(model: Any, noisy: Any, sigma: Any, text: Any) -> Any:

@@ -21,6 +21,7 @@ from diffusers.utils import BaseOutput
 from mmcore.kits import VideoLatents
 
 import mm_pack_opensoraplan.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
+import mm_pack_opensoraplan.wfvae  # noqa: F401  (likewise the WF-VAE, a vae/ of the released model)
 
 
 @dataclass

@@ -4,9 +4,10 @@
 (the sparse U-MMDiT, the public config fields), ``vae/``, ``text_encoder/`` (T5) +
 ``tokenizer/``, ``text_encoder_2/`` (CLIP with projection) + ``tokenizer_2/``, ``scheduler/``.
 
-The VAE is diffusers' ``AutoencoderKLWan`` (the demo's: trained at ``init:demo`` to reconstruct
-moving-shape clips), not Open-Sora Plan's WF-VAE, which this pack does not implement: see the
-README.
+The VAE of ``init:tiny`` and ``init:demo`` is diffusers' ``AutoencoderKLWan`` (the demo's: trained
+at ``init:demo`` to reconstruct moving-shape clips); ``init:tiny-wfvae`` has a tiny random WF-VAE
+(:mod:`mm_pack_opensoraplan.wfvae`, Open-Sora Plan's own VAE: 8x in time and space, clips of 8k + 1
+frames) written in the released layout (``vae/config.json`` + ``vae/checkpoint.ckpt``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ CORPUS = [
 PRESETS = {
     "tiny": {"heads": 2, "head_dim": 16, "layers": [2, 2, 2], "sparse_n": [1, 2, 1]},
     # the demo's: 4x4 patches of 8x8 latents a frame, 3 latent frames; the middle stage sparse (2 groups)
+    "tiny-wfvae": {"heads": 2, "head_dim": 16, "layers": [2, 2, 2], "sparse_n": [1, 2, 1], "wfvae": True},
     "demo": {"heads": 4, "head_dim": 16, "layers": [2, 2, 2], "sparse_n": [1, 2, 1], "demo_vae": True},
 }
 
@@ -76,7 +78,9 @@ def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
     )
     text_encoder, text_encoder_2 = T5EncoderModel(t5).eval(), CLIPTextModelWithProjection(clip).eval()
     measured = None
-    if p.get("demo_vae"):  # 4x in space and time, residual; trained to reconstruct the demo's clips
+    if p.get("wfvae"):
+        vae = tiny_wfvae()
+    elif p.get("demo_vae"):  # 4x in space and time, residual; trained to reconstruct the demo's clips
         vae, measured = train_vae(seed)
     else:
         vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]).eval()
@@ -119,14 +123,44 @@ def train_vae(seed: int) -> tuple[Any, dict[str, Any]]:
     return train_demo_vae_until(make_vae, clips, held_out, drawn_psnr_floor=DRAWN_PSNR_FLOOR, steps=650, frame_steps=500, lr=2e-3, batch=2, seed=seed)
 
 
+def tiny_wfvae() -> Any:
+    """A WF-VAE of the released config's fields and block choices, narrow (random weights, from the seeded state)."""
+    from mm_pack_opensoraplan.wfvae import WFVAEModel
+
+    return WFVAEModel(
+        latent_dim=8,
+        base_channels=8,
+        encoder_energy_flow_hidden_size=8,
+        decoder_energy_flow_hidden_size=8,
+        encoder_num_resblocks=1,
+        decoder_num_resblocks=1,
+        norm_type="layernorm",
+        t_interpolation="trilinear",
+        connect_res_layer_num=1,
+        scale=[0.7 + 0.1 * i for i in range(8)],
+        shift=[0.05 * i - 0.2 for i in range(8)],
+    )
+
+
+def latent_channels(vae: Any) -> int:
+    return vae.config.latent_dim if "latent_dim" in vae.config else vae.config.z_dim
+
+
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     from mm_pack_opensoraplan.pipeline import OpenSoraPlanPipeline
 
     p = pick_preset(PRESETS, preset)
     parts = frozen_parts(p, seed)
     measured = parts.pop("measured")
-    denoiser = transformer(p, parts["vae"].config.z_dim, parts["text_encoder"].config.d_model, parts["text_encoder_2"].config.projection_dim)
+    denoiser = transformer(p, latent_channels(parts["vae"]), parts["text_encoder"].config.d_model, parts["text_encoder_2"].config.projection_dim)
     OpenSoraPlanPipeline(transformer=denoiser, **parts).save_pretrained(out)
+    if p.get("wfvae"):  # the reference's layout, not save_pretrained's safetensors
+        import shutil
+
+        from mm_pack_opensoraplan.wfvae_io import save_released
+
+        shutil.rmtree(out / "vae")
+        save_released(parts["vae"], out / "vae")
     if measured is not None:
         from mmcore.engines import write_demo_vae_report
 
