@@ -9,7 +9,8 @@ container cannot drop caches, so no cold figure):
   fresh process, timed whole (imports included, as a user waits for them) and without imports.
   Qwen2-VL's adapter only renames, so both copy bytes without importing torch
   (``mmcore.engines.convert_bytes``); DCP -> HF and the ``cp`` of the DCP folder take turns
-  going first (repetitions alternate, as the other rows');
+  going first (repetitions alternate, as the other rows'); every timer starts after a `sync`,
+  so a removed folder's discards and earlier writes land in neither side;
 * the naive converter: load every tensor, rename, ``dcp.save``, same process setup.
 
 Speed figures are ``cp seconds / converter seconds`` (goal >= 0.6). Memory figures are the
@@ -22,6 +23,7 @@ checked bit-identical once.
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import subprocess
 import sys
@@ -117,6 +119,7 @@ def run_child(name: str, src: Path, dst: Path) -> dict[str, float]:
     imports, peak RSS."""
     if name != "compare_round_trip":
         shutil.rmtree(dst, ignore_errors=True)
+        settle()
     code = PRELUDE + (CHILD[name].format(src=str(src), dst=str(dst)) if name in CHILD else BASELINE) + REPORT
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -128,8 +131,16 @@ def run_child(name: str, src: Path, dst: Path) -> dict[str, float]:
     return {"wall_s": wall, "work_s": work, "peak_rss_mib": hwm / 1024}
 
 
+def settle() -> None:
+    """Write back what is dirty and commit the journal before a timer starts: a removed folder's
+    blocks are discarded at the next journal commit (this disk is mounted with ``discard``), which
+    otherwise landed inside whichever side ran next."""
+    os.sync()
+
+
 def copy_seconds(src: Path, dst: Path) -> float:
     shutil.rmtree(dst, ignore_errors=True)
+    settle()
     start = time.perf_counter()
     subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
     subprocess.run(["sync"], check=True)
@@ -151,6 +162,7 @@ def main() -> None:
         work = Path(tmp)
         config = shape(args.quick)
         total = make_checkpoint(work / "hf", config)
+        settle()
         largest_mib = config["text_config"]["vocab_size"] * config["text_config"]["hidden_size"] * 2 / 2**20
         gib = total / 2**30
         runs: dict[str, list[dict[str, float]]] = {k: [] for k in ("imports_only", "stream_hf_to_dcp", "stream_dcp_to_hf", "naive_hf_to_dcp")}
