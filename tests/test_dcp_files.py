@@ -16,6 +16,7 @@ from mmcore.checkpoint import dcp_files
 from mmcore.checkpoint.safetensors_files import compare_hf
 from mmcore.engines import convert_bytes
 from mmcore.engines.state_dict import RenameAdapter
+from mmcore.framework.direct_write import DirectFile
 
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4), (0, 4), (1, 1, 1, 2, 3), (70000,)]
 CODES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool, "F64": torch.float64}
@@ -161,15 +162,15 @@ def test_shards_copied_on_threads_fail_together_and_leave_no_shard(tmp_path: Pat
 
     _hub(tmp_path / "hf")
     convert_bytes.hf_to_dcp(tmp_path / "hf", tmp_path / "dcp", ADAPTER)
-    real_copy, calls = convert_bytes.copy_bytes, []
+    real_copy, calls = DirectFile.copy_from, []
 
-    def copy_until_full(*args):  # type: ignore[no-untyped-def]
+    def copy_until_full(self, *args):  # type: ignore[no-untyped-def]
         calls.append(1)
         if len(calls) == 3:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_copy(*args)
+        real_copy(self, *args)
 
-    monkeypatch.setattr(convert_bytes, "copy_bytes", copy_until_full)
+    monkeypatch.setattr(DirectFile, "copy_from", copy_until_full)
     monkeypatch.setattr(convert_bytes, "COPY_THREADS", 2)
     with pytest.raises(OSError, match="No space left"):
         convert_bytes.dcp_to_hf(tmp_path / "dcp", tmp_path / "back", ADAPTER, max_shard_bytes=1 << 16)

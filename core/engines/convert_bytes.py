@@ -2,8 +2,9 @@
 
 With a plain :class:`~mmcore.engines.state_dict.RenameAdapter` every output tensor is one input
 tensor under another name, with its dtype, shape and bytes: HF -> DCP writes each into a
-``torch.save`` archive of its own and DCP -> HF each into a safetensors shard, the bytes copied
-file to file (``copy_file_range``) and the formats written by :mod:`mmcore.checkpoint.dcp_files`.
+``torch.save`` archive of its own (the bytes copied file to file, ``copy_file_range``) and
+DCP -> HF each into a safetensors shard written past the page cache
+(:mod:`mmcore.framework.direct_write`); the formats are written by :mod:`mmcore.checkpoint.dcp_files`.
 The files are those torch's path writes (the same layout, names and headers), so either path
 reads what the other wrote. Anything else (fused or split tensors, a dtype cast, a sharded or
 transformed checkpoint, a dtype or size the archive writer does not cover) returns None here
@@ -19,9 +20,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from mmcore.checkpoint.dcp_files import DTYPES, MAX_RECORD, copy_bytes, metadata_pickle, whole_tensors, write_tensor_file
+from mmcore.checkpoint.dcp_files import DTYPES, MAX_RECORD, metadata_pickle, whole_tensors, write_tensor_file
 from mmcore.engines.state_dict import RenameAdapter, StateDictAdapter, TensorInfo
 from mmcore.errors import StageError
+from mmcore.framework.direct_write import DirectFile
 from mmcore.framework.faults import crash_point
 from mmcore.framework.files import ensure_free_space, fsync_dir, fsync_tree
 
@@ -128,9 +130,9 @@ def dcp_to_hf(
     return {"tensors": len(plan), "bytes": total, "shards": len(names)}
 
 
-#: files copied at once. ``copy_file_range`` releases the GIL and the kernel copies one file's
-#: pages on one core, as ``cp`` does; with the shards (or tensor files) copied on two threads the
-#: copy goes on two cores (bench/convert_speed.py)
+#: files copied at once. ``copy_file_range``, ``pread`` and ``pwrite`` release the GIL and the
+#: kernel copies one file's pages on one core, as ``cp`` does; with the shards (or tensor files)
+#: copied on two threads the copy goes on two cores (bench/convert_speed.py)
 COPY_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
@@ -152,7 +154,8 @@ def in_parallel(jobs: Sequence[Callable[[], T]], progress: Callable[[Iterable[An
 
 def _write_shard(path: Path, tensors: list[tuple[str, tuple[str, tuple[int, ...], Path, int, int]]]) -> int:
     """A safetensors file at ``path`` as :func:`~mmcore.checkpoint.safetensors_files.write_safetensors_streaming`
-    writes it (the same header bytes), each tensor's bytes copied from its archive; not yet flushed."""
+    writes it (the same header bytes), each tensor's bytes copied from its archive past the page
+    cache (:class:`~mmcore.framework.direct_write.DirectFile`); not yet flushed."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for key, (code, shape, _, _, nbytes) in tensors:
@@ -160,19 +163,18 @@ def _write_shard(path: Path, tensors: list[tuple[str, tuple[str, tuple[int, ...]
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    sources: dict[Path, Any] = {}
+    sources: dict[Path, int] = {}
     try:
-        with open(path, "wb") as out:
-            out.write(len(blob).to_bytes(8, "little"))
-            out.write(blob)
+        with DirectFile(path) as out:
+            out.write(len(blob).to_bytes(8, "little") + blob)
             for _, (_, _, file, start, nbytes) in tensors:
                 if file not in sources:
-                    sources[file] = open(file, "rb")
-                copy_bytes(sources[file], start, out, nbytes)
+                    sources[file] = os.open(file, os.O_RDONLY)
+                out.copy_from(sources[file], start, nbytes, file.name)
                 crash_point("safetensors-tensor")
     finally:
-        for handle in sources.values():
-            handle.close()
+        for fd in sources.values():
+            os.close(fd)
     return offset
 
 
