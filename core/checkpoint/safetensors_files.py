@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from mmcore.engines.state_dict import TensorInfo
 from mmcore.errors import StageError
+from mmcore.framework.direct_write import DirectFile
 from mmcore.framework.faults import crash_point
 from mmcore.framework.files import fsync_dir
 
@@ -185,19 +186,21 @@ def write_safetensors_streaming(path: Path, infos: dict[str, TensorInfo], produc
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(len(blob).to_bytes(8, "little"))
-        handle.write(blob)
+    with DirectFile(tmp) as out:  # past the page cache: the process never reads it back
+        out.write(len(blob).to_bytes(8, "little") + blob)
         for key, info in infos.items():
             tensor = produce(key).contiguous()
             if tuple(tensor.shape) != info.shape or tensor.dtype != info.dtype:
                 raise StageError(f"{key}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {info.shape} {info.dtype}")
             flat = tensor.view(-1) if tensor.dim() else tensor.reshape(1)
-            handle.write(memoryview(flat.view(torch.uint8).numpy()))
+            out.write(memoryview(flat.view(torch.uint8).numpy()))
             del tensor, flat
             crash_point("safetensors-tensor")
-        handle.flush()
-        os.fsync(handle.fileno())
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     tmp.replace(path)
     fsync_dir(path.parent)
     return offset
