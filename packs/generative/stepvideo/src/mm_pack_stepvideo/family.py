@@ -74,6 +74,9 @@ class Encoders:
         side = self.pipe.vae_scales()[1]
         if frames.shape[1] % side or frames.shape[2] % side:
             raise StageError(f"bucket {frames.shape[1]}x{frames.shape[2]}: the VAE compresses {side}x: height and width must be multiples of {side} (data.buckets)")
+        group = getattr(self.pipe.vae, "latent_len", None) and self.pipe.vae.config.frame_len
+        if group and frames.shape[0] % group:
+            raise StageError(f"bucket of {frames.shape[0]} frames: Step-Video's VAE encodes groups of {group} frames: frames must be a multiple of {group} (data.buckets)")
         video = frames.permute(3, 0, 1, 2)[None].float() / 127.5 - 1.0
         with torch.no_grad():
             return self.pipe.encode_video(video)[0]
@@ -83,6 +86,26 @@ class Encoders:
 
         states, mask, clip = self.pipe.encode_prompt(caption, self.max_sequence_length, device=torch.device("cpu"))
         return pack_text(states[0], mask[0], clip[0])
+
+
+def download_stage(ctx: StageContext, upstream: Any, **options: Any) -> Any:
+    """mmcore's download stage, then, where ``vae/`` is Step-Video's own (the released
+    ``vae_v2.safetensors``, or a ``config.json`` naming ``StepVideoVAE``), its weights checked
+    against its config (names and shapes from the file's header; one line naming what does not fit).
+    Any other ``vae/`` is a diffusers VAE, loaded as such."""
+    from mmcore.engines import download_stage as download
+
+    from mm_pack_stepvideo.stepvae_io import check_stepvae_folder, is_stepvae_folder
+
+    result = download(ctx, upstream, **options)
+    folder = Path(result.outputs["model"])
+    vae = (folder if folder.is_absolute() else ctx.stage_dir / folder) / "vae"
+    if ctx.world.is_local_main and is_stepvae_folder(vae):
+        try:
+            check_stepvae_folder(vae)
+        except ValueError as exc:
+            raise StageError(str(exc)) from None
+    return result
 
 
 def clip_dim(model: Any) -> int:

@@ -20,7 +20,7 @@ stepvideo = PackSpec(
     # Only the transformer converts and trains; the VAE and text encoders stay frozen as they are.
     stages={
         "download": Stage(
-            "mmcore.engines:download_stage",
+            "mm_pack_stepvideo.family:download_stage",
             parts={"build_init": "mm_pack_stepvideo.tiny:build_init_checkpoint"},
             options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")},
         ),
