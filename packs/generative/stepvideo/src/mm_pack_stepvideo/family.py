@@ -88,26 +88,6 @@ class Encoders:
         return pack_text(states[0], mask[0], clip[0])
 
 
-def download_stage(ctx: StageContext, upstream: Any, **options: Any) -> Any:
-    """mmcore's download stage, then, where ``vae/`` is Step-Video's own (the released
-    ``vae_v2.safetensors``, or a ``config.json`` naming ``StepVideoVAE``), its weights checked
-    against its config (names and shapes from the file's header; one line naming what does not fit).
-    Any other ``vae/`` is a diffusers VAE, loaded as such."""
-    from mmcore.engines import download_stage as download
-
-    from mm_pack_stepvideo.stepvae_io import check_stepvae_folder, is_stepvae_folder
-
-    result = download(ctx, upstream, **options)
-    folder = Path(result.outputs["model"])
-    vae = (folder if folder.is_absolute() else ctx.stage_dir / folder) / "vae"
-    if ctx.world.is_local_main and is_stepvae_folder(vae):
-        try:
-            check_stepvae_folder(vae)
-        except ValueError as exc:
-            raise StageError(str(exc)) from None
-    return result
-
-
 def clip_dim(model: Any) -> int:
     channels = model.config.caption_channels
     return channels if isinstance(channels, int) else channels[1]

@@ -47,6 +47,8 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import nn
 
+from mmcore.kits import OwnFolderModel
+
 from mm_pack_stepvideo.stepvae_blocks import (
     GROUPS,
     AttnBlock,
@@ -165,7 +167,7 @@ class Decoder(nn.Module):
         return h[:, :, self.temporal_downsample - 1 :]
 
 
-class StepVideoVAE(ModelMixin, ConfigMixin):
+class StepVideoVAE(OwnFolderModel, ModelMixin, ConfigMixin):
     """Step-Video's Video-VAE (see the module's docstring for the fields). ``from_pretrained`` reads a
     folder of the released layout (``vae_v2.safetensors`` or ``vae.safetensors``, with or without
     a ``config.json``) or ``save_pretrained``'s, strictly (:mod:`mm_pack_stepvideo.stepvae_io`)."""
@@ -250,15 +252,12 @@ class StepVideoVAE(ModelMixin, ConfigMixin):
         return self.decode(posterior.sample(generator) if sample_posterior else posterior.mode())
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs: Any) -> StepVideoVAE:  # type: ignore[override]
-        """A local folder, strictly (:func:`mm_pack_stepvideo.stepvae_io.load_stepvae`); ``torch_dtype`` casts it.
-        (diffusers' pipeline loader passes its loading options here; only the dtype applies.)"""
+    def load_folder(cls, folder: Path, dtype: Any = None) -> StepVideoVAE:
+        """A local folder, strictly (:func:`mm_pack_stepvideo.stepvae_io.load_stepvae`); ``dtype`` casts it
+        (``from_pretrained``, :class:`mmcore.kits.OwnFolderModel`'s, calls this)."""
         from mm_pack_stepvideo.stepvae_io import load_stepvae
 
-        folder = Path(pretrained_model_name_or_path)
-        if kwargs.get("subfolder"):
-            folder = folder / kwargs["subfolder"]
-        return load_stepvae(folder, kwargs.get("torch_dtype"))
+        return load_stepvae(folder, dtype)
 
 
 def check_config(c: dict[str, Any]) -> None:

@@ -126,3 +126,9 @@ def save_released(model: Any, folder: Path, with_config: bool = True) -> None:
     if with_config:
         model.save_config(folder)
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, folder / RELEASED[model.config.version])
+
+
+def check_pipeline_vae(folder: Path) -> None:
+    """The download stage's check (``check_parts``): where the pipeline folder's ``vae/`` is Step-Video's own (the released ``vae_v2.safetensors``, or a ``config.json`` naming ``StepVideoVAE``), its weights fit its config (check_stepvae_folder); any other ``vae/`` is left to diffusers."""
+    if is_stepvae_folder(folder / "vae"):
+        check_stepvae_folder(folder / "vae")
