@@ -22,11 +22,14 @@ log-variance (the reference's ``naive_encode`` per group of 17 frames and its
 ``DiagonalGaussianDistribution``; its ``encode`` returns a random sample of it), and ``decode``
 (its chunks and ``mix``), on the reference's latents, for clips of one and two groups, batch 2.
 A control nudges one of this pack's weights and must differ. The narrow version-2 check runs in
-float64 too: a difference that is rounding shrinks there by orders of magnitude.
+float64 too (a difference that is rounding shrinks there by orders of magnitude) and in bfloat16
+(the dtype the reference's server runs it in), where both sides are also compared with this
+pack's float32 outputs: the size of bfloat16's own rounding.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 import tempfile
@@ -84,6 +87,7 @@ def check(ref: types.ModuleType, name: str, config: dict, frames: list[int], sid
         save_released(ours, Path(tmp))
         reference = reference_model(ref, config, Path(tmp) / RELEASED[config["version"]]).to(dtype)  # sets the reference's per-frame norm flag for its version
         assert torch.equal(load_stepvae(Path(tmp)).state_dict()["decoder.conv_out.weight"], ours.state_dict()["decoder.conv_out.weight"])
+    exact = copy.deepcopy(ours)  # float32: how far this dtype's rounding alone moves the outputs
     ours = ours if dtype == torch.float32 else ours.to(dtype)
     params = sum(p.numel() for p in ours.parameters())
     print(f"{name}, {dtype}: {params / 1e6:.2f}M parameters, the reference's {sum(p.numel() for p in reference.parameters()) / 1e6:.2f}M, loaded strictly from this pack's file")
@@ -97,6 +101,11 @@ def check(ref: types.ModuleType, name: str, config: dict, frames: list[int], sid
             decoded = ours.decode(mean).sample
             their_decoded = reference.decode(theirs.mean.clone()).transpose(1, 2)
         d_mean, d_logvar, d_dec = ((a - b).abs().max().item() for a, b in ((post.mean, mean), (post.logvar, logvar), (decoded, their_decoded)))
+        if dtype != torch.float32:
+            with torch.no_grad():
+                ref32 = exact.encode(x.float()).latent_dist.mean
+                dec32 = exact.decode(ref32).sample
+            print(f"  {count} frames: the reference in {dtype} against this pack in float32: mean {(mean.float() - ref32).abs().max():.2e}, decode {(their_decoded.float() - dec32).abs().max():.2e}")
         print(
             f"  {count} frames {side}x{side} -> latents {list(mean.shape)}: max |diff| mean {d_mean:.2e}, logvar {d_logvar:.2e}, decode {d_dec:.2e}"
             f" (std {mean.std():.3f}, {logvar.std():.3f}, {their_decoded.std():.3f}); clip {list(their_decoded.shape)}"
@@ -113,6 +122,7 @@ def main() -> None:
     small = {"encoder_ch": 32, "encoder_ch_mult": (1, 2, 2, 2), "decoder_ch": 32, "decoder_ch_mult": (1, 1, 2, 2), "num_res_blocks": 2}
     check(ref, "version 2 (vae_v2's fields), narrow", {**small, "version": 2, "z_channels": 8}, [17, 34], 64)
     check(ref, "version 2 (vae_v2's fields), narrow", {**small, "version": 2, "z_channels": 8}, [34], 64, torch.float64)  # rounding or not
+    check(ref, "version 2 (vae_v2's fields), narrow", {**small, "version": 2, "z_channels": 8}, [34], 64, torch.bfloat16)  # the reference's server decodes in bfloat16
     check(ref, "version 1 (vae's fields), narrow", {**small, "version": 1, "z_channels": 16}, [17, 34], 32)
     if RELEASED_TOO:
         check(
