@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.29"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.30"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -187,6 +187,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         # 1.22: Flow-GRPO in the diffusion kit
         "DiffusionGRPORecipe", "FlowGrpoSection", "vae_frames",
         "VideoLatents", "denormalise_latents",  # 1.27: a pack's own pipeline's clips <-> latents
+        "OwnFolderModel",  # 1.30
     }),
     # megatron-core (optional extra): a family's Megatron part, its tensor table, MindSpeed-MM checkpoints
     "mmcore.backends.megatron": frozenset({

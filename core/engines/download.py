@@ -35,9 +35,14 @@ InitBuilder = Callable[[str, Path, int], None]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def download_stage(ctx: StageContext, upstream: Mapping[str, Any], *, build_init: InitBuilder, subfolders: Sequence[str] = ()) -> StageResult:
+def download_stage(ctx: StageContext, upstream: Mapping[str, Any], *, build_init: InitBuilder, subfolders: Sequence[str] = (), check_parts: Callable[[Path], None] | None = None) -> StageResult:
     """The download stage: :func:`download_model`, then, for a multi-part checkpoint (a
-    diffusers pipeline), require each of ``subfolders`` in the folder it found."""
+    diffusers pipeline), require each of ``subfolders`` in the folder it found.
+
+    ``check_parts`` (a pack part, SDK 1.30): called with the folder on the local main process, for
+    the parts a pack reads with its own code in a layout diffusers does not know (a released VAE
+    folder: Open-Sora Plan's WF-VAE, Step-Video's Video-VAE); its ``ValueError`` (one line naming
+    the file and what does not fit) becomes the stage's error."""
     result = download_model(ctx, build_init)
     folder = Path(result.outputs["model"])
     folder = folder if folder.is_absolute() else ctx.stage_dir / folder
@@ -46,6 +51,11 @@ def download_stage(ctx: StageContext, upstream: Mapping[str, Any], *, build_init
         raise StageError(f"{folder}: missing {', '.join(f'{m}/' for m in missing)}: not a checkpoint of this family (it needs {', '.join(subfolders)})")
     if ctx.world.is_local_main:
         check_checkpoint_folder(folder)
+        if check_parts is not None:
+            try:
+                check_parts(folder)
+            except ValueError as exc:
+                raise StageError(str(exc)) from None
     return result
 
 

@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
             "vae_latents",
             "vae_frames",
             "denormalise_latents",
+            "OwnFolderModel",
             "VideoLatents",
         ),
         "mmcore.kits.diffusion.pipelines",

@@ -74,6 +74,25 @@ def denormalise_latents(vae: Any, latents: Any) -> Any:
     return latents * torch.as_tensor(std, dtype=latents.dtype).view(view) / scale + torch.as_tensor(mean, dtype=latents.dtype).view(view)
 
 
+class OwnFolderModel:
+    """For a pack's own diffusers ``ModelMixin`` whose folders the pack's code reads (a released
+    layout diffusers does not know, loaded strictly; put it before ``ModelMixin`` in the bases):
+    ``from_pretrained``, what diffusers' pipeline loader calls for the component, takes a local
+    folder (``subfolder`` joined) and hands it and ``torch_dtype`` to the class's ``load_folder``;
+    the loader's other options do not apply to a local folder read whole (SDK 1.30)."""
+
+    @classmethod
+    def load_folder(cls, folder: Path, dtype: Any = None) -> Any:
+        raise NotImplementedError(f"{cls.__name__}.load_folder")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs: Any) -> Any:
+        folder = Path(pretrained_model_name_or_path)
+        if kwargs.get("subfolder"):
+            folder = folder / kwargs["subfolder"]
+        return cls.load_folder(folder, kwargs.get("torch_dtype"))
+
+
 class VideoLatents:
     """For a pack's own ``DiffusionPipeline`` with a video ``vae`` (Open-Sora Plan's, Step-Video's):
     clips to the denoiser's latents and back, as :func:`normalise_latents` and

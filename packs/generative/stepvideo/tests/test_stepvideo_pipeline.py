@@ -84,3 +84,20 @@ def test_a_folder_without_the_clip_encoder_is_one_line(stepvideo, tiny: Path, tm
     proc = stepvideo("download", "--pack", "stepvideo", "--preset", "tiny", "--model", str(tmp_path / "pipe"), check=False)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and last.startswith("error: ") and "text_encoder_2" in last, proc.stderr
+
+
+def test_extract_rules_the_frames_by_the_folders_vae(tiny: Path) -> None:
+    """The config leaves frames to the VAE (Step-Video's clips of 17k frames, 204 among them, fit no
+    k + 1 rule): extract takes 4k + 1 frames for a diffusers VAE compressing 4x in time and refuses
+    others in one line."""
+    from mmcore import StageError
+
+    from mm_pack_stepvideo.config import StepVideoConfig
+    from mm_pack_stepvideo.family import Encoders
+
+    assert StepVideoConfig.model_validate({"data": {"buckets": [[544, 992, 204]]}}).data.buckets[0][2] == 204
+    encoders = Encoders(tiny, 16)
+    frames = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (6, 16, 16, 3), dtype=np.uint8))
+    assert encoders.latents(frames[:5]).shape[1] == 2
+    with pytest.raises(StageError, match=r"^bucket of 6 frames: the VAE compresses 4x in time after the first frame: frames must be 4k \+ 1 \(data.buckets\)$"):
+        encoders.latents(frames)

@@ -84,24 +84,6 @@ class Encoders:
         return pack_text(states[0], mask[0], pooled[0])
 
 
-def download_stage(ctx: StageContext, upstream: Any, **options: Any) -> Any:
-    """mmcore's download stage, then, where ``vae/`` is a WF-VAE (the released model's VAE), its
-    weights checked against its config.json (names and shapes; one line naming what does not fit)."""
-    from mmcore.engines import download_stage as download
-
-    from mm_pack_opensoraplan.wfvae_io import check_wfvae_folder, is_wfvae_folder
-
-    result = download(ctx, upstream, **options)
-    folder = Path(result.outputs["model"])
-    vae = (folder if folder.is_absolute() else ctx.stage_dir / folder) / "vae"
-    if ctx.world.is_local_main and is_wfvae_folder(vae):
-        try:
-            check_wfvae_folder(vae)
-        except ValueError as exc:
-            raise StageError(str(exc)) from None
-    return result
-
-
 def predict(model: Any, noisy: Any, sigma: Any, text: Any) -> Any:
     """The velocity at noise levels ``sigma`` (timestep = 1000 sigma, as the reference trains)."""
     states, mask, pooled = unpack_text(text, model.config.pooled_projection_dim)

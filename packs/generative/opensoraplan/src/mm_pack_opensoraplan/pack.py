@@ -11,7 +11,7 @@ opensoraplan = PackSpec(
     name="opensoraplan",
     category="generative",
     summary="Open-Sora Plan v1.5 text-to-video (sparse U-shaped MMDiT, own code), cached VAE, T5 and CLIP features",
-    sdk="1.29",  # mmcore.kits.VideoLatents.euler, initial_latents, shifted_sigmas, video_frames
+    sdk="1.30",  # mmcore.engines.download_stage(check_parts=), mmcore.kits.OwnFolderModel
     config_class="mm_pack_opensoraplan.config:OpenSoraPlanConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -20,8 +20,8 @@ opensoraplan = PackSpec(
     # Only the transformer converts and trains; the VAE and text encoders stay frozen as they are.
     stages={
         "download": Stage(
-            "mm_pack_opensoraplan.family:download_stage",
-            parts={"build_init": "mm_pack_opensoraplan.tiny:build_init_checkpoint"},
+            "mmcore.engines:download_stage",
+            parts={"build_init": "mm_pack_opensoraplan.tiny:build_init_checkpoint", "check_parts": "mm_pack_opensoraplan.wfvae_io:check_pipeline_vae"},
             options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")},
         ),
         "convert": "mm_pack_opensoraplan.family:FAMILY.convert",

@@ -45,6 +45,8 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 from torch import nn
 
+from mmcore.kits import OwnFolderModel
+
 from mm_pack_opensoraplan.wfvae_blocks import (
     AttnBlock3DFix,
     CausalConv3d,
@@ -170,7 +172,7 @@ class Decoder(nn.Module):
         return self.inverse_wavelet_transform_out(torch.cat([h[:, :3] + l1, h[:, 3:]], dim=1))
 
 
-class WFVAEModel(ModelMixin, ConfigMixin):
+class WFVAEModel(OwnFolderModel, ModelMixin, ConfigMixin):
     """The WF-VAE; config fields are the reference ``WFVAEModel``'s, with its defaults except the
     ``l1_*`` blocks (the 3-D ones, the only ones ported) and ``scale`` / ``shift`` (absent: ones
     and zeros, no normalisation); the released v1.5 model's values are in its ``config.json``. ``from_pretrained`` reads a folder of the
@@ -288,12 +290,9 @@ class WFVAEModel(ModelMixin, ConfigMixin):
         return self.decode(posterior.sample(generator) if sample_posterior else posterior.mode())
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs: Any) -> WFVAEModel:  # type: ignore[override]
-        """A local folder, strictly (:func:`mm_pack_opensoraplan.wfvae_io.load_wfvae`); ``torch_dtype`` casts it.
-        (diffusers' pipeline loader passes its loading options here; only the dtype applies.)"""
+    def load_folder(cls, folder: Path, dtype: Any = None) -> WFVAEModel:
+        """A local folder, strictly (:func:`mm_pack_opensoraplan.wfvae_io.load_wfvae`); ``dtype`` casts it
+        (``from_pretrained``, :class:`mmcore.kits.OwnFolderModel`'s, calls this)."""
         from mm_pack_opensoraplan.wfvae_io import load_wfvae
 
-        folder = Path(pretrained_model_name_or_path)
-        if kwargs.get("subfolder"):
-            folder = folder / kwargs["subfolder"]
-        return load_wfvae(folder, kwargs.get("torch_dtype"))
+        return load_wfvae(folder, dtype)

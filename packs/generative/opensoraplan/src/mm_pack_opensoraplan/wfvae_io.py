@@ -146,3 +146,9 @@ def save_released(model: Any, folder: Path, ema: bool = False) -> None:
     else:
         saved = {"state_dict": {"gen_model": {k: v.clone() for k, v in model.state_dict().items()}}}
     torch.save(saved, folder / RELEASED_CHECKPOINT)
+
+
+def check_pipeline_vae(folder: Path) -> None:
+    """The download stage's check (``check_parts``): where the pipeline folder's ``vae/`` is a WF-VAE (the released model's VAE), its weights fit its config (check_wfvae_folder); any other ``vae/`` is left to diffusers."""
+    if is_wfvae_folder(folder / "vae"):
+        check_wfvae_folder(folder / "vae")

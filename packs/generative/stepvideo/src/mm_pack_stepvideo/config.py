@@ -9,10 +9,12 @@ from mmcore.kits import FlowMatchingTraining, SampleExport, VideoData
 
 
 class StepVideoData(VideoData):
-    """Buckets as the demo VAE takes them: frames = 4k+1, sizes multiples of 8 (its 4x and the tiny models' 2x2 patch;
-    Step-Video's own VAE: 16x, frames in 17s)."""
+    """Sides multiples of 8 (the demo VAE's 4x and the tiny models' 2x2 patch). Frames are not
+    ruled here: the VAE in the model folder decides them, and extract checks them against it
+    (a diffusers VAE's 4k + 1; Step-Video's own VAE's 17k, its 204-frame clips among them, which
+    no stride k + 1 rule admits) and its side (Step-Video's VAE: 16x, so 32 with the 2x2 patch)."""
 
-    size_multiple, size_reason, frame_stride = 8, "demo VAE 4x x patch 2", 4
+    size_multiple, size_reason, frame_stride = 8, "demo VAE 4x x patch 2", 1
 
 
 class StepVideoConfig(RunConfig):

@@ -74,6 +74,12 @@ class Encoders:
         side = self.pipe.vae_scales()[1]
         if frames.shape[1] % side or frames.shape[2] % side:
             raise StageError(f"bucket {frames.shape[1]}x{frames.shape[2]}: the VAE compresses {side}x: height and width must be multiples of {side} (data.buckets)")
+        group = getattr(self.pipe.vae, "latent_len", None) and self.pipe.vae.config.frame_len
+        if group and frames.shape[0] % group:
+            raise StageError(f"bucket of {frames.shape[0]} frames: Step-Video's VAE encodes groups of {group} frames: frames must be a multiple of {group} (data.buckets)")
+        t_scale = self.pipe.vae_scales()[0]
+        if not group and (frames.shape[0] - 1) % t_scale:
+            raise StageError(f"bucket of {frames.shape[0]} frames: the VAE compresses {t_scale}x in time after the first frame: frames must be {t_scale}k + 1 (data.buckets)")
         video = frames.permute(3, 0, 1, 2)[None].float() / 127.5 - 1.0
         with torch.no_grad():
             return self.pipe.encode_video(video)[0]

@@ -11,7 +11,7 @@ stepvideo = PackSpec(
     name="stepvideo",
     category="generative",
     summary="Step-Video-T2V text-to-video (3D full-attention DiT, own code), cached VAE, Step-LLM and HunyuanCLIP features",
-    sdk="1.29",  # mmcore.kits.VideoLatents.euler, initial_latents, shifted_sigmas, video_frames
+    sdk="1.30",  # mmcore.engines.download_stage(check_parts=), mmcore.kits.OwnFolderModel
     config_class="mm_pack_stepvideo.config:StepVideoConfig",
     presets={"demo": "presets/demo.yaml", "tiny": "presets/tiny.yaml"},
     default_preset="demo",
@@ -21,7 +21,7 @@ stepvideo = PackSpec(
     stages={
         "download": Stage(
             "mmcore.engines:download_stage",
-            parts={"build_init": "mm_pack_stepvideo.tiny:build_init_checkpoint"},
+            parts={"build_init": "mm_pack_stepvideo.tiny:build_init_checkpoint", "check_parts": "mm_pack_stepvideo.stepvae_io:check_pipeline_vae"},
             options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")},
         ),
         "convert": "mm_pack_stepvideo.family:FAMILY.convert",

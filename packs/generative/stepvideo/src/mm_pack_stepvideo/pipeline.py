@@ -25,6 +25,7 @@ from diffusers.utils import BaseOutput
 
 from mmcore.kits import VideoLatents
 
+import mm_pack_stepvideo.stepvae  # noqa: F401  (likewise the Video-VAE, a vae/ of the released model)
 import mm_pack_stepvideo.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
 
 
@@ -58,6 +59,18 @@ class StepVideoPipeline(VideoLatents, DiffusionPipeline):
         return states, mask, clip
 
     # -- sampling ------------------------------------------------------------------------------
+
+    def initial_latents(self, num_frames: int, height: int, width: int, generator: Any, latents: torch.Tensor | None = None) -> torch.Tensor:
+        """As the kit's, but with Step-Video's VAE the latent frames are its groups': 3 per 17 frames
+        (the reference's ``prepare_latents``: ``num_frames // 17 * 3``), not one per 8 after the first."""
+        frames_of = getattr(self.vae, "latent_frames", None)
+        if latents is None and frames_of is not None:
+            if num_frames % self.vae.config.frame_len:
+                raise ValueError(f"num_frames {num_frames}: Step-Video's VAE decodes groups of {self.vae.config.frame_len} frames")
+            s_scale = self.vae_scales()[1]
+            shape = (1, self.transformer.config.in_channels, frames_of(num_frames), height // s_scale, width // s_scale)
+            latents = torch.randn(shape, generator=generator, dtype=torch.float32).to(self._execution_device)
+        return super().initial_latents(num_frames, height, width, generator, latents)
 
     def velocity(self, latents: torch.Tensor, sigma: float, text: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The transformer's velocity (data - noise) at noise level ``sigma`` (its time ``1 - sigma``)."""

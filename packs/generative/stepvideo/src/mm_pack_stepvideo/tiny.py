@@ -8,9 +8,11 @@ Stand-ins, not Step-Video's own parts: Step-LLM (a custom decoder with no transf
 tiny transformers ``LlamaModel`` (a causal decoder whose last hidden states are read, as
 Step-LLM's are); HunyuanCLIP is transformers' ``BertModel`` as the reference loads it, at a tiny
 size, with a small unigram tokenizer in place of its BERT one; the VAE is diffusers'
-``AutoencoderKLWan`` (the demo's trained at ``init:demo`` to reconstruct moving-shape clips), not
-Step-Video's 16x16x8 Video-VAE, which this pack does not implement (see the README). The
-caption widths keep the released model's ratio: Step-LLM's states wider than CLIP's.
+``AutoencoderKLWan`` (the demo's trained at ``init:demo`` to reconstruct moving-shape clips);
+``init:tiny-stepvae`` has a tiny random Step-Video Video-VAE (:mod:`mm_pack_stepvideo.stepvae`:
+the released version 2's fields, narrow; 16x in space, groups of 17 frames to 3 latent frames)
+written in the released layout (``vae/vae_v2.safetensors``, with the ``config.json`` its sizes
+need). The caption widths keep the released model's ratio: Step-LLM's states wider than CLIP's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ CORPUS = [
 
 PRESETS = {
     "tiny": {"heads": 2, "head_dim": 16, "layers": 2, "rope_split": (8, 4, 4)},
+    # clips of 17k frames, sides multiples of 32 (16x VAE, 2x2 patches): data.buckets=[[32,32,17]]
+    "tiny-stepvae": {"heads": 2, "head_dim": 16, "layers": 2, "rope_split": (8, 4, 4), "stepvae": True},
     # the demo's: 2x2 patches of 8x8 latents a frame (16 tokens), 3 latent frames
     "demo": {"heads": 4, "head_dim": 16, "layers": 3, "rope_split": (8, 4, 4), "demo_vae": True},
 }
@@ -82,6 +86,8 @@ def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
     measured = None
     if p.get("demo_vae"):  # trained to reconstruct the demo's clips
         vae, measured = train_vae(seed)
+    elif p.get("stepvae"):
+        vae = tiny_stepvae()
     else:
         vae = make_vae().eval()
     parts = {
@@ -100,6 +106,17 @@ def make_vae() -> Any:
     from diffusers import AutoencoderKLWan
 
     return AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 2], num_res_blocks=1, temperal_downsample=[True, True], is_residual=True, scale_factor_spatial=4)
+
+
+def tiny_stepvae() -> Any:
+    """Step-Video's Video-VAE with the released version 2's fields, narrow (random weights, from the seeded state)."""
+    from mm_pack_stepvideo.stepvae import StepVideoVAE
+
+    return StepVideoVAE(z_channels=8, num_res_blocks=1, version=2, encoder_ch=32, encoder_ch_mult=(1, 1, 1, 1), decoder_ch=32, decoder_ch_mult=(1, 1, 1, 1))
+
+
+def latent_channels(vae: Any) -> int:
+    return vae.config.z_channels if "z_channels" in vae.config else vae.config.z_dim
 
 
 #: the demo VAE's floor: PSNR (dB) over the training clips' drawn pixels (the shapes). Higher
@@ -133,8 +150,15 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     p = pick_preset(PRESETS, preset)
     parts = frozen_parts(p, seed)
     measured = parts.pop("measured")
-    denoiser = transformer(p, parts["vae"].config.z_dim)
+    denoiser = transformer(p, latent_channels(parts["vae"]))
     StepVideoPipeline(transformer=denoiser, **parts).save_pretrained(out)
+    if p.get("stepvae"):  # the release's layout, not save_pretrained's
+        import shutil
+
+        from mm_pack_stepvideo.stepvae_io import save_released
+
+        shutil.rmtree(out / "vae")
+        save_released(parts["vae"], out / "vae")
     if measured is not None:
         from mmcore.engines import write_demo_vae_report
 
