@@ -53,8 +53,8 @@ def route(x: torch.Tensor, und: torch.Tensor, gen: torch.Tensor, und_fn, gen_fn,
     """Apply ``und_fn`` to the understanding rows of ``x`` and ``gen_fn`` to the generation rows."""
     out = x.new_zeros(x.shape[0], width)
     out[und] = und_fn(x[und])
-    if gen.numel():
-        out[gen] = gen_fn(x[gen])
+    # called on no rows too: every rank's step then reaches both experts' parameters
+    out[gen] = gen_fn(x[gen])
     return out
 
 
@@ -88,7 +88,7 @@ class MoTAttention(nn.Module):
         return route(out, und, gen, self.o_proj, self.o_proj_moe_gen, x.shape[-1])
 
     def _norm(self, norm: nn.Module, flat: torch.Tensor) -> torch.Tensor:
-        return norm(flat.view(flat.shape[0], -1, self.head_dim)).flatten(1)
+        return norm(flat.view(flat.shape[0], flat.shape[1] // self.head_dim, self.head_dim)).flatten(1)
 
 
 class MoTDecoderLayer(nn.Module):

@@ -47,6 +47,13 @@ class Bagel(nn.Module):
             self.llm2vae = nn.Linear(hidden, config.patch_latent_dim)
             self.latent_pos_embed = PositionEmbedding(config.max_latent_size, hidden)
 
+    @classmethod
+    def from_pretrained(cls, folder: Any) -> "Bagel":
+        """A release-layout folder, strictly (:func:`mm_pack_bagel.checkpoint.load_model`)."""
+        from mm_pack_bagel.checkpoint import load_model
+
+        return load_model(folder)
+
     # -- pieces a training step and the sampler share --------------------------------------
 
     def flow_time(self, raw: torch.Tensor) -> torch.Tensor:
@@ -75,6 +82,16 @@ class Bagel(nn.Module):
         p, c = self.config.latent_patch_size, self.config.latent_channels
         return tokens.reshape(h, w, p, p, c).permute(4, 0, 2, 1, 3).reshape(c, h * p, w * p)
 
+    def embed_row(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The packed row's embeddings: text tokens and ViT features in place; latent rows zero."""
+        text = self.language_model.model.embed_tokens(batch["packed_text_ids"])
+        sequence = text.new_zeros(batch["sequence_length"], text.shape[-1])
+        sequence[batch["packed_text_indexes"]] = text
+        if self.config.visual_und and batch.get("packed_vit_tokens") is not None:
+            vit = self.vit_tokens(batch["packed_vit_tokens"], batch["packed_vit_position_ids"], [int(n) for n in batch["vit_token_seqlens"]])
+            sequence[batch["packed_vit_token_indexes"]] = vit.to(sequence.dtype)
+        return sequence
+
     def decode_row(self, sequence: torch.Tensor, batch: Mapping[str, Any], gen: torch.Tensor) -> torch.Tensor:
         """The decoder over a packed row of embeddings: its final hidden states."""
         und = batch["packed_text_indexes"]
@@ -91,12 +108,8 @@ class Bagel(nn.Module):
         ``batch`` holds the reference's packed fields (:func:`mm_pack_bagel.packing.pack`);
         ``noise`` (the flow's ``x1``) is drawn with ``torch.randn_like`` when not given.
         """
-        text = self.language_model.model.embed_tokens(batch["packed_text_ids"])
-        sequence = text.new_zeros(batch["sequence_length"], text.shape[-1])
-        sequence[batch["packed_text_indexes"]] = text
-        if self.config.visual_und and batch.get("packed_vit_tokens") is not None:
-            vit = self.vit_tokens(batch["packed_vit_tokens"], batch["packed_vit_position_ids"], [int(n) for n in batch["vit_token_seqlens"]])
-            sequence[batch["packed_vit_token_indexes"]] = vit.to(sequence.dtype)
+        sequence = self.embed_row(batch)
+        touch = self.untouched_parts(batch, sequence)
         gen = batch.get("packed_vae_token_indexes")
         velocity = mse = None
         if self.config.visual_gen and gen is not None and gen.numel():
@@ -116,13 +129,35 @@ class Bagel(nn.Module):
         if batch.get("ce_loss_indexes") is not None:
             logits = self.language_model.lm_head(hidden[batch["ce_loss_indexes"]])
             ce = F.cross_entropy(logits.float(), batch["packed_label_ids"], reduction="none")
-        return {"ce": ce, "mse": mse, "velocity": velocity}
+        return {"ce": ce, "mse": mse, "velocity": velocity, "touch": touch}
+
+    def untouched_parts(self, batch: Mapping[str, Any], sequence: torch.Tensor) -> torch.Tensor:
+        """Zero times the parts this row does not use (the tower without images, the generation
+        heads without pictures, the text head without text targets): under FSDP2 every rank
+        then runs the same sharded modules and gives the same parameters gradients, whatever
+        its micro-batch holds (a tower called on one rank only hangs or kills the step)."""
+        zero = sequence.new_zeros(())
+        if not (self.training and torch.is_grad_enabled()):
+            return zero
+        hidden = self.config.llm.hidden_size
+        if self.config.visual_und and batch.get("packed_vit_tokens") is None:
+            p = self.config.vit.patch_size
+            patch = sequence.new_zeros(1, self.config.vit.num_channels * p * p)
+            zero = zero + 0.0 * self.vit_tokens(patch, torch.zeros(1, dtype=torch.long, device=sequence.device), [1]).sum()
+        gen = batch.get("packed_vae_token_indexes")
+        if self.config.visual_gen and (gen is None or not gen.numel() or batch.get("mse_loss_indexes") is None):
+            probe = sequence.new_zeros(1, hidden)
+            t = sequence.new_zeros(1)
+            zero = zero + 0.0 * (self.latent_tokens(sequence.new_zeros(1, self.config.patch_latent_dim), t, torch.zeros(1, dtype=torch.long, device=sequence.device)).sum() + self.llm2vae(probe).sum())
+        if batch.get("ce_loss_indexes") is None:
+            zero = zero + 0.0 * self.language_model.lm_head(sequence.new_zeros(1, hidden)).sum()
+        return zero
 
 
 def loss(out: Mapping[str, torch.Tensor | None], ce_weight: float = 1.0, mse_weight: float = 1.0) -> torch.Tensor:
     """The reference's training loss on one device: token-mean CE plus token-mean MSE (each
     token's MSE averaged over its latent channels), with its default weights 1 and 1."""
-    total = torch.zeros(())
+    total = out["touch"] if out.get("touch") is not None else torch.zeros(())
     if out["ce"] is not None and out["ce"].numel():
         total = total + out["ce"].sum() / out["ce"].numel() * ce_weight
     if out["mse"] is not None and out["mse"].numel():

@@ -3,7 +3,8 @@
 A sample is a list of items:
 
 - ``{"type": "text", "ids": [...], "loss": bool}``: ``<|im_start|> ids <|im_end|>``, one causal
-  split; with ``loss`` the labels are ``ids + [<|im_end|>]`` at the positions before them;
+  split; with ``loss`` the labels are ``ids + [<|im_end|>]`` at the positions before them
+  (``"open": True``: no ``<|im_end|>``, an answer still being generated);
 - ``{"type": "vit", "image": [3, H, W]}``: ``<|vision_start|>``, the image's ViT patches,
   ``<|vision_end|>``, a ``full`` split sharing one RoPE position;
 - ``{"type": "vae", "latent": [c, h*p, w*p], "loss": bool, "timestep": float}``: the same frame
@@ -36,16 +37,17 @@ def pack(samples: Sequence[Sequence[Mapping[str, Any]]], tokens: Mapping[str, in
             kind = item.get("type")
             if kind == "text":
                 ids = [tokens["bos"], *item["ids"]]
-                s["text_ids"] += ids + [tokens["eos"]]
-                s["text_idx"] += list(range(cur, cur + len(ids) + 1))
+                closed = ids + ([] if item.get("open") else [tokens["eos"]])  # open: an answer being generated
+                s["text_ids"] += closed
+                s["text_idx"] += list(range(cur, cur + len(closed)))
                 if item.get("loss"):
                     s["ce_idx"] += list(range(cur, cur + len(ids)))
                     s["labels"] += [*item["ids"], tokens["eos"]]
-                s["pos"] += list(range(rope, rope + len(ids) + 1))
-                rope += len(ids) + 1
-                split_lens.append(len(ids) + 1)
+                s["pos"] += list(range(rope, rope + len(closed)))
+                rope += len(closed)
+                split_lens.append(len(closed))
                 modes.append("causal")
-                cur += len(ids) + 1
+                cur += len(closed)
                 continue
             if kind == "vit":
                 image = item["image"]
