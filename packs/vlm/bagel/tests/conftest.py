@@ -48,3 +48,8 @@ def _mixed_batch(model, tokenizer, *, generate: bool = True, seed: int = 0):  # 
         latent = torch.randn(c.latent_channels, 2 * c.latent_patch_size, 2 * c.latent_patch_size, generator=g)
         samples.append([{"type": "text", "ids": tokenizer.encode("a red square"), "loss": False}, {"type": "vae", "latent": latent, "loss": True, "timestep": 0.2}])
     return pack(samples, token_ids(tokenizer), vit_patch=c.vit.patch_size, vit_max_per_side=c.vit_max_num_patch_per_side, latent_patch=c.latent_patch_size, max_latent_size=c.max_latent_size)
+
+
+@pytest.fixture
+def mm(mmcore_cli):  # type: ignore[no-untyped-def]
+    return mmcore_cli
