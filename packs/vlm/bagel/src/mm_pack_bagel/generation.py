@@ -123,3 +123,57 @@ def _save_png(image: torch.Tensor, path: Any) -> None:
 
     array = ((image.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
     Image.fromarray(array).save(path)
+
+
+def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
+    """The export on the held-out split preprocess made: each text item with a loss answered
+    greedily after the items before it (exact match against the stored answer), each picture
+    drawn from its caption (a PNG in the report). ``evaluate.datasets`` is not read here."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from mmcore import StageResult
+    from mmcore.data import ShardDataset
+    from mmcore.engines import exact_match, write_results
+    from mm_pack_bagel.checkpoint import load_model
+    from mm_pack_bagel.data import items_of
+    from mm_pack_bagel.vae import decode, load_vae
+
+    folder = Path(upstream["download"].output("model"))
+    export = Path(upstream["export"].output("model"))
+    model = load_model(export).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    data = ShardDataset(upstream["preprocess"].output("dataset")).split("eval")
+    ids = {k: int(v) for k, v in data.index["tokens"].items()}
+    vae = None
+    rows, images, right, asked = [], [], 0, 0
+    for n in range(min(ctx.config.evaluate.limit, len(data))):
+        items = items_of(data[n], ids)
+        last = items[-1]
+        prompt = [dict(item, loss=False) for item in items[:-1]]
+        caption = " ".join(tok.decode(item["ids"]) for item in prompt if item["type"] == "text")
+        if last["type"] == "vae":
+            vae = vae or load_vae(folder / "ae.safetensors")
+            latent = picture(
+                model,
+                prompt,
+                ids,
+                size=last["latent"].shape[-1] * model.config.vae["downsample"],
+                steps=ctx.config.generation.num_inference_steps or 25,
+                generator=torch.Generator().manual_seed(ctx.seed + n),
+            )
+            name = f"picture-{n:03d}.png"
+            _save_png(decode(vae, latent[None])[0], ctx.stage_dir / name)
+            images.append((name, caption))
+            rows.append({"prompt": caption, "picture": name})
+        elif last["type"] == "text" and last["loss"]:
+            reference = tok.decode(last["ids"]).strip()
+            got = tok.decode(answer(model, prompt, ids, max_new_tokens=ctx.config.generation.max_new_tokens), skip_special_tokens=True).strip()
+            asked += 1
+            right += int(exact_match(got, reference))
+            rows.append({"prompt": caption, "answer": got, "reference": reference, "correct": exact_match(got, reference)})
+    metrics = {"items": len(rows), "answers": asked, "accuracy": right / asked if asked else 0.0, "pictures": len(images)}
+    write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: evaluation", columns=("prompt", "answer", "reference", "correct", "picture"), images=images, ctx=ctx)
+    notes = [f"{asked} held-out answers, {right} exact; {len(images)} pictures drawn"]
+    return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json"}, metrics=metrics, notes=notes)

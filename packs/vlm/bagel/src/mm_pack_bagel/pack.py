@@ -10,6 +10,7 @@ STAGES = {
     "preprocess": "mm_pack_bagel.data:preprocess",
     "train": Stage("mmcore.train:train_stage", parts={"recipe": "mm_pack_bagel.recipe:recipe"}),
     "export": "mm_pack_bagel.stages:export",
+    "evaluate": "mm_pack_bagel.generation:evaluate",
     "infer": "mm_pack_bagel.generation:infer",
 }
 

@@ -5,12 +5,13 @@ sample's randomness (its latent drawn from the stored posterior, its Gaussian ti
 noise) comes from a generator seeded by ``batch["sample_seeds"]``, so a step does not depend
 on how samples fall into micro-batches or ranks.
 
-The loss: the reference's training divides the summed CE by the CE tokens and the summed
-velocity MSE by the latent tokens, separately, and adds them (weights 1 and 1). The engine
-divides what :meth:`BagelRecipe.loss` returns by ``num_loss_tokens`` (CE tokens + latent
-tokens); the recipe returns ``(ce_mean + mse_mean) * num_loss_tokens`` of its micro-batch,
-which is the reference's loss for a step of one micro-batch (with gradient accumulation, each
-micro-batch's part is weighted by its share of the tokens).
+The loss: the engine divides the summed loss of a step by its loss units over every
+micro-batch and rank, so the recipe returns the summed per-token CE plus the summed per-token
+velocity MSE (each latent token's MSE averaged over its channels), and counts CE tokens plus
+latent tokens: the step's loss is their pooled token mean, the same however samples fall into
+micro-batches and ranks. The reference's script normalises the two apart (global token-mean CE
+plus global token-mean MSE, :func:`mm_pack_bagel.model.loss`), which one normaliser cannot
+express: here each term is weighted by its share of the step's loss tokens instead.
 
 Modules sharded one by one (FSDP2): the decoder's MoT layers and the ViT's layers; the model
 is single-device code, every layer runs both experts' parameters on every row (a row without
@@ -97,8 +98,6 @@ class BagelRecipe(TrainRecipe):
         return batch
 
     def loss(self, model: Any, batch: dict[str, Any]) -> torch.Tensor:
-        from mm_pack_bagel.model import loss
-
         noise = None
         if batch.get("padded_latent"):
             seeds = batch.get("sample_seeds")
@@ -114,7 +113,12 @@ class BagelRecipe(TrainRecipe):
             batch = dict(batch, padded_latent=[x.to(device) for x in latents], packed_timesteps=torch.cat([d.repeat(n) for d, n in zip(draws, sizes)]).to(device))
             noise = torch.cat(noises).to(device)
         out = model(batch, noise=noise)
-        return loss(out) * batch["num_loss_tokens"]
+        total = out["touch"]
+        if out["ce"] is not None:
+            total = total + out["ce"].sum()
+        if out["mse"] is not None:
+            total = total + out["mse"].mean(dim=-1).sum()
+        return total
 
 
 def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> BagelRecipe:
