@@ -148,6 +148,7 @@ def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
     ids = {k: int(v) for k, v in data.index["tokens"].items()}
     vae = None
     rows, images, right, asked = [], [], 0, 0
+    about_images: list[bool] = []
     for n in range(min(ctx.config.evaluate.limit, len(data))):
         items = items_of(data[n], ids)
         last = items[-1]
@@ -172,8 +173,13 @@ def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
             got = tok.decode(answer(model, prompt, ids, max_new_tokens=ctx.config.generation.max_new_tokens), skip_special_tokens=True).strip()
             asked += 1
             right += int(exact_match(got, reference))
-            rows.append({"prompt": caption, "answer": got, "reference": reference, "correct": exact_match(got, reference)})
+            seen = any(item["type"] == "vit" for item in prompt)
+            if seen:
+                about_images.append(exact_match(got, reference))
+            rows.append({"prompt": ("<image>" if seen else "") + caption, "answer": got, "reference": reference, "correct": exact_match(got, reference)})
     metrics = {"items": len(rows), "answers": asked, "accuracy": right / asked if asked else 0.0, "pictures": len(images)}
+    # the answers that needed the tower (a text-only question may carry its answer in the prompt)
+    metrics["image_answers"], metrics["image_accuracy"] = len(about_images), sum(about_images) / len(about_images) if about_images else 0.0
     write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: evaluation", columns=("prompt", "answer", "reference", "correct", "picture"), images=images, ctx=ctx)
     notes = [f"{asked} held-out answers, {right} exact; {len(images)} pictures drawn"]
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json"}, metrics=metrics, notes=notes)
