@@ -110,3 +110,15 @@ def test_euler_sampling_follows_a_known_velocity_field(tiny_dir: Path) -> None:
     drawn = picture(model, [], ids, size=16, steps=5, generator=torch.Generator().manual_seed(0))
     noise = torch.randn(16, model.config.patch_latent_dim, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(drawn, model.unpatchify_latent(noise - model.llm2vae.bias, 4, 4))
+
+
+@pytest.mark.slow
+@pytest.mark.matrix  # about a minute; tools/demo_matrix.py holds the promise over seeds and ISAs
+@pytest.mark.compares_runs
+def test_demo_answers_every_held_out_question_about_a_picture(mm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from mmcore.testing import stage_manifest as manifest
+
+    mm("run", "--pack", "bagel", "--preset", "demo", "--run-dir", "demo")
+    evaluate = manifest(tmp_path / "demo", "evaluate")["metrics"]
+    # four colours: chance 0.25; the README's promise, as tools/demo_matrix.py measured it
+    assert evaluate["image_answers"] >= 20 and evaluate["image_accuracy"] == 1.0, evaluate

@@ -59,7 +59,7 @@ class Encoder:
     def __init__(self, ctx: StageContext, model_dir: Path) -> None:
         from transformers import AutoTokenizer
 
-        from mm_pack_bagel.checkpoint import build_model
+        from mm_pack_bagel.config import load_config
         from mm_pack_bagel.tiny import token_ids
         from mm_pack_bagel.vae import load_vae
 
@@ -67,8 +67,7 @@ class Encoder:
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.ids = token_ids(self.tok)
         self.pad = self.tok.pad_token_id
-        model = build_model(model_dir, device="meta")
-        self.config = model.config
+        self.config = load_config(model_dir)
         vit_p, lat = self.config.vit.patch_size, self.config.latent_downsample
         if self.cfg.vit_image_size % vit_p:
             raise StageError(f"data.vit_image_size={self.cfg.vit_image_size} is not a multiple of the ViT patch ({vit_p})")

@@ -93,7 +93,7 @@ def infer(ctx: Any, upstream: Mapping[str, Any], model: Any, requests: list[Any]
     gen = ctx.config.generation
     seed = gen.seed if gen.seed is not None else ctx.seed
     cfg = ctx.config.data
-    results = []
+    results, vae = [], None
     for n, request in enumerate(requests):
         images = list(request.media.get("images", []))
         items: list[dict[str, Any]] = []
@@ -108,7 +108,8 @@ def infer(ctx: Any, upstream: Mapping[str, Any], model: Any, requests: list[Any]
         g = torch.Generator().manual_seed(seed + n)
         if gen.output == "image":
             latent = picture(bagel, items, ids, size=cfg.vae_image_size, steps=gen.num_inference_steps or 25, guidance=gen.guidance_scale or 1.0, generator=g)
-            image = decode(load_vae(folder / "ae.safetensors"), latent[None])[0]
+            vae = vae or load_vae(folder / "ae.safetensors")
+            image = decode(vae, latent[None])[0]
             path = ctx.stage_dir / f"image-{n:03d}.png"
             _save_png(image, path)
             results.append({"image": str(path)})

@@ -44,8 +44,14 @@ def build_tokenizer():  # type: ignore[no-untyped-def]
 
 def token_ids(tokenizer) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """The four ids packing needs, as the reference's ``add_special_tokens`` names them."""
-    ids = {"bos": BOS, "eos": EOS, "soi": SOI, "eoi": EOI}
-    return {k: tokenizer.convert_tokens_to_ids(v) for k, v in ids.items()}
+    from mmcore.errors import StageError
+
+    names = {"bos": BOS, "eos": EOS, "soi": SOI, "eoi": EOI}
+    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in names.items()}
+    missing = [names[k] for k, i in ids.items() if i is None or (i == tokenizer.unk_token_id and tokenizer.unk_token != names[k])]
+    if missing:
+        raise StageError(f"the tokenizer has no {missing[0]} token (BAGEL's text and image items need {', '.join(names.values())})")
+    return ids
 
 
 def config_dicts(preset: str, vocab: int) -> tuple[dict, dict, dict]:
