@@ -1,0 +1,1 @@
+"""BAGEL (ByteDance-Seed/BAGEL-7B-MoT) for mmcore."""

@@ -1,0 +1,125 @@
+"""BAGEL's part of training for the train engine (:class:`mmcore.train.TrainRecipe`).
+
+A micro-batch is one packed row of its samples (:func:`mm_pack_bagel.packing.pack`). Each
+sample's randomness (its latent drawn from the stored posterior, its Gaussian timestep, its
+noise) comes from a generator seeded by ``batch["sample_seeds"]``, so a step does not depend
+on how samples fall into micro-batches or ranks.
+
+The loss: the engine divides the summed loss of a step by its loss units over every
+micro-batch and rank, so the recipe returns the summed per-token CE plus the summed per-token
+velocity MSE (each latent token's MSE averaged over its channels), and counts CE tokens plus
+latent tokens: the step's loss is their pooled token mean, the same however samples fall into
+micro-batches and ranks. The reference's script normalises the two apart (global token-mean CE
+plus global token-mean MSE, :func:`mm_pack_bagel.model.loss`), which one normaliser cannot
+express: here each term is weighted by its share of the step's loss tokens instead.
+
+Modules sharded one by one (FSDP2): the decoder's MoT layers and the ViT's layers; the model
+is single-device code, every layer runs both experts' parameters on every row (a row without
+a picture still gives the generation expert a zero-sized pass), so ranks call the same modules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from mmcore import Manifest, StageContext
+from mmcore.train import TrainRecipe
+
+FREEZE_GROUPS = {
+    "vision": ["vit_model.*"],
+    "connector": ["connector.*"],
+    "llm": ["language_model.*"],
+    "generation": ["time_embedder.*", "vae2llm.*", "llm2vae.*", "language_model.model.layers.*_moe_gen.*", "language_model.model.norm_moe_gen.*"],
+}
+
+# LoRA's default layers: both experts' attention and MLP projections.
+LORA_TARGETS = (
+    "language_model.model.layers.*.self_attn.*_proj",
+    "language_model.model.layers.*.self_attn.*_proj_moe_gen",
+    "language_model.model.layers.*.mlp.*_proj",
+    "language_model.model.layers.*.mlp_moe_gen.*_proj",
+)
+
+
+class BagelRecipe(TrainRecipe):
+    freeze_groups = FREEZE_GROUPS
+    lora_targets = LORA_TARGETS
+    sample_seeds = True
+
+    def __init__(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
+        from mmcore.data import ShardDataset
+
+        super().__init__()
+        self.model_dir = Path(upstream["download"].output("model"))
+        self.data = ShardDataset(upstream["preprocess"].output("dataset"))
+        self.ids = {k: int(v) for k, v in self.data.index["tokens"].items()}  # recorded by preprocess
+        self.config = None
+
+    def build_model(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+        """The model without weights: the engine loads convert's DCP copy into it (sharded)."""
+        from mm_pack_bagel.config import load_config
+        from mm_pack_bagel.model import Bagel
+
+        self.config = load_config(self.model_dir)
+        return Bagel(self.config)
+
+    def weights(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Path:  # type: ignore[override]
+        return upstream["convert"].output("checkpoint")
+
+    def shard_modules(self, model: Any) -> list[Any]:
+        return [*model.language_model.model.layers, *model.vit_model.vision_model.encoder.layers]
+
+    def dataset(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
+        return self.data.split("train")
+
+    def length_of(self, i: int) -> int:  # type: ignore[override]
+        return self.data.split("train").length(i)
+
+    def collate(self, samples: list[Any]) -> dict[str, Any]:
+        from mm_pack_bagel.data import items_of
+        from mm_pack_bagel.packing import pack
+
+        if self.config is None:
+            from mm_pack_bagel.config import load_config
+
+            self.config = load_config(self.model_dir, with_vae=True)
+        c = self.config
+        rows = [items_of(s, self.ids) for s in samples]
+        batch = pack(rows, self.ids, vit_patch=c.vit.patch_size, vit_max_per_side=c.vit_max_num_patch_per_side, latent_patch=c.latent_patch_size, max_latent_size=c.max_latent_size)
+        # which sample each latent belongs to, and its posterior's std, for the per-sample draws in loss()
+        batch["latent_std"] = [s["latent_std"][0] for s in samples if "latent_std" in s]
+        batch["latent_owner"] = [i for i, s in enumerate(samples) if "latent_std" in s]
+        ce = len(batch.get("ce_loss_indexes", []))
+        mse = 0 if batch.get("mse_loss_indexes") is None else len(batch["mse_loss_indexes"])
+        batch["num_loss_tokens"] = ce + mse
+        return batch
+
+    def loss(self, model: Any, batch: dict[str, Any]) -> torch.Tensor:
+        noise = None
+        if batch.get("padded_latent"):
+            seeds = batch.get("sample_seeds")
+            latents, draws, noises = [], [], []
+            for mean, std, owner in zip(batch["padded_latent"], batch["latent_std"], batch["latent_owner"]):
+                g = torch.Generator().manual_seed(int(seeds[owner]) if seeds is not None else owner)
+                latents.append(mean + std * torch.randn(mean.shape, generator=g))
+                draws.append(torch.randn((), generator=g))
+                h, w = mean.shape[1] // self.config.latent_patch_size, mean.shape[2] // self.config.latent_patch_size
+                noises.append(torch.randn(h * w, self.config.patch_latent_dim, generator=g))
+            sizes = [int(h) * int(w) for h, w in batch["patchified_vae_latent_shapes"]]
+            device = next(model.parameters()).device
+            batch = dict(batch, padded_latent=[x.to(device) for x in latents], packed_timesteps=torch.cat([d.repeat(n) for d, n in zip(draws, sizes)]).to(device))
+            noise = torch.cat(noises).to(device)
+        out = model(batch, noise=noise)
+        total = out["touch"]
+        if out["ce"] is not None:
+            total = total + out["ce"].sum()
+        if out["mse"] is not None:
+            total = total + out["mse"].mean(dim=-1).sum()
+        return total
+
+
+def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> BagelRecipe:
+    return BagelRecipe(ctx, upstream)
