@@ -163,12 +163,14 @@ def main() -> None:
     p.add_argument("--cases", default=",".join(CASES))
     args = p.parse_args()
     pin_threads(args.threads)
-    # 11, not the suite's 5: one repetition's ratio moves by 10-20 % on a shared 2-core machine
-    # (IQR 0.9-1.1 with 5), too much for a median of 5 to tell 1.03 from 1.0
-    reps = args.reps or (3 if args.quick else 11)
+    # 11 for the demo-sized steps, not the suite's 5: one repetition's ratio moves by 10-20 % on a
+    # shared 2-core machine (IQR 0.9-1.1 with 5), too much for a median of 5 to tell 1.03 from
+    # 1.0; the 1 s step's ratio moves by 5 % (IQR 1-1.05) and takes 20 times as long
+    default_reps = {"qwen2vl-1s": 5}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for name in args.cases.split(","):
             case = Case(name, Path(tmp), args.quick)
+            reps = args.reps or (3 if args.quick else default_reps.get(name, 11))
             mm, bare, mm_cpu, bare_cpu = [], [], [], []
             for rep in range(reps):
                 sides = ("mmcore", "bare") if rep % 2 == 0 else ("bare", "mmcore")
