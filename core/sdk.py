@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.30"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.31"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -153,6 +153,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "refuse_fewer_than_a_step", "reward_sums", "run_training", "sample_seed", "segment_bounds", "sequence_logps",
         "train_stage", "use_packed_attention", "varlen_attention", "with_adapters", "write_peft_adapter",
         "group_advantages", "grpo_terms", "token_logps",
+        "loss_of_terms",  # 1.31
     }),
     # data engines: MLLM JSON, chat templates, shards, feature cache, media, synthetic demo data
     "mmcore.data": frozenset({

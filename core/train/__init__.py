@@ -86,6 +86,7 @@ _EXPORTS: dict[str, str] = {
         "mmcore.train.preference",
     ),
     **dict.fromkeys(("group_advantages", "grpo_terms", "token_logps"), "mmcore.train.grpo"),
+    **dict.fromkeys(("loss_of_terms",), "mmcore.train.recipe"),
     **dict.fromkeys(
         (
             "StepFlops",

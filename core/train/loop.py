@@ -295,8 +295,9 @@ def step_batches(
     ``fillers``). ``ready``: where the backend placed this rank (its data-parallel replica and
     group; default: every process is one).
 
-    One reduction carries the loss tokens, each rank's tower work and which media kinds each
-    micro-batch holds; a micro-batch lacking a kind another rank's holds is collated again with
+    One reduction carries the loss tokens, each rank's tower work, which media kinds each
+    micro-batch holds and the counts of the recipe's ``loss_terms`` (handed to every micro-batch
+    as ``global_loss_counts``); a micro-batch lacking a kind another rank's holds is collated again with
     that kind's filler (:mod:`mmcore.data.fillers`), so every rank calls the same towers.
     """
     import torch
@@ -316,7 +317,8 @@ def step_batches(
     work = [0.0] * ranks if recipe.work_of is not None and ranks > 1 else []
     if work:
         work[rank] = sum(recipe.work_of(i) for indices in drawn for i in indices)
-    reduced = [float(sum(b["num_loss_tokens"] for b in micro)), *work, *held]
+    terms = list(recipe.loss_terms)
+    reduced = [float(sum(b["num_loss_tokens"] for b in micro)), *work, *held, *(float(sum(b["loss_counts"].get(t, 0) for b in micro)) for t in terms)]
     if world.distributed or group is not None:  # one process: the sums are its own (no tensor, no copy to the device)
         together = torch.tensor(reduced, dtype=_count_dtype(device), device=device)
         dist.all_reduce(together, group=group)
@@ -326,11 +328,15 @@ def step_batches(
     if work:
         spread["tower_balance"] = tower_balance(reduced[1 : 1 + len(work)])
     if held:
-        present = reduced[1 + len(work) :]
+        present = reduced[1 + len(work) : 1 + len(work) + len(held)]
         spread["fillers"] = filler_count(present, ranks)
         for accum, kinds in enumerate(recipe.fill.missing(held, present)):
             if kinds:
                 micro[accum] = recipe.fill.collate(samples[accum], kinds)
+    if terms:  # after the fillers: a filled micro-batch is collated anew
+        counts = {"all": max(reduced[0], 1.0), **dict(zip(terms, reduced[len(reduced) - len(terms) :]))}
+        for batch in micro:
+            batch["global_loss_counts"] = counts
     if recipe.sample_seeds:
         for accum, indices in enumerate(drawn):
             micro[accum]["sample_seeds"] = torch.tensor([sample_seed(ctx.seed, step, accum, i) for i in indices], dtype=torch.long)

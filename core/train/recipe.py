@@ -99,6 +99,14 @@ class TrainRecipe:
             frames): the samplers give the data-parallel ranks of a step alike tower work, and
             the ``tower_balance`` metric (the busiest rank's tower tokens over the ranks' mean)
             says how alike.
+        loss_terms: names of loss terms each divided by its own count over the step's whole
+            batch (every micro-batch and rank), where a reference adds means of unlike units
+            (BAGEL: token-mean cross-entropy plus latent-token-mean velocity MSE): collate
+            sets ``batch["loss_counts"] = {name: count}``; the engine sums them with its other
+            counts (the same collective) and gives every micro-batch
+            ``batch["global_loss_counts"]`` (each term's count, and ``"all"``: the step's loss
+            units), and the loss returns :func:`loss_of_terms` of its terms' sums, so the step's
+            loss is the sum of the terms' means however samples fall into micro-batches and ranks.
         ulysses: the recipe splits its packed rows over ``parallel.ulysses`` ranks
             (:mod:`mmcore.backends.ulysses`: its build_model, collate and loss do, as the VLM
             kit's); the FSDP2 backend refuses ``parallel.ulysses`` > 1 for a recipe without.
@@ -123,6 +131,7 @@ class TrainRecipe:
     steps_per_rollout: int = 1
     method: str = "sft"
     ulysses: bool = False
+    loss_terms: Sequence[str] = ()
 
     _REQUIRED = ("build_model", "dataset", "collate", "loss")
 
@@ -167,3 +176,18 @@ class TrainRecipe:
 
 
 __all__ = ["TrainRecipe"]
+
+
+def loss_of_terms(batch: Mapping[str, Any], sums: Mapping[str, "torch.Tensor"]) -> "torch.Tensor":
+    """What a recipe with :attr:`TrainRecipe.loss_terms` returns: each term's sum over the
+    micro-batch scaled by the step's loss units over the term's count, so that once the engine
+    divides by the loss units the step's loss is the sum of the terms' means. A term no sample of
+    the step has (count 0) adds its (zero-sized) sum unscaled."""
+    counts = batch["global_loss_counts"]
+    total = None
+    for name, value in sums.items():
+        part = value * (counts["all"] / counts[name]) if counts[name] else value
+        total = part if total is None else total + part
+    if total is None:
+        raise ValueError("loss_of_terms: no terms")
+    return total

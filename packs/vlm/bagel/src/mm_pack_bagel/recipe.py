@@ -5,13 +5,12 @@ sample's randomness (its latent drawn from the stored posterior, its Gaussian ti
 noise) comes from a generator seeded by ``batch["sample_seeds"]``, so a step does not depend
 on how samples fall into micro-batches or ranks.
 
-The loss: the engine divides the summed loss of a step by its loss units over every
-micro-batch and rank, so the recipe returns the summed per-token CE plus the summed per-token
-velocity MSE (each latent token's MSE averaged over its channels), and counts CE tokens plus
-latent tokens: the step's loss is their pooled token mean, the same however samples fall into
-micro-batches and ranks. The reference's script normalises the two apart (global token-mean CE
-plus global token-mean MSE, :func:`mm_pack_bagel.model.loss`), which one normaliser cannot
-express: here each term is weighted by its share of the step's loss tokens instead.
+The loss is the reference's: token-mean cross-entropy plus latent-token-mean velocity MSE
+(each latent token's MSE averaged over its channels), each mean over the step's whole batch
+(every micro-batch and rank), as :func:`mm_pack_bagel.model.loss` computes it on one device:
+the two are the recipe's ``loss_terms``, each divided by its own count
+(:func:`mmcore.train.loss_of_terms`), so the step's loss does not depend on how samples fall
+into micro-batches and ranks.
 
 Modules sharded one by one (FSDP2): the decoder's MoT layers and the ViT's layers; the model
 is single-device code, every layer runs both experts' parameters on every row (a row without
@@ -26,7 +25,7 @@ from typing import Any, Mapping
 import torch
 
 from mmcore import Manifest, StageContext
-from mmcore.train import TrainRecipe
+from mmcore.train import TrainRecipe, loss_of_terms
 
 FREEZE_GROUPS = {
     "vision": ["vit_model.*"],
@@ -48,6 +47,7 @@ class BagelRecipe(TrainRecipe):
     freeze_groups = FREEZE_GROUPS
     lora_targets = LORA_TARGETS
     sample_seeds = True
+    loss_terms = ("ce", "mse")
 
     def __init__(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> None:
         from mmcore.data import ShardDataset
@@ -94,7 +94,8 @@ class BagelRecipe(TrainRecipe):
         batch["latent_owner"] = [i for i, s in enumerate(samples) if "latent_std" in s]
         ce = len(batch.get("ce_loss_indexes", []))
         mse = 0 if batch.get("mse_loss_indexes") is None else len(batch["mse_loss_indexes"])
-        batch["num_loss_tokens"] = ce + mse
+        batch["loss_counts"] = {"ce": ce, "mse": mse}
+        batch["num_loss_tokens"] = ce + mse  # the throughput's unit
         return batch
 
     def loss(self, model: Any, batch: dict[str, Any]) -> torch.Tensor:
@@ -113,12 +114,9 @@ class BagelRecipe(TrainRecipe):
             batch = dict(batch, padded_latent=[x.to(device) for x in latents], packed_timesteps=torch.cat([d.repeat(n) for d, n in zip(draws, sizes)]).to(device))
             noise = torch.cat(noises).to(device)
         out = model(batch, noise=noise)
-        total = out["touch"]
-        if out["ce"] is not None:
-            total = total + out["ce"].sum()
-        if out["mse"] is not None:
-            total = total + out["mse"].mean(dim=-1).sum()
-        return total
+        ce = out["touch"] + (out["ce"].sum() if out["ce"] is not None else 0.0)  # touch: zero times the unused parts
+        mse = out["mse"].mean(dim=-1).sum() if out["mse"] is not None else torch.zeros((), device=ce.device)
+        return loss_of_terms(batch, {"ce": ce, "mse": mse})
 
 
 def recipe(ctx: StageContext, upstream: Mapping[str, Manifest]) -> BagelRecipe:
