@@ -99,7 +99,11 @@ Where mmcore is behind, profiled on 2026-12-05 (AMD EPYC, 1 thread, the full job
   (`training.prefetch`) ran its torch ops (the batch's pixel `torch.cat`) on a second OpenMP team beside the step's, on the same
   2 cores, and a step took 44-60 ms against 25-26 (28-35 with the prefetch off; the collation it hides takes 1.2 ms). The prefetch
   thread now runs its torch ops on one thread where the step computes on the CPU: 25.0-26.3 ms against the script's 25.8-26.5 in a
-  quick pair, 1.06x in the rows above. Whisper stays at 0.92 (not profiled yet). Against LLaMA-Factory mmcore is ahead (its
+  quick pair. The qwen2vl row moves with this machine: 1.06 (2026-12-07 12:03), 0.979 (15:42; IQR 0.894-1.14, the sides' medians
+  1.52e4 against 1.44e4 tokens/s, mmcore's the higher): the same code path and the loop's cost measured apart at 1-2 % of a step
+  (`engine_overhead`), so a 2 % miss is inside one row's spread, not a cost found. Whisper was 0.92 until 2026-12-07: PyAV's decoder
+  (+19 MiB, its import and per-file setup) read each wav, where the script uses the `wave` module; a 16-bit PCM wav at the
+  model's rate is now read with the standard library (the same float32 bits): 1.01. Against LLaMA-Factory mmcore is ahead (its
   collator runs the image processor every step).
 """
 LLAMAFACTORY = "llamafactory==0.9.5"

@@ -86,6 +86,12 @@ class Sample:
     def audios(self) -> list[Path]:
         return self.media.get("audios", [])
 
+    @property
+    def asks_for_picture(self) -> bool:
+        """A text -> picture sample: its last turn is the assistant's and is ``<image>`` alone
+        (LLaMA-Factory's MLLM JSON as it is; Janus, Lumina-mGPT and BAGEL train on it, SDK 1.31)."""
+        return bool(self.turns) and self.turns[-1].role == "assistant" and self.turns[-1].content.strip() == "<image>"
+
 
 class BadJSON:
     """A JSONL line that does not parse: one bad sample, not a bad file."""

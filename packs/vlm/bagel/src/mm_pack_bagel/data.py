@@ -40,10 +40,6 @@ class BagelData(MLLMDataSection):
     vae_image_size: int = Field(32, ge=8, description="Pictures to generate are resized to this square (a multiple of the VAE's downsampling times the latent patch).")
 
 
-def is_generation(turns: list[Any]) -> bool:
-    return bool(turns) and turns[-1].role == "assistant" and turns[-1].content.strip() == "<image>"
-
-
 def pixels(path: Path, size: int) -> torch.Tensor:
     """An image file as ``[3, size, size]`` in [-1, 1] (the reference's transforms normalise so)."""
     import numpy as np
@@ -83,7 +79,7 @@ class Encoder:
         means: list[torch.Tensor] = []
         stds: list[torch.Tensor] = []
         images = list(sample.images)
-        generate = is_generation(sample.turns)
+        generate = sample.asks_for_picture
         turns = sample.turns[:-1] if generate else sample.turns
         if generate and (len(images) != 1 or any("<image>" in t.content for t in turns)):
             return "a text -> image sample has one picture, the assistant's whole last turn (<image>), and no image in the prompt"

@@ -33,12 +33,6 @@ IGNORE = -100
 NEVER = -1e9
 
 
-def is_generation(sample: Any) -> bool:
-    """A sample whose last turn is the assistant's picture (``<image>`` alone)."""
-    turns = sample.turns
-    return bool(turns) and turns[-1].role == "assistant" and turns[-1].content.strip() == "<image>"
-
-
 class VQTokens:
     """The checkpoint's VQ model (frozen): pictures -> codebook ids, read from the folder's
     safetensors (``model.vqmodel.*``) without building the rest of the model."""
@@ -87,7 +81,7 @@ class JanusEncoder(ChatTemplateEncoder):
         return self._vq
 
     def encode(self, sample: Any) -> Any:
-        if not is_generation(sample):
+        if not sample.asks_for_picture:
             return super().encode(sample)
         from mmcore.data.chat_template import ChatTemplateError, Encoded
 
@@ -207,4 +201,4 @@ class JanusFamily(VLMFamily):
         return infer_pictures(self, ctx, upstream, model, requests)
 
 
-__all__ = ["JanusEncoder", "JanusFamily", "VQTokens", "is_generation"]
+__all__ = ["JanusEncoder", "JanusFamily", "VQTokens"]

@@ -33,11 +33,6 @@ from mmcore.kits import VLMFamily
 IGNORE = -100
 
 
-def is_generation(sample: Any) -> bool:
-    turns = sample.turns
-    return bool(turns) and turns[-1].role == "assistant" and turns[-1].content.strip() == "<image>"
-
-
 def crop_size(width: int, height: int, units: int, unit: int, max_ratio: float = 4.0) -> tuple[int, int]:
     """(width, height) in pixels: of the sizes of at most ``units`` units, the one keeping most of the picture."""
     best, kept = (unit, unit), -1.0
@@ -122,7 +117,7 @@ class LuminaEncoder(ChatTemplateEncoder):
         return list(self.tok(self.render(messages), add_special_tokens=False)["input_ids"])
 
     def encode(self, sample: Any) -> Any:
-        if not is_generation(sample):
+        if not sample.asks_for_picture:
             return super().encode(sample)
         from mmcore.data.chat_template import ChatTemplateError, Encoded
 
