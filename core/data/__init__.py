@@ -108,6 +108,7 @@ _EXPORTS: dict[str, str] = {
         (
             "Fill",
             "KINDS",
+            "MediaKinds",
             "append_fillers",
             "encode_fillers",
             "kinds_by_fields",

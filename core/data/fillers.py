@@ -106,20 +106,18 @@ def append_fillers(sample: Mapping[str, Any], fillers: Sequence[Mapping[str, Any
 
 
 @dataclass(frozen=True)
-class Fill:
-    """What the train engine needs to keep every rank's forward calls alike (a recipe's ``fill``).
+class MediaKinds:
+    """Which media kinds each sample holds, for the train engine to tell whether a step's ranks
+    held different media (a recipe's ``media``, or the base of its ``fill``).
 
     Attributes:
-        kinds: the media kinds that have a filler, in a fixed order (the same on every rank).
+        kinds: the media kinds, in a fixed order (the same on every rank).
         kinds_of: dataset index -> the kinds that sample holds (from the dataset index, without
             reading the sample).
-        collate: ``(samples, kinds) -> batch``: the samples collated with the fillers of
-            ``kinds`` appended (:func:`append_fillers`).
     """
 
     kinds: tuple[str, ...]
     kinds_of: Callable[[int], Collection[str]]
-    collate: Callable[[list[Any], Sequence[str]], Batch]
 
     def presence(self, batches: Sequence[Sequence[int]]) -> list[float]:
         """1.0 where micro-batch ``b`` (its dataset indices) holds kind ``k``, row-major [b, k]."""
@@ -128,6 +126,19 @@ class Fill:
             held = set().union(*(self.kinds_of(i) for i in indices)) if indices else set()
             out += [float(kind in held) for kind in self.kinds]
         return out
+
+
+@dataclass(frozen=True)
+class Fill(MediaKinds):
+    """What the train engine needs to keep every rank's forward calls alike (a recipe's ``fill``):
+    the :class:`MediaKinds` that have a filler, and how to collate one in.
+
+    Attributes:
+        collate: ``(samples, kinds) -> batch``: the samples collated with the fillers of
+            ``kinds`` appended (:func:`append_fillers`).
+    """
+
+    collate: Callable[[list[Any], Sequence[str]], Batch]
 
     def missing(self, local: Sequence[float], summed: Sequence[float]) -> list[list[str]]:
         """Per micro-batch, the kinds some rank holds and this one lacks (``local``: this rank's
@@ -148,4 +159,4 @@ def kinds_by_fields(fields: Mapping[str, Collection[str]], media_of: Callable[[i
     return kinds
 
 
-__all__ = ["KINDS", "Fill", "append_fillers", "encode_fillers", "kinds_by_fields", "kinds_in", "write_filler_media"]
+__all__ = ["KINDS", "Fill", "MediaKinds", "append_fillers", "encode_fillers", "kinds_by_fields", "kinds_in", "write_filler_media"]

@@ -88,7 +88,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, run_schedule(cfg, planned))
     # training.ema: this rank's part of the average, each tensor as its parameter
     ema = MovingAverage(((n, p) for n, p in model.named_parameters() if p.requires_grad), cfg.ema) if cfg.ema else None
-    step = filled = 0
+    step = filled = mixed = 0
     last_loss = float("nan")
     resumed = backend.start(resume_from, optimizer, scheduler, sampler, ema)
     if resumed is not None:
@@ -163,6 +163,7 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
             if nonfinite.skipped:
                 metrics["skipped_steps"] = nonfinite.skipped
             filled += int(spread.get("fillers", 0))
+            mixed += int(spread.get("mixed_media", 0))
             if recipe.flops is not None:
                 metrics.update(utilisation(flops, elapsed, peak_flops))
             history.append({"step": done, **metrics})
@@ -197,6 +198,8 @@ def run_training(ctx: StageContext, upstream: Mapping[str, Manifest], recipe: Tr
         *sampler_notes(sampler),
     ]
     result_metrics: dict[str, Any] = {"steps": final_step, "final_loss": last_loss, "frozen_parameters": ready.frozen, "bf16": ready.bf16, "recompute": cfg.recompute, **finished.metrics}
+    if mixed:
+        result_metrics["mixed_media_steps"] = mixed
     if filled:
         result_metrics["fillers"] = filled
         notes.append(f"{filled} filler(s) kept the ranks' tower calls alike where their micro-batches held different media (this run's steps)")
@@ -292,7 +295,7 @@ def step_batches(
     """This rank's micro-batches of the step (on the CPU), the step's loss tokens over all
     data-parallel ranks, the seconds spent reading and collating (or waiting for ``prefetch``,
     which read them ahead), and how the step's work spread over the ranks (``tower_balance``,
-    ``fillers``). ``ready``: where the backend placed this rank (its data-parallel replica and
+    ``mixed_media``: 1 where its ranks held different media, ``fillers``). ``ready``: where the backend placed this rank (its data-parallel replica and
     group; default: every process is one).
 
     One reduction carries the loss tokens, each rank's tower work, which media kinds each
@@ -312,8 +315,8 @@ def step_batches(
     samples, micro = ahead if ahead is not None else ([[data[i] for i in indices] for indices in drawn], None)
     micro = micro if micro is not None else [recipe.collate(chosen) for chosen in samples]
     data_time = time.perf_counter() - t0
-    fills = recipe.fill is not None and ranks > 1 and (ready is None or ready.fills)
-    held = recipe.fill.presence(drawn) if fills else []
+    media = recipe.fill if recipe.fill is not None and (ready is None or ready.fills) else recipe.media
+    held = media.presence(drawn) if media is not None and ranks > 1 else []
     work = [0.0] * ranks if recipe.work_of is not None and ranks > 1 else []
     if work:
         work[rank] = sum(recipe.work_of(i) for indices in drawn for i in indices)
@@ -329,10 +332,12 @@ def step_batches(
         spread["tower_balance"] = tower_balance(reduced[1 : 1 + len(work)])
     if held:
         present = reduced[1 + len(work) : 1 + len(work) + len(held)]
-        spread["fillers"] = filler_count(present, ranks)
-        for accum, kinds in enumerate(recipe.fill.missing(held, present)):
-            if kinds:
-                micro[accum] = recipe.fill.collate(samples[accum], kinds)
+        spread["mixed_media"] = float(any(0 < n < ranks for n in present))
+        if media is recipe.fill:
+            spread["fillers"] = filler_count(present, ranks)
+            for accum, kinds in enumerate(recipe.fill.missing(held, present)):
+                if kinds:
+                    micro[accum] = recipe.fill.collate(samples[accum], kinds)
     if terms:  # after the fillers: a filled micro-batch is collated anew
         counts = {"all": max(reduced[0], 1.0), **dict(zip(terms, reduced[len(reduced) - len(terms) :]))}
         for batch in micro:

@@ -95,6 +95,11 @@ class TrainRecipe:
             the media a batch holds: a rank whose micro-batch lacks a media kind that another
             rank's holds collates it with that kind's filler, so every rank calls the same
             towers (their sharded collectives) in the same order.
+        media: optional :class:`~mmcore.data.fillers.MediaKinds`, for a model that calls every
+            tower on every rank whatever its micro-batch holds (zero-weighted where unused), so
+            it needs no fillers: the engine counts the steps whose data-parallel ranks held
+            different media (``mixed_media_steps``), as it does from ``fill`` where a recipe
+            has one.
         work_of: optional ``sample index -> tokens through the towers`` (vision patches, audio
             frames): the samplers give the data-parallel ranks of a step alike tower work, and
             the ``tower_balance`` metric (the busiest rank's tower tokens over the ranks' mean)
@@ -121,6 +126,7 @@ class TrainRecipe:
     prepare: Callable[[StageContext, "nn.Module"], None] | None = None
     step_metrics: Callable[[], dict[str, "torch.Tensor"]] | None = None
     fill: Any = None
+    media: Any = None
     rollout: Callable[[StageContext, "nn.Module", list[dict[str, Any]], int], list[dict[str, Any]] | None] | None = None
     work_of: Callable[[int], float] | None = None
     # settings

@@ -91,8 +91,13 @@ class TrainingRules(ConformanceBase):
         if list(one) != list(two) or any(abs(two[s] - one[s]) > 1e-4 * abs(one[s]) for s in one):
             _fail("mixed data", "mmcore_train", f"two processes' losses {two} differ from one process's {one} (rel 1e-4)")
         metrics = [self._manifest(runs[n], "train").get("metrics", {}) for n in ("one", "two")]
-        if metrics[1].get("fillers", 0) <= 0:
-            _fail("mixed data", "mmcore_train", "no step put different media side by side on the two processes (or no fillers were used): the rule proved nothing")
+        if metrics[1].get("mixed_media_steps", 0) <= 0:
+            _fail(
+                "mixed data",
+                "mmcore_train",
+                "the engine counted no step whose two processes held different media (mixed_media_steps; a recipe declares its samples' media "
+                "with fill, or media when its model calls every tower on every rank): the rule proved nothing",
+            )
         held = [{k: v for k, v in m.items() if k.startswith("eval/")} for m in metrics]
         if held[0] != held[1]:
             _fail("mixed data", "mmcore_train", f"held-out metrics on two processes {held[1]} differ from one process's {held[0]}")

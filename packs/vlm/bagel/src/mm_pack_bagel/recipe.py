@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import torch
 
 from mmcore import Manifest, StageContext
+from mmcore.data import MediaKinds
 from mmcore.train import TrainRecipe, loss_of_terms
 
 FREEZE_GROUPS = {
@@ -33,6 +34,9 @@ FREEZE_GROUPS = {
     "llm": ["language_model.*"],
     "generation": ["time_embedder.*", "vae2llm.*", "llm2vae.*", "language_model.model.layers.*_moe_gen.*", "language_model.model.norm_moe_gen.*"],
 }
+
+# the media a stored sample holds (preprocess's ``media`` meta), by kind
+MEDIA = {"pixel_values": "image", "latent_mean": "picture"}
 
 # LoRA's default layers: both experts' attention and MLP projections.
 LORA_TARGETS = (
@@ -57,6 +61,10 @@ class BagelRecipe(TrainRecipe):
         self.data = ShardDataset(upstream["preprocess"].output("dataset"))
         self.ids = {k: int(v) for k, v in self.data.index["tokens"].items()}  # recorded by preprocess
         self.config = None
+        # every tower and head runs on every rank (zero-weighted where unused: no fillers); the
+        # engine only counts the steps whose ranks held different media
+        train = self.data.split("train")
+        self.media = MediaKinds(tuple(MEDIA.values()), lambda i: {MEDIA[m] for m in train.meta(i).get("media", ())})
 
     def build_model(self, ctx: StageContext, upstream: Mapping[str, Manifest]) -> Any:
         """The model without weights: the engine loads convert's DCP copy into it (sharded)."""
