@@ -21,8 +21,8 @@ stepvideo = PackSpec(
     stages={
         "download": Stage(
             "mmcore.engines:download_stage",
-            parts={"build_init": "mm_pack_stepvideo.tiny:build_init_checkpoint", "check_parts": "mm_pack_stepvideo.stepvae_io:check_pipeline_vae"},
-            options={"subfolders": ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")},
+            parts={"build_init": "mm_pack_stepvideo.tiny:build_init_checkpoint", "check_parts": "mm_pack_stepvideo.stepllm_io:check_pipeline_parts"},
+            options={"subfolders": ("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer_2", "scheduler")},
         ),
         "convert": "mm_pack_stepvideo.family:FAMILY.convert",
         "preprocess": "mm_pack_stepvideo.family:FAMILY.preprocess",

@@ -1,6 +1,7 @@
 """``StepVideoPipeline``: text-to-video with Step-Video-T2V's DiT as a diffusers pipeline folder
-(``model_index.json``; ``transformer/``, ``vae/``, ``text_encoder/`` + ``tokenizer/`` (Step-LLM's
-place), ``text_encoder_2/`` + ``tokenizer_2/`` (HunyuanCLIP: a transformers ``BertModel``),
+(``model_index.json``; ``transformer/``, ``vae/``, ``text_encoder/`` (Step-LLM: the release's
+``step_llm/`` with its own SentencePiece model; a transformers decoder in its place needs a
+``tokenizer/``), ``text_encoder_2/`` + ``tokenizer_2/`` (HunyuanCLIP: a transformers ``BertModel``),
 ``scheduler/`` (its ``shift``)).
 
 Text, as the reference's caption server makes it: Step-LLM's last hidden states over the prompt
@@ -25,6 +26,7 @@ from diffusers.utils import BaseOutput
 
 from mmcore.kits import VideoLatents
 
+import mm_pack_stepvideo.stepllm  # noqa: F401  (likewise Step-LLM, a text_encoder/ of the released model)
 import mm_pack_stepvideo.stepvae  # noqa: F401  (likewise the Video-VAE, a vae/ of the released model)
 import mm_pack_stepvideo.transformer  # noqa: F401  (diffusers loads a pack's class only once its module is imported)
 
@@ -36,6 +38,7 @@ class StepVideoPipelineOutput(BaseOutput):
 
 class StepVideoPipeline(VideoLatents, DiffusionPipeline):
     model_cpu_offload_seq = "text_encoder->text_encoder_2->transformer->vae"
+    _optional_components = ["tokenizer"]  # Step-LLM tokenizes with its own SentencePiece model
 
     def __init__(self, transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, text_encoder_2: Any, tokenizer_2: Any, scheduler: Any) -> None:
         super().__init__()
@@ -51,9 +54,13 @@ class StepVideoPipeline(VideoLatents, DiffusionPipeline):
         """(Step-LLM's states [B, L, D], their mask [B, L], HunyuanCLIP's states [B, L2, D2])."""
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         device = device or self._execution_device
-        ids = self.tokenizer(prompts, padding="max_length", max_length=max_sequence_length, truncation=True, return_tensors="pt")
-        mask = ids.attention_mask.to(device)
-        states = self.text_encoder(ids.input_ids.to(device), attention_mask=mask).last_hidden_state
+        if hasattr(self.text_encoder, "tokenize"):  # Step-LLM carries its SentencePiece model, as the reference's STEP1TextEncoder
+            input_ids, mask = self.text_encoder.tokenize(prompts, max_sequence_length)
+        else:
+            ids = self.tokenizer(prompts, padding="max_length", max_length=max_sequence_length, truncation=True, return_tensors="pt")
+            input_ids, mask = ids.input_ids, ids.attention_mask
+        mask = mask.to(device)
+        states = self.text_encoder(input_ids.to(device), attention_mask=mask).last_hidden_state
         ids_2 = self.tokenizer_2(prompts, padding="max_length", max_length=self.clip_length(), truncation=True, return_tensors="pt")
         clip = self.text_encoder_2(ids_2.input_ids.to(device), attention_mask=ids_2.attention_mask.to(device)).last_hidden_state
         return states, mask, clip

@@ -4,9 +4,11 @@
 DiT, the released config fields at small sizes), ``vae/``, ``text_encoder/`` + ``tokenizer/``,
 ``text_encoder_2/`` + ``tokenizer_2/``, ``scheduler/``.
 
-Stand-ins, not Step-Video's own parts: Step-LLM (a custom decoder with no transformers class) is a
-tiny transformers ``LlamaModel`` (a causal decoder whose last hidden states are read, as
-Step-LLM's are); HunyuanCLIP is transformers' ``BertModel`` as the reference loads it, at a tiny
+``text_encoder/`` is a tiny random Step-LLM (:mod:`mm_pack_stepvideo.stepllm`, the release's
+``step_llm/`` layout, its SentencePiece model trained here on the captions' words, so no
+``tokenizer/``); the demo's is a stand-in, a tiny transformers ``LlamaModel`` with a unigram
+tokenizer (a causal decoder whose last hidden states are read, as Step-LLM's are: the demo's
+recorded runs were made with it). HunyuanCLIP is transformers' ``BertModel`` as the reference loads it, at a tiny
 size, with a small unigram tokenizer in place of its BERT one; the VAE is diffusers'
 ``AutoencoderKLWan`` (the demo's trained at ``init:demo`` to reconstruct moving-shape clips);
 ``init:tiny-stepvae`` has a tiny random Step-Video Video-VAE (:mod:`mm_pack_stepvideo.stepvae`:
@@ -33,7 +35,7 @@ PRESETS = {
     # clips of 17k frames, sides multiples of 32 (16x VAE, 2x2 patches): data.buckets=[[32,32,17]]
     "tiny-stepvae": {"heads": 2, "head_dim": 16, "layers": 2, "rope_split": (8, 4, 4), "stepvae": True},
     # the demo's: 2x2 patches of 8x8 latents a frame (16 tokens), 3 latent frames
-    "demo": {"heads": 4, "head_dim": 16, "layers": 3, "rope_split": (8, 4, 4), "demo_vae": True},
+    "demo": {"heads": 4, "head_dim": 16, "layers": 3, "rope_split": (8, 4, 4), "demo_vae": True, "llm_stand_in": True},
 }
 
 LLM_DIM, CLIP_DIM, CLIP_LENGTH = 48, 32, 16
@@ -83,6 +85,8 @@ def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
         vocab_size=len(tokenizer_2), hidden_size=CLIP_DIM, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_LENGTH, pad_token_id=tokenizer_2.pad_token_id
     )
     text_encoder, text_encoder_2 = LlamaModel(llm).eval(), BertModel(bert, add_pooling_layer=False).eval()
+    if not p.get("llm_stand_in"):
+        text_encoder, tokenizer = tiny_stepllm(), None
     measured = None
     if p.get("demo_vae"):  # trained to reconstruct the demo's clips
         vae, measured = train_vae(seed)
@@ -99,6 +103,33 @@ def frozen_parts(p: dict[str, Any], seed: int) -> dict[str, Any]:
         "scheduler": FlowMatchEulerDiscreteScheduler(shift=13.0),  # the reference README's time_shift
     }
     return {**parts, "measured": measured}
+
+
+def tiny_stepllm() -> Any:
+    """A tiny random Step-LLM (after the torch seed is set) with a SentencePiece model trained on
+    :data:`CORPUS` (the reference's control tokens in it, so its wrapper opens the file too)."""
+    import io
+
+    import sentencepiece
+
+    from mm_pack_stepvideo.stepllm import StepLLM
+
+    proto = io.BytesIO()
+    specials = ["<|BOT|>", "<|EOT|>", "<|CALL_START|>", "<|CALL_END|>", "<|THINK_START|>", "<|THINK_END|>"]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 4),
+        model_writer=proto,
+        model_type="word",  # whole words: a caption fits the tiny runs' 16 positions
+        vocab_size=40,
+        hard_vocab_limit=False,
+        control_symbols=specials,
+        user_defined_symbols=["<|MASK_1e69f|>", "<|UNMASK_1e69f|>"],
+        num_threads=1,
+        minloglevel=2,
+    )
+    model = StepLLM(hidden_size=LLM_DIM, num_attention_heads=4, num_attention_groups=2, ffn_hidden_size=64, num_layers=2, padded_vocab_size=64, layernorm_epsilon=1e-5)
+    model.set_tokenizer(proto.getvalue())
+    return model.eval()
 
 
 def make_vae() -> Any:
