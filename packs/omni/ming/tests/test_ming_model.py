@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mm_pack_ming.model import mean_loss
 from mm_pack_ming.moe import AUDIO, IMAGE, TEXT
 
 
@@ -64,7 +63,7 @@ def test_a_padded_mixed_batch_gives_each_sample_its_own_logits_and_trains(tiny_d
     samples = [_with_labels(s) for s in _samples(tiny_dir, tiny_model)]
     model = tiny_model.eval()
     with torch.no_grad():
-        alone = [model(s) for s in samples]
+        alone = [model(**s) for s in samples]
     longest = max(s["input_ids"].shape[1] for s in samples)
     pad = lambda t, v: F.pad(t, (0, longest - t.shape[1]), value=v)  # noqa: E731
     batch = {
@@ -75,16 +74,16 @@ def test_a_padded_mixed_batch_gives_each_sample_its_own_logits_and_trains(tiny_d
         **{k: samples[1][k] for k in ("audio_feats", "audio_feats_lengths", "audio_token_id")},
     }
     model.train()
-    out = model(batch)
+    out = model(**batch)
     for i, s in enumerate(samples):
         n = s["input_ids"].shape[1]
         assert torch.allclose(out["logits"][i, :n], alone[i]["logits"][0], atol=1e-5)
     # the batch's loss is the token mean over all three samples' targets
     total = sum(float(a["ce"].sum()) for a in alone)
     count = sum(int(a["tokens"]) for a in alone)
-    assert abs(float(mean_loss(out)) - total / count) < 1e-5
+    assert abs(float(out.loss) - total / count) < 1e-5
     model.zero_grad()
-    mean_loss(out).backward()
+    out.loss.backward()
     layer = model.model.model.layers[0].mlp
     for part in (
         layer.gate.weight,

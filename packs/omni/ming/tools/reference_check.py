@@ -158,7 +158,6 @@ def run_pack(folder: Path, samples: list[dict], nudge: str | None = None) -> tup
     import torch
 
     from mm_pack_ming.checkpoint import load_model
-    from mm_pack_ming.model import mean_loss
 
     model = load_model(folder).eval()
     if nudge:
@@ -168,8 +167,8 @@ def run_pack(folder: Path, samples: list[dict], nudge: str | None = None) -> tup
     alone = []
     with torch.no_grad():
         for s in samples:
-            out = model(s)
-            alone.append({"logits": out["logits"], "loss": float(mean_loss(out))})
+            out = model(**s)
+            alone.append({"logits": out["logits"], "loss": float(out.loss)})
         longest = max(s["input_ids"].shape[1] for s in samples)
         pad = lambda t, v: torch.nn.functional.pad(t, (0, longest - t.shape[1]), value=v)  # noqa: E731
         batch = {
@@ -179,7 +178,7 @@ def run_pack(folder: Path, samples: list[dict], nudge: str | None = None) -> tup
             **{k: samples[0][k] for k in ("pixel_values", "image_grid_thw")},
             **{k: samples[1][k] for k in ("audio_feats", "audio_feats_lengths", "audio_token_id")},
         }
-        out = model(batch)
+        out = model(**batch)
     batched = [out["logits"][i, : s["input_ids"].shape[1]] for i, s in enumerate(samples)]
     return alone, batched
 

@@ -94,6 +94,10 @@ class MingConfig:
     has_talker: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
 
+    def get_text_config(self, *_: Any, **__: Any) -> SimpleNamespace:
+        """The decoder's fields (what the kits read for FLOPs and shapes)."""
+        return self.llm
+
     def vision_config(self):  # type: ignore[no-untyped-def]
         """transformers' ``Qwen2_5_VLVisionConfig`` with the release's vision fields."""
         from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig

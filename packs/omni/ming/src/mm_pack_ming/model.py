@@ -13,20 +13,23 @@ The merged-embedding forward is the reference's: a picture's merged patches go t
 ``linear_proj`` and are L2-normalised, then replace the ``<imagePatch>`` tokens in order; a
 clip's encoder frames go through ``linear_proj_audio``, are L2-normalised (``norm_query_embeds``)
 and replace its ``<audioPatch>`` tokens. Text tokens are embedded (ids clipped to the table as
-the reference clips them). The loss is next-token cross-entropy over labels != -100.
+the reference clips them). The loss is next-token cross-entropy, token mean over labels !=
+-100 (the reference's ``CrossEntropyLoss``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.utils import ModelOutput
 
 from mm_pack_ming.audio import SanmEncoder, audio_projector
 from mm_pack_ming.config import MingConfig
-from mm_pack_ming.moe import AUDIO, IMAGE, TEXT, BailingMoeForCausalLM, attention_mask
+from mm_pack_ming.moe import AUDIO, IMAGE, TEXT, BailingMoeForCausalLM, sample_mask
 
 IGNORE = -100
 
@@ -64,53 +67,96 @@ class MingOmni(nn.Module):
             projected = F.normalize(projected, dim=-1)
         return [projected[i, : int(n)] for i, n in enumerate(lengths)]
 
-    def embed(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed(self, input_ids: torch.Tensor, media: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Input embeddings [B, L, H] with the media features in place, and each token's
         modality [B, L] (text, image, audio) for the decoder's routers."""
         table = self.model.model.word_embeddings
-        ids = batch["input_ids"]
-        embeds = table(ids.clamp(0, table.weight.shape[0] - 1))
-        modality = torch.full_like(ids, TEXT)
-        if batch.get("pixel_values") is not None:
-            where = ids == self.image_token
-            features = self.image_features(batch["pixel_values"], batch["image_grid_thw"])
+        embeds = table(input_ids.clamp(0, table.weight.shape[0] - 1))
+        modality = torch.full_like(input_ids, TEXT)
+        # generate(): media tokens the model writes after the prompt are text, not media slots
+        span = media.get("media_span")
+        in_prompt = torch.ones_like(input_ids, dtype=torch.bool) if span is None else (torch.arange(input_ids.shape[1], device=input_ids.device) < span)[None].expand_as(input_ids)
+        if media.get("pixel_values") is not None:
+            where = (input_ids == self.image_token) & in_prompt
+            features = self.image_features(media["pixel_values"], media["image_grid_thw"])
             if int(where.sum()) != features.shape[0]:
                 raise ValueError(f"{int(where.sum())} <imagePatch> tokens for {features.shape[0]} image features")
             embeds = embeds.masked_scatter(where[..., None], features.to(embeds.dtype))
             modality = modality.masked_fill(where, IMAGE)
-        if batch.get("audio_feats") is not None:
-            where = ids == int(batch["audio_token_id"])
-            clips = torch.cat(self.audio_features(batch["audio_feats"], batch["audio_feats_lengths"]))
+        if media.get("audio_feats") is not None:
+            where = (input_ids == int(media["audio_token_id"])) & in_prompt
+            clips = torch.cat(self.audio_features(media["audio_feats"], media["audio_feats_lengths"]))
             if int(where.sum()) != clips.shape[0]:
                 raise ValueError(f"{int(where.sum())} <audioPatch> tokens for {clips.shape[0]} audio frames")
             embeds = embeds.masked_scatter(where[..., None], clips.to(embeds.dtype))
             modality = modality.masked_fill(where, AUDIO)
         return embeds, modality
 
-    def hidden_states(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        embeds, modality = self.embed(batch)
-        ids = batch["input_ids"]
-        segments = batch.get("segments")
-        if segments is None:
-            segments = batch["attention_mask"].long() if batch.get("attention_mask") is not None else torch.ones_like(ids)
-        positions = batch.get("position_ids")
-        if positions is None:
-            positions = (segments > 0).long().cumsum(-1) - 1
-        return self.model.model(embeds, positions.clamp(min=0), attention_mask(segments), modality)
-
-    def forward(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **media: Any,
+    ) -> "MingOutput":
         """Logits [B, L, V] (float32) and, with ``labels``, the per-token CE of the shifted
-        targets (``ce`` [B, L - 1], zero where the label is -100) and their count."""
-        logits = self.model.logits(self.hidden_states(batch))
-        out = {"logits": logits}
-        if batch.get("labels") is not None:
-            targets = batch["labels"][:, 1:]
-            ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="none")
-            out["ce"] = ce.view(targets.shape)
-            out["tokens"] = (targets != IGNORE).sum()
-        return out
+        targets (``ce`` [B, L - 1], zero where the label is -100), their count and their mean
+        (``loss``). Rows are right- or left-padded (``attention_mask``), or packed: positions
+        restarting at 0 mark each sample's start, and attention stays within a sample.
+        ``media``: ``pixel_values``, ``image_grid_thw``, ``audio_feats``, ``audio_feats_lengths``,
+        ``audio_token_id`` (other keyword arguments, ``use_cache`` say, are ignored)."""
+        embeds, modality = self.embed(input_ids, media)
+        valid = attention_mask.long() if attention_mask is not None else torch.ones_like(input_ids)
+        if position_ids is None:
+            position_ids = (valid.cumsum(-1) - 1).clamp(min=0)
+            segments = valid
+        else:
+            position_ids = position_ids.reshape(input_ids.shape)
+            segments = (position_ids == 0).long().cumsum(-1) * valid
+        hidden = self.model.model(embeds, position_ids, sample_mask(segments), modality)
+        logits = self.model.logits(hidden)
+        if labels is None:
+            return MingOutput(logits=logits)
+        targets = labels[:, 1:]
+        ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="none").view(targets.shape)
+        tokens = (targets != IGNORE).sum()
+        return MingOutput(loss=ce.sum() / tokens.clamp(min=1), logits=logits, ce=ce, tokens=tokens)
+
+    @classmethod
+    def from_pretrained(cls, folder: Any, **_: Any) -> "MingOmni":
+        """A release-layout folder, strictly (:func:`mm_pack_ming.checkpoint.load_model`)."""
+        from mm_pack_ming.checkpoint import load_model
+
+        return load_model(folder)
+
+    @torch.no_grad()
+    def generate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 32, eos_token_id: Any = None, pad_token_id: int = 0, do_sample: bool = False, **media: Any
+    ) -> torch.Tensor:
+        """Greedy (or, ``do_sample``, sampled at ``temperature``) decoding of left-padded
+        prompts, the whole sequence recomputed each step (no KV cache: single-device code for
+        small models and tests). Returns prompt + new tokens; rows that ended are padded."""
+        ends = set(eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]) - {None}
+        temperature = float(media.pop("temperature", 1.0) or 1.0)
+        options = {k: media[k] for k in ("pixel_values", "image_grid_thw", "audio_feats", "audio_feats_lengths", "audio_token_id") if k in media}
+        options["media_span"] = input_ids.shape[1]
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        ids, done = input_ids, torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for _ in range(max_new_tokens):
+            last = self(ids, attention_mask=mask, **options).logits[:, -1]
+            step = torch.multinomial((last / temperature).softmax(-1), 1)[:, 0] if do_sample else last.argmax(-1)
+            step = torch.where(done, torch.full_like(step, pad_token_id), step)
+            ids, mask = torch.cat([ids, step[:, None]], 1), torch.cat([mask, (~done).long()[:, None]], 1)
+            done = done | torch.tensor([int(t) in ends for t in step], device=ids.device)
+            if bool(done.all()):
+                break
+        return ids
 
 
-def mean_loss(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The reference's loss: CE averaged over the batch's target tokens."""
-    return out["ce"].sum() / out["tokens"].clamp(min=1)
+@dataclass
+class MingOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ce: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None

@@ -199,7 +199,7 @@ class BailingMoeForCausalLM(nn.Module):
         return F.linear(hidden, self.head_weight()).float()
 
 
-def attention_mask(segments: torch.Tensor) -> torch.Tensor:
+def sample_mask(segments: torch.Tensor) -> torch.Tensor:
     """Boolean [B, L, L]: causal, within one packed sample (``segments`` [B, L]: the sample's
     number from 1, 0 for padding); a padding row sees itself so its softmax stays finite."""
     n = segments.shape[-1]
