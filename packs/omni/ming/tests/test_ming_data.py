@@ -86,3 +86,26 @@ def test_generation_treats_media_tokens_it_writes_as_text(tiny_dir: Path, tiny_m
         alone = tiny_model(prompt, **clip)
     assert torch.allclose(out.logits[:, : prompt.shape[1]], alone.logits, atol=1e-5)
     assert tiny_model.generate(prompt, max_new_tokens=3, eos_token_id=[], pad_token_id=0, **clip).shape == (1, prompt.shape[1] + 3)
+
+
+def test_the_releases_cmvn_file_is_read_and_applied(tiny_dir: Path, mixed: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from mm_pack_ming.data import read_cmvn
+
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_dir, folder)
+    shift, scale = [-float(i % 7) for i in range(560)], [0.5 + (i % 3) / 10 for i in range(560)]
+    text = "<Nnet>\n<Splice> 560 560\n[ 0 ]\n<AddShift> 560 560\n<LearnRateCoef> 0 [ " + " ".join(map(str, shift)) + " ]\n"
+    text += "<Rescale> 560 560\n<LearnRateCoef> 0 [ " + " ".join(map(str, scale)) + " ]\n</Nnet>\n"
+    (folder / "am.mvn").write_text(text)
+    got_shift, got_scale = read_cmvn(folder / "am.mvn")
+    assert got_shift.tolist() == pytest.approx(shift) and got_scale.tolist() == pytest.approx(scale)
+    _, cfg, plain = _encoder(tiny_dir)
+    _, _, with_cmvn = _encoder(folder)
+    sample = list(read_samples(mixed / "data.json", cfg))[1]
+    raw, normed = plain.encode(sample).tensors["audio_feats"], with_cmvn.encode(sample).tensors["audio_feats"]
+    assert torch.allclose(normed, (raw + got_shift) * got_scale, atol=1e-4)
+    # the release's WavFrontend works on 16-bit-range samples: log energies 30 ln 2 above the [-1, 1] clip's
+    unscaled = lfr_features(load_audio(mixed / "t.wav", 16000), {})
+    assert torch.allclose(raw - unscaled, torch.full_like(raw, 30 * 0.6931471805599453), atol=1e-3)

@@ -11,7 +11,8 @@ reference's processor and MindSpeed-MM's ``vl_dataset.py`` make.
   from ``data.image_min_pixels`` / ``image_max_pixels``.
 - A clip: ``<audio>``, one ``<audioPatch>`` per LFR feature row, ``</audio>``
   (``_expand_audio_tokens`` with the release's ``ds_stride`` 1); the rows are the Kaldi fbank
-  (80 mels, 25 / 10 ms) stacked 7 frames every 6 (LFR), as the release's ``WavFrontend``
+  (80 mels, 25 / 10 ms, of the samples scaled to 16-bit range) stacked 7 frames every 6 (LFR),
+  as the release's ``WavFrontend``
   (``mmcore.data.lfr_features``). The release also applies the CMVN of its ``am.mvn`` file; where the
   model folder has one, it is applied here too.
 """
@@ -68,7 +69,9 @@ class ClipExpander:
         from mmcore.data import lfr_features
 
         samples = load_audio(path, 16000)
-        rows = lfr_features(samples, {})
+        # the release's WavFrontend scales [-1, 1] samples to 16-bit range first (upsacle_samples):
+        # log-mel energies 30 ln 2 higher than the unscaled clip's
+        rows = lfr_features(samples * 32768.0, {})
         if rows.shape[0] == 0:
             raise MediaError(f"audio {path} is empty (shorter than one 25 ms frame)")
         if rows.shape[0] > self.max_rows:
