@@ -30,7 +30,13 @@ only. Compared: logits and CE loss, with the reference's LLM in training mode (i
 path) and in eval mode (``moe_infer``, and ``norm_head`` folded into the weight), and the pack's
 model on the three samples padded into one batch. Control: the pack's model with two rows of layer 0's
 image router swapped (experts 0 and 1 trade places for picture tokens): the picture sample's
-logits differ, the clip's and the text's do not. Prints a JSON report.
+logits differ, the clip's and the text's do not. Processors: the release's
+``BailingMMImageProcessor`` (its preprocessor_config's pixel budget) against the pack's PIL
+Qwen2-VL processor on three random pictures, and its ``apply_lfr`` + ``apply_cmvn`` against
+``stack_lfr`` + :func:`mm_pack_ming.data.read_cmvn` on one fbank matrix with a written
+``am.mvn`` (its ``kaldi.fbank`` needs torchaudio, which has no wheel for this CPU torch: the
+fbank itself is ``mmcore.data.kaldi_fbank``, which the funasr pack's tests hold to transformers'
+extractor). Prints a JSON report.
 """
 
 from __future__ import annotations
@@ -43,7 +49,18 @@ import tempfile
 from pathlib import Path
 
 SNAPSHOT = Path("/work/.mirror/inclusionAI+Ming/repo")
-SOURCES = ("modeling_bailingmm", "modeling_bailing_moe", "configuration_bailingmm", "configuration_bailing_moe", "configuration_audio", "qwen2_5_vit", "modeling_utils", "configuration_bailing_talker")
+SOURCES = (
+    "image_processing_bailingmm",
+    "audio_processing_bailingmm",
+    "modeling_bailingmm",
+    "modeling_bailing_moe",
+    "configuration_bailingmm",
+    "configuration_bailing_moe",
+    "configuration_audio",
+    "qwen2_5_vit",
+    "modeling_utils",
+    "configuration_bailing_talker",
+)
 
 
 def make_samples(folder: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -153,6 +170,86 @@ def run_reference(folder: Path, batch: Path, out: Path, snapshot: Path) -> None:
     torch.save(results, out)
 
 
+def run_reference_processors(work: Path, snapshot: Path) -> None:
+    """Side venv: the release's image processor on the driver's pictures, and its LFR + CMVN
+    steps on the driver's fbank matrix (``torchaudio``, which its module imports for
+    ``kaldi.fbank`` and resampling, is stubbed: neither is called here)."""
+    import types
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    import importlib.machinery
+
+    _import_reference(snapshot)
+    stub = types.ModuleType("torchaudio")
+    stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+    compliance = types.ModuleType("torchaudio.compliance")
+    compliance.kaldi = types.ModuleType("torchaudio.compliance.kaldi")
+    stub.compliance = compliance
+    sys.modules.update({"torchaudio": stub, "torchaudio.compliance": compliance, "torchaudio.compliance.kaldi": compliance.kaldi})
+    import audio_processing_bailingmm as audio
+    import image_processing_bailingmm as image
+
+    settings = json.loads((work / "processors.json").read_text())
+    out = {}
+    for name in settings["pictures"]:
+        proc = image.BailingMMImageProcessor(min_pixels=settings["min_pixels"], max_pixels=settings["max_pixels"], patch_size=settings["patch_size"])
+        got = proc.preprocess(images=[Image.open(work / name)], return_tensors="np")
+        out[name] = {"pixel_values": np.asarray(got["pixel_values"]), "image_grid_thw": np.asarray(got["image_grid_thw"])}
+    fbank = torch.load(work / "fbank.pt")
+    cmvn = audio.load_cmvn(str(work / "am.mvn"))
+    out["lfr_cmvn"] = audio.apply_cmvn(audio.apply_lfr(fbank, 7, 6), cmvn).numpy()
+    torch.save(out, work / "processors_ref.pt")
+
+
+def check_processors(work: Path, reference_python: str, snapshot: Path) -> dict:  # type: ignore[type-arg]
+    """The pack's picture patches and clip rows against the release's processors (same inputs)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from mm_pack_ming.data import read_cmvn
+    from mm_qwen_vision import image_processor
+    from mmcore.data import kaldi_fbank, stack_lfr
+
+    settings = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280, "patch_size": 14, "pictures": []}
+    rng = np.random.default_rng(0)
+    for i, size in enumerate([(97, 61), (640, 480), (33, 300)]):
+        name = f"picture{i}.png"
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(work / name)
+        settings["pictures"].append(name)
+    (work / "processors.json").write_text(json.dumps(settings))
+    t = torch.arange(16000 * 0.73) / 16000
+    fbank = kaldi_fbank(32768.0 * 0.3 * torch.sin(2 * torch.pi * 523.0 * t) + 300.0 * torch.randn(t.shape, generator=torch.Generator().manual_seed(0)))
+    torch.save(fbank, work / "fbank.pt")
+    shift, scale = torch.linspace(-12, -4, 560), torch.linspace(0.1, 0.4, 560)
+    (work / "am.mvn").write_text(
+        "<Nnet>\n<Splice> 560 560\n[ 0 ]\n<AddShift> 560 560\n<LearnRateCoef> 0 [ "
+        + " ".join(f"{v:.6f}" for v in shift.tolist())
+        + " ]\n<Rescale> 560 560\n<LearnRateCoef> 0 [ "
+        + " ".join(f"{v:.6f}" for v in scale.tolist())
+        + " ]\n</Nnet>\n"
+    )
+    subprocess.run([reference_python, __file__, "--side", "processors", "--snapshot", str(snapshot), str(work)], check=True)
+    ref = torch.load(work / "processors_ref.pt", weights_only=False)
+    proc = image_processor(settings["min_pixels"], settings["max_pixels"], settings["patch_size"])
+    report = {}
+    for name in settings["pictures"]:
+        mine = proc(images=[Image.open(work / name).convert("RGB")], return_tensors="np")
+        same_grid = mine["image_grid_thw"].tolist() == ref[name]["image_grid_thw"].tolist()
+        report[name] = {
+            "grid": mine["image_grid_thw"][0].tolist(),
+            "grid_equal": same_grid,
+            "max_abs_pixel_values_diff": float(np.abs(mine["pixel_values"] - ref[name]["pixel_values"]).max()) if same_grid else None,
+        }
+    c_shift, c_scale = read_cmvn(work / "am.mvn")
+    rows = (stack_lfr(fbank, 7, 6) + c_shift) * c_scale
+    report["clip LFR + CMVN rows"] = {"rows": int(rows.shape[0]), "max_abs_diff": float(np.abs(rows.numpy() - ref["lfr_cmvn"]).max())}
+    return report
+
+
 def run_pack(folder: Path, samples: list[dict], nudge: str | None = None) -> tuple[list, list]:  # type: ignore[type-arg]
     """The pack's model: each sample alone, and the three right-padded into one batch."""
     import torch
@@ -187,11 +284,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference-python", default="/tmp/ming-ref/bin/python")
     parser.add_argument("--snapshot", type=Path, default=SNAPSHOT)
-    parser.add_argument("--side", choices=["driver", "reference"], default="driver")
+    parser.add_argument("--side", choices=["driver", "reference", "processors"], default="driver")
     parser.add_argument("paths", nargs="*", type=Path)
     args = parser.parse_args()
     if args.side == "reference":
         run_reference(*args.paths, snapshot=args.snapshot)
+        return
+    if args.side == "processors":
+        run_reference_processors(args.paths[0], args.snapshot)
         return
     import torch
 
@@ -220,6 +320,7 @@ def main() -> None:
     report["control: the pack's model with layer 0's image_gate rows 0 and 1 swapped, max |logits - reference|"] = {
         name: float((nudged[i]["logits"] - ref["train"][i]["logits"]).abs().max()) for i, name in enumerate(names)
     }
+    report["processors"] = check_processors(work, args.reference_python, args.snapshot)
     print(json.dumps(report, indent=1))
 
 
