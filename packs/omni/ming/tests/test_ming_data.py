@@ -109,3 +109,14 @@ def test_the_releases_cmvn_file_is_read_and_applied(tiny_dir: Path, mixed: Path,
     # the release's WavFrontend works on 16-bit-range samples: log energies 30 ln 2 above the [-1, 1] clip's
     unscaled = lfr_features(load_audio(mixed / "t.wav", 16000), {})
     assert torch.allclose(raw - unscaled, torch.full_like(raw, 30 * 0.6931471805599453), atol=1e-3)
+
+
+def test_a_sample_with_a_video_is_refused_in_one_line(tiny_dir: Path, tmp_path: Path) -> None:
+    from mmcore.data import MediaError
+    from mmcore.testing.media import write_wild_omni
+
+    _, cfg, encoder = _encoder(tiny_dir)
+    with_video = next(s for s in read_samples(write_wild_omni(tmp_path / "wild"), cfg) if s.videos)
+    with pytest.raises(MediaError, match="this model takes no videos here") as err:
+        encoder.encode(with_video)
+    assert "\n" not in str(err.value) and str(with_video.videos[0]) in str(err.value)

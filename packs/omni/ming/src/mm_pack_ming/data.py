@@ -111,7 +111,9 @@ class Encoder(ChatTemplateEncoder):
         ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (IMAGE, IMAGE_PATCH, IMAGE_END, AUDIO, AUDIO_PATCH, AUDIO_END)}
         missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
         if missing:
-            raise MediaError(f"{model_dir}: the tokenizer has no {missing[0]} token (Ming's media tokens: {', '.join(ids)})")
+            from mmcore.errors import StageError
+
+            raise StageError(f"{model_dir}: the tokenizer has no {missing[0]} token (Ming's media tokens: {', '.join(ids)})")
         merge = int(vision.get("spatial_merge_size", 2))
         images = ImageExpander(image_processor(data_cfg.image_min_pixels, data_cfg.image_max_pixels, int(vision["patch_size"])), merge, (ids[IMAGE], ids[IMAGE_PATCH], ids[IMAGE_END]))
         clips = ClipExpander((ids[AUDIO], ids[AUDIO_PATCH], ids[AUDIO_END]), read_cmvn(Path(model_dir) / "am.mvn"))
@@ -122,6 +124,15 @@ class Encoder(ChatTemplateEncoder):
             train_on_prompt=data_cfg.train_on_prompt,
             media_token_ids=[ids[t] for t in ids],
         )
+
+    def encode(self, sample: Any) -> Any:
+        """As the core's, but a sample with media this pack has no expander for (videos) is a
+        bad sample naming the file, rather than trained on without them."""
+        unusable = [(kind, files[0]) for kind, files in sample.media.items() if files and kind not in ("images", "audios")]
+        if unusable:
+            kind, path = unusable[0]
+            raise MediaError(f"{path}: this model takes no {kind} here (it takes images and audios; the reference's video path is not ported)")
+        return super().encode(sample)
 
 
 def collate_clips(batch: dict[str, Any], samples: list[dict[str, Any]], ids: Mapping[str, int]) -> None:

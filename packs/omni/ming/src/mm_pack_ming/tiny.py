@@ -15,6 +15,7 @@ of 1280 (window 112, full attention at 7/15/23/31), merged to 8192; SAN-M 50 blo
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,7 @@ def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     config = config_dict(preset, tokenizer)
-    (out / "config.json").write_text(__import__("json").dumps(config))
+    (out / "config.json").write_text(json.dumps(config))  # the model is built from the folder's config
     torch.manual_seed(seed)
     model = MingOmni(load_config(out))
     randomise(model)
