@@ -125,3 +125,18 @@ def test_export_writes_the_release_layout_back_bit_for_bit_and_keeps_the_talker(
     again = _all(export(model, folder, tmp_path / "out2"))
     assert torch.equal(again["model.lm_head.weight"], model.model.lm_head.weight.to(torch.bfloat16))
     assert torch.equal(again["talker.lm_head.weight"], talker["talker.lm_head.weight"])
+
+
+def test_download_of_a_local_release_folder_checks_its_layout_in_one_line(mm, tiny_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "release"
+    shutil.copytree(tiny_dir, folder)
+    ok = mm("download", "--pack", "ming", "--preset", "tiny", "--run-dir", "good", f"model.source={folder}", check=False)
+    assert ok.returncode == 0 and "release layout checked: 113 tensors in 2 file(s)" in ok.stdout, ok.stderr[-2000:]
+    shard = folder / "model-00001-of-00002.safetensors"
+    state = load_file(str(shard))
+    key = sorted(state)[0]
+    state[key] = state[key][:1].contiguous()
+    save_file(state, str(shard))
+    bad = mm("download", "--pack", "ming", "--preset", "tiny", "--run-dir", "bad", f"model.source={folder}", check=False)
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode != 0 and len(lines) == 1 and key in lines[0] and str(shard) in lines[0], bad.stderr[-2000:]
