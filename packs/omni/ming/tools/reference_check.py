@@ -27,7 +27,7 @@ batch with some would be routed as a picture, see :mod:`mm_pack_ming.moe`).
 One tiny random checkpoint (``init:tiny``'s layout and fields, seed 7, bfloat16 on disk, both
 sides in float32), three samples: picture + question + answer, clip + question + answer, text
 only. Compared: logits and CE loss, with the reference's LLM in training mode (its MoE training
-path) and in eval mode (``moe_infer``, and ``norm_head`` folded into the weight), and the pack's
+path; there also every parameter's gradient of the loss) and in eval mode (``moe_infer``, and ``norm_head`` folded into the weight), and the pack's
 model on the three samples padded into one batch. Control: the pack's model with two rows of layer 0's
 image router swapped (experts 0 and 1 trade places for picture tokens): the picture sample's
 logits differ, the clip's and the text's do not. Processors: the release's
@@ -150,8 +150,9 @@ def run_reference(folder: Path, batch: Path, out: Path, snapshot: Path) -> None:
         model.eval()
         if mode == "train":
             model.model.train()
-        with torch.no_grad():
+        with torch.set_grad_enabled(mode == "train"):  # the training path also gives its gradients
             for s in samples:
+                model.zero_grad()
                 ids = s["input_ids"]
                 image = audio = lengths = None
                 if "pixel_values" in s:
@@ -166,7 +167,11 @@ def run_reference(folder: Path, batch: Path, out: Path, snapshot: Path) -> None:
                 o = model.model(
                     inputs_embeds=words, labels=s["labels"], use_cache=False, image_start_indices=spans[0], image_end_indices=spans[1], audio_start_indices=spans[2], audio_end_indices=spans[3]
                 )
-                results[mode].append({"logits": o.logits.float(), "loss": float(o.loss)})
+                row = {"logits": o.logits.detach().float(), "loss": float(o.loss)}
+                if mode == "train":
+                    o.loss.backward()
+                    row["grads"] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+                results[mode].append(row)
     torch.save(results, out)
 
 
@@ -262,10 +267,13 @@ def run_pack(folder: Path, samples: list[dict], nudge: str | None = None) -> tup
             w = model.get_parameter(nudge)
             w[[0, 1]] = w[[1, 0]].clone()
     alone = []
+    for s in samples:
+        model.zero_grad()
+        out = model(**s)
+        out.loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        alone.append({"logits": out["logits"].detach(), "loss": out.loss.item(), "grads": grads})
     with torch.no_grad():
-        for s in samples:
-            out = model(**s)
-            alone.append({"logits": out["logits"], "loss": float(out.loss)})
         longest = max(s["input_ids"].shape[1] for s in samples)
         pad = lambda t, v: torch.nn.functional.pad(t, (0, longest - t.shape[1]), value=v)  # noqa: E731
         batch = {
@@ -314,6 +322,11 @@ def main() -> None:
             row[f"max_abs_logits_vs_reference_{mode}"] = float((alone[i]["logits"] - ref[mode][i]["logits"]).abs().max())
             row[f"loss_abs_diff_vs_reference_{mode}"] = abs(alone[i]["loss"] - ref[mode][i]["loss"])
         row["loss_pack"], row["loss_reference"] = alone[i]["loss"], ref["train"][i]["loss"]
+        mine, theirs = alone[i]["grads"], ref["train"][i]["grads"]
+        row["gradients_same_parameters"] = sorted(mine) == sorted(theirs)
+        row["max_abs_grad_diff_over_all_parameters"] = max(float((mine[k] - theirs[k]).abs().max()) for k in theirs)
+        row["max_abs_grad"] = max(float(g.abs().max()) for g in theirs.values())
+        row["parameters_with_gradients"] = len(theirs)
         row["max_abs_logits_batched_vs_alone"] = float((batched[i] - alone[i]["logits"][0]).abs().max())
         report[name] = row
     nudged, _ = run_pack(folder, samples, nudge="model.model.layers.0.mlp.image_gate.weight")
