@@ -132,23 +132,45 @@ class MingOmni(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, max_new_tokens: int = 32, eos_token_id: Any = None, pad_token_id: int = 0, do_sample: bool = False, **media: Any
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 32,
+        eos_token_id: Any = None,
+        pad_token_id: int = 0,
+        do_sample: bool = False,
+        use_cache: bool = True,
+        **media: Any,
     ) -> torch.Tensor:
         """Greedy (or, ``do_sample``, sampled at ``temperature``) decoding of left-padded
-        prompts, the whole sequence recomputed each step (no KV cache: single-device code for
-        small models and tests). Returns prompt + new tokens; rows that ended are padded."""
+        prompts: the prompt once with its media, then one token a step against the cached keys
+        and values (``use_cache=False``: the whole sequence recomputed each step, the same
+        tokens). Returns prompt + new tokens; rows that ended are padded. Media tokens the model
+        writes are text (only the prompt's are media slots)."""
         ends = set(eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]) - {None}
         temperature = float(media.pop("temperature", 1.0) or 1.0)
         options = {k: media[k] for k in ("pixel_values", "image_grid_thw", "audio_feats", "audio_feats_lengths", "audio_token_id") if k in media}
-        options["media_span"] = input_ids.shape[1]
-        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        mask = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).long()
         ids, done = input_ids, torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        for _ in range(max_new_tokens):
-            last = self(ids, attention_mask=mask, **options).logits[:, -1]
-            step = torch.multinomial((last / temperature).softmax(-1), 1)[:, 0] if do_sample else last.argmax(-1)
-            step = torch.where(done, torch.full_like(step, pad_token_id), step)
-            ids, mask = torch.cat([ids, step[:, None]], 1), torch.cat([mask, (~done).long()[:, None]], 1)
-            done = done | torch.tensor([int(t) in ends for t in step], device=ids.device)
+        cache = [{} for _ in self.model.model.layers] if use_cache else None
+        for step in range(max_new_tokens):
+            if cache is None:
+                last = self(ids, attention_mask=mask, media_span=input_ids.shape[1], **options).logits[:, -1]
+            elif step == 0:
+                embeds, modality = self.embed(ids, options)
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                hidden = self.model.model(embeds, positions, sample_mask(mask), modality, cache)
+                last = self.model.logits(hidden[:, -1:])[:, 0]
+            else:
+                table = self.model.model.word_embeddings
+                positions = mask.sum(-1, keepdim=True) - 1
+                keys = mask.bool()[:, None, :]  # the new token sees every real token so far, itself included
+                hidden = self.model.model(table(ids[:, -1:]), positions, keys, torch.full_like(ids[:, -1:], TEXT), cache)
+                last = self.model.logits(hidden)[:, 0]
+            token = torch.multinomial((last / temperature).softmax(-1), 1)[:, 0] if do_sample else last.argmax(-1)
+            token = torch.where(done, torch.full_like(token, pad_token_id), token)
+            ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, (~done).long()[:, None]], 1)
+            done = done | torch.tensor([int(t) in ends for t in token], device=ids.device)
             if bool(done.all()):
                 break
         return ids

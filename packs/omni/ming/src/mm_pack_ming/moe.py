@@ -72,13 +72,19 @@ class Attention(nn.Module):
         self.query_key_value = nn.Linear(c.hidden_size, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=c.use_qkv_bias)
         self.dense = nn.Linear(self.heads * self.head_dim, c.hidden_size, bias=c.use_bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, cache: dict | None = None) -> torch.Tensor:  # type: ignore[type-arg]
+        """``mask`` [B, queries, keys]; ``cache`` (generation) holds this layer's rotated keys
+        and values so far, extended here."""
         b, n, _ = x.shape
         qkv = self.query_key_value(x).view(b, n, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         cos, sin = cos[:, None].to(q.dtype), sin[:, None].to(q.dtype)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if cache is not None:
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
         repeat = self.heads // self.kv_heads
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
@@ -160,8 +166,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.input_layernorm(x), cos, sin, mask)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, modality: torch.Tensor, cache: dict | None = None) -> torch.Tensor:  # type: ignore[type-arg]
+        x = x + self.attention(self.input_layernorm(x), cos, sin, mask, cache)
         h = self.post_attention_layernorm(x)
         return x + (self.mlp(h, modality) if isinstance(self.mlp, SparseMoe) else self.mlp(h))
 
@@ -174,11 +180,12 @@ class BailingMoeModel(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(c, i) for i in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, modality: torch.Tensor, cache: list | None = None) -> torch.Tensor:  # type: ignore[type-arg]
+        """``cache``: one dict per layer (generation's keys and values), or None."""
         cos, sin = rope(positions, self.config.head_dim, float(self.config.rope_theta))
         x = embeds
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, modality)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, modality, None if cache is None else cache[i])
         return self.norm(x)
 
 
