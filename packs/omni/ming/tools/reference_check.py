@@ -219,7 +219,7 @@ def check_processors(work: Path, reference_python: str, snapshot: Path) -> dict:
     from mm_qwen_vision import image_processor
     from mmcore.data import kaldi_fbank, stack_lfr
 
-    settings = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280, "patch_size": 14, "pictures": []}
+    settings = {"min_pixels": 78400, "max_pixels": 802816, "patch_size": 14, "pictures": []}  # the release's preprocessor_config.json
     rng = np.random.default_rng(0)
     for i, size in enumerate([(97, 61), (640, 480), (33, 300)]):
         name = f"picture{i}.png"
