@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.32"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.33"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -173,6 +173,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "DIGIT_PACES", "DIGIT_RATE", "DIGIT_WORDS", "digit_pitch", "digits_clip", "digits_wer", "pitch_segments", "transcribe_digits", "write_spoken_digit_clips", "SpokenText", "read_spoken_texts",  # 1.26
         "griffin_lim",  # 1.28
         "MediaKinds",  # 1.32
+        "LFR_DEFAULTS", "kaldi_fbank", "lfr_features", "mel_banks", "stack_lfr",  # 1.33
     }),
     # the kits: VLMFamily, DiffusionFamily and what they share
     "mmcore.kits": frozenset({

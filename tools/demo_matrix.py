@@ -63,6 +63,8 @@ PROMISES = {
     "glm4v": ("eval/accuracy", "max", 1.0),
     "qwen2.5omni": ("eval/accuracy", "max", 1.0),
     "qwen3omni": ("eval/accuracy", "max", 1.0),
+    # picture + tone questions, towers and projectors frozen (the reference recipe); packs/omni/ming/README.md
+    "ming": ("eval/accuracy", "max", 1.0),
     "whisper": ("eval/wer", "min", 0.1),
     # the export's greedy WER on 640 held-out clips. 12 runs (seeds 0-3 native, 8-11 AVX2, one thread; 0-3 native,
     # two threads): 9 at 0-0.011, seed 3 native 0.124 (0.104 at two threads) and seed 11 AVX2 0.116 (each merged one

@@ -159,6 +159,7 @@ _EXPORTS: dict[str, str] = {
         ),
         "mmcore.data.audio",
     ),
+    **dict.fromkeys(("LFR_DEFAULTS", "kaldi_fbank", "lfr_features", "mel_banks", "stack_lfr"), "mmcore.data.lfr"),
     **dict.fromkeys(
         (
             "DIGIT_PACES",

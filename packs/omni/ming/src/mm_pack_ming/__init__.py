@@ -1,0 +1,1 @@
+"""mmcore pack for Ming-Lite-Omni (the understanding side)."""
