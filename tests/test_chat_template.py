@@ -98,3 +98,16 @@ def test_a_tokenizer_without_a_template_is_refused(tokenizer) -> None:  # type: 
     bare = byte_level_tokenizer(["a b c"], [], vocab_size=270)
     with pytest.raises(ChatTemplateError, match="no chat_template"):
         ChatTemplateEncoder(bare, {})
+
+
+def test_media_the_model_takes_no_expander_for_is_a_bad_sample_naming_the_file(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Real files mix kinds: a clip in an image model's data is refused (preprocess counts the
+    sample as bad), not trained on as if it were not there."""
+    from mmcore.data.media import MediaError
+
+    encoder = ChatTemplateEncoder(tokenizer, {"<image>": expand_image(tokenizer)})
+    sample = Sample("mixed.json", 3, [Turn("user", "<video>What moves?"), Turn("assistant", "red")], {"videos": [Path("clips/a.mp4")]})
+    with pytest.raises(MediaError, match=r"^clips/a\.mp4: this model takes no videos \(it takes images\)$"):
+        encoder.encode(sample)
+    with pytest.raises(ChatTemplateError, match=r"this model takes no videos \(it takes images\)"):
+        encoder.encode_prompt(sample)

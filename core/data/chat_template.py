@@ -198,6 +198,15 @@ class ChatTemplateEncoder:
     # -- encoding ----------------------------------------------------------------------------
 
     def encode(self, sample: Sample) -> Encoded:
+        """A training sample's ids and labels; media of a kind the model takes no expander for is
+        a :class:`~mmcore.data.media.MediaError` naming its file (preprocess counts the sample as
+        bad), rather than a sample trained on as if the file were not there."""
+        unusable = self._unusable(sample)
+        if unusable:
+            from mmcore.data.media import MediaError
+
+            kind, files = unusable[0]
+            raise MediaError(f"{files[0]}: this model takes no {kind} ({self._takes()})")
         messages = self.messages(sample)
         text, spans = self.supervised_spans(messages)
         return self._encode_rendered(text, spans, sample)
@@ -205,11 +214,18 @@ class ChatTemplateEncoder:
     def encode_prompt(self, sample: Sample) -> Encoded:
         """The sample's turns (ending with the user's) and the assistant's generation prompt:
         what a model answers from, as training formatted it. Nothing is supervised."""
-        unusable = [kind for kind, files in sample.media.items() if files and self._placeholder_of(kind) not in self.expanders]
+        unusable = self._unusable(sample)
         if unusable:  # a model answering as if the file were not there would mislead
-            takes = [kind for kind in PLACEHOLDERS if PLACEHOLDERS[kind] in self.expanders]
-            raise ChatTemplateError(f"this model takes no {unusable[0]} (it takes {', '.join(takes) or 'text only'})")
+            raise ChatTemplateError(f"this model takes no {unusable[0][0]} ({self._takes()})")
         return self._encode_rendered(self.render(self.messages(sample), add_generation_prompt=True), [], sample)
+
+    def _unusable(self, sample: Sample) -> list[tuple[str, list[Any]]]:
+        """The sample's media kinds (with their files) that no expander of this model takes."""
+        return [(kind, list(files)) for kind, files in sample.media.items() if files and self._placeholder_of(kind) not in self.expanders]
+
+    def _takes(self) -> str:
+        takes = [kind for kind in PLACEHOLDERS if PLACEHOLDERS[kind] in self.expanders]
+        return f"it takes {', '.join(takes) or 'text only'}"
 
     def _placeholder_of(self, kind: str) -> str:
         return PLACEHOLDERS.get(kind, f"<{kind.rstrip('s')}>")

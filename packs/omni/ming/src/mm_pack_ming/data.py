@@ -125,15 +125,6 @@ class Encoder(ChatTemplateEncoder):
             media_token_ids=[ids[t] for t in ids],
         )
 
-    def encode(self, sample: Any) -> Any:
-        """As the core's, but a sample with media this pack has no expander for (videos) is a
-        bad sample naming the file, rather than trained on without them."""
-        unusable = [(kind, files[0]) for kind, files in sample.media.items() if files and kind not in ("images", "audios")]
-        if unusable:
-            kind, path = unusable[0]
-            raise MediaError(f"{path}: this model takes no {kind} here (it takes images and audios; the reference's video path is not ported)")
-        return super().encode(sample)
-
 
 def collate_clips(batch: dict[str, Any], samples: list[dict[str, Any]], ids: Mapping[str, int]) -> None:
     """``audio_feats`` [clips, longest, 560] zero-padded, ``audio_feats_lengths`` [clips] and
