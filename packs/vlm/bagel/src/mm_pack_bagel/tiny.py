@@ -193,7 +193,7 @@ def fold_latent_scale(vae) -> dict[str, float]:  # type: ignore[no-untyped-def]
 
 
 def build_init_checkpoint(preset: str, out: Path, seed: int) -> None:
-    """Write a random-weight BAGEL folder of ``preset`` into ``out``."""
+    """Write a random-weight BAGEL folder of ``preset`` into ``out`` (``demo``: its VAE fitted, ``demo_vae.json`` beside it)."""
     import torch
 
     from mm_pack_bagel.checkpoint import write_folder
