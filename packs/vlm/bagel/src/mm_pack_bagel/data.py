@@ -10,8 +10,9 @@ Three kinds of samples mix in one dataset (Janus's format for the second directi
 Each turn becomes one text item (``<|im_start|> content <|im_end|>``, the reference's text item),
 with the CE loss on assistant turns (``data.train_on_prompt``: on every turn). Images are
 resized to squares: ``data.vit_image_size`` for the tower, ``data.vae_image_size`` for the
-autoencoder, whose posterior (mean and std) is stored so training draws a fresh latent each
-step, as the reference encodes with sampling every step.
+autoencoder, whose posterior (mean and std, normalised as the reference's ``(z - shift) *
+scale``) is stored so training draws a fresh latent each step, as the reference encodes with
+sampling every step.
 
 Stored per sample: ``input_ids`` (the packed token stream: text items, and ``<|vision_start|>``
 + one ``<|endoftext|>`` per image token + ``<|vision_end|>`` for images), ``labels`` (next-token
@@ -72,6 +73,8 @@ class Encoder:
         self.vae = load_vae(model_dir / "ae.safetensors")
 
     def encode(self, sample: Any) -> dict[str, torch.Tensor] | str:
+        from mm_pack_bagel.vae import SCALE, SHIFT
+
         ids: list[int] = []
         labels: list[int] = []
         kinds: list[int] = []
@@ -103,8 +106,10 @@ class Encoder:
         if generate:
             with torch.no_grad():
                 posterior = self.vae.encode(pixels(images[0], self.cfg.vae_image_size)[None]).latent_dist
-            means.append(posterior.mean[0])
-            stds.append(posterior.std[0])
+            # in the space the model learns and the sampler decodes from: the reference encodes
+            # z ~ posterior and feeds (z - shift) * scale, so mean and std are mapped alike
+            means.append((posterior.mean[0] - SHIFT) * SCALE)
+            stds.append(posterior.std[0] * SCALE)
             kinds.append(1)
             n = (self.cfg.vae_image_size // self.config.latent_downsample) ** 2
             ids += [self.ids["soi"], *[self.pad] * n, self.ids["eoi"]]

@@ -119,17 +119,23 @@ def infer(ctx: Any, upstream: Mapping[str, Any], model: Any, requests: list[Any]
     return results
 
 
-def _save_png(image: torch.Tensor, path: Any) -> None:
+def _save_png(image: torch.Tensor, path: Any) -> Any:
+    """Write ``image`` (``[3, H, W]`` in [-1, 1]) as a PNG; returns its uint8 ``[H, W, 3]`` pixels."""
     from PIL import Image
 
     array = ((image.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
     Image.fromarray(array).save(path)
+    return array
 
 
 def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
     """The export on the held-out split preprocess made: each text item with a loss answered
     greedily after the items before it (exact match against the stored answer), each picture
-    drawn from its caption (a PNG in the report). ``evaluate.datasets`` is not read here."""
+    drawn from its caption (a PNG in the report; ``generation.guidance_scale`` > 1: with CFG) and,
+    for the demo's captions ("a red circle"), checked against what its pixels show
+    (``caption_agreement``: colour and, where the shape is big enough to judge, shape; also
+    ``colour_agreement``, ``shape_agreement``), beside the demo VAE's ``reconstruction_psnr``.
+    ``evaluate.datasets`` is not read here."""
     from pathlib import Path
 
     from transformers import AutoTokenizer
@@ -139,10 +145,13 @@ def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
     from mmcore.engines import exact_match, write_results
     from mm_pack_bagel.checkpoint import load_model
     from mm_pack_bagel.data import items_of
+    from mmcore.data import caption_agreement
+    from mmcore.engines import demo_vae_report
     from mm_pack_bagel.vae import decode, load_vae
 
     folder = Path(upstream["download"].output("model"))
     export = Path(upstream["export"].output("model"))
+    gen = ctx.config.generation
     model = load_model(export).eval()
     tok = AutoTokenizer.from_pretrained(folder)
     data = ShardDataset(upstream["preprocess"].output("dataset")).split("eval")
@@ -150,6 +159,7 @@ def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
     vae = None
     rows, images, right, asked = [], [], 0, 0
     about_images: list[bool] = []
+    checks: list[dict[str, Any]] = []
     for n in range(min(ctx.config.evaluate.limit, len(data))):
         items = items_of(data[n], ids)
         last = items[-1]
@@ -162,16 +172,20 @@ def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
                 prompt,
                 ids,
                 size=last["latent"].shape[-1] * model.config.vae["downsample"],
-                steps=ctx.config.generation.num_inference_steps or 25,
+                steps=gen.num_inference_steps or 25,
+                guidance=gen.guidance_scale or 1.0,
                 generator=torch.Generator().manual_seed(ctx.seed + n),
             )
             name = f"picture-{n:03d}.png"
-            _save_png(decode(vae, latent[None])[0], ctx.stage_dir / name)
+            drawn = _save_png(decode(vae, latent[None])[0], ctx.stage_dir / name)
+            check = caption_agreement(drawn, caption)  # None: not a demo caption, not counted
+            if check is not None:
+                checks.append(check)
             images.append((name, caption))
-            rows.append({"prompt": caption, "picture": name})
+            rows.append({"prompt": caption, "picture": name, **({"agrees": check["agrees"], "seen": f"{check['seen']['colour']} {check['seen']['shape']}"} if check else {})})
         elif last["type"] == "text" and last["loss"]:
             reference = tok.decode(last["ids"]).strip()
-            got = tok.decode(answer(model, prompt, ids, max_new_tokens=ctx.config.generation.max_new_tokens), skip_special_tokens=True).strip()
+            got = tok.decode(answer(model, prompt, ids, max_new_tokens=gen.max_new_tokens), skip_special_tokens=True).strip()
             asked += 1
             right += int(exact_match(got, reference))
             seen = any(item["type"] == "vit" for item in prompt)
@@ -181,6 +195,17 @@ def evaluate(ctx: Any, upstream: Mapping[str, Any]) -> Any:
     metrics = {"items": len(rows), "answers": asked, "accuracy": right / asked if asked else 0.0, "pictures": len(images)}
     # the answers that needed the tower (a text-only question may carry its answer in the prompt)
     metrics["image_answers"], metrics["image_accuracy"] = len(about_images), sum(about_images) / len(about_images) if about_images else 0.0
-    write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: evaluation", columns=("prompt", "answer", "reference", "correct", "picture"), images=images, ctx=ctx)
-    notes = [f"{asked} held-out answers, {right} exact; {len(images)} pictures drawn"]
+    if checks:  # the demo's captions: what each picture shows, read from its pixels
+        metrics["caption_agreement"], metrics["agreement_checked"] = sum(c["agrees"] for c in checks) / len(checks), len(checks)
+        for part in ("colour", "shape"):
+            judged = [c[part] for c in checks if part in c]
+            if judged:
+                metrics[f"{part}_agreement"] = sum(judged) / len(judged)
+    vae_report = demo_vae_report(folder)
+    if vae_report and "reconstruction_psnr" in vae_report:
+        metrics["reconstruction_psnr"] = vae_report["reconstruction_psnr"]
+    columns = ("prompt", "answer", "reference", "correct", "picture", *(("agrees", "seen") if checks else ()))
+    write_results(ctx.stage_dir, rows, metrics, title=f"{ctx.pack}: evaluation", columns=columns, images=images, ctx=ctx)
+    agreement = f" ({metrics['caption_agreement']:.0%} show their caption)" if checks else ""
+    notes = [f"{asked} held-out answers, {right} exact; {len(images)} pictures drawn{agreement}"]
     return StageResult(outputs={"results": "results.jsonl", "metrics": "metrics.json"}, metrics=metrics, notes=notes)

@@ -20,7 +20,7 @@ from typing import Any, Literal, Mapping
 from pydantic import Field
 
 from mmcore import Manifest, StageContext, StageResult
-from mmcore.config import GenerationSection, RunConfig
+from mmcore.config import GenerationSection, RunConfig, TrainingSection
 from mm_pack_bagel.data import BagelData
 
 
@@ -28,8 +28,18 @@ class BagelGeneration(GenerationSection):
     output: Literal["text", "image"] = Field("text", description="infer: text answers, or (image) a picture per prompt by Euler flow sampling and the VAE's decoder, written as a PNG.")
 
 
+class BagelTraining(TrainingSection):
+    caption_dropout: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Probability of training a caption -> picture sample without its caption (the reference's text_cond_dropout_prob, 0.1), so classifier-free guidance's unconditional branch (generation.guidance_scale > 1) is trained; prompt turns that carry a loss (data.train_on_prompt) are kept.",
+    )
+
+
 class BagelRunConfig(RunConfig):
     data: BagelData = Field(default_factory=BagelData)
+    training: BagelTraining = Field(default_factory=BagelTraining)
     generation: BagelGeneration = Field(default_factory=BagelGeneration)
 
 
