@@ -49,6 +49,7 @@ _LAZY = {
     "RESULTS": "mmcore.framework.pack",
     "STAGE_OUTPUTS": "mmcore.framework.pack",
     "atomic_write_json": "mmcore.framework.files",
+    "read_json_object": "mmcore.framework.files",
     "crash_point": "mmcore.framework.faults",
     "missing_dependency": "mmcore.errors",
     "sha256_file": "mmcore.framework.files",

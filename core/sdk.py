@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 from typing import Mapping
 
-SDK_VERSION = "1.33"  # what each minor added: docs/sdk-changelog.md
+SDK_VERSION = "1.34"  # what each minor added: docs/sdk-changelog.md
 
 #: SDK 1.0-1.17: the module paths of the flat ``mmcore/`` -> the names a pack may import from
 #: each. They keep working (:mod:`mmcore.framework.moved`) and passing this check until SDK 2.0;
@@ -117,6 +117,7 @@ SURFACE: Mapping[str, frozenset[str]] = {
         "Stage", "StageContext", "StageError", "StageResult", "UsageError", "WorldInfo", "__version__",
         "atomic_write_json", "crash_point", "hookimpl", "missing_dependency", "sha256_file", "sha256_json",
         "RewardSpec",
+        "read_json_object",  # 1.34
     }),
     # the run configuration a pack extends
     "mmcore.config": frozenset({

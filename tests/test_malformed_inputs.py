@@ -269,3 +269,24 @@ def test_a_stage_that_cannot_write_its_error_log_says_so(tmp_path: Path) -> None
     with pytest.raises(MmcoreError) as info:
         runner.run_stage("download")
     assert re.fullmatch(r"stage 'download' of pack 'breaks' failed: RuntimeError: boom \(hint: no traceback saved: writing \S+ failed too \(Not a directory\)\)", info.value.one_line())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, r"config\.json: missing \(a folder holds config\.json\)$"),
+        ('{"hidden_size": 8,}', r"config\.json: not JSON \(Expecting property name enclosed in double quotes at line 1\)$"),
+        ("[1, 2]", r"config\.json: expected a JSON object, got list$"),
+    ],
+)
+def test_a_released_config_that_is_not_a_json_object_is_one_line(tmp_path: Path, text: str | None, message: str) -> None:
+    """A pack's own loader reads a released model's config files with ``mmcore.read_json_object``."""
+    from mmcore import StageError, read_json_object
+
+    path = tmp_path / "config.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(StageError, match=message):
+        read_json_object(path, "a folder holds config.json")
+    path.write_text('{"hidden_size": 8}')
+    assert read_json_object(path, "a folder holds config.json") == {"hidden_size": 8}

@@ -93,6 +93,24 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def read_json_object(path: str | os.PathLike[str], holds: str) -> dict[str, Any]:
+    """A JSON object from ``path`` (a released model's config file); a missing file, text that is
+    not JSON, or JSON that is not an object is one :class:`~mmcore.errors.StageError` line naming
+    the file (``holds``: what the folder should hold, for the missing file's message)."""
+    from mmcore.errors import StageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise StageError(f"{path}: missing ({holds})")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise StageError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(data, dict):
+        raise StageError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

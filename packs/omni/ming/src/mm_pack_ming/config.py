@@ -11,12 +11,12 @@ or a value the model cannot be built with is one line naming the file and the fi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from mmcore import read_json_object
 from mmcore.errors import StageError
 
 CONFIG = "config.json"
@@ -142,15 +142,7 @@ def sanm_namespace(path: Path, data: dict[str, Any]) -> SimpleNamespace:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise StageError(f"{path}: missing (a Ming-Lite-Omni folder holds {CONFIG}, model*.safetensors and the tokenizer)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise StageError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(data, dict):
-        raise StageError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path, f"a Ming-Lite-Omni folder holds {CONFIG}, model*.safetensors and the tokenizer")
 
 
 def load_config(folder: Path) -> MingConfig:

@@ -12,11 +12,11 @@ the VAE's shape is read off ``ae.safetensors`` itself (FLUX's file carries no co
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmcore import read_json_object
 from mmcore.errors import StageError
 
 LLM_CONFIG, VIT_CONFIG, BAGEL_CONFIG, WEIGHTS, VAE_WEIGHTS = "llm_config.json", "vit_config.json", "config.json", "ema.safetensors", "ae.safetensors"
@@ -63,15 +63,7 @@ class BagelConfig:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise StageError(f"{path}: missing (a BAGEL folder holds {LLM_CONFIG}, {VIT_CONFIG}, {BAGEL_CONFIG}, {WEIGHTS}, {VAE_WEIGHTS})")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise StageError(f"{path}: not JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(data, dict):
-        raise StageError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(path, f"a BAGEL folder holds {LLM_CONFIG}, {VIT_CONFIG}, {BAGEL_CONFIG}, {WEIGHTS}, {VAE_WEIGHTS}")
 
 
 def llm_config(data: dict[str, Any]):  # type: ignore[no-untyped-def]

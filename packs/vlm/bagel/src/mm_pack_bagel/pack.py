@@ -22,7 +22,7 @@ class BagelPack:
         name="bagel",
         category="vlm",
         summary="BAGEL (Qwen2.5 Mixture-of-Transformers + SigLIP NaViT; image generation by flow matching on FLUX-VAE latents)",
-        sdk="1.32",
+        sdk="1.34",
         config_class="mm_pack_bagel.stages:BagelRunConfig",
         presets={"tiny": "presets/tiny.yaml", "demo": "presets/demo.yaml"},
         default_preset="demo",
