@@ -15,7 +15,7 @@ def test_the_demo_learns_to_answer_from_picture_and_clip_with_frozen_towers(mm, 
     mm("run", "--pack", "ming", "--preset", "demo", "--run-dir", "demo")
     metrics = manifest(tmp_path / "demo", "train")["metrics"]
     assert metrics["eval/accuracy@0"] <= 0.2  # chance is 1 in 12
-    # the README's promise: 1.0 by step 90 of 150 and kept (12 of 12 runs of tools/demo_matrix.py)
+    # the README's promise: 1.0 by step 150 of 250 and kept (16 of 16 runs of tools/demo_matrix.py)
     assert metrics["eval/accuracy"] == 1.0, metrics
     evaluate = manifest(tmp_path / "demo", "evaluate")["metrics"]  # greedy answers of the export
     assert evaluate["accuracy"] == 1.0, evaluate
