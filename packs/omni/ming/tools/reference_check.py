@@ -144,7 +144,7 @@ def run_reference(folder: Path, batch: Path, out: Path, snapshot: Path) -> None:
     for f in sorted(folder.glob("model-*.safetensors")):
         state.update({k: v.float() for k, v in load_file(str(f)).items()})
     model.load_state_dict(state, strict=True)
-    samples = torch.load(batch)
+    samples = torch.load(batch, weights_only=True)
     results: dict[str, list] = {"train": [], "eval": []}  # type: ignore[type-arg]
     for mode in ("train", "eval"):  # train first: eval folds norm_head into lm_head's weight in place
         model.eval()
@@ -202,10 +202,10 @@ def run_reference_processors(work: Path, snapshot: Path) -> None:
     for name in settings["pictures"]:
         proc = image.BailingMMImageProcessor(min_pixels=settings["min_pixels"], max_pixels=settings["max_pixels"], patch_size=settings["patch_size"])
         got = proc.preprocess(images=[Image.open(work / name)], return_tensors="np")
-        out[name] = {"pixel_values": np.asarray(got["pixel_values"]), "image_grid_thw": np.asarray(got["image_grid_thw"])}
-    fbank = torch.load(work / "fbank.pt")
+        out[name] = {"pixel_values": torch.from_numpy(np.asarray(got["pixel_values"])), "image_grid_thw": torch.from_numpy(np.asarray(got["image_grid_thw"]))}
+    fbank = torch.load(work / "fbank.pt", weights_only=True)
     cmvn = audio.load_cmvn(str(work / "am.mvn"))
-    out["lfr_cmvn"] = audio.apply_cmvn(audio.apply_lfr(fbank, 7, 6), cmvn).numpy()
+    out["lfr_cmvn"] = audio.apply_cmvn(audio.apply_lfr(fbank, 7, 6), cmvn)  # tensors only: read back with weights_only
     torch.save(out, work / "processors_ref.pt")
 
 
@@ -238,7 +238,8 @@ def check_processors(work: Path, reference_python: str, snapshot: Path) -> dict:
         + " ]\n</Nnet>\n"
     )
     subprocess.run([reference_python, __file__, "--side", "processors", "--snapshot", str(snapshot), str(work)], check=True)
-    ref = torch.load(work / "processors_ref.pt", weights_only=False)
+    ref = torch.load(work / "processors_ref.pt", weights_only=True)
+    ref = {k: ({n: t.numpy() for n, t in v.items()} if isinstance(v, dict) else v.numpy()) for k, v in ref.items()}
     proc = image_processor(settings["min_pixels"], settings["max_pixels"], settings["patch_size"])
     report = {}
     for name in settings["pictures"]:
@@ -312,7 +313,7 @@ def main() -> None:
     torch.save(samples, work / "batch.pt")
     cmd = [args.reference_python, __file__, "--side", "reference", "--snapshot", str(args.snapshot), str(folder), str(work / "batch.pt"), str(work / "ref.pt")]
     subprocess.run(cmd, check=True)
-    ref = torch.load(work / "ref.pt")
+    ref = torch.load(work / "ref.pt", weights_only=True)
     alone, batched = run_pack(folder, samples)
     names = ["image+text", "audio+text", "text only"]
     report: dict[str, dict] = {}  # type: ignore[type-arg]
